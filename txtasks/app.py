@@ -1,0 +1,357 @@
+"""The application object: declares tasks and enqueues them."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, overload
+
+from txtasks.clock import Clock, as_utc, seconds, utcnow
+from txtasks.driver import Driver, driver_for_url
+from txtasks.enqueue import AsyncExecutor, SyncExecutor, ainsert_many_tx, insert_many_tx
+from txtasks.errors import ConfigurationError, UnknownTaskError
+from txtasks.payload import DEFAULT_MAX_PAYLOAD_BYTES, headers_encode, payload_encode
+from txtasks.policy import AckPolicy, RetryPolicy
+from txtasks.retry import RetryStrategy, as_strategy
+from txtasks.types import NewTask
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
+DEFAULT_QUEUE = "default"
+DEFAULT_MAX_ATTEMPTS = 5
+ENV_DATABASE_URL = "TXTASKS_DATABASE_URL"
+
+Handler = Callable[..., Any]
+
+
+def check_queue_name(queue: str, *, setting: str = "queue") -> str:
+    if not isinstance(queue, str) or not NAME_RE.match(queue):
+        raise ConfigurationError(
+            f"{setting}: {queue!r} is not a valid queue name (1-128 of A-Z a-z 0-9 _ . : -)"
+        )
+    return queue
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """How one task runs. Every field has a named default."""
+
+    name: str
+    queue: str = DEFAULT_QUEUE
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    retry: RetryStrategy | None = None
+    ack_policy: AckPolicy = AckPolicy.RETRY
+    priority: int = 0
+    #: Seconds one attempt may run before it counts as failed; None for no limit.
+    timeout: float | None = None
+    #: Seconds after enqueue past which no retry is scheduled; None for no deadline.
+    deadline: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name or len(self.name) > 255:
+            raise ConfigurationError(f"task name: {self.name!r} must be 1-255 characters")
+        check_queue_name(self.queue, setting=f"task {self.name}: queue")
+        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+            raise ConfigurationError(
+                f"task {self.name}: max_attempts must be an integer >= 1, got {self.max_attempts!r}"
+            )
+        for setting in ("timeout", "deadline"):
+            value = getattr(self, setting)
+            if value is not None and value <= 0:
+                raise ConfigurationError(f"task {self.name}: {setting} must be > 0, got {value!r}")
+        if not isinstance(self.priority, int):
+            raise ConfigurationError(f"task {self.name}: priority must be an integer")
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(as_strategy(self.retry), self.max_attempts, self.ack_policy)
+
+
+class Task:
+    """A registered handler and its options; enqueue it with `enqueue_tx` and friends."""
+
+    def __init__(self, app: App, handler: Handler, options: TaskOptions) -> None:
+        self.app = app
+        self.handler = handler
+        self.options = options
+        self.policy = options.retry_policy
+        self.is_async = inspect.iscoroutinefunction(handler)
+        self.wants_context = _takes_two_arguments(handler)
+
+    @property
+    def name(self) -> str:
+        return self.options.name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the handler directly, as a plain function."""
+        return self.handler(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<Task {self.name} queue={self.options.queue}>"
+
+    def new(self, payload: Any = None, **options: Any) -> NewTask:
+        """A task ready to insert, for `enqueue_many_tx` (bulk)."""
+        return self.app.new_task(self, payload, **options)
+
+    def enqueue_tx(self, executor: SyncExecutor, payload: Any = None, **options: Any) -> int:
+        """Insert in the caller's Connection/Session transaction; returns the task id."""
+        return self.app.enqueue_many_tx(executor, [self.new(payload, **options)])[0]
+
+    async def aenqueue_tx(
+        self, executor: AsyncExecutor, payload: Any = None, **options: Any
+    ) -> int:
+        """Insert in the caller's AsyncConnection/AsyncSession transaction; returns the id."""
+        return (await self.app.aenqueue_many_tx(executor, [self.new(payload, **options)]))[0]
+
+    def enqueue(self, payload: Any = None, **options: Any) -> int:
+        """Insert in a transaction of its own (committed on return)."""
+        return self.app.enqueue_many([self.new(payload, **options)])[0]
+
+    async def aenqueue(self, payload: Any = None, **options: Any) -> int:
+        """Insert in a transaction of its own (committed on return)."""
+        return (await self.app.aenqueue_many([self.new(payload, **options)]))[0]
+
+
+def _takes_two_arguments(handler: Handler) -> bool:
+    """Handlers take `(payload)` or `(payload, ctx)`."""
+    try:
+        params = list(inspect.signature(handler).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+    return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in positional)
+
+
+class App:
+    """Holds the task registry and where tasks are stored.
+
+    `database_url` is the lowest-precedence setting: the CLI's flags and the
+    TXTASKS_DATABASE_URL environment variable override it.
+    """
+
+    def __init__(
+        self,
+        name: str = "txtasks",
+        *,
+        database_url: str | None = None,
+        driver: Driver | None = None,
+        default_queue: str = DEFAULT_QUEUE,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        clock: Clock = utcnow,
+    ) -> None:
+        if max_payload_bytes <= 0:
+            raise ConfigurationError(f"max_payload_bytes must be > 0, got {max_payload_bytes!r}")
+        self.name = name
+        self.database_url = database_url
+        self.default_queue = check_queue_name(default_queue, setting="default_queue")
+        self.max_payload_bytes = max_payload_bytes
+        self.clock = clock
+        self._driver = driver
+        self._tasks: dict[str, Task] = {}
+
+    # -- registry -----------------------------------------------------------------------------
+
+    @overload
+    def task(self, handler: Handler, /) -> Task: ...
+
+    @overload
+    def task(
+        self,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        retry: RetryStrategy | Callable[[int], float] | float | None = None,
+        ack_policy: AckPolicy | str = AckPolicy.RETRY,
+        priority: int = 0,
+        timeout: float | timedelta | None = None,
+        deadline: float | timedelta | None = None,
+    ) -> Callable[[Handler], Task]: ...
+
+    def task(
+        self, handler: Handler | None = None, /, **options: Any
+    ) -> Task | Callable[[Handler], Task]:
+        """Register a handler: `@app.task` or `@app.task(queue=..., max_attempts=...)`."""
+
+        def register(fn: Handler) -> Task:
+            return self.register(fn, **options)
+
+        return register(handler) if handler is not None else register
+
+    def register(
+        self,
+        handler: Handler,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        retry: RetryStrategy | Callable[[int], float] | float | None = None,
+        ack_policy: AckPolicy | str = AckPolicy.RETRY,
+        priority: int = 0,
+        timeout: float | timedelta | None = None,
+        deadline: float | timedelta | None = None,
+    ) -> Task:
+        """Register a handler under a name (default: module.qualname)."""
+        task_name = name or f"{handler.__module__}.{handler.__qualname__}"
+        if task_name in self._tasks:
+            raise ConfigurationError(f"task {task_name!r} is already registered")
+        try:
+            policy = AckPolicy(ack_policy)
+        except ValueError:
+            choices = ", ".join(p.value for p in AckPolicy)
+            raise ConfigurationError(
+                f"task {task_name}: ack_policy {ack_policy!r} is not one of {choices}"
+            ) from None
+        options = TaskOptions(
+            name=task_name,
+            queue=queue or self.default_queue,
+            max_attempts=max_attempts,
+            retry=as_strategy(retry),
+            ack_policy=policy,
+            priority=priority,
+            timeout=None if timeout is None else seconds(timeout),
+            deadline=None if deadline is None else seconds(deadline),
+        )
+        task = Task(self, handler, options)
+        self._tasks[task_name] = task
+        return task
+
+    @property
+    def tasks(self) -> Mapping[str, Task]:
+        return dict(self._tasks)
+
+    @property
+    def queues(self) -> list[str]:
+        """Every queue a registered task uses, sorted."""
+        return sorted({t.options.queue for t in self._tasks.values()})
+
+    def get_task(self, name: str) -> Task:
+        try:
+            return self._tasks[name]
+        except KeyError:
+            raise UnknownTaskError(f"no task named {name!r} is registered on {self.name}") from None
+
+    def _resolve(self, task: Task | str) -> Task:
+        return task if isinstance(task, Task) else self.get_task(task)
+
+    # -- building rows ------------------------------------------------------------------------
+
+    def new_task(
+        self,
+        task: Task | str,
+        payload: Any = None,
+        *,
+        delay: float | timedelta | None = None,
+        run_at: datetime | None = None,
+        priority: int | None = None,
+        dedup_key: str | None = None,
+        headers: dict[str, str] | None = None,
+        queue: str | None = None,
+    ) -> NewTask:
+        """Validate and encode one task; nothing is written. Errors name the bad option."""
+        definition = self._resolve(task)
+        options = definition.options
+        if delay is not None and run_at is not None:
+            raise ConfigurationError("enqueue: give delay or run_at, not both")
+        now = self.clock()
+        when = now
+        if delay is not None:
+            wait = seconds(delay)
+            if wait < 0:
+                raise ConfigurationError(f"enqueue: delay must be >= 0, got {wait!r}")
+            when = now + timedelta(seconds=wait)
+        elif run_at is not None:
+            when = as_utc(run_at)
+        if dedup_key is not None and not (isinstance(dedup_key, str) and 0 < len(dedup_key) <= 255):
+            raise ConfigurationError(f"enqueue: dedup_key must be 1-255 characters, got {dedup_key!r}")
+        if priority is not None and not isinstance(priority, int):
+            raise ConfigurationError(f"enqueue: priority must be an integer, got {priority!r}")
+        data, content_type = payload_encode(payload, limit=self.max_payload_bytes)
+        return NewTask(
+            queue=check_queue_name(queue or options.queue),
+            task_name=options.name,
+            payload=data,
+            content_type=content_type,
+            priority=options.priority if priority is None else priority,
+            run_at=when,
+            max_attempts=options.max_attempts,
+            created_at=now,
+            dedup_key=dedup_key,
+            headers=headers_encode(headers),
+            expires_at=None
+            if options.deadline is None
+            else now + timedelta(seconds=options.deadline),
+        )
+
+    # -- enqueue ------------------------------------------------------------------------------
+
+    def enqueue_tx(
+        self, executor: SyncExecutor, task: Task | str, payload: Any = None, **options: Any
+    ) -> int:
+        """Insert one task in the caller's Connection/Session transaction."""
+        return self.enqueue_many_tx(executor, [self.new_task(task, payload, **options)])[0]
+
+    async def aenqueue_tx(
+        self, executor: AsyncExecutor, task: Task | str, payload: Any = None, **options: Any
+    ) -> int:
+        """Insert one task in the caller's AsyncConnection/AsyncSession transaction."""
+        rows = [self.new_task(task, payload, **options)]
+        return (await self.aenqueue_many_tx(executor, rows))[0]
+
+    def enqueue_many_tx(self, executor: SyncExecutor, rows: Iterable[NewTask]) -> list[int]:
+        """Bulk insert in the caller's sync transaction: one statement per batch."""
+        return insert_many_tx(executor, list(rows))
+
+    async def aenqueue_many_tx(
+        self, executor: AsyncExecutor, rows: Iterable[NewTask]
+    ) -> list[int]:
+        """Bulk insert in the caller's async transaction: one statement per batch."""
+        return await ainsert_many_tx(executor, list(rows))
+
+    def enqueue(self, task: Task | str, payload: Any = None, **options: Any) -> int:
+        """Insert one task in a transaction of its own."""
+        return self.enqueue_many([self.new_task(task, payload, **options)])[0]
+
+    async def aenqueue(self, task: Task | str, payload: Any = None, **options: Any) -> int:
+        """Insert one task in a transaction of its own."""
+        return (await self.aenqueue_many([self.new_task(task, payload, **options)]))[0]
+
+    def enqueue_many(self, rows: Iterable[NewTask]) -> list[int]:
+        return self.driver.task_insert_many_sync(list(rows))
+
+    async def aenqueue_many(self, rows: Iterable[NewTask]) -> list[int]:
+        return await self.driver.task_insert_many(list(rows))
+
+    # -- storage ------------------------------------------------------------------------------
+
+    def resolve_database_url(self, override: str | None = None) -> str | None:
+        """Flag, then TXTASKS_DATABASE_URL, then the app's own setting."""
+        return override or os.environ.get(ENV_DATABASE_URL) or self.database_url
+
+    @property
+    def driver(self) -> Driver:
+        """The driver tasks are stored with, created on first use from the database URL."""
+        if self._driver is None:
+            url = self.resolve_database_url()
+            if not url:
+                raise ConfigurationError(
+                    f"database_url: not set; pass App(database_url=...), --database-url, "
+                    f"or set {ENV_DATABASE_URL}"
+                )
+            self._driver = driver_for_url(url)
+        return self._driver
+
+    def use_driver(self, driver: Driver) -> None:
+        """Store tasks with this driver from now on (the CLI and tests use it)."""
+        self._driver = driver
+
+    async def aclose(self) -> None:
+        if self._driver is not None:
+            await self._driver.close()

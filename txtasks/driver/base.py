@@ -1,0 +1,97 @@
+"""The driver contract: the one small interface the core talks to.
+
+A driver owns its connections and knows its SQL dialect; the worker, the CLI and the cleaner
+only call these methods. Every method is a few statements at most, batched over many tasks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from txtasks.types import NewTask, Outcome, QueueStats, TaskKey, TaskRow
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do; the core asks these instead of checking dialect names."""
+
+    name: str
+    #: Several claimers can work at once without blocking each other (row locks, SKIP LOCKED).
+    concurrent_claims: bool = True
+    #: Reachable from other processes and hosts (not an in-process store).
+    shared: bool = True
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """How many outcomes a flush applied, and which were fenced off (a stale attempt)."""
+
+    applied: int
+    stale: tuple[TaskKey, ...] = ()
+
+
+class Driver(Protocol):
+    """Storage for tasks. Implementations: SQL drivers per dialect, and the in-memory driver."""
+
+    capabilities: Capabilities
+
+    async def open(self) -> None:
+        """Connect and check that the schema is migrated."""
+
+    async def close(self) -> None:
+        """Release every connection."""
+
+    async def migrate(self) -> list[int]:
+        """Apply pending schema migrations; return the versions applied."""
+
+    async def task_insert_many(self, rows: Sequence[NewTask]) -> list[int]:
+        """Insert in one transaction of the driver's own; a dedup hit returns the existing id."""
+
+    def task_insert_many_sync(self, rows: Sequence[NewTask]) -> list[int]:
+        """The same for synchronous callers."""
+
+    async def task_claim_many(
+        self,
+        queues: Sequence[str],
+        limit: int,
+        *,
+        now: datetime,
+        lease_until: datetime,
+        worker_id: str,
+    ) -> list[TaskRow]:
+        """Claim up to `limit` ready tasks: state processing, attempt + 1, leased to the worker."""
+
+    async def outcome_write_many(
+        self, outcomes: Sequence[Outcome], *, now: datetime, archive_completed: bool = True
+    ) -> WriteResult:
+        """Record outcomes, each fenced on (id, attempt, state = processing)."""
+
+    async def lease_extend_many(self, keys: Sequence[TaskKey], *, lease_until: datetime) -> int:
+        """Push the leases of in-flight attempts forward (the heartbeat)."""
+
+    async def live_count(
+        self, queues: Sequence[str] | None, *, now: datetime, due_before: datetime
+    ) -> int:
+        """Tasks still to do: ready before `due_before`, or processing under a valid lease."""
+
+    async def task_get(self, task_id: int) -> TaskRow | None:
+        """One task by id, live or archived."""
+
+    async def queue_stats(self, *, now: datetime) -> list[QueueStats]:
+        """Counts per queue and state, and the age of the oldest ready task."""
+
+    async def dead_list(self, *, queue: str | None = None, limit: int = 100) -> list[TaskRow]:
+        """Dead-lettered tasks, newest first."""
+
+    async def dead_requeue(
+        self, ids: Sequence[int] | None = None, *, queue: str | None = None, now: datetime
+    ) -> list[int]:
+        """Move dead-lettered tasks back to pending with a fresh attempt budget."""
+
+    async def dead_purge(
+        self, ids: Sequence[int] | None = None, *, queue: str | None = None
+    ) -> int:
+        """Delete dead-lettered tasks for good."""

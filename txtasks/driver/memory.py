@@ -1,0 +1,247 @@
+"""An in-memory driver for unit tests: the same contract as the SQL drivers, no database."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import ClassVar
+
+from txtasks.driver.base import Capabilities, WriteResult
+from txtasks.types import (
+    READY_STATES,
+    NewTask,
+    Outcome,
+    OutcomeKind,
+    QueueStats,
+    TaskKey,
+    TaskRow,
+    TaskState,
+)
+
+
+class MemoryDriver:
+    """Tasks in a dict, guarded by a lock; claims are atomic like SKIP LOCKED on one host."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities("memory", shared=False)
+
+    def __init__(self) -> None:
+        self.live: dict[int, TaskRow] = {}
+        self.archived: dict[int, TaskRow] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def migrate(self) -> list[int]:
+        return []
+
+    # -- enqueue ------------------------------------------------------------------------------
+
+    def task_insert_many_sync(self, rows: Sequence[NewTask]) -> list[int]:
+        with self._lock:
+            return [self._insert(row) for row in rows]
+
+    async def task_insert_many(self, rows: Sequence[NewTask]) -> list[int]:
+        return self.task_insert_many_sync(rows)
+
+    def _insert(self, row: NewTask) -> int:
+        if row.dedup_key is not None:
+            for existing in self.live.values():
+                if existing.dedup_key == row.dedup_key:
+                    return existing.id
+        task_id = next(self._ids)
+        self.live[task_id] = TaskRow(
+            id=task_id,
+            queue=row.queue,
+            task_name=row.task_name,
+            payload=row.payload,
+            content_type=row.content_type,
+            state=row.state,
+            priority=row.priority,
+            run_at=row.run_at,
+            attempt=0,
+            max_attempts=row.max_attempts,
+            created_at=row.created_at,
+            dedup_key=row.dedup_key,
+            headers=row.headers,
+            expires_at=row.expires_at,
+        )
+        return task_id
+
+    # -- claim and outcomes -------------------------------------------------------------------
+
+    async def task_claim_many(
+        self,
+        queues: Sequence[str],
+        limit: int,
+        *,
+        now: datetime,
+        lease_until: datetime,
+        worker_id: str,
+    ) -> list[TaskRow]:
+        with self._lock:
+            ready = sorted(
+                (
+                    r
+                    for r in self.live.values()
+                    if r.queue in queues and r.state in READY_STATES and r.run_at <= now
+                ),
+                key=lambda r: (-r.priority, r.run_at, r.id),
+            )[:limit]
+            claimed = []
+            for row in ready:
+                new = replace(
+                    row,
+                    state=TaskState.PROCESSING,
+                    attempt=row.attempt + 1,
+                    lease_expires_at=lease_until,
+                    worker_id=worker_id,
+                    started_at=now,
+                )
+                self.live[row.id] = new
+                claimed.append(new)
+            return claimed
+
+    def _current(self, key: TaskKey) -> TaskRow | None:
+        row = self.live.get(key.id)
+        if row is None or row.attempt != key.attempt or row.state is not TaskState.PROCESSING:
+            return None
+        return row
+
+    async def outcome_write_many(
+        self, outcomes: Sequence[Outcome], *, now: datetime, archive_completed: bool = True
+    ) -> WriteResult:
+        stale: list[TaskKey] = []
+        with self._lock:
+            for outcome in outcomes:
+                row = self._current(outcome.key)
+                if row is None:
+                    stale.append(outcome.key)
+                    continue
+                self._apply(row, outcome, now, archive_completed)
+        return WriteResult(len(outcomes) - len(stale), tuple(stale))
+
+    def _apply(self, row: TaskRow, outcome: Outcome, now: datetime, archive: bool) -> None:
+        kind = outcome.kind
+        if kind.finishes:
+            del self.live[row.id]
+            if kind is not OutcomeKind.COMPLETE or archive:
+                self.archived[row.id] = replace(
+                    row,
+                    state=TaskState(kind.value),
+                    last_error=outcome.error or row.last_error,
+                    lease_expires_at=None,
+                    finished_at=now,
+                )
+        elif kind is OutcomeKind.RETRY:
+            assert outcome.run_at is not None
+            self.live[row.id] = replace(
+                row,
+                state=TaskState.RETRYABLE,
+                run_at=outcome.run_at,
+                last_error=outcome.error,
+                checkpoint=outcome.checkpoint or row.checkpoint,
+                lease_expires_at=None,
+                worker_id=None,
+            )
+        else:
+            self.live[row.id] = replace(
+                row,
+                state=TaskState.PENDING,
+                attempt=row.attempt - 1,
+                lease_expires_at=None,
+                worker_id=None,
+            )
+
+    async def lease_extend_many(self, keys: Sequence[TaskKey], *, lease_until: datetime) -> int:
+        count = 0
+        with self._lock:
+            for key in keys:
+                row = self._current(key)
+                if row is not None:
+                    self.live[key.id] = replace(row, lease_expires_at=lease_until)
+                    count += 1
+        return count
+
+    # -- inspection ---------------------------------------------------------------------------
+
+    async def live_count(
+        self, queues: Sequence[str] | None, *, now: datetime, due_before: datetime
+    ) -> int:
+        with self._lock:
+            return sum(
+                1
+                for r in self.live.values()
+                if (queues is None or r.queue in queues)
+                and (
+                    (r.state in READY_STATES and r.run_at <= due_before)
+                    or (
+                        r.state is TaskState.PROCESSING
+                        and r.lease_expires_at is not None
+                        and r.lease_expires_at > now
+                    )
+                )
+            )
+
+    async def task_get(self, task_id: int) -> TaskRow | None:
+        return self.live.get(task_id) or self.archived.get(task_id)
+
+    async def queue_stats(self, *, now: datetime) -> list[QueueStats]:
+        stats: dict[str, QueueStats] = {}
+        oldest: dict[str, datetime] = {}
+        with self._lock:
+            for row in itertools.chain(self.live.values(), self.archived.values()):
+                counts = stats.setdefault(row.queue, QueueStats(row.queue)).counts
+                counts[row.state.value] = counts.get(row.state.value, 0) + 1
+                if row.state in READY_STATES and row.run_at <= now:
+                    oldest[row.queue] = min(oldest.get(row.queue, row.run_at), row.run_at)
+        return [
+            QueueStats(q, s.counts, (now - oldest[q]).total_seconds() if q in oldest else None)
+            for q, s in sorted(stats.items())
+        ]
+
+    # -- dead letters -------------------------------------------------------------------------
+
+    def _dead(self, ids: Sequence[int] | None, queue: str | None) -> list[TaskRow]:
+        return [
+            r
+            for r in self.archived.values()
+            if r.state is TaskState.DEAD
+            and (ids is None or r.id in ids)
+            and (queue is None or r.queue == queue)
+        ]
+
+    async def dead_list(self, *, queue: str | None = None, limit: int = 100) -> list[TaskRow]:
+        with self._lock:
+            rows = self._dead(None, queue)
+        rows.sort(key=lambda r: (r.finished_at or datetime.min, r.id), reverse=True)
+        return rows[:limit]
+
+    async def dead_requeue(
+        self, ids: Sequence[int] | None = None, *, queue: str | None = None, now: datetime
+    ) -> list[int]:
+        with self._lock:
+            live_keys = {r.dedup_key for r in self.live.values() if r.dedup_key}
+            chosen = [r for r in self._dead(ids, queue) if r.dedup_key not in live_keys or not r.dedup_key]
+            for row in chosen:
+                del self.archived[row.id]
+                self.live[row.id] = replace(
+                    row, state=TaskState.PENDING, attempt=0, run_at=now, finished_at=None
+                )
+        return sorted(r.id for r in chosen)
+
+    async def dead_purge(
+        self, ids: Sequence[int] | None = None, *, queue: str | None = None
+    ) -> int:
+        with self._lock:
+            chosen = self._dead(ids, queue)
+            for row in chosen:
+                del self.archived[row.id]
+        return len(chosen)

@@ -1,0 +1,585 @@
+"""The SQL driver: SQLAlchemy Core statements shared by every SQL dialect.
+
+Dialect subclasses (postgresql.py, mysql.py, sqlite.py) override only what their SQL lacks or
+does better. Each statement is a small named builder; each driver method one short transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from datetime import datetime
+from typing import Any, ClassVar, TypeVar
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Executable,
+    Result,
+    bindparam,
+    create_engine,
+    delete,
+    func,
+    insert,
+    literal,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy.engine import URL, Dialect
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.sql.dml import Insert
+
+from txtasks.driver.base import Capabilities, WriteResult
+from txtasks.driver.urls import url_async, url_parse, url_sync
+from txtasks.errors import SchemaError
+from txtasks.schema import migrate as schema_migrate
+from txtasks.schema.tables import TASK_COLUMNS, Timestamp, archive, tasks
+from txtasks.types import (
+    READY_STATES,
+    NewTask,
+    Outcome,
+    OutcomeKind,
+    QueueStats,
+    TaskKey,
+    TaskRow,
+    TaskState,
+)
+
+#: One step of an enqueue: a statement and its parameters (a list means executemany).
+Step = tuple[Executable, Sequence[Mapping[str, Any]] | Mapping[str, Any] | None]
+#: A generator of steps that receives each step's result and returns the new ids.
+Plan = Generator[Step, Result[Any], list[int]]
+
+READY = [s.value for s in READY_STATES]
+PROCESSING = TaskState.PROCESSING.value
+DEDUP_RETRIES = 3
+TRANSIENT_RETRIES = 5
+T = TypeVar("T")
+
+
+def task_values(row: NewTask) -> dict[str, Any]:
+    """Column values of a new task."""
+    return {
+        "queue": row.queue,
+        "task_name": row.task_name,
+        "payload": row.payload,
+        "content_type": row.content_type,
+        "state": row.state.value,
+        "priority": row.priority,
+        "run_at": row.run_at,
+        "attempt": 0,
+        "max_attempts": row.max_attempts,
+        "created_at": row.created_at,
+        "dedup_key": row.dedup_key,
+        "headers": row.headers,
+        "expires_at": row.expires_at,
+    }
+
+
+def claim_order(row: TaskRow) -> tuple[int, datetime, int]:
+    """The order tasks are handed out in: priority (high first), then due time, then id."""
+    return (-row.priority, row.run_at, row.id)
+
+
+def keys_match(keys: Sequence[TaskKey]) -> Any:
+    """WHERE clause fencing a batch of attempts: (id, attempt) pairs still processing."""
+    return tuple_(tasks.c.id, tasks.c.attempt).in_([(k.id, k.attempt) for k in keys]) & (
+        tasks.c.state == PROCESSING
+    )
+
+
+class SqlDriver:
+    """A task store on a SQL database through SQLAlchemy's asyncio engine."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities("sql")
+    #: INSERT ... RETURNING is available (all but MySQL proper).
+    returning_insert: ClassVar[bool] = True
+    #: The dedup-insert returns the ids of the rows it inserted.
+    returning_dedup: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        url: str | URL,
+        *,
+        engine: AsyncEngine | None = None,
+        engine_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.url = url_parse(url)
+        self._engine = engine
+        self._sync_engine: Engine | None = None
+        self._engine_options = dict(engine_options or {})
+
+    # -- connections --------------------------------------------------------------------------
+
+    def engine_options(self) -> dict[str, Any]:
+        """Options for create_async_engine / create_engine; dialects add theirs."""
+        return {"pool_pre_ping": True, **self._engine_options}
+
+    def engine_setup(self, engine: Engine) -> None:
+        """Hook to install connection events (SQLite pragmas)."""
+
+    @property
+    def engine(self) -> AsyncEngine:
+        if self._engine is None:
+            self._engine = create_async_engine(url_async(self.url), **self.engine_options())
+            self.engine_setup(self._engine.sync_engine)
+        return self._engine
+
+    @property
+    def sync_engine(self) -> Engine:
+        if self._sync_engine is None:
+            self._sync_engine = create_engine(url_sync(self.url), **self.engine_options())
+            self.engine_setup(self._sync_engine)
+        return self._sync_engine
+
+    async def open(self) -> None:
+        async with self.engine.connect() as conn:
+            version = await conn.run_sync(schema_migrate.schema_version)
+        latest = schema_migrate.latest_version()
+        if version < latest:
+            raise SchemaError(
+                f"database schema is at version {version}, this txtasks needs {latest}: "
+                "run `txtasks migrate`"
+            )
+
+    async def close(self) -> None:
+        if self._engine is not None:
+            await self._engine.dispose()
+        if self._sync_engine is not None:
+            self._sync_engine.dispose()
+
+    async def migrate(self) -> list[int]:
+        async with self.engine.begin() as conn:
+            applied = await conn.run_sync(schema_migrate.migrate)
+        return [m.version for m in applied]
+
+    @classmethod
+    def error_is_transient(cls, exc: BaseException) -> bool:
+        """A deadlock or lock timeout that a fresh transaction may not meet again."""
+        return False
+
+    async def in_transaction(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """Run `work` in a transaction, retrying it when the database reports a deadlock."""
+        for attempt in range(TRANSIENT_RETRIES):
+            try:
+                async with self.engine.begin() as conn:
+                    return await work(conn)
+            except DBAPIError as exc:
+                if attempt + 1 == TRANSIENT_RETRIES or not self.error_is_transient(exc.orig):
+                    raise
+                await asyncio.sleep(random.uniform(0, 0.01 * 2**attempt))
+        raise AssertionError("unreachable")
+
+    # -- enqueue ------------------------------------------------------------------------------
+
+    @classmethod
+    def plan_class(cls, dialect: Dialect) -> type[SqlDriver]:
+        """The class whose statements suit this connection (MariaDB is told apart at connect)."""
+        return cls
+
+    @classmethod
+    def stmt_insert(cls) -> Insert:
+        """Insert new tasks, returning their ids in parameter order."""
+        return insert(tasks).returning(tasks.c.id, sort_by_parameter_order=True)
+
+    @classmethod
+    def stmt_insert_dedup(cls) -> Insert:
+        """Insert tasks that carry a dedup key, skipping keys already live (no error)."""
+        raise NotImplementedError
+
+    @classmethod
+    def stmt_dedup_lookup(cls, keys: Sequence[str]) -> Executable:
+        """The ids of live tasks holding these dedup keys."""
+        return select(tasks.c.id, tasks.c.dedup_key).where(tasks.c.dedup_key.in_(keys))
+
+    @classmethod
+    def enqueue_plan(cls, rows: Sequence[NewTask]) -> Plan:
+        """Insert `rows` on any connection (sync or async): one statement per batch."""
+        ids: list[int | None] = [None] * len(rows)
+        plain = [i for i, r in enumerate(rows) if r.dedup_key is None]
+        keyed = [i for i, r in enumerate(rows) if r.dedup_key is not None]
+        if plain:
+            yield from cls._insert_plain(rows, plain, ids)
+        for _ in range(DEDUP_RETRIES):
+            missing = [i for i in keyed if ids[i] is None]
+            if not missing:
+                break
+            yield from cls._insert_keyed(rows, missing, ids)
+        if any(i is None for i in ids):
+            raise RuntimeError("enqueue: a dedup key kept conflicting with finishing tasks")
+        return [i for i in ids if i is not None]
+
+    @classmethod
+    def _insert_plain(
+        cls, rows: Sequence[NewTask], todo: list[int], ids: list[int | None]
+    ) -> Generator[Step, Result[Any], None]:
+        if cls.returning_insert:
+            result = yield cls.stmt_insert(), [task_values(rows[i]) for i in todo]
+            for i, new_id in zip(todo, result.scalars().all(), strict=True):
+                ids[i] = new_id
+            return
+        for i in todo:  # MySQL has no RETURNING: one statement a row, lastrowid each
+            result = yield insert(tasks), task_values(rows[i])
+            ids[i] = result.inserted_primary_key[0]  # type: ignore[attr-defined]
+
+    @classmethod
+    def _insert_keyed(
+        cls, rows: Sequence[NewTask], todo: list[int], ids: list[int | None]
+    ) -> Generator[Step, Result[Any], None]:
+        result = yield cls.stmt_insert_dedup(), [task_values(rows[i]) for i in todo]
+        found: dict[str, int] = {}
+        if cls.returning_dedup:
+            found.update({key: new_id for new_id, key in result.all()})
+        unresolved = {rows[i].dedup_key for i in todo} - found.keys()
+        if unresolved:
+            lookup = yield cls.stmt_dedup_lookup(sorted(k for k in unresolved if k)), None
+            found.update({key: existing for existing, key in lookup.all()})
+        for i in todo:
+            ids[i] = found.get(rows[i].dedup_key or "")
+
+    async def task_insert_many(self, rows: Sequence[NewTask]) -> list[int]:
+        if not rows:
+            return []
+        async def work(conn: AsyncConnection) -> list[int]:
+            return await plan_run_async(conn, self.plan_class(conn.dialect).enqueue_plan(rows))
+
+        return await self.in_transaction(work)
+
+    def task_insert_many_sync(self, rows: Sequence[NewTask]) -> list[int]:
+        if not rows:
+            return []
+        with self.sync_engine.begin() as conn:
+            return plan_run_sync(conn, self.plan_class(conn.dialect).enqueue_plan(rows))
+
+    # -- claim --------------------------------------------------------------------------------
+
+    @staticmethod
+    def stmt_ready(queues: Sequence[str], limit: int) -> Any:
+        """Ready task ids, in claim order, locked and skipping rows others have locked."""
+        return (
+            select(tasks.c.id)
+            .where(
+                tasks.c.queue.in_(queues),
+                tasks.c.state.in_(READY),
+                tasks.c.run_at <= bindparam("now", type_=Timestamp),
+            )
+            .order_by(tasks.c.priority.desc(), tasks.c.run_at, tasks.c.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+
+    @staticmethod
+    def claim_values() -> dict[str, Any]:
+        """What a claim writes: processing, one more attempt, leased to the worker."""
+        return {
+            "state": PROCESSING,
+            "attempt": tasks.c.attempt + 1,
+            "lease_expires_at": bindparam("lease_until", type_=Timestamp),
+            "worker_id": bindparam("worker_id"),
+            "started_at": bindparam("now", type_=Timestamp),
+        }
+
+    @classmethod
+    def stmt_claim(cls, queues: Sequence[str], limit: int) -> Executable:
+        """Claim a batch in one statement: UPDATE ... WHERE id IN (ready) RETURNING *."""
+        return (
+            update(tasks)
+            .where(tasks.c.id.in_(cls.stmt_ready(queues, limit).scalar_subquery()))
+            .values(**cls.claim_values())
+            .returning(*tasks.c)
+        )
+
+    async def task_claim_many(
+        self,
+        queues: Sequence[str],
+        limit: int,
+        *,
+        now: datetime,
+        lease_until: datetime,
+        worker_id: str,
+    ) -> list[TaskRow]:
+        params = {"now": now, "lease_until": lease_until, "worker_id": worker_id}
+
+        async def work(conn: AsyncConnection) -> list[TaskRow]:
+            return await self._claim(conn, queues, limit, params)
+
+        rows = await self.in_transaction(work)
+        rows.sort(key=claim_order)
+        return rows
+
+    async def _claim(
+        self, conn: AsyncConnection, queues: Sequence[str], limit: int, params: dict[str, Any]
+    ) -> list[TaskRow]:
+        result = await conn.execute(self.stmt_claim(queues, limit), params)
+        return [TaskRow.from_row(r) for r in result.mappings().all()]
+
+    # -- outcomes -----------------------------------------------------------------------------
+
+    async def outcome_write_many(
+        self, outcomes: Sequence[Outcome], *, now: datetime, archive_completed: bool = True
+    ) -> WriteResult:
+        if not outcomes:
+            return WriteResult(0)
+
+        async def work(conn: AsyncConnection) -> set[TaskKey]:
+            return await self._outcomes_apply(conn, outcomes, now, archive_completed)
+
+        applied = await self.in_transaction(work)
+        stale = tuple(o.key for o in outcomes if o.key not in applied)
+        return WriteResult(len(outcomes) - len(stale), stale)
+
+    async def _outcomes_apply(
+        self,
+        conn: AsyncConnection,
+        outcomes: Sequence[Outcome],
+        now: datetime,
+        archive_completed: bool,
+    ) -> set[TaskKey]:
+        applied: set[TaskKey] = set()
+        finishing = [o for o in outcomes if o.kind.finishes]
+        if finishing:
+            applied |= await self._finish(conn, finishing, now, archive_completed)
+        retries = [o for o in outcomes if o.kind is OutcomeKind.RETRY]
+        if retries:
+            applied |= await self._retry(conn, retries)
+        releases = [o for o in outcomes if o.kind is OutcomeKind.RELEASE]
+        if releases:
+            applied |= await self._release(conn, [o.key for o in releases])
+        return applied
+
+    async def _locked_keys(self, conn: AsyncConnection, keys: Sequence[TaskKey]) -> set[TaskKey]:
+        """Lock the rows of still-current attempts (in id order) and return their keys."""
+        stmt = (
+            select(tasks.c.id, tasks.c.attempt)
+            .where(keys_match(keys))
+            .order_by(tasks.c.id)
+            .with_for_update()
+        )
+        return {TaskKey(i, a) for i, a in (await conn.execute(stmt)).all()}
+
+    async def _finish(
+        self,
+        conn: AsyncConnection,
+        outcomes: Sequence[Outcome],
+        now: datetime,
+        archive_completed: bool,
+    ) -> set[TaskKey]:
+        """Move finished attempts from the hot table to the archive (fenced)."""
+        held = await self._locked_keys(conn, [o.key for o in outcomes])
+        mine = [o for o in outcomes if o.key in held]
+        if not mine:
+            return set()
+        for kind in {o.kind for o in mine}:
+            if kind is OutcomeKind.COMPLETE and not archive_completed:
+                continue
+            ids = [o.key.id for o in mine if o.kind is kind]
+            await conn.execute(self.stmt_archive_copy(ids, kind, now))
+        errors = [{"b_id": o.key.id, "b_error": o.error} for o in mine if o.error]
+        if errors:
+            await conn.execute(self.stmt_archive_error(), errors)
+        await conn.execute(delete(tasks).where(tasks.c.id.in_([o.key.id for o in mine])))
+        return {o.key for o in mine}
+
+    @staticmethod
+    def stmt_archive_copy(ids: Sequence[int], kind: OutcomeKind, now: datetime) -> Executable:
+        """Copy rows into the archive with their final state."""
+        cols = [c for c in TASK_COLUMNS if c not in ("state", "lease_expires_at")]
+        source = select(
+            *[tasks.c[c] for c in cols],
+            literal(kind.value).label("state"),
+            literal(None, Timestamp).label("lease_expires_at"),
+            literal(now, Timestamp).label("finished_at"),
+        ).where(tasks.c.id.in_(ids))
+        target = [*cols, "state", "lease_expires_at", "finished_at"]
+        return insert(archive).from_select(target, source)
+
+    @staticmethod
+    def stmt_archive_error() -> Executable:
+        """Record each finished attempt's error on its archived row."""
+        return (
+            update(archive)
+            .where(archive.c.id == bindparam("b_id"))
+            .values(last_error=bindparam("b_error"))
+        )
+
+    @staticmethod
+    def stmt_retry() -> Executable:
+        """Schedule the next attempt of a failed one (fenced)."""
+        return (
+            update(tasks)
+            .where(
+                tasks.c.id == bindparam("b_id"),
+                tasks.c.attempt == bindparam("b_attempt"),
+                tasks.c.state == PROCESSING,
+            )
+            .values(
+                state=TaskState.RETRYABLE.value,
+                run_at=bindparam("b_run_at", type_=Timestamp),
+                last_error=bindparam("b_error"),
+                checkpoint=func.coalesce(bindparam("b_checkpoint"), tasks.c.checkpoint),
+                lease_expires_at=None,
+                worker_id=None,
+            )
+        )
+
+    async def _retry(self, conn: AsyncConnection, outcomes: Sequence[Outcome]) -> set[TaskKey]:
+        held = await self._locked_keys(conn, [o.key for o in outcomes])
+        mine = [o for o in outcomes if o.key in held]
+        if mine:
+            params = [
+                {
+                    "b_id": o.key.id,
+                    "b_attempt": o.key.attempt,
+                    "b_run_at": o.run_at,
+                    "b_error": o.error,
+                    "b_checkpoint": o.checkpoint,
+                }
+                for o in mine
+            ]
+            await conn.execute(self.stmt_retry(), params)
+        return {o.key for o in mine}
+
+    async def _release(self, conn: AsyncConnection, keys: Sequence[TaskKey]) -> set[TaskKey]:
+        """Claimed but never started: back to pending, the attempt not counted."""
+        held = await self._locked_keys(conn, keys)
+        if held:
+            await conn.execute(
+                update(tasks)
+                .where(keys_match(sorted(held, key=lambda k: k.id)))
+                .values(
+                    state=TaskState.PENDING.value,
+                    attempt=tasks.c.attempt - 1,
+                    lease_expires_at=None,
+                    worker_id=None,
+                )
+            )
+        return held
+
+    async def lease_extend_many(self, keys: Sequence[TaskKey], *, lease_until: datetime) -> int:
+        if not keys:
+            return 0
+        stmt = update(tasks).where(keys_match(keys)).values(lease_expires_at=lease_until)
+
+        async def work(conn: AsyncConnection) -> int:
+            return int((await conn.execute(stmt)).rowcount)  # type: ignore[attr-defined]
+
+        return await self.in_transaction(work)
+
+    # -- inspection ---------------------------------------------------------------------------
+
+    async def live_count(
+        self, queues: Sequence[str] | None, *, now: datetime, due_before: datetime
+    ) -> int:
+        ready = tasks.c.state.in_(READY) & (tasks.c.run_at <= due_before)
+        running = (tasks.c.state == PROCESSING) & (tasks.c.lease_expires_at > now)
+        stmt = select(func.count()).select_from(tasks).where(ready | running)
+        if queues is not None:
+            stmt = stmt.where(tasks.c.queue.in_(queues))
+        async with self.engine.connect() as conn:
+            return int((await conn.execute(stmt)).scalar_one())
+
+    async def task_get(self, task_id: int) -> TaskRow | None:
+        async with self.engine.connect() as conn:
+            for table in (tasks, archive):
+                row = (await conn.execute(select(table).where(table.c.id == task_id))).mappings()
+                found = row.first()
+                if found is not None:
+                    return TaskRow.from_row(found)
+        return None
+
+    async def queue_stats(self, *, now: datetime) -> list[QueueStats]:
+        stats: dict[str, QueueStats] = {}
+        async with self.engine.connect() as conn:
+            for table in (tasks, archive):
+                counts = select(table.c.queue, table.c.state, func.count()).group_by(
+                    table.c.queue, table.c.state
+                )
+                for queue, state, count in (await conn.execute(counts)).all():
+                    stats.setdefault(queue, QueueStats(queue)).counts[state] = int(count)
+            oldest = (
+                select(tasks.c.queue, func.min(tasks.c.run_at))
+                .where(tasks.c.state.in_(READY), tasks.c.run_at <= now)
+                .group_by(tasks.c.queue)
+            )
+            ages = {q: (now - t).total_seconds() for q, t in (await conn.execute(oldest)).all()}
+        return [
+            QueueStats(q, s.counts, ages.get(q)) for q, s in sorted(stats.items())
+        ]
+
+    # -- dead letters -------------------------------------------------------------------------
+
+    @staticmethod
+    def _dead_where(ids: Sequence[int] | None, queue: str | None) -> list[Any]:
+        where = [archive.c.state == TaskState.DEAD.value]
+        if ids is not None:
+            where.append(archive.c.id.in_(ids))
+        if queue is not None:
+            where.append(archive.c.queue == queue)
+        return where
+
+    async def dead_list(self, *, queue: str | None = None, limit: int = 100) -> list[TaskRow]:
+        stmt = (
+            select(archive)
+            .where(*self._dead_where(None, queue))
+            .order_by(archive.c.finished_at.desc(), archive.c.id.desc())
+            .limit(limit)
+        )
+        async with self.engine.connect() as conn:
+            return [TaskRow.from_row(r) for r in (await conn.execute(stmt)).mappings().all()]
+
+    async def dead_requeue(
+        self, ids: Sequence[int] | None = None, *, queue: str | None = None, now: datetime
+    ) -> list[int]:
+        async with self.engine.begin() as conn:
+            dead = select(archive.c.id, archive.c.dedup_key).where(*self._dead_where(ids, queue))
+            rows = (await conn.execute(dead.with_for_update())).all()
+            keys = [r.dedup_key for r in rows if r.dedup_key]
+            taken = select(tasks.c.dedup_key).where(tasks.c.dedup_key.in_(keys))
+            live_keys = set((await conn.execute(taken)).scalars()) if keys else set()
+            chosen = sorted(r.id for r in rows if not (r.dedup_key and r.dedup_key in live_keys))
+            if not chosen:
+                return []
+            cols = [c for c in TASK_COLUMNS if c not in ("state", "attempt", "run_at")]
+            source = select(
+                *[archive.c[c] for c in cols],
+                literal(TaskState.PENDING.value).label("state"),
+                literal(0).label("attempt"),
+                literal(now, Timestamp).label("run_at"),
+            ).where(archive.c.id.in_(chosen))
+            await conn.execute(
+                insert(tasks).from_select([*cols, "state", "attempt", "run_at"], source)
+            )
+            await conn.execute(delete(archive).where(archive.c.id.in_(chosen)))
+        return chosen
+
+    async def dead_purge(
+        self, ids: Sequence[int] | None = None, *, queue: str | None = None
+    ) -> int:
+        async with self.engine.begin() as conn:
+            result = await conn.execute(delete(archive).where(*self._dead_where(ids, queue)))
+        return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+def plan_run_sync(executor: Connection | Any, plan: Plan) -> list[int]:
+    """Run an enqueue plan on a sync Connection or Session."""
+    try:
+        step = next(plan)
+        while True:
+            stmt, params = step
+            step = plan.send(executor.execute(stmt, params))
+    except StopIteration as stop:
+        return list(stop.value)
+
+
+async def plan_run_async(executor: AsyncConnection | Any, plan: Plan) -> list[int]:
+    """Run an enqueue plan on an AsyncConnection or AsyncSession."""
+    try:
+        step = next(plan)
+        while True:
+            stmt, params = step
+            step = plan.send(await executor.execute(stmt, params))
+    except StopIteration as stop:
+        return list(stop.value)

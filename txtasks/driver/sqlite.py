@@ -1,0 +1,57 @@
+"""SQLite: one writer at a time (BEGIN IMMEDIATE), UPDATE ... RETURNING claims, WAL journal."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from sqlalchemy import Engine, event
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.sql.dml import Insert
+
+from txtasks.driver.base import Capabilities
+from txtasks.driver.sql import SqlDriver
+from txtasks.schema.tables import tasks
+
+BUSY_TIMEOUT_MS = 30_000
+
+
+def sqlite_connection_setup(engine: Engine) -> None:
+    """WAL, a busy timeout, and write transactions that take the lock up front.
+
+    A deferred transaction that reads and then writes can fail with "database is locked" at
+    once instead of waiting; BEGIN IMMEDIATE waits for the busy timeout instead.
+    """
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # let SQLAlchemy's BEGIN below rule
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+class SQLiteDriver(SqlDriver):
+    """SQLite 3.35+ through aiosqlite (async) and sqlite3 (sync)."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities("sqlite", concurrent_claims=False)
+
+    def engine_setup(self, engine: Engine) -> None:
+        sqlite_connection_setup(engine)
+
+    @classmethod
+    def stmt_insert_dedup(cls) -> Insert:
+        return (
+            sqlite_insert(tasks)
+            .on_conflict_do_nothing(index_elements=[tasks.c.dedup_key])
+            .returning(tasks.c.id, tasks.c.dedup_key)
+        )
+
+    @classmethod
+    def error_is_transient(cls, exc: BaseException) -> bool:
+        return "database is locked" in str(exc)

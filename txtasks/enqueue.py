@@ -1,0 +1,70 @@
+"""Enqueue inside the caller's own transaction, with any SQLAlchemy flavour.
+
+`Connection` and `Session` are synchronous; `AsyncConnection` and `AsyncSession` asynchronous.
+The same plan of statements runs on all four: rolled back, the tasks never exist; committed,
+they will run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import Session
+
+from txtasks.driver import sql_driver_class
+from txtasks.driver.sql import plan_run_async, plan_run_sync
+from txtasks.errors import ConfigurationError
+from txtasks.types import NewTask
+
+SyncExecutor = Connection | Session
+AsyncExecutor = AsyncConnection | AsyncSession
+
+
+def executor_dialect(executor: SyncExecutor | AsyncExecutor) -> Dialect:
+    """The SQL dialect behind any of the four SQLAlchemy flavours."""
+    if isinstance(executor, Connection | AsyncConnection):
+        return executor.dialect
+    if isinstance(executor, AsyncSession):
+        return executor.sync_session.get_bind().dialect
+    if isinstance(executor, Session):
+        return executor.get_bind().dialect
+    raise ConfigurationError(
+        "enqueue: expected a SQLAlchemy Connection, Session, AsyncConnection or AsyncSession, "
+        f"got {type(executor).__name__}"
+    )
+
+
+def _check_sync(executor: Any) -> None:
+    if isinstance(executor, AsyncConnection | AsyncSession):
+        raise ConfigurationError(
+            f"enqueue_tx: {type(executor).__name__} is asynchronous; use `await aenqueue_tx(...)`"
+        )
+
+
+def _check_async(executor: Any) -> None:
+    if isinstance(executor, Connection | Session):
+        raise ConfigurationError(
+            f"aenqueue_tx: {type(executor).__name__} is synchronous; use `enqueue_tx(...)`"
+        )
+
+
+def insert_many_tx(executor: SyncExecutor, rows: Sequence[NewTask]) -> list[int]:
+    """Insert tasks on a sync Connection or Session, inside its transaction."""
+    _check_sync(executor)
+    if not rows:
+        return []
+    plan = sql_driver_class(executor_dialect(executor)).enqueue_plan(rows)
+    return plan_run_sync(executor, plan)
+
+
+async def ainsert_many_tx(executor: AsyncExecutor, rows: Sequence[NewTask]) -> list[int]:
+    """Insert tasks on an AsyncConnection or AsyncSession, inside its transaction."""
+    _check_async(executor)
+    if not rows:
+        return []
+    plan = sql_driver_class(executor_dialect(executor)).enqueue_plan(rows)
+    return await plan_run_async(executor, plan)

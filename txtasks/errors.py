@@ -1,0 +1,52 @@
+"""Exceptions raised to users and by handlers."""
+
+from __future__ import annotations
+
+
+class TxtasksError(Exception):
+    """Base class of every error txtasks raises."""
+
+
+class ConfigurationError(TxtasksError, ValueError):
+    """A setting is invalid; the message names the setting."""
+
+
+class PayloadError(TxtasksError, ValueError):
+    """A payload cannot be stored (not JSON-serialisable, or too large)."""
+
+
+class UnknownTaskError(TxtasksError, LookupError):
+    """No task of that name is registered on the application."""
+
+
+class SchemaError(TxtasksError):
+    """The database schema is missing or older than this version of txtasks needs."""
+
+
+class HandlerSignal(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Base of the exceptions a handler raises to choose the outcome of its task."""
+
+
+class Retry(HandlerSignal):
+    """Run the task again later (a nack). `delay` overrides the retry strategy."""
+
+    def __init__(self, reason: str = "retry requested", *, delay: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.delay = delay
+
+
+class Drop(HandlerSignal):
+    """The task is valid but can never be processed: archive it as discarded, never retry."""
+
+    def __init__(self, reason: str = "dropped") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Reject(HandlerSignal):
+    """The task failed for good: dead-letter it now, whatever attempts remain."""
+
+    def __init__(self, reason: str = "rejected") -> None:
+        super().__init__(reason)
+        self.reason = reason

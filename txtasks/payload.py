@@ -1,0 +1,57 @@
+"""Payload encoding: JSON (never pickle), or bytes the application encodes itself."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from txtasks.errors import PayloadError
+from txtasks.types import BYTES_CONTENT_TYPE, JSON_CONTENT_TYPE
+
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+
+
+def payload_encode(payload: Any, *, limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> tuple[bytes, str]:
+    """Encode a payload for storage; raise PayloadError before anything is written."""
+    if isinstance(payload, bytes | bytearray | memoryview):
+        data, content_type = bytes(payload), BYTES_CONTENT_TYPE
+    else:
+        try:
+            text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise PayloadError(f"payload is not JSON-serialisable: {exc}") from exc
+        data, content_type = text.encode("utf-8"), JSON_CONTENT_TYPE
+    if len(data) > limit:
+        raise PayloadError(
+            f"payload is {len(data)} bytes, over the limit of {limit} bytes (max_payload_bytes)"
+        )
+    return data, content_type
+
+
+def payload_decode(data: bytes, content_type: str) -> Any:
+    """Decode a stored payload; raise PayloadError naming what was wrong."""
+    if content_type == BYTES_CONTENT_TYPE:
+        return data
+    if content_type != JSON_CONTENT_TYPE:
+        raise PayloadError(f"unknown payload content type {content_type!r}")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise PayloadError(f"payload is not valid JSON: {exc}") from exc
+
+
+def headers_encode(headers: dict[str, str] | None) -> str | None:
+    """Headers are a flat str -> str mapping stored as JSON text."""
+    if not headers:
+        return None
+    for key, value in headers.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise PayloadError(f"headers must map str to str, got {key!r}: {value!r}")
+    return json.dumps(headers, separators=(",", ":"), ensure_ascii=False)
+
+
+def headers_decode(text: str | None) -> dict[str, str]:
+    if not text:
+        return {}
+    value = json.loads(text)
+    return value if isinstance(value, dict) else {}

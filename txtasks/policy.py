@@ -1,0 +1,96 @@
+"""What happens to a task after an attempt: the one policy the worker and the cleaner share."""
+
+from __future__ import annotations
+
+import enum
+import traceback
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from txtasks.errors import Drop, Reject, Retry
+from txtasks.retry import RetryStrategy
+from txtasks.types import Outcome, OutcomeKind, TaskKey
+
+MAX_ERROR_CHARS = 4000
+
+
+class AckPolicy(str, enum.Enum):
+    """What an exception other than Retry / Drop / Reject does to the task."""
+
+    RETRY = "retry"  # nack: retry with the strategy until max_attempts, then dead-letter
+    DEAD_LETTER = "dead_letter"  # reject: dead-letter at once
+    DISCARD = "discard"  # drop: archive as discarded, never retried
+    COMPLETE = "complete"  # ack anyway: archive as completed (the error is kept)
+    MANUAL = "manual"  # the handler calls ctx.ack()/nack()/reject(); if it does not: retry
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """The retry rules of one task."""
+
+    strategy: RetryStrategy
+    max_attempts: int
+    ack_policy: AckPolicy = AckPolicy.RETRY
+
+
+def error_text(exc: BaseException) -> str:
+    """A readable, bounded description of an exception for the `last_error` column."""
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    if exc.__traceback__ is not None:
+        text += "\n" + "".join(traceback.format_tb(exc.__traceback__)[-5:])
+    return text[:MAX_ERROR_CHARS]
+
+
+def outcome_after_failure(
+    key: TaskKey,
+    policy: RetryPolicy,
+    *,
+    now: datetime,
+    error: str,
+    delay: float | None = None,
+    expires_at: datetime | None = None,
+    max_attempts: int | None = None,
+    checkpoint: str | None = None,
+) -> Outcome:
+    """A nack: retry after the backoff while attempts and the deadline allow, else dead-letter.
+
+    Used by the worker for a failed attempt and by the cleaner for an expired lease.
+    """
+    limit = policy.max_attempts if max_attempts is None else max_attempts
+    if key.attempt >= limit:
+        return Outcome(key, OutcomeKind.DEAD, error=f"{error}\n(attempt {key.attempt} of {limit})")
+    wait = policy.strategy.delay(key.attempt) if delay is None else max(0.0, delay)
+    run_at = now + timedelta(seconds=wait)
+    if expires_at is not None and run_at > expires_at:
+        return Outcome(key, OutcomeKind.DEAD, error=f"{error}\n(deadline {expires_at} passed)")
+    return Outcome(key, OutcomeKind.RETRY, error=error, run_at=run_at, checkpoint=checkpoint)
+
+
+def outcome_for_exception(
+    key: TaskKey,
+    policy: RetryPolicy,
+    exc: BaseException,
+    *,
+    now: datetime,
+    expires_at: datetime | None = None,
+    max_attempts: int | None = None,
+    checkpoint: str | None = None,
+) -> Outcome:
+    """Map what a handler raised to the outcome the database records."""
+    if isinstance(exc, Drop):
+        return Outcome(key, OutcomeKind.DISCARD, error=exc.reason)
+    if isinstance(exc, Reject):
+        return Outcome(key, OutcomeKind.DEAD, error=exc.reason)
+    common = {"now": now, "expires_at": expires_at, "max_attempts": max_attempts}
+    if isinstance(exc, Retry):
+        return outcome_after_failure(
+            key, policy, error=exc.reason, delay=exc.delay, checkpoint=checkpoint, **common
+        )
+    text = error_text(exc)
+    if policy.ack_policy is AckPolicy.DEAD_LETTER:
+        return Outcome(key, OutcomeKind.DEAD, error=text)
+    if policy.ack_policy is AckPolicy.DISCARD:
+        return Outcome(key, OutcomeKind.DISCARD, error=text)
+    if policy.ack_policy is AckPolicy.COMPLETE:
+        return Outcome(key, OutcomeKind.COMPLETE, error=text)
+    return outcome_after_failure(key, policy, error=text, checkpoint=checkpoint, **common)

@@ -1,0 +1,1 @@
+"""The database schema: declared tables and the versioned migrations that create them."""

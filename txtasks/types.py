@@ -1,0 +1,161 @@
+"""Plain data types shared by every layer. No dependencies beyond the standard library."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+class TaskState(str, enum.Enum):
+    """Where a task is in its lifecycle (see docs/lifecycle.md)."""
+
+    STAGED = "staged"
+    PENDING = "pending"
+    PROCESSING = "processing"
+    RETRYABLE = "retryable"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    DISCARDED = "discarded"
+    DEAD = "dead"
+
+    @property
+    def is_live(self) -> bool:
+        """Live tasks sit in the hot table; finished ones in the archive."""
+        return self in LIVE_STATES
+
+    def __str__(self) -> str:
+        return self.value
+
+
+LIVE_STATES = frozenset(
+    {TaskState.STAGED, TaskState.PENDING, TaskState.PROCESSING, TaskState.RETRYABLE}
+)
+READY_STATES = (TaskState.PENDING, TaskState.RETRYABLE)
+FINISHED_STATES = frozenset(
+    {TaskState.COMPLETED, TaskState.FAILED, TaskState.DISCARDED, TaskState.DEAD}
+)
+
+JSON_CONTENT_TYPE = "application/json"
+BYTES_CONTENT_TYPE = "application/octet-stream"
+
+
+@dataclass(frozen=True, slots=True)
+class NewTask:
+    """A task about to be inserted: everything the enqueue path writes."""
+
+    queue: str
+    task_name: str
+    payload: bytes
+    content_type: str
+    priority: int
+    run_at: datetime
+    max_attempts: int
+    created_at: datetime
+    dedup_key: str | None = None
+    headers: str | None = None
+    expires_at: datetime | None = None
+    state: TaskState = TaskState.PENDING
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRow:
+    """A task as stored: in the hot table (live) or the archive (finished)."""
+
+    id: int
+    queue: str
+    task_name: str
+    payload: bytes
+    content_type: str
+    state: TaskState
+    priority: int
+    run_at: datetime
+    attempt: int
+    max_attempts: int
+    created_at: datetime
+    dedup_key: str | None = None
+    headers: str | None = None
+    checkpoint: str | None = None
+    last_error: str | None = None
+    worker_id: str | None = None
+    lease_expires_at: datetime | None = None
+    started_at: datetime | None = None
+    expires_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> TaskRow:
+        """Build from a database row mapping (column name -> value)."""
+        return cls(
+            id=int(row["id"]),
+            queue=row["queue"],
+            task_name=row["task_name"],
+            payload=bytes(row["payload"]),
+            content_type=row["content_type"],
+            state=TaskState(row["state"]),
+            priority=int(row["priority"]),
+            run_at=row["run_at"],
+            attempt=int(row["attempt"]),
+            max_attempts=int(row["max_attempts"]),
+            created_at=row["created_at"],
+            dedup_key=row.get("dedup_key"),
+            headers=row.get("headers"),
+            checkpoint=row.get("checkpoint"),
+            last_error=row.get("last_error"),
+            worker_id=row.get("worker_id"),
+            lease_expires_at=row.get("lease_expires_at"),
+            started_at=row.get("started_at"),
+            expires_at=row.get("expires_at"),
+            finished_at=row.get("finished_at"),
+        )
+
+    @property
+    def key(self) -> TaskKey:
+        """The fencing key of the attempt this row describes."""
+        return TaskKey(self.id, self.attempt)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskKey:
+    """One claimed attempt of one task: every outcome write is fenced on both."""
+
+    id: int
+    attempt: int
+
+
+class OutcomeKind(str, enum.Enum):
+    """What a finished attempt asks the database to record."""
+
+    COMPLETE = "completed"
+    FAIL = "failed"
+    DISCARD = "discarded"
+    DEAD = "dead"
+    RETRY = "retryable"
+    RELEASE = "pending"
+
+    @property
+    def finishes(self) -> bool:
+        """True when the row leaves the hot table for the archive."""
+        return self in (OutcomeKind.COMPLETE, OutcomeKind.FAIL, OutcomeKind.DISCARD, OutcomeKind.DEAD)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The result of one attempt, buffered by the worker and flushed in batches."""
+
+    key: TaskKey
+    kind: OutcomeKind
+    error: str | None = None
+    run_at: datetime | None = None
+    checkpoint: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """Counts of one queue, for `txtasks status`."""
+
+    queue: str
+    counts: dict[str, int] = field(default_factory=dict)
+    oldest_ready_age: float | None = None

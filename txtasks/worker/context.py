@@ -1,0 +1,86 @@
+"""What a handler sees of its task, and how it chooses the outcome by hand."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from txtasks.errors import PayloadError
+from txtasks.payload import headers_decode
+
+if TYPE_CHECKING:
+    from txtasks.app import App, Task
+    from txtasks.types import TaskRow
+
+
+@dataclass
+class Decision:
+    """A manual ack / nack / reject recorded by the handler."""
+
+    kind: str  # "ack", "nack", "reject", "drop"
+    reason: str = ""
+    delay: float | None = None
+
+
+@dataclass
+class TaskContext:
+    """Passed as the second argument to handlers that take `(payload, ctx)`."""
+
+    app: App
+    task: Task
+    row: TaskRow
+    worker_id: str
+    logger: logging.Logger = field(default_factory=lambda: logging.getLogger("txtasks.task"))
+    decision: Decision | None = None
+    new_checkpoint: str | None = None
+
+    @property
+    def task_id(self) -> int:
+        return self.row.id
+
+    @property
+    def attempt(self) -> int:
+        """This attempt's number, starting at 1."""
+        return self.row.attempt
+
+    @property
+    def max_attempts(self) -> int:
+        return self.row.max_attempts
+
+    @property
+    def queue(self) -> str:
+        return self.row.queue
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return headers_decode(self.row.headers)
+
+    @property
+    def checkpoint(self) -> Any:
+        """What an earlier attempt saved with `save_checkpoint`, or None."""
+        return None if self.row.checkpoint is None else json.loads(self.row.checkpoint)
+
+    def save_checkpoint(self, value: Any) -> None:
+        """Keep JSON state for the next attempt (stored when this attempt is retried)."""
+        try:
+            self.new_checkpoint = json.dumps(value, separators=(",", ":"))
+        except (TypeError, ValueError) as exc:
+            raise PayloadError(f"checkpoint is not JSON-serialisable: {exc}") from exc
+
+    def ack(self) -> None:
+        """Complete the task, whatever the handler does next."""
+        self.decision = Decision("ack")
+
+    def nack(self, reason: str = "nack", *, delay: float | None = None) -> None:
+        """Retry the task (with the strategy's backoff, or `delay` seconds)."""
+        self.decision = Decision("nack", reason, delay)
+
+    def reject(self, reason: str = "rejected") -> None:
+        """Dead-letter the task now."""
+        self.decision = Decision("reject", reason)
+
+    def drop(self, reason: str = "dropped") -> None:
+        """Archive the task as discarded; it is never retried."""
+        self.decision = Decision("drop", reason)

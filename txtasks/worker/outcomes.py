@@ -1,0 +1,117 @@
+"""The outcome buffer: attempts finish one by one, outcomes are written in batches."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from txtasks.clock import Clock
+from txtasks.driver import Driver
+from txtasks.types import Outcome, OutcomeKind, TaskKey
+
+log = logging.getLogger("txtasks.worker")
+
+MAX_BACKOFF = 5.0
+
+
+class OutcomeBuffer:
+    """Buffers outcomes and flushes them in one driver call every `interval` seconds.
+
+    A failed flush (database down) keeps the outcomes and tries again with backoff; the writes
+    are fenced, so an outcome whose lease was lost meanwhile is dropped safely by the database.
+    """
+
+    def __init__(
+        self,
+        driver: Driver,
+        clock: Clock,
+        *,
+        interval: float,
+        max_batch: int,
+        archive_completed: bool,
+        on_written: Callable[[list[Outcome], tuple[TaskKey, ...]], None] | None = None,
+    ) -> None:
+        self.driver = driver
+        self.clock = clock
+        self.interval = interval
+        self.max_batch = max_batch
+        self.archive_completed = archive_completed
+        self.on_written = on_written
+        self._pending: list[Outcome] = []
+        self._ready = asyncio.Event()
+        self._full = asyncio.Event()
+        self._lock = asyncio.Lock()
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def keys(self) -> list[TaskKey]:
+        """Attempts whose outcome is not written yet: their leases must still be extended."""
+        return [o.key for o in self._pending]
+
+    def add(self, outcome: Outcome) -> None:
+        self._pending.append(outcome)
+        self._ready.set()
+        if len(self._pending) >= self.max_batch:
+            self._full.set()
+
+    async def run(self) -> None:
+        """Flush forever (until cancelled)."""
+        backoff = 0.0
+        while True:
+            await self._ready.wait()
+            if backoff or not self._full.is_set():
+                try:
+                    await asyncio.wait_for(self._full.wait(), self.interval + backoff)
+                except asyncio.TimeoutError:
+                    pass
+            try:
+                await self.flush()
+                backoff = 0.0
+            except Exception as exc:
+                backoff = min(MAX_BACKOFF, max(0.05, backoff * 2))
+                log.warning("outcome flush failed, retrying in %.2fs: %s", backoff, exc)
+
+    async def flush(self) -> None:
+        """Write everything buffered now, batch by batch; raise if the database fails."""
+        async with self._lock:  # one writer: a batch is removed only once it is written
+            await self._flush_locked()
+
+    async def _flush_locked(self) -> None:
+        while self._pending:
+            batch = self._pending[: self.max_batch]
+            result = await self.driver.outcome_write_many(
+                batch, now=self.clock(), archive_completed=self.archive_completed
+            )
+            del self._pending[: len(batch)]
+            if result.stale:
+                log.warning(
+                    "%d outcome(s) fenced off: the lease was lost and the task re-claimed: %s",
+                    len(result.stale),
+                    ", ".join(f"{k.id}#{k.attempt}" for k in result.stale[:10]),
+                )
+            if self.on_written is not None:
+                self.on_written(batch, result.stale)
+        self._ready.clear()
+        self._full.clear()
+
+    async def drain(self, *, attempts: int = 20) -> bool:
+        """Flush at shutdown, retrying a while if the database is away. True when empty."""
+        delay = 0.05
+        for _ in range(attempts):
+            try:
+                await self.flush()
+                return True
+            except Exception as exc:
+                log.warning("final outcome flush failed (%s); retrying in %.2fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(MAX_BACKOFF, delay * 2)
+        return not self._pending
+
+
+def count_kinds(outcomes: list[Outcome]) -> dict[OutcomeKind, int]:
+    counts: dict[OutcomeKind, int] = {}
+    for outcome in outcomes:
+        counts[outcome.kind] = counts.get(outcome.kind, 0) + 1
+    return counts

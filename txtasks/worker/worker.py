@@ -1,0 +1,367 @@
+"""The worker: claims batches of ready tasks, runs their handlers, records the outcomes.
+
+One claimer per worker fetches as many rows as there are free slots in one statement; a
+heartbeat extends every held lease in one statement; outcomes are flushed in batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import random
+import socket
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from txtasks.app import App, Task, check_queue_name
+from txtasks.driver import Driver
+from txtasks.errors import ConfigurationError, PayloadError
+from txtasks.payload import payload_decode
+from txtasks.policy import AckPolicy, outcome_after_failure, outcome_for_exception
+from txtasks.types import Outcome, OutcomeKind, TaskKey, TaskRow
+from txtasks.worker.context import TaskContext
+from txtasks.worker.outcomes import OutcomeBuffer
+
+log = logging.getLogger("txtasks.worker")
+
+CLAIM_ERROR_BACKOFF_MAX = 5.0
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Worker settings; every one has a named default and is checked at start."""
+
+    #: Queues to take tasks from; None means every queue a registered task uses.
+    queues: tuple[str, ...] | None = None
+    #: Tasks run at once by this worker (async handlers as tasks, sync ones in threads).
+    concurrency: int = 10
+    #: Seconds a claim holds a task before the cleaner may rescue it.
+    lease: float = 30.0
+    #: Seconds between lease extensions; default a third of the lease.
+    heartbeat: float | None = None
+    #: Seconds between polls when idle (jittered by +-10%).
+    poll_interval: float = 1.0
+    #: Seconds outcomes may wait in the buffer to be written together.
+    flush_interval: float = 0.005
+    #: Most outcomes written in one statement.
+    flush_batch: int = 500
+    #: Seconds in-flight tasks get to finish after a stop request.
+    shutdown_grace: float = 30.0
+    #: Keep completed tasks in the archive table (False: delete them).
+    archive_completed: bool = True
+    #: Exit when the queues hold no task due within `burst_horizon` seconds.
+    burst: bool = False
+    burst_horizon: float = 10.0
+    #: Identifies this worker in the task rows; default host:pid:random.
+    worker_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ConfigurationError(f"concurrency must be >= 1, got {self.concurrency!r}")
+        for name in ("lease", "poll_interval", "flush_interval"):
+            if getattr(self, name) <= 0:
+                raise ConfigurationError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("shutdown_grace", "burst_horizon"):
+            if getattr(self, name) < 0:
+                raise ConfigurationError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.heartbeat is not None and not 0 < self.heartbeat < self.lease:
+            raise ConfigurationError(
+                f"heartbeat must be > 0 and shorter than the lease ({self.lease}s), "
+                f"got {self.heartbeat!r}"
+            )
+        if self.flush_batch < 1:
+            raise ConfigurationError(f"flush_batch must be >= 1, got {self.flush_batch!r}")
+        for queue in self.queues or ():
+            check_queue_name(queue, setting="queues")
+
+    @property
+    def heartbeat_interval(self) -> float:
+        return self.heartbeat if self.heartbeat is not None else self.lease / 3
+
+
+@dataclass
+class WorkerStats:
+    """What a worker did; returned by `run()`."""
+
+    claimed: int = 0
+    started: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    stale: int = 0
+    claim_errors: int = 0
+
+    def count(self, outcomes: Sequence[Outcome], stale: Sequence[TaskKey]) -> None:
+        for outcome in outcomes:
+            self.outcomes[outcome.kind.value] = self.outcomes.get(outcome.kind.value, 0) + 1
+        self.stale += len(stale)
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class Worker:
+    """Runs an application's tasks. `await worker.run()`; `worker.stop()` to end gracefully."""
+
+    def __init__(
+        self, app: App, config: WorkerConfig | None = None, *, driver: Driver | None = None
+    ) -> None:
+        self.app = app
+        self.config = config or WorkerConfig()
+        self.driver = driver or app.driver
+        self.worker_id = self.config.worker_id or default_worker_id()
+        self.queues = list(self.config.queues or app.queues)
+        if not self.queues:
+            raise ConfigurationError("worker: no queues to serve (register a task or pass queues)")
+        self.stats = WorkerStats()
+        self._inflight: dict[int, tuple[TaskKey, asyncio.Task[None]]] = {}
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._slot_free = asyncio.Event()
+        self._threads: ThreadPoolExecutor | None = None
+        self._outcomes = OutcomeBuffer(
+            self.driver,
+            app.clock,
+            interval=self.config.flush_interval,
+            max_batch=self.config.flush_batch,
+            archive_completed=self.config.archive_completed,
+            on_written=self.stats.count,
+        )
+
+    # -- control ------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming; in-flight tasks get `shutdown_grace` seconds to finish."""
+        self._stopping.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Claim now instead of at the next poll (a wake-up arrived)."""
+        self._wake.set()
+
+    @property
+    def threads_alive(self) -> bool:
+        """True when a sync handler is still running in a thread after shutdown."""
+        return self._threads is not None and any(
+            t.is_alive() for t in getattr(self._threads, "_threads", ())
+        )
+
+    async def run(self) -> WorkerStats:
+        """Run until stopped (or, in burst mode, until the queues are empty)."""
+        await self.driver.open()
+        self._threads = ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="txtasks")
+        flusher = asyncio.create_task(self._outcomes.run(), name="txtasks-flush")
+        heartbeat = asyncio.create_task(self._heartbeat(), name="txtasks-heartbeat")
+        log.info("worker %s serving %s", self.worker_id, ", ".join(self.queues))
+        try:
+            await self._claim_loop()
+        finally:
+            await self._shutdown()
+            for task in (flusher, heartbeat):
+                task.cancel()
+            await asyncio.gather(flusher, heartbeat, return_exceptions=True)
+            await self._outcomes.drain()
+            self._threads.shutdown(wait=False, cancel_futures=True)
+        log.info("worker %s stopped: %s", self.worker_id, self.stats)
+        return self.stats
+
+    # -- claiming -----------------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        backoff = 0.0
+        while not self._stopping.is_set():
+            free = self.config.concurrency - len(self._inflight)
+            if free <= 0:
+                self._slot_free.clear()
+                await self._wait(self._slot_free, None)
+                continue
+            self._wake.clear()
+            try:
+                rows = await self._claim(free)
+                backoff = 0.0
+            except Exception as exc:
+                self.stats.claim_errors += 1
+                backoff = min(CLAIM_ERROR_BACKOFF_MAX, max(0.1, backoff * 2))
+                log.warning("claim failed, retrying in %.1fs: %s", backoff, exc)
+                await self._wait(self._stopping, backoff)
+                continue
+            for row in rows:
+                self._start(row)
+            if rows:
+                continue
+            if self.config.burst and await self._drained():
+                return
+            await self._wait(self._wake, self._poll_delay())
+
+    async def _claim(self, limit: int) -> list[TaskRow]:
+        now = self.app.clock()
+        rows = await self.driver.task_claim_many(
+            self.queues,
+            limit,
+            now=now,
+            lease_until=now + timedelta(seconds=self.config.lease),
+            worker_id=self.worker_id,
+        )
+        self.stats.claimed += len(rows)
+        return rows
+
+    def _poll_delay(self) -> float:
+        return self.config.poll_interval * random.uniform(0.9, 1.1)
+
+    async def _drained(self) -> bool:
+        """Burst mode: nothing in flight, outcomes written, nothing due soon in the queues."""
+        if self._inflight:
+            return False
+        await self._outcomes.flush()
+        now = self.app.clock()
+        due = now + timedelta(seconds=self.config.burst_horizon)
+        return await self.driver.live_count(self.queues, now=now, due_before=due) == 0
+
+    async def _wait(self, event: asyncio.Event, timeout: float | None) -> None:
+        """Wait for `event` (or a stop request) at most `timeout` seconds."""
+        waiters = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._stopping.wait())}
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    # -- running ------------------------------------------------------------------------------
+
+    def _start(self, row: TaskRow) -> None:
+        task = asyncio.create_task(self._execute(row), name=f"txtasks-task-{row.id}")
+        self._inflight[row.id] = (row.key, task)
+        task.add_done_callback(lambda _t, task_id=row.id: self._finished(task_id))
+
+    def _finished(self, task_id: int) -> None:
+        self._inflight.pop(task_id, None)
+        self._slot_free.set()
+
+    async def _execute(self, row: TaskRow) -> None:
+        try:
+            outcome = await self._attempt(row)
+        except asyncio.CancelledError:
+            # Shutdown grace ran out: hand the task back, this attempt not counted.
+            self._outcomes.add(Outcome(row.key, OutcomeKind.RELEASE, error="worker shut down"))
+            raise
+        self._outcomes.add(outcome)
+
+    async def _attempt(self, row: TaskRow) -> Outcome:
+        """Run one attempt and decide its outcome. Never raises for a bad row."""
+        now = self.app.clock()
+        try:
+            task = self.app.get_task(row.task_name)
+        except LookupError as exc:
+            return Outcome(row.key, OutcomeKind.DEAD, error=f"{exc} (worker {self.worker_id})")
+        if row.attempt > row.max_attempts:
+            error = f"attempt {row.attempt} exceeds max_attempts {row.max_attempts}"
+            return Outcome(row.key, OutcomeKind.DEAD, error=error)
+        if row.expires_at is not None and now > row.expires_at:
+            return Outcome(row.key, OutcomeKind.DEAD, error=f"deadline {row.expires_at} passed")
+        try:
+            payload = payload_decode(row.payload, row.content_type)
+        except PayloadError as exc:
+            return Outcome(row.key, OutcomeKind.DEAD, error=f"cannot decode payload: {exc}")
+        ctx = TaskContext(self.app, task, row, self.worker_id)
+        self.stats.started += 1
+        try:
+            await self._call(task, payload, ctx)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return self._decided(ctx) or outcome_for_exception(
+                row.key,
+                task.policy,
+                exc,
+                now=self.app.clock(),
+                expires_at=row.expires_at,
+                max_attempts=row.max_attempts,
+                checkpoint=ctx.new_checkpoint,
+            )
+        return self._decided(ctx) or self._returned(ctx)
+
+    async def _call(self, task: Task, payload: Any, ctx: TaskContext) -> None:
+        args = (payload, ctx) if task.wants_context else (payload,)
+        timeout = task.options.timeout
+        if task.is_async:
+            await asyncio.wait_for(task.handler(*args), timeout)
+            return
+        loop = asyncio.get_running_loop()
+        call = functools.partial(task.handler, *args)
+        await asyncio.wait_for(loop.run_in_executor(self._threads, call), timeout)
+
+    def _returned(self, ctx: TaskContext) -> Outcome:
+        """The handler returned without a manual decision."""
+        key = ctx.row.key
+        if ctx.task.policy.ack_policy is AckPolicy.MANUAL:
+            return self._nack(ctx, "handler returned without ack/nack/reject (ack_policy manual)")
+        return Outcome(key, OutcomeKind.COMPLETE)
+
+    def _decided(self, ctx: TaskContext) -> Outcome | None:
+        """The outcome the handler chose with ctx.ack()/nack()/reject()/drop(), if any."""
+        decision = ctx.decision
+        if decision is None:
+            return None
+        key = ctx.row.key
+        if decision.kind == "ack":
+            return Outcome(key, OutcomeKind.COMPLETE)
+        if decision.kind == "reject":
+            return Outcome(key, OutcomeKind.DEAD, error=decision.reason)
+        if decision.kind == "drop":
+            return Outcome(key, OutcomeKind.DISCARD, error=decision.reason)
+        return self._nack(ctx, decision.reason, decision.delay)
+
+    def _nack(self, ctx: TaskContext, reason: str, delay: float | None = None) -> Outcome:
+        row = ctx.row
+        return outcome_after_failure(
+            row.key,
+            ctx.task.policy,
+            now=self.app.clock(),
+            error=reason,
+            delay=delay,
+            expires_at=row.expires_at,
+            max_attempts=row.max_attempts,
+            checkpoint=ctx.new_checkpoint,
+        )
+
+    # -- leases -------------------------------------------------------------------------------
+
+    async def _heartbeat(self) -> None:
+        """Extend every held lease (running, or finished but not yet written) in one statement."""
+        while True:
+            await asyncio.sleep(self.config.heartbeat_interval)
+            keys = [key for key, _ in self._inflight.values()] + self._outcomes.keys()
+            if not keys:
+                continue
+            until = self.app.clock() + timedelta(seconds=self.config.lease)
+            try:
+                held = await self.driver.lease_extend_many(keys, lease_until=until)
+            except Exception as exc:
+                log.warning("heartbeat failed: %s", exc)
+                continue
+            if held < len(keys):
+                log.warning("%d of %d leases were lost (rescued elsewhere)", len(keys) - held, len(keys))
+
+    # -- shutdown -----------------------------------------------------------------------------
+
+    async def _shutdown(self) -> None:
+        """Let in-flight tasks finish within the grace period, then hand the rest back."""
+        if not self._inflight:
+            return
+        tasks = [task for _, task in self._inflight.values()]
+        grace = self.config.shutdown_grace
+        log.info("waiting up to %.1fs for %d task(s)", grace, len(tasks))
+        if grace > 0:
+            await asyncio.wait(tasks, timeout=grace)
+        late = [t for t in tasks if not t.done()]
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.gather(*late, return_exceptions=True)
+            log.warning("%d task(s) did not finish in time and were handed back", len(late))
+
