@@ -159,7 +159,7 @@ class App:
     # -- registry -----------------------------------------------------------------------------
 
     @overload
-    def task(self, handler: Handler, /) -> Task: ...
+    def task(self, handler: Handler) -> Task: ...
 
     @overload
     def task(
@@ -176,12 +176,32 @@ class App:
     ) -> Callable[[Handler], Task]: ...
 
     def task(
-        self, handler: Handler | None = None, /, **options: Any
+        self,
+        handler: Handler | None = None,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        retry: RetryStrategy | Callable[[int], float] | float | None = None,
+        ack_policy: AckPolicy | str = AckPolicy.RETRY,
+        priority: int = 0,
+        timeout: float | timedelta | None = None,
+        deadline: float | timedelta | None = None,
     ) -> Task | Callable[[Handler], Task]:
         """Register a handler: `@app.task` or `@app.task(queue=..., max_attempts=...)`."""
 
         def register(fn: Handler) -> Task:
-            return self.register(fn, **options)
+            return self.register(
+                fn,
+                name=name,
+                queue=queue,
+                max_attempts=max_attempts,
+                retry=retry,
+                ack_policy=ack_policy,
+                priority=priority,
+                timeout=timeout,
+                deadline=deadline,
+            )
 
         return register(handler) if handler is not None else register
 
@@ -270,7 +290,9 @@ class App:
         elif run_at is not None:
             when = as_utc(run_at)
         if dedup_key is not None and not (isinstance(dedup_key, str) and 0 < len(dedup_key) <= 255):
-            raise ConfigurationError(f"enqueue: dedup_key must be 1-255 characters, got {dedup_key!r}")
+            raise ConfigurationError(
+                f"enqueue: dedup_key must be 1-255 characters, got {dedup_key!r}"
+            )
         if priority is not None and not isinstance(priority, int):
             raise ConfigurationError(f"enqueue: priority must be an integer, got {priority!r}")
         data, content_type = payload_encode(payload, limit=self.max_payload_bytes)
@@ -309,9 +331,7 @@ class App:
         """Bulk insert in the caller's sync transaction: one statement per batch."""
         return insert_many_tx(executor, list(rows))
 
-    async def aenqueue_many_tx(
-        self, executor: AsyncExecutor, rows: Iterable[NewTask]
-    ) -> list[int]:
+    async def aenqueue_many_tx(self, executor: AsyncExecutor, rows: Iterable[NewTask]) -> list[int]:
         """Bulk insert in the caller's async transaction: one statement per batch."""
         return await ainsert_many_tx(executor, list(rows))
 

@@ -23,7 +23,7 @@ class SchemaError(TxtasksError):
     """The database schema is missing or older than this version of txtasks needs."""
 
 
-class HandlerSignal(Exception):  # noqa: N818 - a control-flow signal, not an error
+class HandlerSignal(Exception):
     """Base of the exceptions a handler raises to choose the outcome of its task."""
 
 

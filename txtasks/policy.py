@@ -81,10 +81,16 @@ def outcome_for_exception(
         return Outcome(key, OutcomeKind.DISCARD, error=exc.reason)
     if isinstance(exc, Reject):
         return Outcome(key, OutcomeKind.DEAD, error=exc.reason)
-    common = {"now": now, "expires_at": expires_at, "max_attempts": max_attempts}
     if isinstance(exc, Retry):
         return outcome_after_failure(
-            key, policy, error=exc.reason, delay=exc.delay, checkpoint=checkpoint, **common
+            key,
+            policy,
+            now=now,
+            error=exc.reason,
+            delay=exc.delay,
+            expires_at=expires_at,
+            max_attempts=max_attempts,
+            checkpoint=checkpoint,
         )
     text = error_text(exc)
     if policy.ack_policy is AckPolicy.DEAD_LETTER:
@@ -93,4 +99,12 @@ def outcome_for_exception(
         return Outcome(key, OutcomeKind.DISCARD, error=text)
     if policy.ack_policy is AckPolicy.COMPLETE:
         return Outcome(key, OutcomeKind.COMPLETE, error=text)
-    return outcome_after_failure(key, policy, error=text, checkpoint=checkpoint, **common)
+    return outcome_after_failure(
+        key,
+        policy,
+        now=now,
+        error=text,
+        expires_at=expires_at,
+        max_attempts=max_attempts,
+        checkpoint=checkpoint,
+    )

@@ -1,9 +1,9 @@
 """Helpers for the tests of applications that use txtasks.
 
-    app = App(driver=MemoryDriver())
-    ...code under test enqueues with `await task.aenqueue(...)`...
-    assert [t.payload for t in enqueued(app, "send_email")] == [...]
-    stats = await run_until_empty(app)
+app = App(driver=MemoryDriver())
+...code under test enqueues with `await task.aenqueue(...)`...
+assert [t.payload for t in enqueued(app, "send_email")] == [...]
+stats = await run_until_empty(app)
 """
 
 from __future__ import annotations

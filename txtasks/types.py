@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -86,7 +85,7 @@ class TaskRow:
     finished_at: datetime | None = None
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> TaskRow:
+    def from_row(cls, row: Any) -> TaskRow:
         """Build from a database row mapping (column name -> value)."""
         return cls(
             id=int(row["id"]),
@@ -138,7 +137,12 @@ class OutcomeKind(str, enum.Enum):
     @property
     def finishes(self) -> bool:
         """True when the row leaves the hot table for the archive."""
-        return self in (OutcomeKind.COMPLETE, OutcomeKind.FAIL, OutcomeKind.DISCARD, OutcomeKind.DEAD)
+        return self in (
+            OutcomeKind.COMPLETE,
+            OutcomeKind.FAIL,
+            OutcomeKind.DISCARD,
+            OutcomeKind.DEAD,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from txtasks.types import NewTask, Outcome, QueueStats, TaskKey, TaskRow
 
@@ -36,7 +36,7 @@ class WriteResult:
 class Driver(Protocol):
     """Storage for tasks. Implementations: SQL drivers per dialect, and the in-memory driver."""
 
-    capabilities: Capabilities
+    capabilities: ClassVar[Capabilities]
 
     async def open(self) -> None:
         """Connect and check that the schema is migrated."""

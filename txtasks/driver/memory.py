@@ -229,7 +229,9 @@ class MemoryDriver:
     ) -> list[int]:
         with self._lock:
             live_keys = {r.dedup_key for r in self.live.values() if r.dedup_key}
-            chosen = [r for r in self._dead(ids, queue) if r.dedup_key not in live_keys or not r.dedup_key]
+            chosen = [
+                r for r in self._dead(ids, queue) if r.dedup_key not in live_keys or not r.dedup_key
+            ]
             for row in chosen:
                 del self.archived[row.id]
                 self.live[row.id] = replace(

@@ -48,7 +48,7 @@ class MySQLDriver(SqlDriver):
 
     @classmethod
     def error_is_transient(cls, exc: BaseException) -> bool:
-        args = getattr(exc, "args", ())
+        args: tuple[Any, ...] = getattr(exc, "args", ())
         return bool(args) and args[0] in TRANSIENT_ERRNOS
 
     async def _claim(
@@ -68,9 +68,7 @@ class MySQLDriver(SqlDriver):
             "worker_id": params["worker_id"],
             "started_at": params["now"],
         }
-        return [
-            TaskRow.from_row({**r, **claimed, "attempt": r["attempt"] + 1}) for r in found
-        ]
+        return [TaskRow.from_row({**r, **claimed, "attempt": r["attempt"] + 1}) for r in found]
 
 
 class MariaDBDriver(MySQLDriver):

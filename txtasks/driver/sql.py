@@ -168,7 +168,11 @@ class SqlDriver:
                 async with self.engine.begin() as conn:
                     return await work(conn)
             except DBAPIError as exc:
-                if attempt + 1 == TRANSIENT_RETRIES or not self.error_is_transient(exc.orig):
+                if (
+                    attempt + 1 == TRANSIENT_RETRIES
+                    or exc.orig is None
+                    or not self.error_is_transient(exc.orig)
+                ):
                     raise
                 await asyncio.sleep(random.uniform(0, 0.01 * 2**attempt))
         raise AssertionError("unreachable")
@@ -232,17 +236,18 @@ class SqlDriver:
         result = yield cls.stmt_insert_dedup(), [task_values(rows[i]) for i in todo]
         found: dict[str, int] = {}
         if cls.returning_dedup:
-            found.update({key: new_id for new_id, key in result.all()})
+            found.update({row[1]: row[0] for row in result.all()})  # type: ignore[misc]
         unresolved = {rows[i].dedup_key for i in todo} - found.keys()
         if unresolved:
             lookup = yield cls.stmt_dedup_lookup(sorted(k for k in unresolved if k)), None
-            found.update({key: existing for existing, key in lookup.all()})
+            found.update({row[1]: row[0] for row in lookup.all()})  # type: ignore[misc]
         for i in todo:
             ids[i] = found.get(rows[i].dedup_key or "")
 
     async def task_insert_many(self, rows: Sequence[NewTask]) -> list[int]:
         if not rows:
             return []
+
         async def work(conn: AsyncConnection) -> list[int]:
             return await plan_run_async(conn, self.plan_class(conn.dialect).enqueue_plan(rows))
 
@@ -464,7 +469,7 @@ class SqlDriver:
         stmt = update(tasks).where(keys_match(keys)).values(lease_expires_at=lease_until)
 
         async def work(conn: AsyncConnection) -> int:
-            return int((await conn.execute(stmt)).rowcount)  # type: ignore[attr-defined]
+            return int((await conn.execute(stmt)).rowcount)
 
         return await self.in_transaction(work)
 
@@ -505,9 +510,7 @@ class SqlDriver:
                 .group_by(tasks.c.queue)
             )
             ages = {q: (now - t).total_seconds() for q, t in (await conn.execute(oldest)).all()}
-        return [
-            QueueStats(q, s.counts, ages.get(q)) for q, s in sorted(stats.items())
-        ]
+        return [QueueStats(q, s.counts, ages.get(q)) for q, s in sorted(stats.items())]
 
     # -- dead letters -------------------------------------------------------------------------
 
@@ -560,7 +563,7 @@ class SqlDriver:
     ) -> int:
         async with self.engine.begin() as conn:
             result = await conn.execute(delete(archive).where(*self._dead_where(ids, queue)))
-        return int(result.rowcount)  # type: ignore[attr-defined]
+        return int(result.rowcount)
 
 
 def plan_run_sync(executor: Connection | Any, plan: Plan) -> list[int]:

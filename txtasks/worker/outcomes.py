@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -41,7 +42,7 @@ class OutcomeBuffer:
         self._pending: list[Outcome] = []
         self._ready = asyncio.Event()
         self._full = asyncio.Event()
-        self._lock = asyncio.Lock()
+        self.lock = asyncio.Lock()
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -62,10 +63,8 @@ class OutcomeBuffer:
         while True:
             await self._ready.wait()
             if backoff or not self._full.is_set():
-                try:
+                with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._full.wait(), self.interval + backoff)
-                except asyncio.TimeoutError:
-                    pass
             try:
                 await self.flush()
                 backoff = 0.0
@@ -75,7 +74,7 @@ class OutcomeBuffer:
 
     async def flush(self) -> None:
         """Write everything buffered now, batch by batch; raise if the database fails."""
-        async with self._lock:  # one writer: a batch is removed only once it is written
+        async with self.lock:  # one writer: a batch is removed only once it is written
             await self._flush_locked()
 
     async def _flush_locked(self) -> None:

@@ -135,10 +135,16 @@ class Worker:
 
     # -- control ------------------------------------------------------------------------------
 
-    def stop(self) -> None:
-        """Stop claiming; in-flight tasks get `shutdown_grace` seconds to finish."""
+    def stop(self, *, now: bool = False) -> None:
+        """Stop claiming; in-flight tasks get `shutdown_grace` seconds to finish.
+
+        With `now=True` in-flight tasks are cancelled at once and handed back to the queue.
+        """
         self._stopping.set()
         self._wake.set()
+        if now:
+            for _, task in self._inflight.values():
+                task.cancel()
 
     def wake(self) -> None:
         """Claim now instead of at the next poll (a wake-up arrived)."""
@@ -224,7 +230,10 @@ class Worker:
 
     async def _wait(self, event: asyncio.Event, timeout: float | None) -> None:
         """Wait for `event` (or a stop request) at most `timeout` seconds."""
-        waiters = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._stopping.wait())}
+        waiters = {
+            asyncio.ensure_future(event.wait()),
+            asyncio.ensure_future(self._stopping.wait()),
+        }
         try:
             await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -236,9 +245,9 @@ class Worker:
     def _start(self, row: TaskRow) -> None:
         task = asyncio.create_task(self._execute(row), name=f"txtasks-task-{row.id}")
         self._inflight[row.id] = (row.key, task)
-        task.add_done_callback(lambda _t, task_id=row.id: self._finished(task_id))
+        task.add_done_callback(functools.partial(self._finished, row.id))
 
-    def _finished(self, task_id: int) -> None:
+    def _finished(self, task_id: int, _task: asyncio.Task[None]) -> None:
         self._inflight.pop(task_id, None)
         self._slot_free.set()
 
@@ -335,17 +344,20 @@ class Worker:
         """Extend every held lease (running, or finished but not yet written) in one statement."""
         while True:
             await asyncio.sleep(self.config.heartbeat_interval)
-            keys = [key for key, _ in self._inflight.values()] + self._outcomes.keys()
-            if not keys:
-                continue
-            until = self.app.clock() + timedelta(seconds=self.config.lease)
-            try:
-                held = await self.driver.lease_extend_many(keys, lease_until=until)
-            except Exception as exc:
-                log.warning("heartbeat failed: %s", exc)
-                continue
+            async with self._outcomes.lock:  # no flush may finish rows while we extend them
+                keys = [key for key, _ in self._inflight.values()] + self._outcomes.keys()
+                if not keys:
+                    continue
+                until = self.app.clock() + timedelta(seconds=self.config.lease)
+                try:
+                    held = await self.driver.lease_extend_many(keys, lease_until=until)
+                except Exception as exc:
+                    log.warning("heartbeat failed: %s", exc)
+                    continue
             if held < len(keys):
-                log.warning("%d of %d leases were lost (rescued elsewhere)", len(keys) - held, len(keys))
+                log.warning(
+                    "%d of %d leases were lost (rescued elsewhere)", len(keys) - held, len(keys)
+                )
 
     # -- shutdown -----------------------------------------------------------------------------
 
@@ -364,4 +376,3 @@ class Worker:
         if late:
             await asyncio.gather(*late, return_exceptions=True)
             log.warning("%d task(s) did not finish in time and were handed back", len(late))
-

@@ -1,0 +1,62 @@
+"""Shared fixtures: real servers (tests/servers.py), and a clean txtasks schema per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import MetaData, create_engine
+
+from txtasks import App
+from txtasks.cli import demo_app
+from txtasks.driver.urls import url_sync
+from txtasks.schema.migrate import migrate
+from txtasks.schema.tables import metadata
+
+pytest_plugins = ("tests.servers",)
+
+BACKENDS = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgresql),
+    pytest.param("mysql", id="mysql", marks=pytest.mark.mysql),
+]
+
+
+def reset_schema(url: str) -> None:
+    """Drop every txtasks table (and the demo's), then apply all migrations."""
+    engine = create_engine(url_sync(url))
+    try:
+        with engine.begin() as conn:
+            demo_app.metadata.drop_all(conn)
+            metadata.drop_all(conn)
+            leftovers = MetaData()
+            leftovers.reflect(conn, only=lambda name, _m: name.startswith("txtasks_"))
+            leftovers.drop_all(conn)
+        with engine.begin() as conn:
+            migrate(conn)
+    finally:
+        engine.dispose()
+
+
+def server_url(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -> str:
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'txtasks.sqlite3'}"
+    fixture = {"postgresql": "postgres_url", "mysql": "mysql_url"}[backend]
+    return str(request.getfixturevalue(fixture))
+
+
+@pytest.fixture(params=BACKENDS)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A migrated, empty database on each backend (SQLite file, PostgreSQL, MariaDB)."""
+    url = server_url(request, request.param, tmp_path)
+    reset_schema(url)
+    yield url
+
+
+@pytest.fixture
+async def app(database_url: str) -> App:
+    """An App on a clean database; its driver is closed after the test."""
+    application = App("test", database_url=database_url)
+    yield application  # type: ignore[misc]
+    await application.aclose()

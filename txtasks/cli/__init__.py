@@ -1,0 +1,1 @@
+"""The `txtasks` command line."""

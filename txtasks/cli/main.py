@@ -1,0 +1,364 @@
+"""`txtasks`: migrate, worker, status, dlq, enqueue, demo."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from txtasks import __version__
+from txtasks.cli.common import (
+    database_url_option,
+    driver_from,
+    json_default,
+    load_app,
+    logging_setup,
+    run_async,
+)
+from txtasks.clock import utcnow
+from txtasks.driver.urls import backend_name, url_sync
+from txtasks.schema import migrate as schema_migrate
+from txtasks.types import TaskState
+from txtasks.worker import Worker, WorkerConfig
+
+log = logging.getLogger("txtasks.cli")
+DEFAULTS = WorkerConfig()
+STATE_COLUMNS = [s.value for s in TaskState]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="txtasks")
+def main() -> None:
+    """txtasks: a transactional task queue. Tasks are rows; workers claim them."""
+
+
+# -- migrate -----------------------------------------------------------------------------------
+
+
+@main.command()
+@database_url_option
+@click.option("--sql", "print_sql", is_flag=True, help="Print the SQL instead of running it.")
+@click.option(
+    "--dialect",
+    type=click.Choice(["postgresql", "mysql", "sqlite"]),
+    help="With --sql and no database: the dialect to print for.",
+)
+@click.option(
+    "--since", type=click.IntRange(min=0), default=0, help="With --sql: only later versions."
+)
+def migrate(database_url: str | None, print_sql: bool, dialect: str | None, since: int) -> None:
+    """Create or upgrade the txtasks tables."""
+    if print_sql:
+        name = dialect or (backend_name(database_url) if database_url else None)
+        if name is None:
+            raise click.UsageError("--sql needs --dialect or --database-url")
+        click.echo(schema_migrate.migrate_sql(name, since=since), nl=False)
+        return
+    driver = driver_from(database_url)
+
+    async def go() -> list[int]:
+        try:
+            return await driver.migrate()
+        finally:
+            await driver.close()
+
+    applied = run_async(go)
+    latest = schema_migrate.latest_version()
+    if applied:
+        click.echo(f"applied migrations {', '.join(map(str, applied))}; schema at version {latest}")
+    else:
+        click.echo(f"schema already at version {latest}")
+
+
+# -- worker ------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("app_spec", metavar="APP")
+@database_url_option
+@click.option(
+    "-q",
+    "--queue",
+    "queues",
+    multiple=True,
+    help="Queue to serve (repeatable); default: all the app's queues.",
+)
+@click.option(
+    "-c",
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=DEFAULTS.concurrency,
+    show_default=True,
+    envvar="TXTASKS_CONCURRENCY",
+    help="Tasks run at once.",
+)
+@click.option(
+    "--lease",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULTS.lease,
+    show_default=True,
+    help="Seconds a claim holds a task without a heartbeat.",
+)
+@click.option(
+    "--poll-interval",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULTS.poll_interval,
+    show_default=True,
+    help="Seconds between polls when idle.",
+)
+@click.option(
+    "--shutdown-grace",
+    type=click.FloatRange(min=0),
+    default=DEFAULTS.shutdown_grace,
+    show_default=True,
+    help="Seconds in-flight tasks get to finish on SIGTERM/SIGINT.",
+)
+@click.option(
+    "--burst", is_flag=True, help="Exit once no task is due within --burst-horizon seconds."
+)
+@click.option(
+    "--burst-horizon",
+    type=click.FloatRange(min=0),
+    default=DEFAULTS.burst_horizon,
+    show_default=True,
+)
+@click.option(
+    "--archive-completed/--no-archive-completed",
+    default=DEFAULTS.archive_completed,
+    show_default=True,
+    help="Keep completed tasks in the archive table.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+)
+def worker(
+    app_spec: str,
+    database_url: str | None,
+    queues: tuple[str, ...],
+    log_level: str,
+    **settings: Any,
+) -> None:
+    """Run the tasks of APP (module:attribute). SIGTERM/SIGINT stop it gracefully."""
+    logging_setup(log_level)
+    app = load_app(app_spec)
+    config = WorkerConfig(queues=queues or None, **settings)
+    app.use_driver(driver_from(database_url, app))
+    runner = Worker(app, config)
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        signals = {"count": 0}
+
+        def on_signal(signum: int) -> None:
+            signals["count"] += 1
+            name = signal.Signals(signum).name
+            log.info(
+                "%s received: %s", name, "stopping" if signals["count"] == 1 else "stopping now"
+            )
+            runner.stop(now=signals["count"] > 1)
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, on_signal, signum)
+        try:
+            await runner.run()
+        finally:
+            await app.aclose()
+
+    run_async(go)
+    if runner.threads_alive:  # a sync handler ignored the grace period; do not hang on it
+        logging.shutdown()
+        os._exit(0)
+
+
+# -- status and dead letters -------------------------------------------------------------------
+
+
+@main.command()
+@database_url_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(database_url: str | None, as_json: bool) -> None:
+    """Counts per queue and state, and the age of the oldest ready task."""
+    driver = driver_from(database_url)
+
+    async def go() -> list[Any]:
+        try:
+            await driver.open()
+            return await driver.queue_stats(now=utcnow())
+        finally:
+            await driver.close()
+
+    stats = run_async(go)
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(s) for s in stats], indent=2))
+        return
+    table = Table(title="txtasks status")
+    table.add_column("queue")
+    for state in STATE_COLUMNS:
+        table.add_column(state, justify="right")
+    table.add_column("oldest ready", justify="right")
+    for s in stats:
+        age = "-" if s.oldest_ready_age is None else f"{s.oldest_ready_age:.1f}s"
+        table.add_row(s.queue, *[str(s.counts.get(state, 0)) for state in STATE_COLUMNS], age)
+    Console().print(table)
+
+
+@main.group()
+def dlq() -> None:
+    """Inspect, re-drive or purge dead-lettered tasks."""
+
+
+@dlq.command("list")
+@database_url_option
+@click.option("--queue", help="Only this queue.")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def dlq_list(database_url: str | None, queue: str | None, limit: int, as_json: bool) -> None:
+    """Dead-lettered tasks, newest first."""
+    driver = driver_from(database_url)
+
+    async def go() -> list[Any]:
+        try:
+            await driver.open()
+            return await driver.dead_list(queue=queue, limit=limit)
+        finally:
+            await driver.close()
+
+    rows = run_async(go)
+    if as_json:
+        click.echo(
+            json.dumps([dataclasses.asdict(r) for r in rows], default=json_default, indent=2)
+        )
+        return
+    table = Table(title=f"dead letters ({len(rows)})")
+    for column in ("id", "queue", "task", "attempts", "finished", "error"):
+        table.add_column(column)
+    for r in rows:
+        error = (r.last_error or "").strip().splitlines()
+        table.add_row(
+            str(r.id),
+            r.queue,
+            r.task_name,
+            f"{r.attempt}/{r.max_attempts}",
+            str(r.finished_at),
+            error[0] if error else "",
+        )
+    Console().print(table)
+
+
+def _selection(ids: tuple[int, ...], queue: str | None, all_: bool) -> list[int] | None:
+    if not ids and not queue and not all_:
+        raise click.UsageError("name task ids, --queue QUEUE, or --all")
+    return list(ids) if ids else None
+
+
+@dlq.command("requeue")
+@database_url_option
+@click.argument("ids", nargs=-1, type=int)
+@click.option("--queue", help="Every dead letter of this queue.")
+@click.option("--all", "all_", is_flag=True, help="Every dead letter.")
+def dlq_requeue(
+    database_url: str | None, ids: tuple[int, ...], queue: str | None, all_: bool
+) -> None:
+    """Move dead letters back to pending with a fresh attempt budget."""
+    chosen = _selection(ids, queue, all_)
+    driver = driver_from(database_url)
+
+    async def go() -> list[int]:
+        try:
+            await driver.open()
+            return await driver.dead_requeue(chosen, queue=queue, now=utcnow())
+        finally:
+            await driver.close()
+
+    done = run_async(go)
+    click.echo(f"requeued {len(done)} task(s){': ' + ', '.join(map(str, done)) if done else ''}")
+
+
+@dlq.command("purge")
+@database_url_option
+@click.argument("ids", nargs=-1, type=int)
+@click.option("--queue", help="Every dead letter of this queue.")
+@click.option("--all", "all_", is_flag=True, help="Every dead letter.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def dlq_purge(
+    database_url: str | None, ids: tuple[int, ...], queue: str | None, all_: bool, yes: bool
+) -> None:
+    """Delete dead letters for good."""
+    chosen = _selection(ids, queue, all_)
+    if not yes:
+        click.confirm("Delete these dead letters for good?", abort=True)
+    driver = driver_from(database_url)
+
+    async def go() -> int:
+        try:
+            await driver.open()
+            return await driver.dead_purge(chosen, queue=queue)
+        finally:
+            await driver.close()
+
+    click.echo(f"purged {run_async(go)} task(s)")
+
+
+# -- enqueue -----------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("app_spec", metavar="APP")
+@click.argument("task_name", metavar="TASK")
+@click.argument("payload", required=False, default="null")
+@database_url_option
+@click.option("--delay", type=click.FloatRange(min=0), help="Seconds before it may run.")
+@click.option("--priority", type=int, help="Higher runs first.")
+@click.option("--dedup-key", help="A live task with this key is returned instead of a new one.")
+@click.option("--queue", help="Override the task's queue.")
+def enqueue(
+    app_spec: str, task_name: str, payload: str, database_url: str | None, **options: Any
+) -> None:
+    """Enqueue TASK of APP with a JSON PAYLOAD (default null)."""
+    app = load_app(app_spec)
+    try:
+        value = json.loads(payload)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="PAYLOAD") from exc
+    url = database_url or app.resolve_database_url()
+    if not url:
+        raise click.UsageError(
+            "database_url: not set; pass --database-url or set TXTASKS_DATABASE_URL"
+        )
+    from sqlalchemy import create_engine
+
+    engine = create_engine(url_sync(url))
+    try:
+        with engine.begin() as conn:
+            task_id = app.enqueue_tx(
+                conn, task_name, value, **{k: v for k, v in options.items() if v is not None}
+            )
+    except Exception as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        engine.dispose()
+    click.echo(task_id)
+
+
+def _register_demo() -> None:
+    from txtasks.cli.demo import demo
+
+    main.add_command(demo)
+
+
+_register_demo()
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
