@@ -219,7 +219,7 @@ class App:
         deadline: float | timedelta | None = None,
     ) -> Task:
         """Register a handler under a name (default: module.qualname)."""
-        task_name = name or f"{handler.__module__}.{handler.__qualname__}"
+        task_name = f"{handler.__module__}.{handler.__qualname__}" if name is None else name
         if task_name in self._tasks:
             raise ConfigurationError(f"task {task_name!r} is already registered")
         try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
@@ -14,6 +13,21 @@ from txtasks.types import Outcome, OutcomeKind, TaskKey
 log = logging.getLogger("txtasks.worker")
 
 MAX_BACKOFF = 5.0
+
+
+async def event_wait(event: asyncio.Event, timeout: float | None) -> bool:
+    """Wait for an event at most `timeout` seconds; True if it is set.
+
+    Unlike `asyncio.wait_for`, a cancellation arriving as the event fires is never lost.
+    """
+    if event.is_set():
+        return True
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({waiter}, timeout=timeout)
+    finally:
+        waiter.cancel()
+    return event.is_set()
 
 
 class OutcomeBuffer:
@@ -63,8 +77,7 @@ class OutcomeBuffer:
         while True:
             await self._ready.wait()
             if backoff or not self._full.is_set():
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._full.wait(), self.interval + backoff)
+                await event_wait(self._full, self.interval + backoff)
             try:
                 await self.flush()
                 backoff = 0.0

@@ -1,0 +1,119 @@
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from txtasks import App, ConfigurationError, MemoryDriver, PayloadError, UnknownTaskError
+from txtasks.driver.urls import url_async, url_parse, url_sync
+
+NOW = datetime(2030, 1, 1, 12, 0, 0)
+
+
+def make_app(**options: object) -> App:
+    return App(driver=MemoryDriver(), clock=lambda: NOW, **options)  # type: ignore[arg-type]
+
+
+def test_decorator_forms_and_defaults() -> None:
+    app = make_app()
+
+    @app.task
+    def plain(payload: object) -> None: ...
+
+    @app.task(name="custom", queue="mail", max_attempts=2, priority=5, timeout=timedelta(seconds=3))
+    async def with_ctx(payload: object, ctx: object) -> None: ...
+
+    assert plain.name.endswith("test_decorator_forms_and_defaults.<locals>.plain")
+    assert (plain.options.queue, plain.is_async, plain.wants_context) == ("default", False, False)
+    assert with_ctx.options.queue == "mail"
+    assert with_ctx.options.timeout == 3.0
+    assert (with_ctx.is_async, with_ctx.wants_context) == (True, True)
+    assert app.queues == ["default", "mail"]
+    assert app.get_task("custom") is with_ctx
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"queue": "no spaces"}, "queue"),
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"timeout": -1}, "timeout"),
+        ({"ack_policy": "sometimes"}, "ack_policy"),
+        ({"name": ""}, "task name"),
+    ],
+)
+def test_bad_task_options_name_the_setting(options: dict[str, object], message: str) -> None:
+    app = make_app()
+    with pytest.raises(ConfigurationError, match=message):
+        app.task(**options)(lambda payload: None)  # type: ignore[call-overload]
+
+
+def test_duplicate_names_and_unknown_tasks() -> None:
+    app = make_app()
+    app.task(name="one")(lambda payload: None)
+    with pytest.raises(ConfigurationError, match="already registered"):
+        app.task(name="one")(lambda payload: None)
+    with pytest.raises(UnknownTaskError, match="'two'"):
+        app.get_task("two")
+
+
+def test_new_task_options() -> None:
+    app = make_app()
+    task = app.task(name="t", priority=3, deadline=60)(lambda payload: None)
+    row = task.new({"a": 1}, delay=5, dedup_key="k", headers={"h": "v"})
+    assert row.run_at == NOW + timedelta(seconds=5)
+    assert (row.priority, row.dedup_key, row.headers) == (3, "k", '{"h":"v"}')
+    assert row.expires_at == NOW + timedelta(seconds=60)
+    aware = datetime(2030, 1, 1, 14, 0, tzinfo=timezone(timedelta(hours=2)))
+    assert task.new(None, run_at=aware, priority=-1).run_at == NOW
+    assert task.new(None, queue="other").queue == "other"
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"delay": 1, "run_at": NOW}, ConfigurationError, "not both"),
+        ({"delay": -1}, ConfigurationError, "delay"),
+        ({"dedup_key": "x" * 256}, ConfigurationError, "dedup_key"),
+        ({"priority": "high"}, ConfigurationError, "priority"),
+        ({"queue": "a b"}, ConfigurationError, "queue"),
+        ({"headers": {"a": 1}}, PayloadError, "headers"),
+    ],
+)
+def test_bad_enqueue_options(options: dict[str, object], error: type, message: str) -> None:
+    app = make_app()
+    task = app.task(name="t")(lambda payload: None)
+    with pytest.raises(error, match=message):
+        task.new(None, **options)
+
+
+def test_oversized_payload_is_refused_with_the_limit() -> None:
+    app = make_app(max_payload_bytes=16)
+    task = app.task(name="t")(lambda payload: None)
+    with pytest.raises(PayloadError, match="16 bytes"):
+        task.enqueue("x" * 100)
+    assert app.driver.live == {}  # type: ignore[attr-defined]
+
+
+def test_database_url_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
+    app = App(database_url="sqlite:///app.db")
+    monkeypatch.delenv("TXTASKS_DATABASE_URL", raising=False)
+    assert app.resolve_database_url() == "sqlite:///app.db"
+    monkeypatch.setenv("TXTASKS_DATABASE_URL", "sqlite:///env.db")
+    assert app.resolve_database_url() == "sqlite:///env.db"
+    assert app.resolve_database_url("sqlite:///flag.db") == "sqlite:///flag.db"
+
+
+def test_missing_database_url_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TXTASKS_DATABASE_URL", raising=False)
+    with pytest.raises(ConfigurationError, match="database_url: not set"):
+        App().driver  # noqa: B018
+
+
+def test_urls_pick_drivers_and_reject_unknown_schemes() -> None:
+    assert url_async("postgres://u@h/db").drivername == "postgresql+asyncpg"
+    assert url_sync("postgresql+asyncpg://u@h/db").drivername == "postgresql+psycopg"
+    assert url_async("mariadb://u@h/db").drivername == "mysql+aiomysql"
+    assert url_sync("sqlite:///x.db").drivername == "sqlite+pysqlite"
+    with pytest.raises(ConfigurationError, match="database_url: unsupported database 'oracle'"):
+        url_parse("oracle://u:secret@h/db")
+    with pytest.raises(ConfigurationError, match="database_url: cannot parse"):
+        url_parse("not a url")

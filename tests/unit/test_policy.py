@@ -1,0 +1,68 @@
+from datetime import datetime, timedelta
+
+import pytest
+
+from txtasks import AckPolicy, Constant, Drop, Reject, Retry
+from txtasks.policy import RetryPolicy, outcome_after_failure, outcome_for_exception
+from txtasks.types import OutcomeKind, TaskKey
+
+NOW = datetime(2030, 1, 1, 12, 0, 0)
+
+
+def policy(ack: AckPolicy = AckPolicy.RETRY, attempts: int = 3) -> RetryPolicy:
+    return RetryPolicy(Constant(10), attempts, ack)
+
+
+def test_failure_retries_after_the_backoff_until_attempts_run_out() -> None:
+    first = outcome_after_failure(TaskKey(1, 1), policy(), now=NOW, error="boom")
+    assert first.kind is OutcomeKind.RETRY
+    assert first.run_at == NOW + timedelta(seconds=10)
+    last = outcome_after_failure(TaskKey(1, 3), policy(), now=NOW, error="boom")
+    assert last.kind is OutcomeKind.DEAD
+    assert "attempt 3 of 3" in (last.error or "")
+
+
+def test_row_max_attempts_overrides_the_task_default() -> None:
+    outcome = outcome_after_failure(TaskKey(1, 2), policy(), now=NOW, error="x", max_attempts=2)
+    assert outcome.kind is OutcomeKind.DEAD
+
+
+def test_deadline_stops_retries() -> None:
+    outcome = outcome_after_failure(
+        TaskKey(1, 1), policy(), now=NOW, error="x", expires_at=NOW + timedelta(seconds=5)
+    )
+    assert outcome.kind is OutcomeKind.DEAD
+    assert "deadline" in (outcome.error or "")
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (Drop("bad input"), OutcomeKind.DISCARD),
+        (Reject("no way"), OutcomeKind.DEAD),
+        (Retry("later", delay=1), OutcomeKind.RETRY),
+        (ValueError("oops"), OutcomeKind.RETRY),
+    ],
+)
+def test_handler_signals(exc: BaseException, kind: OutcomeKind) -> None:
+    assert outcome_for_exception(TaskKey(1, 1), policy(), exc, now=NOW).kind is kind
+
+
+def test_retry_delay_overrides_the_strategy() -> None:
+    outcome = outcome_for_exception(TaskKey(1, 1), policy(), Retry(delay=2), now=NOW)
+    assert outcome.run_at == NOW + timedelta(seconds=2)
+
+
+@pytest.mark.parametrize(
+    ("ack", "kind"),
+    [
+        (AckPolicy.DEAD_LETTER, OutcomeKind.DEAD),
+        (AckPolicy.DISCARD, OutcomeKind.DISCARD),
+        (AckPolicy.COMPLETE, OutcomeKind.COMPLETE),
+        (AckPolicy.RETRY, OutcomeKind.RETRY),
+    ],
+)
+def test_ack_policy_decides_other_exceptions(ack: AckPolicy, kind: OutcomeKind) -> None:
+    outcome = outcome_for_exception(TaskKey(1, 1), policy(ack), KeyError("k"), now=NOW)
+    assert outcome.kind is kind
+    assert "KeyError" in (outcome.error or "")

@@ -1,0 +1,313 @@
+"""The worker on the in-memory driver: slots, outcomes, shutdown, leases, outages."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from txtasks import (
+    AckPolicy,
+    App,
+    Drop,
+    MemoryDriver,
+    Reject,
+    Retry,
+    TaskContext,
+    TaskState,
+    Worker,
+    WorkerConfig,
+)
+from txtasks.testing import enqueued, finished, payloads, run_until_empty
+from txtasks.types import JSON_CONTENT_TYPE, NewTask
+
+FAST = {"poll_interval": 0.01, "flush_interval": 0.001}
+
+
+def new_app() -> App:
+    return App(driver=MemoryDriver())
+
+
+def states(app: App) -> dict[int, tuple[str, int]]:
+    """id -> (state, attempt) of every task, live or archived."""
+    driver: MemoryDriver = app.driver  # type: ignore[assignment]
+    rows = {**driver.live, **driver.archived}
+    return {i: (r.state.value, r.attempt) for i, r in sorted(rows.items())}
+
+
+async def wait_for(predicate: Any, timeout: float = 5.0) -> None:
+    """Wait until an observable condition holds (fails the test after `timeout`)."""
+    async with asyncio.timeout(timeout):
+        while not predicate():  # noqa: ASYNC110 - polls state owned by another task
+            await asyncio.sleep(0.005)
+
+
+async def test_outcomes_of_every_handler_signal() -> None:
+    app = new_app()
+
+    @app.task(name="signals", max_attempts=2, retry=0)
+    def signals(payload: str) -> None:
+        if payload == "drop":
+            raise Drop("not processable")
+        if payload == "reject":
+            raise Reject("refused")
+        if payload == "retry":
+            raise Retry("again", delay=0)
+        if payload == "error":
+            raise ValueError("bad")
+
+    ids = [await signals.aenqueue(p) for p in ["ok", "drop", "reject", "retry", "error"]]
+    await run_until_empty(app)
+    assert [states(app)[i] for i in ids] == [
+        ("completed", 1),
+        ("discarded", 1),
+        ("dead", 1),
+        ("dead", 2),
+        ("dead", 2),
+    ]
+    dead = {r.id: r.last_error for r in finished(app, "dead")}
+    assert dead[ids[2]] == "refused"
+    assert "ValueError: bad" in (dead[ids[4]] or "")
+
+
+async def test_manual_decisions_and_manual_policy() -> None:
+    app = new_app()
+
+    @app.task(name="manual", ack_policy=AckPolicy.MANUAL, max_attempts=2, retry=0)
+    async def manual(payload: str, ctx: TaskContext) -> None:
+        if payload == "ack-then-raise":
+            ctx.ack()
+            raise RuntimeError("ignored: acked already")
+        if payload == "reject":
+            ctx.reject("manual reject")
+        if payload == "drop":
+            ctx.drop("manual drop")
+        if payload == "nack" and ctx.attempt == 1:
+            ctx.nack("later", delay=0)
+            return
+        if payload == "nack":
+            ctx.ack()
+        # "silent": returns without a decision -> retried, then dead
+
+    ids = [await manual.aenqueue(p) for p in ["ack-then-raise", "reject", "drop", "nack", "silent"]]
+    await run_until_empty(app)
+    assert [states(app)[i] for i in ids] == [
+        ("completed", 1),
+        ("dead", 1),
+        ("discarded", 1),
+        ("completed", 2),
+        ("dead", 2),
+    ]
+
+
+async def test_checkpoint_is_kept_for_the_next_attempt() -> None:
+    app = new_app()
+    seen: list[Any] = []
+
+    @app.task(name="resumable")
+    async def resumable(payload: None, ctx: TaskContext) -> None:
+        seen.append(ctx.checkpoint)
+        if ctx.attempt < 3:
+            ctx.save_checkpoint({"done": ctx.attempt})
+            raise Retry(delay=0)
+
+    await resumable.aenqueue()
+    await run_until_empty(app)
+    assert seen == [None, {"done": 1}, {"done": 2}]
+
+
+async def test_timeout_counts_as_a_failure() -> None:
+    app = new_app()
+
+    @app.task(name="slow", timeout=0.02, max_attempts=2, retry=0)
+    async def slow(payload: None) -> None:
+        await asyncio.Event().wait()
+
+    task_id = await slow.aenqueue()
+    await run_until_empty(app)
+    assert states(app)[task_id] == ("dead", 2)
+    assert "TimeoutError" in (finished(app, "dead")[0].last_error or "")
+
+
+async def test_sync_handlers_run_in_worker_threads() -> None:
+    app = new_app()
+    threads: list[str] = []
+
+    @app.task(name="sync")
+    def sync(payload: int) -> None:
+        threads.append(threading.current_thread().name)
+
+    for i in range(5):
+        sync.enqueue(i)
+    await run_until_empty(app)
+    assert len(threads) == 5
+    assert all(name.startswith("txtasks") for name in threads)
+    assert threading.main_thread().name not in threads
+
+
+async def test_bad_rows_are_dead_lettered_and_the_worker_goes_on() -> None:
+    app = new_app()
+
+    @app.task(name="good")
+    def good(payload: int) -> None: ...
+
+    driver: MemoryDriver = app.driver  # type: ignore[assignment]
+    now = app.clock()
+    row = good.new(1)
+    unknown = NewTask("default", "nobody.knows", b"1", JSON_CONTENT_TYPE, 0, now, 3, now)
+    garbled = NewTask("default", "good", b"{not json", JSON_CONTENT_TYPE, 0, now, 3, now)
+    ids = await driver.task_insert_many([unknown, garbled, row])
+    await run_until_empty(app)
+    assert [states(app)[i][0] for i in ids] == ["dead", "dead", "completed"]
+    errors = {r.id: r.last_error or "" for r in finished(app, "dead")}
+    assert "no task named 'nobody.knows'" in errors[ids[0]]
+    assert "cannot decode payload" in errors[ids[1]]
+
+
+async def test_expired_deadline_is_dead_lettered_without_running() -> None:
+    ran: list[int] = []
+    clock = {"now": None}
+    app = App(driver=MemoryDriver())
+    base = app.clock()
+    app.clock = lambda: clock["now"] or base  # type: ignore[assignment]
+
+    @app.task(name="deadline", deadline=10)
+    def deadline(payload: int) -> None:
+        ran.append(payload)
+
+    task_id = await deadline.aenqueue(1)
+    from datetime import timedelta
+
+    clock["now"] = base + timedelta(seconds=11)  # type: ignore[assignment]
+    await run_until_empty(app)
+    assert ran == []
+    assert states(app)[task_id] == ("dead", 1)
+
+
+async def test_never_more_tasks_at_once_than_slots() -> None:
+    app = new_app()
+    running = 0
+    peak = 0
+    release = asyncio.Event()
+
+    @app.task(name="block")
+    async def block(payload: int) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await release.wait()
+        running -= 1
+
+    await app.aenqueue_many([block.new(i) for i in range(10)])
+    worker = Worker(app, WorkerConfig(concurrency=3, burst=True, burst_horizon=0, **FAST))
+    run = asyncio.create_task(worker.run())
+    await wait_for(lambda: running == 3)
+    processing = [r for r in enqueued(app) if r.state is TaskState.PROCESSING]
+    assert len(processing) == 3  # claimed only as many as free slots
+    release.set()
+    stats = await run
+    assert peak == 3
+    assert stats.outcomes == {"completed": 10}
+
+
+async def test_graceful_stop_lets_in_flight_tasks_finish() -> None:
+    app = new_app()
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    @app.task(name="long")
+    async def long(payload: int) -> None:
+        started.set()
+        await release.wait()
+
+    ids = await app.aenqueue_many([long.new(i) for i in range(3)])
+    worker = Worker(app, WorkerConfig(concurrency=1, shutdown_grace=5, **FAST))
+    run = asyncio.create_task(worker.run())
+    await started.wait()
+    worker.stop()
+    release.set()
+    await run
+    assert [states(app)[i] for i in ids] == [("completed", 1), ("pending", 0), ("pending", 0)]
+
+
+@pytest.mark.parametrize("now", [False, True])
+async def test_tasks_past_the_grace_are_handed_back_uncounted(now: bool) -> None:
+    app = new_app()
+    started = asyncio.Event()
+
+    @app.task(name="stuck")
+    async def stuck(payload: int) -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    task_id = await stuck.aenqueue(1)
+    worker = Worker(app, WorkerConfig(shutdown_grace=0.05 if not now else 60, **FAST))
+    run = asyncio.create_task(worker.run())
+    await started.wait()
+    worker.stop(now=now)
+    stats = await run
+    assert states(app)[task_id] == ("pending", 0)
+    assert stats.outcomes == {"pending": 1}
+
+
+async def test_heartbeat_extends_leases_of_running_tasks() -> None:
+    app = new_app()
+    driver: MemoryDriver = app.driver  # type: ignore[assignment]
+    first_lease: list[Any] = []
+
+    @app.task(name="watch")
+    async def watch(payload: None, ctx: TaskContext) -> None:
+        first_lease.append(driver.live[ctx.task_id].lease_expires_at)
+        await wait_for(lambda: driver.live[ctx.task_id].lease_expires_at > first_lease[0])
+
+    await watch.aenqueue()
+    stats = await run_until_empty(app, lease=1.0, heartbeat=0.02)
+    assert stats.outcomes == {"completed": 1}
+
+
+class FlakyDriver(MemoryDriver):
+    """Fails the first few claims and outcome writes, like a database restarting."""
+
+    def __init__(self, claim_failures: int, write_failures: int) -> None:
+        super().__init__()
+        self.claim_failures = claim_failures
+        self.write_failures = write_failures
+
+    async def task_claim_many(self, *args: Any, **kwargs: Any) -> Any:
+        if self.claim_failures:
+            self.claim_failures -= 1
+            raise ConnectionError("database restarting")
+        return await super().task_claim_many(*args, **kwargs)
+
+    async def outcome_write_many(self, *args: Any, **kwargs: Any) -> Any:
+        if self.write_failures:
+            self.write_failures -= 1
+            raise ConnectionError("database restarting")
+        return await super().outcome_write_many(*args, **kwargs)
+
+
+async def test_database_outage_loses_no_outcome() -> None:
+    app = App(driver=FlakyDriver(claim_failures=2, write_failures=3))
+
+    @app.task(name="work")
+    async def work(payload: int) -> None: ...
+
+    ids = await app.aenqueue_many([work.new(i) for i in range(20)])
+    stats = await run_until_empty(app, flush_batch=5)
+    assert stats.claim_errors == 2
+    assert {states(app)[i] for i in ids} == {("completed", 1)}
+
+
+async def test_testing_helpers() -> None:
+    app = new_app()
+
+    @app.task(name="mail")
+    def mail(payload: dict[str, str]) -> None: ...
+
+    await mail.aenqueue({"to": "a@example.com"})
+    assert payloads(enqueued(app, mail)) == [{"to": "a@example.com"}]
+    await run_until_empty(app)
+    assert enqueued(app) == []
+    assert payloads(finished(app, "completed")) == [{"to": "a@example.com"}]
