@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from sqlalchemy import Executable, select, update
+from sqlalchemy import Executable, bindparam, select, update
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -51,17 +52,28 @@ class MySQLDriver(SqlDriver):
         args: tuple[Any, ...] = getattr(exc, "args", ())
         return bool(args) and args[0] in TRANSIENT_ERRNOS
 
-    async def _claim(
-        self, conn: AsyncConnection, queues: Sequence[str], limit: int, params: dict[str, Any]
-    ) -> list[TaskRow]:
-        ready = self.stmt_ready(queues, limit).with_only_columns(*tasks.c)
-        found = (await conn.execute(ready, params)).mappings().all()
+    @classmethod
+    @functools.cache
+    def stmt_ready_rows(cls) -> Executable:
+        """Whole ready rows, locked, skipping rows others hold (no UPDATE ... RETURNING)."""
+        return cls.stmt_ready().with_only_columns(*tasks.c)  # type: ignore[no-any-return]
+
+    @classmethod
+    @functools.cache
+    def stmt_claim_ids(cls) -> Executable:
+        """Mark the locked rows `ids` claimed."""
+        return (
+            update(tasks)
+            .where(tasks.c.id.in_(bindparam("ids", expanding=True)))
+            .values(**cls.claim_values())
+        )
+
+    async def _claim(self, conn: AsyncConnection, params: dict[str, Any]) -> list[TaskRow]:
+        found = (await conn.execute(self.stmt_ready_rows(), params)).mappings().all()
         if not found:
             return []
         ids = [r["id"] for r in found]
-        await conn.execute(
-            update(tasks).where(tasks.c.id.in_(ids)).values(**self.claim_values()), params
-        )
+        await conn.execute(self.stmt_claim_ids(), {**params, "ids": ids})
         claimed = {
             "state": TaskState.PROCESSING.value,
             "lease_expires_at": params["lease_until"],

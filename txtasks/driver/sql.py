@@ -7,6 +7,7 @@ does better. Each statement is a small named builder; each driver method one sho
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from datetime import datetime
@@ -16,7 +17,9 @@ from sqlalchemy import (
     Connection,
     Engine,
     Executable,
+    Integer,
     Result,
+    String,
     bindparam,
     create_engine,
     delete,
@@ -84,11 +87,15 @@ def claim_order(row: TaskRow) -> tuple[int, datetime, int]:
     return (-row.priority, row.run_at, row.id)
 
 
-def keys_match(keys: Sequence[TaskKey]) -> Any:
-    """WHERE clause fencing a batch of attempts: (id, attempt) pairs still processing."""
-    return tuple_(tasks.c.id, tasks.c.attempt).in_([(k.id, k.attempt) for k in keys]) & (
-        tasks.c.state == PROCESSING
-    )
+def keys_match() -> Any:
+    """WHERE clause fencing a batch of attempts (param `keys`): pairs still processing."""
+    pairs = tuple_(tasks.c.id, tasks.c.attempt).in_(bindparam("keys", expanding=True))
+    return pairs & (tasks.c.state == PROCESSING)
+
+
+def keys_param(keys: Sequence[TaskKey]) -> dict[str, Any]:
+    """The `keys` parameter of `keys_match`, in id order (a consistent lock order)."""
+    return {"keys": sorted((k.id, k.attempt) for k in keys)}
 
 
 class SqlDriver:
@@ -262,17 +269,18 @@ class SqlDriver:
     # -- claim --------------------------------------------------------------------------------
 
     @staticmethod
-    def stmt_ready(queues: Sequence[str], limit: int) -> Any:
-        """Ready task ids, in claim order, locked and skipping rows others have locked."""
+    @functools.cache
+    def stmt_ready() -> Any:
+        """Ready task ids of `queues`, in claim order, up to `limit`, locked, skipping locked."""
         return (
             select(tasks.c.id)
             .where(
-                tasks.c.queue.in_(queues),
+                tasks.c.queue.in_(bindparam("queues", expanding=True)),
                 tasks.c.state.in_(READY),
                 tasks.c.run_at <= bindparam("now", type_=Timestamp),
             )
             .order_by(tasks.c.priority.desc(), tasks.c.run_at, tasks.c.id)
-            .limit(limit)
+            .limit(bindparam("limit", type_=Integer))
             .with_for_update(skip_locked=True)
         )
 
@@ -288,11 +296,12 @@ class SqlDriver:
         }
 
     @classmethod
-    def stmt_claim(cls, queues: Sequence[str], limit: int) -> Executable:
+    @functools.cache
+    def stmt_claim(cls) -> Executable:
         """Claim a batch in one statement: UPDATE ... WHERE id IN (ready) RETURNING *."""
         return (
             update(tasks)
-            .where(tasks.c.id.in_(cls.stmt_ready(queues, limit).scalar_subquery()))
+            .where(tasks.c.id.in_(cls.stmt_ready().scalar_subquery()))
             .values(**cls.claim_values())
             .returning(*tasks.c)
         )
@@ -306,19 +315,23 @@ class SqlDriver:
         lease_until: datetime,
         worker_id: str,
     ) -> list[TaskRow]:
-        params = {"now": now, "lease_until": lease_until, "worker_id": worker_id}
+        params = {
+            "queues": list(queues),
+            "limit": limit,
+            "now": now,
+            "lease_until": lease_until,
+            "worker_id": worker_id,
+        }
 
         async def work(conn: AsyncConnection) -> list[TaskRow]:
-            return await self._claim(conn, queues, limit, params)
+            return await self._claim(conn, params)
 
         rows = await self.in_transaction(work)
         rows.sort(key=claim_order)
         return rows
 
-    async def _claim(
-        self, conn: AsyncConnection, queues: Sequence[str], limit: int, params: dict[str, Any]
-    ) -> list[TaskRow]:
-        result = await conn.execute(self.stmt_claim(queues, limit), params)
+    async def _claim(self, conn: AsyncConnection, params: dict[str, Any]) -> list[TaskRow]:
+        result = await conn.execute(self.stmt_claim(), params)
         return [TaskRow.from_row(r) for r in result.mappings().all()]
 
     # -- outcomes -----------------------------------------------------------------------------
@@ -355,15 +368,21 @@ class SqlDriver:
             applied |= await self._release(conn, [o.key for o in releases])
         return applied
 
-    async def _locked_keys(self, conn: AsyncConnection, keys: Sequence[TaskKey]) -> set[TaskKey]:
-        """Lock the rows of still-current attempts (in id order) and return their keys."""
-        stmt = (
+    @staticmethod
+    @functools.cache
+    def stmt_lock_keys() -> Executable:
+        """Lock the rows of still-current attempts, in id order."""
+        return (
             select(tasks.c.id, tasks.c.attempt)
-            .where(keys_match(keys))
+            .where(keys_match())
             .order_by(tasks.c.id)
             .with_for_update()
         )
-        return {TaskKey(i, a) for i, a in (await conn.execute(stmt)).all()}
+
+    async def _locked_keys(self, conn: AsyncConnection, keys: Sequence[TaskKey]) -> set[TaskKey]:
+        """Lock the rows of still-current attempts (in id order) and return their keys."""
+        rows = await conn.execute(self.stmt_lock_keys(), keys_param(keys))
+        return {TaskKey(row[0], row[1]) for row in rows}
 
     async def _finish(
         self,
@@ -380,28 +399,37 @@ class SqlDriver:
         for kind in {o.kind for o in mine}:
             if kind is OutcomeKind.COMPLETE and not archive_completed:
                 continue
-            ids = [o.key.id for o in mine if o.kind is kind]
-            await conn.execute(self.stmt_archive_copy(ids, kind, now))
+            ids = sorted(o.key.id for o in mine if o.kind is kind)
+            params = {"ids": ids, "state": kind.value, "now": now}
+            await conn.execute(self.stmt_archive_copy(), params)
         errors = [{"b_id": o.key.id, "b_error": o.error} for o in mine if o.error]
         if errors:
             await conn.execute(self.stmt_archive_error(), errors)
-        await conn.execute(delete(tasks).where(tasks.c.id.in_([o.key.id for o in mine])))
+        await conn.execute(self.stmt_delete(), {"ids": sorted(o.key.id for o in mine)})
         return {o.key for o in mine}
 
     @staticmethod
-    def stmt_archive_copy(ids: Sequence[int], kind: OutcomeKind, now: datetime) -> Executable:
-        """Copy rows into the archive with their final state."""
+    @functools.cache
+    def stmt_archive_copy() -> Executable:
+        """Copy rows `ids` into the archive with their final `state`, finished at `now`."""
         cols = [c for c in TASK_COLUMNS if c not in ("state", "lease_expires_at")]
         source = select(
             *[tasks.c[c] for c in cols],
-            literal(kind.value).label("state"),
+            bindparam("state", type_=String).label("state"),
             literal(None, Timestamp).label("lease_expires_at"),
-            literal(now, Timestamp).label("finished_at"),
-        ).where(tasks.c.id.in_(ids))
+            bindparam("now", type_=Timestamp).label("finished_at"),
+        ).where(tasks.c.id.in_(bindparam("ids", expanding=True)))
         target = [*cols, "state", "lease_expires_at", "finished_at"]
         return insert(archive).from_select(target, source)
 
     @staticmethod
+    @functools.cache
+    def stmt_delete() -> Executable:
+        """Remove rows `ids` from the hot table."""
+        return delete(tasks).where(tasks.c.id.in_(bindparam("ids", expanding=True)))
+
+    @staticmethod
+    @functools.cache
     def stmt_archive_error() -> Executable:
         """Record each finished attempt's error on its archived row."""
         return (
@@ -411,6 +439,7 @@ class SqlDriver:
         )
 
     @staticmethod
+    @functools.cache
     def stmt_retry() -> Executable:
         """Schedule the next attempt of a failed one (fenced)."""
         return (
@@ -451,25 +480,41 @@ class SqlDriver:
         """Claimed but never started: back to pending, the attempt not counted."""
         held = await self._locked_keys(conn, keys)
         if held:
-            await conn.execute(
-                update(tasks)
-                .where(keys_match(sorted(held, key=lambda k: k.id)))
-                .values(
-                    state=TaskState.PENDING.value,
-                    attempt=tasks.c.attempt - 1,
-                    lease_expires_at=None,
-                    worker_id=None,
-                )
-            )
+            await conn.execute(self.stmt_release(), keys_param(list(held)))
         return held
+
+    @staticmethod
+    @functools.cache
+    def stmt_release() -> Executable:
+        """Back to pending, the attempt not counted (fenced on `keys`)."""
+        return (
+            update(tasks)
+            .where(keys_match())
+            .values(
+                state=TaskState.PENDING.value,
+                attempt=tasks.c.attempt - 1,
+                lease_expires_at=None,
+                worker_id=None,
+            )
+        )
+
+    @staticmethod
+    @functools.cache
+    def stmt_lease_extend() -> Executable:
+        """Push the leases of attempts `keys` to `lease_until`."""
+        return (
+            update(tasks)
+            .where(keys_match())
+            .values(lease_expires_at=bindparam("lease_until", type_=Timestamp))
+        )
 
     async def lease_extend_many(self, keys: Sequence[TaskKey], *, lease_until: datetime) -> int:
         if not keys:
             return 0
-        stmt = update(tasks).where(keys_match(keys)).values(lease_expires_at=lease_until)
+        params = {**keys_param(keys), "lease_until": lease_until}
 
         async def work(conn: AsyncConnection) -> int:
-            return int((await conn.execute(stmt)).rowcount)
+            return int((await conn.execute(self.stmt_lease_extend(), params)).rowcount)
 
         return await self.in_transaction(work)
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar, TypeVar
 
 from sqlalchemy import Engine, event
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities
@@ -13,6 +16,7 @@ from txtasks.driver.sql import SqlDriver
 from txtasks.schema.tables import tasks
 
 BUSY_TIMEOUT_MS = 30_000
+T = TypeVar("T")
 
 
 def sqlite_connection_setup(engine: Engine) -> None:
@@ -37,9 +41,27 @@ def sqlite_connection_setup(engine: Engine) -> None:
 
 
 class SQLiteDriver(SqlDriver):
-    """SQLite 3.35+ through aiosqlite (async) and sqlite3 (sync)."""
+    """SQLite 3.35+ through aiosqlite (async) and sqlite3 (sync).
+
+    SQLite has one writer at a time. Within a process, write transactions queue on an asyncio
+    lock rather than meeting in SQLite's busy handler, which sleeps in steps of milliseconds.
+    """
 
     capabilities: ClassVar[Capabilities] = Capabilities("sqlite", concurrent_claims=False)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._writer: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+
+    def _write_lock(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        if self._writer is None or self._writer[0] is not loop:
+            self._writer = (loop, asyncio.Lock())
+        return self._writer[1]
+
+    async def in_transaction(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        async with self._write_lock():
+            return await super().in_transaction(work)
 
     def engine_setup(self, engine: Engine) -> None:
         sqlite_connection_setup(engine)

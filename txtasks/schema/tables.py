@@ -64,6 +64,8 @@ tasks = Table(
     Column("id", Id, primary_key=True, autoincrement=True),
     *_task_columns(),
     mysql_engine="InnoDB",
+    # ids are never reused: an archived task keeps its id (SQLite would reuse the highest).
+    sqlite_autoincrement=True,
 )
 Index(
     "ix_txtasks_tasks_claim",

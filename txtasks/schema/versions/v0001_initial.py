@@ -52,6 +52,7 @@ def upgrade(op: Operations) -> None:
         Column("id", _ID, primary_key=True, autoincrement=True),
         *_columns(),
         mysql_engine="InnoDB",
+        sqlite_autoincrement=True,
     )
     op.create_index(
         "ix_txtasks_tasks_claim",

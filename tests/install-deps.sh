@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Install what the txtasks test suite needs; safe to run again (does only what is missing).
+#
+#   bash tests/install-deps.sh
+#
+# 1. The server binaries that tests/services.sh starts: PostgreSQL (initdb), MariaDB (mariadbd),
+#    RabbitMQ (rabbitmq-server) and Erlang's epmd, from Debian's packages. If any is missing it
+#    runs `apt-get update` and `apt-get install postgresql mariadb-server rabbitmq-server`, as
+#    root or through sudo. The packages' own daemons are not started where there is no systemd
+#    (containers, CI): the test suite starts private servers on its own ports instead.
+# 2. The virtualenv .venv at the repository root with `pip install -e ".[dev]"`. The install is
+#    skipped while pyproject.toml is unchanged since the last successful one.
+#
+# Env knobs: PYTHON=python3 (interpreter for a new .venv), VENV=.venv
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+say() { printf '[install-deps] %s\n' "$*"; }
+
+missing=()
+compgen -G '/usr/lib/postgresql/*/bin/initdb' > /dev/null || missing+=("initdb (PostgreSQL)")
+[ -x /usr/sbin/mariadbd ] || missing+=("mariadbd (MariaDB)")
+[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || missing+=("rabbitmq-server (RabbitMQ)")
+command -v epmd > /dev/null || missing+=("epmd (Erlang)")
+
+if [ ${#missing[@]} -eq 0 ]; then
+  say "server binaries present (PostgreSQL, MariaDB, RabbitMQ, epmd)"
+else
+  say "missing: ${missing[*]}"
+  if [ "$(id -u)" = 0 ]; then
+    SUDO=()
+  elif command -v sudo > /dev/null; then
+    SUDO=(sudo)
+  else
+    say "cannot install them: not root and no sudo. As root run:" >&2
+    say "  apt-get update && apt-get install -y --no-install-recommends postgresql mariadb-server rabbitmq-server" >&2
+    exit 1
+  fi
+  # Without systemd, the packages' postinst scripts would start system-wide daemons on the
+  # default ports (left running forever). policy-rc.d exit code 101 = "don't start services".
+  policy=/usr/sbin/policy-rc.d added_policy=0
+  if [ ! -d /run/systemd/system ] && [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | "${SUDO[@]}" tee "$policy" > /dev/null
+    "${SUDO[@]}" chmod 755 "$policy"; added_policy=1
+    trap '"${SUDO[@]}" rm -f "$policy"' EXIT
+  fi
+  say "apt-get update"
+  "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  say "apt-get install postgresql mariadb-server rabbitmq-server"
+  aptlog=$(mktemp /tmp/txtasks-apt.XXXXXX)
+  "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    postgresql mariadb-server rabbitmq-server > "$aptlog" 2>&1 \
+    || { tail -40 "$aptlog" >&2; say "apt-get install failed (log: $aptlog)" >&2; exit 1; }
+  rm -f "$aptlog"
+  if [ "$added_policy" = 1 ]; then "${SUDO[@]}" rm -f "$policy"; trap - EXIT; fi
+  say "installed postgresql, mariadb-server, rabbitmq-server"
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating $VENV with $("$PYTHON" --version 2>&1)"
+  "$PYTHON" -m venv "$VENV"
+fi
+
+stamp="$VENV/.txtasks-dev-install"
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  say "$VENV up to date (pip install -e \".[dev]\" done for this pyproject.toml)"
+else
+  say "pip install -e \".[dev]\" into $VENV"
+  rm -f "$stamp"
+  log=$(mktemp /tmp/txtasks-pip.XXXXXX)
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev]" > "$log" 2>&1 \
+    || { tail -40 "$log" >&2; say "pip install failed (log: $log)" >&2; exit 1; }
+  rm -f "$log"
+  printf '%s\n' "$want" > "$stamp"
+  say "pip install done"
+fi

@@ -1,0 +1,467 @@
+"""Real PostgreSQL, MariaDB and RabbitMQ servers for the tests: a pytest plugin.
+
+Loaded by ``tests/conftest.py`` with ``pytest_plugins = ("tests.servers",)``.
+
+Session-scoped fixtures:
+
+* ``services``: ``{"postgresql": url, "mysql": url, "amqp": url}``, each value ``None`` when that
+  server is not available. URLs look like ``postgresql://app:app@127.0.0.1:PORT/appdb``,
+  ``mysql://app:app@127.0.0.1:PORT/appdb`` and ``amqp://app:app@127.0.0.1:PORT/``.
+* ``postgres_url``, ``mysql_url``, ``amqp_url``: one URL. When that server is not available the
+  test is skipped, or fails when the environment variable ``CI`` is ``true`` or ``1``.
+
+The servers come from the first of these that applies:
+
+1. ``TXTASKS_TEST_SERVICES_ENV``: the ``services.env`` of servers started by ``tests/run.sh``
+   (written by ``tests/services.sh``); they are used as they are.
+2. ``TXTASKS_TEST_POSTGRES_URL``, ``TXTASKS_TEST_MYSQL_URL``, ``TXTASKS_TEST_AMQP_URL``: servers you
+   run yourself. Setting any of them selects this; the ones left unset count as not available.
+3. A reachable Docker engine (not with ``TXTASKS_TEST_DOCKER=0``): testcontainers with
+   ``postgres:15``, ``mariadb:10.11`` and ``rabbitmq:3.10``; if they fail to start (say the
+   images cannot be pulled), 4. is tried.
+4. The Debian server binaries (``bash tests/install-deps.sh`` installs them): private servers
+   started by ``tests/services.sh`` (or ``TXTASKS_TEST_SERVICES_SH``) on free ports in a new
+   directory under /tmp.
+5. Otherwise none.
+
+Servers started here (3 and 4) are started only when a test asks for them, and stopped at the end
+of the session, also after Ctrl-C or SIGTERM. ``PG_FAST=0`` gives PostgreSQL its durable defaults
+(fsync on), as ``tests/services.sh`` does.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import gc
+import glob
+import importlib
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+
+KINDS = ("postgresql", "mysql", "amqp")
+LABELS = {"postgresql": "PostgreSQL", "mysql": "MariaDB/MySQL", "amqp": "RabbitMQ"}
+URL_VARS = {
+    "postgresql": "TXTASKS_TEST_POSTGRES_URL",
+    "mysql": "TXTASKS_TEST_MYSQL_URL",
+    "amqp": "TXTASKS_TEST_AMQP_URL",
+}
+SERVICES_ENV_VAR = "TXTASKS_TEST_SERVICES_ENV"
+SERVICES_SH = Path(__file__).with_name("services.sh")
+DB, USER, PASSWORD = "appdb", "app", "app"
+
+# services.env key and tests/services.sh name of each kind
+_ENV_KEYS = {"postgresql": "PG_DSN", "mysql": "MYSQL_DSN", "amqp": "AMQP_URL"}
+_SH_NAMES = {"postgresql": "pg", "mysql": "mariadb", "amqp": "rabbitmq"}
+_START_ATTEMPTS = 3  # a port picked as free can be taken before the server binds it
+
+
+def in_ci() -> bool:
+    """True when the ``CI`` environment variable says this is a CI run."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1")
+
+
+@dataclass
+class Servers:
+    """Where the test servers are, how they were found, and how to stop them."""
+
+    urls: dict[str, str | None]
+    source: str
+    missing: dict[str, str] = field(default_factory=dict)  # kind -> why it is not available
+    started_in: float | None = None
+    stopped_in: float | None = None
+    _stop: Callable[[], None] | None = None
+
+    def stop(self) -> None:
+        """Stop the servers this session started; safe to call more than once."""
+        stop, self._stop = self._stop, None
+        if stop is not None:
+            t = time.monotonic()
+            stop()
+            self.stopped_in = time.monotonic() - t
+
+    def reason(self, kind: str) -> str:
+        return self.missing.get(kind) or f"not provided by {self.source}"
+
+
+# ----------------------------------------------------------------------------- ports
+
+
+def port_free(port: int) -> bool:
+    """True if nothing on 127.0.0.1 holds ``port``."""
+    with socket.socket() as s:
+        # as the servers do, so that a port in TIME_WAIT counts as free
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_block(n: int = 1, taken: set[int] | None = None) -> int:
+    """A port p with p .. p+n-1 free, below the ephemeral range (32768+)."""
+    taken = set() if taken is None else taken
+    for _ in range(500):
+        p = random.randrange(20000, 32000)
+        block = set(range(p, p + n))
+        if not block & taken and all(port_free(q) for q in block):
+            taken.update(block)
+            return p
+    raise RuntimeError(f"no block of {n} free port(s) found")
+
+
+# ----------------------------------------------------------------------------- 1, 2: given servers
+
+
+def read_services_env(path: Path) -> dict[str, str]:
+    """The KEY=VALUE lines of a services.env file."""
+    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+def _from_services_env(path: Path) -> Servers:
+    if not path.is_file():
+        raise RuntimeError(f"{SERVICES_ENV_VAR}={path}: no such file (stale tests/run.sh env?)")
+    env = read_services_env(path)
+    urls = {kind: env.get(key) or None for kind, key in _ENV_KEYS.items()}
+    missing = {kind: f"not in {path}" for kind, url in urls.items() if url is None}
+    return Servers(urls, f"servers of {path}", missing)
+
+
+def _from_url_vars() -> Servers | None:
+    urls = {kind: os.environ.get(var) or None for kind, var in URL_VARS.items()}
+    if not any(urls.values()):
+        return None
+    missing = {kind: f"{URL_VARS[kind]} is not set" for kind, url in urls.items() if url is None}
+    return Servers(urls, "TXTASKS_TEST_*_URL variables", missing)
+
+
+# ----------------------------------------------------------------------------- 3: docker
+
+
+def docker_available() -> bool:
+    """True if a Docker engine answers (the docker CLI alone is not enough)."""
+    if os.environ.get("TXTASKS_TEST_DOCKER", "1") == "0":
+        return False
+    if not os.environ.get("DOCKER_HOST") and not os.path.exists("/var/run/docker.sock"):
+        return False  # nothing to ask; docker-py would leak a socket finding that out
+    try:
+        import docker
+    except ImportError:
+        return False
+    # a failed probe leaves unclosed sockets (ResourceWarning, an error under -W error)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        ok = _docker_ping(docker)
+        gc.collect()
+    return ok
+
+
+def _docker_ping(docker: Any) -> bool:
+    client = None
+    try:
+        client = docker.from_env(timeout=3)
+        client.ping()
+    except Exception:  # docker.errors.DockerException and friends: no engine
+        return False
+    finally:
+        if client is not None:
+            client.close()
+    return True
+
+
+def _testcontainers(module: str, name: str) -> Any:
+    """``testcontainers.community.<module>.<name>``, or the older ``testcontainers.<module>``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for path in (f"testcontainers.community.{module}", f"testcontainers.{module}"):
+            with contextlib.suppress(ImportError):
+                return getattr(importlib.import_module(path), name)
+    raise ImportError(f"testcontainers has no {module}.{name}")
+
+
+def amqp_ready(host: str, port: int, timeout: float = 2.0) -> bool:
+    """True if an AMQP 0-9-1 broker answers the protocol header with Connection.Start."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.sendall(b"AMQP\x00\x00\x09\x01")
+            return s.recv(1) == b"\x01"  # a METHOD frame
+    except OSError:
+        return False
+
+
+def _start_containers() -> Servers:
+    stack = contextlib.ExitStack()
+
+    def stop() -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            stack.close()
+
+    t = time.monotonic()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            urls = _run_containers(stack)
+    except BaseException:
+        stop()
+        raise
+    return Servers(urls, "testcontainers (Docker)", started_in=time.monotonic() - t, _stop=stop)
+
+
+def _run_containers(stack: contextlib.ExitStack) -> dict[str, str | None]:
+    postgres_container = _testcontainers("postgres", "PostgresContainer")
+    mysql_container = _testcontainers("mysql", "MySqlContainer")
+    docker_container = _testcontainers("core.container", "DockerContainer")
+    log_wait = _testcontainers("core.wait_strategies", "LogMessageWaitStrategy")
+
+    pg_cmd = "postgres -c max_connections=200"
+    if os.environ.get("PG_FAST", "1") != "0":
+        pg_cmd += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+    pg = postgres_container(
+        "postgres:15", username=USER, password=PASSWORD, dbname=DB, driver=None
+    ).with_command(pg_cmd)
+    my = mysql_container("mariadb:10.11", username=USER, password=PASSWORD, dbname=DB).with_command(
+        "--max-connections=300 --character-set-server=utf8mb4 --collation-server=utf8mb4_unicode_ci"
+    )
+    mq = (
+        docker_container("rabbitmq:3.10")
+        .with_env("RABBITMQ_DEFAULT_USER", USER)
+        .with_env("RABBITMQ_DEFAULT_PASS", PASSWORD)
+        .with_exposed_ports(5672)
+        .waiting_for(log_wait("Server startup complete"))
+    )
+    for container in (pg, my, mq):
+        stack.callback(container.stop)
+        container.start()
+
+    def addr(container: Any, port: int) -> str:
+        return f"{container.get_container_host_ip()}:{container.get_exposed_port(port)}"
+
+    host, amqp_port = addr(mq, 5672).rsplit(":", 1)
+    deadline = time.monotonic() + 60
+    while not amqp_ready(host, int(amqp_port)):
+        if time.monotonic() > deadline:
+            raise RuntimeError("RabbitMQ container started but does not answer AMQP")
+        time.sleep(0.2)
+    return {
+        "postgresql": f"postgresql://{USER}:{PASSWORD}@{addr(pg, 5432)}/{DB}",
+        "mysql": f"mysql://{USER}:{PASSWORD}@{addr(my, 3306)}/{DB}",
+        "amqp": f"amqp://{USER}:{PASSWORD}@{addr(mq, 5672)}/",
+    }
+
+
+# ----------------------------------------------------------------------------- 4: local binaries
+
+
+def local_binaries() -> dict[str, bool]:
+    """Which of the Debian server binaries that tests/services.sh runs are installed."""
+    return {
+        "postgresql": bool(glob.glob("/usr/lib/postgresql/*/bin/initdb")),
+        "mysql": os.access("/usr/sbin/mariadbd", os.X_OK),
+        "amqp": os.access("/usr/lib/rabbitmq/bin/rabbitmq-server", os.X_OK)
+        and shutil.which("epmd") is not None,
+    }
+
+
+def services_sh() -> Path:
+    return Path(os.environ.get("TXTASKS_TEST_SERVICES_SH") or SERVICES_SH)
+
+
+def _sh(script: Path, cmd: str, base: Path, env: dict[str, str], timeout: float) -> tuple[int, str]:
+    """Run ``script cmd base``; (exit code, stderr). A timeout kills it and gives code -9."""
+    try:
+        r = subprocess.run(
+            ["bash", str(script), cmd, str(base)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
+        return -9, f"{err}\n(timed out after {timeout:.0f}s)"
+    return r.returncode, r.stderr
+
+
+def _start_local(kinds: list[str]) -> Servers:
+    script = services_sh()
+    base = Path(tempfile.mkdtemp(prefix="txtasks-svc.", dir="/tmp"))  # not pytest's 0700 tmp
+    timeout = 4 * int(os.environ.get("SVC_TIMEOUT", "60")) + 30
+    env = dict(os.environ, SERVICES=" ".join(_SH_NAMES[k] for k in kinds))
+    env.pop("SVC_BASE", None)
+
+    def stop() -> None:
+        rc, err = _sh(script, "stop", base, env, timeout)
+        shutil.rmtree(base, ignore_errors=True)
+        if rc != 0:
+            warnings.warn(f"{script} stop {base} failed (rc {rc}):\n{err}", stacklevel=1)
+
+    for attempt in range(1, _START_ATTEMPTS + 1):
+        taken: set[int] = set()
+        env.update(
+            PG_PORT=str(free_port_block(1, taken)),
+            MY_PORT=str(free_port_block(1, taken)),
+            RMQ_PORT=str(free_port_block(3, taken)),
+        )
+        t = time.monotonic()
+        rc, err = _sh(script, "start", base, env, timeout)
+        if rc == 0:
+            urls = read_services_env(base / "services.env")
+            found: dict[str, str | None] = {k: urls.get(_ENV_KEYS[k]) for k in KINDS}
+            missing = {
+                k: "not installed (run: bash tests/install-deps.sh)"
+                for k in KINDS
+                if k not in kinds
+            }
+            source = f"private servers from {script} in {base}"
+            return Servers(found, source, missing, time.monotonic() - t, _stop=stop)
+        _sh(script, "stop", base, env, timeout)  # services.sh cleans up itself; be sure
+        if "busy" not in err or attempt == _START_ATTEMPTS:
+            shutil.rmtree(base, ignore_errors=True)
+            tail = "\n".join(err.strip().splitlines()[-40:])
+            raise RuntimeError(f"{script} start {base} failed (rc {rc}):\n{tail}")
+    raise AssertionError("unreachable")
+
+
+# ----------------------------------------------------------------------------- resolution
+
+
+def find_servers() -> Servers:
+    """Locate or start the test servers (see the module docstring for the order)."""
+    env_file = os.environ.get(SERVICES_ENV_VAR)
+    if env_file:
+        return _from_services_env(Path(env_file))
+    given = _from_url_vars()
+    if given is not None:
+        return given
+    docker_error = ""
+    if docker_available():
+        # a failed docker-py client leaves unclosed sockets behind (ResourceWarning)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            try:
+                return _start_containers()
+            except Exception as e:  # e.g. images that cannot be pulled: try the local binaries
+                docker_error = f"testcontainers failed: {type(e).__name__}: {e}"
+            gc.collect()
+    script = services_sh()
+    have = local_binaries()
+    kinds = [k for k in KINDS if have[k]]
+    if kinds and script.is_file():
+        servers = _start_local(kinds)
+        if docker_error:
+            servers.source += f" ({docker_error})"
+        return servers
+    if docker_error:
+        raise RuntimeError(docker_error)
+    why = (
+        f"the services script {script} is not there"
+        if not script.is_file()
+        else "no Docker engine and no server binaries (run: bash tests/install-deps.sh)"
+    )
+    return Servers(dict.fromkeys(KINDS), "nothing", dict.fromkeys(KINDS, why))
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm(servers: Servers) -> Iterator[None]:
+    """SIGTERM ends the session like Ctrl-C (so teardown runs); atexit is the last resort."""
+    if servers._stop is None:  # nothing started here, nothing to stop
+        yield
+        return
+    atexit.register(servers.stop)
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    installed = previous == signal.SIG_DFL
+    if installed:
+        with contextlib.suppress(ValueError):  # not in the main thread
+            signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        if installed:
+            with contextlib.suppress(ValueError):
+                signal.signal(signal.SIGTERM, previous)
+        servers.stop()
+        atexit.unregister(servers.stop)
+
+
+_session_servers: list[Servers] = []  # for the terminal summary
+
+
+@pytest.fixture(scope="session")
+def txtasks_servers() -> Iterator[Servers]:
+    """The :class:`Servers` of this session (``services`` gives just the URLs)."""
+    try:
+        servers = find_servers()
+    except Exception as e:
+        pytest.fail(f"test servers: {e}", pytrace=False)
+    _session_servers.append(servers)
+    with _stop_on_sigterm(servers):
+        yield servers
+
+
+@pytest.fixture(scope="session")
+def services(txtasks_servers: Servers) -> dict[str, str | None]:
+    """``{"postgresql": url, "mysql": url, "amqp": url}``; None for one that is not available."""
+    return dict(txtasks_servers.urls)
+
+
+def _require(servers: Servers, kind: str) -> str:
+    url = servers.urls.get(kind)
+    if url:
+        return url
+    msg = f"{LABELS[kind]} server not available: {servers.reason(kind)}"
+    if in_ci():
+        pytest.fail(f"{msg} (CI is set: a missing server is a failure)", pytrace=False)
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def postgres_url(txtasks_servers: Servers) -> str:
+    """``postgresql://app:app@HOST:PORT/appdb``; skips (fails in CI) without a server."""
+    return _require(txtasks_servers, "postgresql")
+
+
+@pytest.fixture(scope="session")
+def mysql_url(txtasks_servers: Servers) -> str:
+    """``mysql://app:app@HOST:PORT/appdb``; skips (fails in CI) without a server."""
+    return _require(txtasks_servers, "mysql")
+
+
+@pytest.fixture(scope="session")
+def amqp_url(txtasks_servers: Servers) -> str:
+    """``amqp://app:app@HOST:PORT/``; skips (fails in CI) without a broker."""
+    return _require(txtasks_servers, "amqp")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """One line on where the servers came from, with start and stop times."""
+    for servers in _session_servers:
+        times = ""
+        if servers.started_in is not None:
+            times += f", started in {servers.started_in:.1f}s"
+        if servers.stopped_in is not None:
+            times += f", stopped in {servers.stopped_in:.1f}s"
+        terminalreporter.write_line(f"txtasks test servers: {servers.source}{times}")
+    _session_servers.clear()
