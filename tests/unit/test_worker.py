@@ -311,3 +311,20 @@ async def test_testing_helpers() -> None:
     await run_until_empty(app)
     assert enqueued(app) == []
     assert payloads(finished(app, "completed")) == [{"to": "a@example.com"}]
+
+
+async def test_sync_timeout_counts_from_the_start_and_keeps_the_slot() -> None:
+    app = new_app()
+    started: list[int] = []
+
+    @app.task(name="blocking", timeout=0.2, max_attempts=1)
+    def blocking(payload: dict[str, float]) -> None:
+        started.append(int(payload["n"]))
+        threading.Event().wait(payload["s"])
+
+    slow = await blocking.aenqueue({"n": 1, "s": 0.6})
+    quick = await blocking.aenqueue({"n": 2, "s": 0})
+    await run_until_empty(app, concurrency=1)
+    assert states(app)[slow] == ("dead", 1)
+    assert states(app)[quick] == ("completed", 1)  # its wait in the queue was not timed
+    assert started == [1, 2]

@@ -25,7 +25,9 @@ from txtasks.cli.common import (
     run_async,
 )
 from txtasks.clock import utcnow
+from txtasks.driver import driver_for_url
 from txtasks.driver.urls import backend_name, url_sync
+from txtasks.errors import TxtasksError
 from txtasks.schema import migrate as schema_migrate
 from txtasks.types import TaskState
 from txtasks.worker import Worker, WorkerConfig
@@ -153,9 +155,13 @@ def worker(
     """Run the tasks of APP (module:attribute). SIGTERM/SIGINT stop it gracefully."""
     logging_setup(log_level)
     app = load_app(app_spec)
-    config = WorkerConfig(queues=queues or None, **settings)
-    app.use_driver(driver_from(database_url, app))
-    runner = Worker(app, config)
+    try:
+        config = WorkerConfig(queues=queues or None, **settings)
+        if database_url:  # the flag or TXTASKS_DATABASE_URL; else the app's own setting
+            app.use_driver(driver_for_url(database_url))
+        runner = Worker(app, config)
+    except TxtasksError as exc:
+        raise click.ClickException(str(exc)) from exc
 
     async def go() -> None:
         loop = asyncio.get_running_loop()

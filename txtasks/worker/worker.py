@@ -124,6 +124,8 @@ class Worker:
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
         self._threads: ThreadPoolExecutor | None = None
+        #: Sync handlers still running in their thread after their timeout (by task id).
+        self._overrun: dict[int, asyncio.Future[Any]] = {}
         self._outcomes = OutcomeBuffer(
             self.driver,
             app.clock,
@@ -259,6 +261,9 @@ class Worker:
             self._outcomes.add(Outcome(row.key, OutcomeKind.RELEASE, error="worker shut down"))
             raise
         self._outcomes.add(outcome)
+        overrun = self._overrun.pop(row.id, None)
+        if overrun is not None:  # the slot stays taken until the thread is really free
+            await asyncio.wait({overrun})
 
     async def _attempt(self, row: TaskRow) -> Outcome:
         """Run one attempt and decide its outcome. Never raises for a bad row."""
@@ -301,8 +306,22 @@ class Worker:
             await asyncio.wait_for(task.handler(*args), timeout)
             return
         loop = asyncio.get_running_loop()
-        call = functools.partial(task.handler, *args)
-        await asyncio.wait_for(loop.run_in_executor(self._threads, call), timeout)
+        started = asyncio.Event()
+
+        def call() -> Any:
+            loop.call_soon_threadsafe(started.set)
+            return task.handler(*args)
+
+        future = loop.run_in_executor(self._threads, call)
+        if timeout is None:
+            await future
+            return
+        await started.wait()  # the timeout counts from the start of the handler
+        try:
+            await asyncio.wait_for(asyncio.shield(future), timeout)
+        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+            self._overrun[ctx.task_id] = future
+            raise
 
     def _returned(self, ctx: TaskContext) -> Outcome:
         """The handler returned without a manual decision."""

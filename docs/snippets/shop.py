@@ -1,0 +1,36 @@
+"""shop.py: the application, its own table, and one task."""
+
+import os
+import tempfile
+
+from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine
+
+from txtasks import App
+from txtasks.driver.sqlite import sqlite_connection_setup
+from txtasks.driver.urls import url_sync
+
+DATABASE_URL = os.environ.get(
+    "TXTASKS_DATABASE_URL", f"sqlite:///{tempfile.gettempdir()}/txtasks-shop.sqlite3"
+)
+
+engine = create_engine(url_sync(DATABASE_URL))
+if engine.dialect.name == "sqlite":
+    sqlite_connection_setup(engine)  # WAL, busy timeout, BEGIN IMMEDIATE
+
+metadata = MetaData()
+orders = Table(
+    "orders",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("email", String(255), nullable=False),
+    Column("total_cents", Integer, nullable=False),
+)
+
+app = App("shop", database_url=DATABASE_URL)
+
+
+@app.task(queue="emails", max_attempts=10)
+def send_confirmation(payload: dict) -> None:
+    """Runs in a worker, only once the order's transaction has committed."""
+    # Call your mail provider here. Delivery is at-least-once: make it safe to repeat.
+    print(f"order {payload['order_id']}: confirmation sent to {payload['email']}")
