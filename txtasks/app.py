@@ -5,24 +5,33 @@ from __future__ import annotations
 import inspect
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, overload
 
 from txtasks.clock import Clock, as_utc, seconds, utcnow
 from txtasks.driver import Driver, driver_for_url
-from txtasks.enqueue import AsyncExecutor, SyncExecutor, ainsert_many_tx, insert_many_tx
+from txtasks.enqueue import (
+    AsyncExecutor,
+    SyncExecutor,
+    ainsert_many_tx,
+    async_sync_connection,
+    insert_many_tx,
+    sync_connection,
+)
 from txtasks.errors import ConfigurationError, UnknownTaskError
 from txtasks.payload import DEFAULT_MAX_PAYLOAD_BYTES, headers_encode, payload_encode
 from txtasks.policy import AckPolicy, RetryPolicy
 from txtasks.retry import RetryStrategy, as_strategy
-from txtasks.types import NewTask
+from txtasks.types import NewTask, TaskState
+from txtasks.wakeup import Notifier, NullNotifier, notifier_for_url, wakeup_after_commit
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
 DEFAULT_QUEUE = "default"
 DEFAULT_MAX_ATTEMPTS = 5
 ENV_DATABASE_URL = "TXTASKS_DATABASE_URL"
+ENV_BROKER_URL = "TXTASKS_BROKER_URL"
 
 Handler = Callable[..., Any]
 
@@ -115,6 +124,15 @@ class Task:
         return (await self.app.aenqueue_many([self.new(payload, **options)]))[0]
 
 
+def by_queue(rows: Sequence[NewTask], ids: Sequence[int]) -> dict[str, list[int]]:
+    """Ids of ready rows grouped by queue (one wake-up per queue)."""
+    grouped: dict[str, list[int]] = {}
+    for row, task_id in zip(rows, ids, strict=True):
+        if row.state is TaskState.PENDING:
+            grouped.setdefault(row.queue, []).append(task_id)
+    return grouped
+
+
 def _takes_two_arguments(handler: Handler) -> bool:
     """Handlers take `(payload)` or `(payload, ctx)`."""
     try:
@@ -141,7 +159,9 @@ class App:
         name: str = "txtasks",
         *,
         database_url: str | None = None,
+        broker_url: str | None = None,
         driver: Driver | None = None,
+        notifier: Notifier | None = None,
         default_queue: str = DEFAULT_QUEUE,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         clock: Clock = utcnow,
@@ -150,6 +170,8 @@ class App:
             raise ConfigurationError(f"max_payload_bytes must be > 0, got {max_payload_bytes!r}")
         self.name = name
         self.database_url = database_url
+        self.broker_url = broker_url
+        self._notifier = notifier
         self.default_queue = check_queue_name(default_queue, setting="default_queue")
         self.max_payload_bytes = max_payload_bytes
         self.clock = clock
@@ -328,12 +350,42 @@ class App:
         return (await self.aenqueue_many_tx(executor, rows))[0]
 
     def enqueue_many_tx(self, executor: SyncExecutor, rows: Iterable[NewTask]) -> list[int]:
-        """Bulk insert in the caller's sync transaction: one statement per batch."""
-        return insert_many_tx(executor, list(rows))
+        """Bulk insert in the caller's sync transaction: one statement per batch.
+
+        With a broker, a wake-up per queue goes out when that transaction commits.
+        """
+        batch = list(rows)
+        ids = insert_many_tx(executor, batch)
+        if self._wakes(batch):
+            wakeup_after_commit(sync_connection(executor), self.notifier, by_queue(batch, ids))
+        return ids
 
     async def aenqueue_many_tx(self, executor: AsyncExecutor, rows: Iterable[NewTask]) -> list[int]:
-        """Bulk insert in the caller's async transaction: one statement per batch."""
-        return await ainsert_many_tx(executor, list(rows))
+        """Bulk insert in the caller's async transaction: one statement per batch.
+
+        With a broker, a wake-up per queue goes out when that transaction commits.
+        """
+        batch = list(rows)
+        ids = await ainsert_many_tx(executor, batch)
+        if self._wakes(batch):
+            connection = await async_sync_connection(executor)
+            wakeup_after_commit(connection, self.notifier, by_queue(batch, ids))
+        return ids
+
+    def _wakes(self, rows: list[NewTask]) -> bool:
+        """Whether these rows need wake-ups: a broker is configured and some are ready now."""
+        if not rows or isinstance(self.notifier, NullNotifier):
+            return False
+        return any(r.state is TaskState.PENDING for r in rows)
+
+    def notify(self, queue: str, ids: Iterable[int] = ()) -> None:
+        """Send a wake-up for `queue` now: for callers that commit by other means."""
+        self.notifier.notify(check_queue_name(queue), list(ids))
+
+    def _notify_committed(self, rows: list[NewTask], ids: list[int]) -> None:
+        if self._wakes(rows):
+            for queue, queue_ids in by_queue(rows, ids).items():
+                self.notifier.notify(queue, queue_ids)
 
     def enqueue(self, task: Task | str, payload: Any = None, **options: Any) -> int:
         """Insert one task in a transaction of its own."""
@@ -344,10 +396,18 @@ class App:
         return (await self.aenqueue_many([self.new_task(task, payload, **options)]))[0]
 
     def enqueue_many(self, rows: Iterable[NewTask]) -> list[int]:
-        return self.driver.task_insert_many_sync(list(rows))
+        """Insert in a transaction of its own (committed on return)."""
+        batch = list(rows)
+        ids = self.driver.task_insert_many_sync(batch)
+        self._notify_committed(batch, ids)
+        return ids
 
     async def aenqueue_many(self, rows: Iterable[NewTask]) -> list[int]:
-        return await self.driver.task_insert_many(list(rows))
+        """Insert in a transaction of its own (committed on return)."""
+        batch = list(rows)
+        ids = await self.driver.task_insert_many(batch)
+        self._notify_committed(batch, ids)
+        return ids
 
     # -- storage ------------------------------------------------------------------------------
 
@@ -368,10 +428,28 @@ class App:
             self._driver = driver_for_url(url)
         return self._driver
 
+    def resolve_broker_url(self, override: str | None = None) -> str | None:
+        """Flag, then TXTASKS_BROKER_URL, then the app's own setting; None: polling only."""
+        return override or os.environ.get(ENV_BROKER_URL) or self.broker_url
+
+    @property
+    def notifier(self) -> Notifier:
+        """Wake-ups: RabbitMQ when a broker URL is set, else none (workers poll)."""
+        if self._notifier is None:
+            self._notifier = notifier_for_url(self.resolve_broker_url())
+        return self._notifier
+
+    def use_notifier(self, notifier: Notifier) -> None:
+        """Send and receive wake-ups with this notifier from now on."""
+        self._notifier = notifier
+
     def use_driver(self, driver: Driver) -> None:
         """Store tasks with this driver from now on (the CLI and tests use it)."""
         self._driver = driver
 
     async def aclose(self) -> None:
+        """Close the driver's connections and the notifier's."""
+        if self._notifier is not None:
+            await self._notifier.close()
         if self._driver is not None:
             await self._driver.close()

@@ -38,6 +38,18 @@ def executor_dialect(executor: SyncExecutor | AsyncExecutor) -> Dialect:
     )
 
 
+def sync_connection(executor: SyncExecutor) -> Connection:
+    """The Connection a sync Connection or Session runs its transaction on."""
+    return executor if isinstance(executor, Connection) else executor.connection()
+
+
+async def async_sync_connection(executor: AsyncExecutor) -> Connection:
+    """The sync Connection under an AsyncConnection or AsyncSession."""
+    if isinstance(executor, AsyncConnection):
+        return executor.sync_connection  # type: ignore[return-value]
+    return (await executor.connection()).sync_connection  # type: ignore[return-value]
+
+
 def _check_sync(executor: Any) -> None:
     if isinstance(executor, AsyncConnection | AsyncSession):
         raise ConfigurationError(

@@ -57,6 +57,7 @@ class OutcomeBuffer:
         self._ready = asyncio.Event()
         self._full = asyncio.Event()
         self.lock = asyncio.Lock()
+        self._closing = False
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -72,10 +73,12 @@ class OutcomeBuffer:
             self._full.set()
 
     async def run(self) -> None:
-        """Flush forever (until cancelled)."""
+        """Flush until `stop()`; a flush under way is never interrupted half-written."""
         backoff = 0.0
-        while True:
+        while not self._closing:
             await self._ready.wait()
+            if self._closing:
+                break
             if backoff or not self._full.is_set():
                 await event_wait(self._full, self.interval + backoff)
             try:
@@ -84,6 +87,12 @@ class OutcomeBuffer:
             except Exception as exc:
                 backoff = min(MAX_BACKOFF, max(0.05, backoff * 2))
                 log.warning("outcome flush failed, retrying in %.2fs: %s", backoff, exc)
+
+    def stop(self) -> None:
+        """End `run()` after the flush under way, if any; `drain()` writes the rest."""
+        self._closing = True
+        self._ready.set()
+        self._full.set()
 
     async def flush(self) -> None:
         """Write everything buffered now, batch by batch; raise if the database fails."""

@@ -25,8 +25,9 @@ from txtasks.errors import ConfigurationError, PayloadError
 from txtasks.payload import payload_decode
 from txtasks.policy import AckPolicy, outcome_after_failure, outcome_for_exception
 from txtasks.types import Outcome, OutcomeKind, TaskKey, TaskRow
+from txtasks.wakeup import Notifier
 from txtasks.worker.context import TaskContext
-from txtasks.worker.outcomes import OutcomeBuffer
+from txtasks.worker.outcomes import OutcomeBuffer, event_wait
 
 log = logging.getLogger("txtasks.worker")
 
@@ -94,6 +95,7 @@ class WorkerStats:
     outcomes: dict[str, int] = field(default_factory=dict)
     stale: int = 0
     claim_errors: int = 0
+    wakeups: int = 0
 
     def count(self, outcomes: Sequence[Outcome], stale: Sequence[TaskKey]) -> None:
         for outcome in outcomes:
@@ -109,11 +111,17 @@ class Worker:
     """Runs an application's tasks. `await worker.run()`; `worker.stop()` to end gracefully."""
 
     def __init__(
-        self, app: App, config: WorkerConfig | None = None, *, driver: Driver | None = None
+        self,
+        app: App,
+        config: WorkerConfig | None = None,
+        *,
+        driver: Driver | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         self.app = app
         self.config = config or WorkerConfig()
         self.driver = driver or app.driver
+        self.notifier = notifier or app.notifier
         self.worker_id = self.config.worker_id or default_worker_id()
         self.queues = list(self.config.queues or app.queues)
         if not self.queues:
@@ -123,6 +131,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
+        self._beat_stop = asyncio.Event()
         self._threads: ThreadPoolExecutor | None = None
         #: Sync handlers still running in their thread after their timeout (by task id).
         self._overrun: dict[int, asyncio.Future[Any]] = {}
@@ -148,8 +157,9 @@ class Worker:
             for _, task in self._inflight.values():
                 task.cancel()
 
-    def wake(self) -> None:
+    def wake(self, queue: str | None = None) -> None:
         """Claim now instead of at the next poll (a wake-up arrived)."""
+        self.stats.wakeups += 1
         self._wake.set()
 
     @property
@@ -165,13 +175,14 @@ class Worker:
         self._threads = ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="txtasks")
         flusher = asyncio.create_task(self._outcomes.run(), name="txtasks-flush")
         heartbeat = asyncio.create_task(self._heartbeat(), name="txtasks-heartbeat")
+        await self.notifier.subscribe(self.queues, self.wake)
         log.info("worker %s serving %s", self.worker_id, ", ".join(self.queues))
         try:
             await self._claim_loop()
         finally:
             await self._shutdown()
-            for task in (flusher, heartbeat):
-                task.cancel()
+            self._beat_stop.set()
+            self._outcomes.stop()
             await asyncio.gather(flusher, heartbeat, return_exceptions=True)
             await self._outcomes.drain()
             self._threads.shutdown(wait=False, cancel_futures=True)
@@ -361,22 +372,22 @@ class Worker:
 
     async def _heartbeat(self) -> None:
         """Extend every held lease (running, or finished but not yet written) in one statement."""
-        while True:
-            await asyncio.sleep(self.config.heartbeat_interval)
+        while not await event_wait(self._beat_stop, self.config.heartbeat_interval):
             async with self._outcomes.lock:  # no flush may finish rows while we extend them
                 keys = [key for key, _ in self._inflight.values()] + self._outcomes.keys()
-                if not keys:
-                    continue
-                until = self.app.clock() + timedelta(seconds=self.config.lease)
-                try:
-                    held = await self.driver.lease_extend_many(keys, lease_until=until)
-                except Exception as exc:
-                    log.warning("heartbeat failed: %s", exc)
-                    continue
-            if held < len(keys):
-                log.warning(
-                    "%d of %d leases were lost (rescued elsewhere)", len(keys) - held, len(keys)
-                )
+                if keys:
+                    await self._leases_extend(keys)
+
+    async def _leases_extend(self, keys: list[TaskKey]) -> None:
+        until = self.app.clock() + timedelta(seconds=self.config.lease)
+        try:
+            held = await self.driver.lease_extend_many(keys, lease_until=until)
+        except Exception as exc:
+            log.warning("heartbeat failed: %s", exc)
+            return
+        if held < len(keys):
+            lost = len(keys) - held
+            log.warning("%d of %d leases were lost (rescued elsewhere)", lost, len(keys))
 
     # -- shutdown -----------------------------------------------------------------------------
 
