@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import dataclasses
 import importlib
 import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any, TypeVar
 
 import click
+from sqlalchemy.exc import DBAPIError
 
-from txtasks.app import ENV_DATABASE_URL, App
+from txtasks.app import ENV_BROKER_URL, ENV_DATABASE_URL, App
 from txtasks.driver import Driver, driver_for_url
-from txtasks.errors import ConfigurationError, TxtasksError
+from txtasks.errors import ConfigurationError, PayloadError, TxtasksError
+from txtasks.payload import headers_decode, payload_decode
+from txtasks.types import JSON_CONTENT_TYPE, TaskRow
 
 T = TypeVar("T")
 
@@ -23,6 +29,14 @@ database_url_option = click.option(
     envvar=ENV_DATABASE_URL,
     show_envvar=True,
     help="postgresql://..., mysql://... or sqlite:///path (overrides the app's setting).",
+)
+
+
+broker_url_option = click.option(
+    "--broker-url",
+    envvar=ENV_BROKER_URL,
+    show_envvar=True,
+    help="amqp://... RabbitMQ for wake-ups (overrides the app's setting); none: polling only.",
 )
 
 
@@ -57,11 +71,33 @@ def driver_from(url: str | None, app: App | None = None) -> Driver:
 
 
 def run_async(make: Callable[[], Awaitable[T]]) -> T:
-    """Run a coroutine; turn txtasks errors into a clean message and exit code 2."""
-    try:
-        return asyncio.run(_call(make))
-    except TxtasksError as exc:
-        raise click.ClickException(str(exc)) from exc
+    """Run a coroutine to completion (errors are reported by `Commands`)."""
+    return asyncio.run(_call(make))
+
+
+def error_message(exc: BaseException) -> str | None:
+    """A one-line message for errors a user can fix, None for a bug (shown as a traceback)."""
+    if isinstance(exc, TxtasksError):
+        return str(exc)
+    if isinstance(exc, DBAPIError):
+        detail = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
+        return f"database error: {detail}"
+    if isinstance(exc, OSError):
+        return f"cannot connect: {exc}"
+    return None
+
+
+class Commands(click.Group):
+    """The `txtasks` group: a bad setting or an unreachable database is a message, not a trace."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (TxtasksError, DBAPIError, OSError) as exc:
+            message = error_message(exc)
+            if message is None:  # pragma: no cover - OSError subclasses all have a message
+                raise
+            raise click.ClickException(message) from exc
 
 
 async def _call(make: Callable[[], Awaitable[T]]) -> T:
@@ -77,4 +113,21 @@ def logging_setup(level: str) -> None:
 
 
 def json_default(value: Any) -> Any:
+    """JSON for what `json.dumps` does not know: datetimes as ISO text, bytes as base64."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, bytes | bytearray):
+        return base64.b64encode(value).decode("ascii")
     return str(value)
+
+
+def task_json(row: TaskRow) -> dict[str, Any]:
+    """A task for `--json` output: the payload decoded when it is JSON."""
+    data = dataclasses.asdict(row)
+    if row.content_type == JSON_CONTENT_TYPE:
+        try:
+            data["payload"] = payload_decode(row.payload, row.content_type)
+        except PayloadError:
+            data["payload_error"] = "not valid JSON"
+    data["headers"] = headers_decode(row.headers) if row.headers else None
+    return data

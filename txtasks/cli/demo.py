@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import subprocess
@@ -18,12 +19,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from sqlalchemy import Engine, create_engine, delete, func, select
 
-from txtasks.app import ENV_DATABASE_URL
+from txtasks.app import ENV_BROKER_URL, ENV_DATABASE_URL
+from txtasks.cli.common import broker_url_option
 from txtasks.cli.demo_app import MAX_ATTEMPTS, QUEUE, app, effects, metadata, orders
 from txtasks.driver.sqlite import sqlite_connection_setup
 from txtasks.driver.urls import backend_name, url_safe, url_sync
 from txtasks.schema.migrate import migrate
 from txtasks.schema.tables import archive, tasks
+from txtasks.wakeup import notifier_for_url
 
 APP_SPEC = "txtasks.cli.demo_app:app"
 
@@ -101,7 +104,10 @@ def _enqueue(
 def _run_workers(
     url: str, workers: int, concurrency: int, progress: Progress, total: int, engine: Engine
 ) -> list[int]:
-    """Start worker processes in burst mode and show progress until they all exit."""
+    """Start worker processes in burst mode and show progress until they all exit.
+
+    They inherit TXTASKS_BROKER_URL, so with a broker they are woken by RabbitMQ.
+    """
     env = {**os.environ, ENV_DATABASE_URL: url}
     command = [
         sys.executable,
@@ -124,13 +130,20 @@ def _run_workers(
     procs = [subprocess.Popen(command, env=env) for _ in range(workers)]
     done_bar = progress.add_task(f"finish with {workers} worker processes", total=total)
     retry_bar = progress.add_task("retries scheduled", total=None)
-    while True:
-        finished, retried = _progress_counts(engine)
-        progress.update(done_bar, completed=finished)
-        progress.update(retry_bar, completed=retried)
-        if all(p.poll() is not None for p in procs):
-            break
-        time.sleep(0.2)
+    try:
+        while True:
+            finished, retried = _progress_counts(engine)
+            progress.update(done_bar, completed=finished)
+            progress.update(retry_bar, completed=retried)
+            if all(p.poll() is not None for p in procs):
+                break
+            time.sleep(0.2)  # a progress display refresh, not a wait for a condition
+    finally:
+        for proc in procs:  # on Ctrl-C or an error, no worker is left behind
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            proc.wait()
     finished, _ = _progress_counts(engine)
     progress.update(done_bar, completed=finished)
     return [p.returncode for p in procs]
@@ -244,6 +257,7 @@ def _verify(engine: Engine, plan: Plan) -> list[tuple[str, bool, str]]:
     help="Share of tasks always failing.",
 )
 @click.option("--seed", type=int, default=7, show_default=True)
+@broker_url_option
 def demo(
     database_url: str | None,
     count: int,
@@ -253,9 +267,13 @@ def demo(
     flaky: float,
     poison: float,
     seed: int,
+    broker_url: str | None,
 ) -> None:
     """Enqueue tasks in transactions, run workers, and check every guarantee from the database."""
     console = Console()
+    if broker_url:
+        os.environ[ENV_BROKER_URL] = broker_url  # for the worker processes
+        app.use_notifier(notifier_for_url(broker_url))
     tmp = None
     if database_url is None:
         tmp = tempfile.TemporaryDirectory(prefix="txtasks-demo-")
@@ -283,6 +301,7 @@ def demo(
         checks = _verify(engine, plan)
     finally:
         engine.dispose()
+        asyncio.run(app.aclose())
         if tmp is not None:
             tmp.cleanup()
     elapsed = time.perf_counter() - started

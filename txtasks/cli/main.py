@@ -17,12 +17,15 @@ from rich.table import Table
 
 from txtasks import __version__
 from txtasks.cli.common import (
+    Commands,
+    broker_url_option,
     database_url_option,
     driver_from,
     json_default,
     load_app,
     logging_setup,
     run_async,
+    task_json,
 )
 from txtasks.clock import utcnow
 from txtasks.driver import driver_for_url
@@ -30,6 +33,7 @@ from txtasks.driver.urls import backend_name, url_sync
 from txtasks.errors import TxtasksError
 from txtasks.schema import migrate as schema_migrate
 from txtasks.types import TaskState
+from txtasks.wakeup import notifier_for_url
 from txtasks.worker import Worker, WorkerConfig
 
 log = logging.getLogger("txtasks.cli")
@@ -37,7 +41,10 @@ DEFAULTS = WorkerConfig()
 STATE_COLUMNS = [s.value for s in TaskState]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=Commands,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="txtasks")
 def main() -> None:
     """txtasks: a transactional task queue. Tasks are rows; workers claim them."""
@@ -87,6 +94,7 @@ def migrate(database_url: str | None, print_sql: bool, dialect: str | None, sinc
 @main.command()
 @click.argument("app_spec", metavar="APP")
 @database_url_option
+@broker_url_option
 @click.option(
     "-q",
     "--queue",
@@ -148,6 +156,7 @@ def migrate(database_url: str | None, print_sql: bool, dialect: str | None, sinc
 def worker(
     app_spec: str,
     database_url: str | None,
+    broker_url: str | None,
     queues: tuple[str, ...],
     log_level: str,
     **settings: Any,
@@ -159,6 +168,8 @@ def worker(
         config = WorkerConfig(queues=queues or None, **settings)
         if database_url:  # the flag or TXTASKS_DATABASE_URL; else the app's own setting
             app.use_driver(driver_for_url(database_url))
+        if broker_url:
+            app.use_notifier(notifier_for_url(broker_url))
         runner = Worker(app, config)
     except TxtasksError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -243,9 +254,7 @@ def dlq_list(database_url: str | None, queue: str | None, limit: int, as_json: b
 
     rows = run_async(go)
     if as_json:
-        click.echo(
-            json.dumps([dataclasses.asdict(r) for r in rows], default=json_default, indent=2)
-        )
+        click.echo(json.dumps([task_json(r) for r in rows], default=json_default, indent=2))
         return
     table = Table(title=f"dead letters ({len(rows)})")
     for column in ("id", "queue", "task", "attempts", "finished", "error"):
@@ -325,12 +334,18 @@ def dlq_purge(
 @click.argument("task_name", metavar="TASK")
 @click.argument("payload", required=False, default="null")
 @database_url_option
+@broker_url_option
 @click.option("--delay", type=click.FloatRange(min=0), help="Seconds before it may run.")
 @click.option("--priority", type=int, help="Higher runs first.")
 @click.option("--dedup-key", help="A live task with this key is returned instead of a new one.")
 @click.option("--queue", help="Override the task's queue.")
 def enqueue(
-    app_spec: str, task_name: str, payload: str, database_url: str | None, **options: Any
+    app_spec: str,
+    task_name: str,
+    payload: str,
+    database_url: str | None,
+    broker_url: str | None,
+    **options: Any,
 ) -> None:
     """Enqueue TASK of APP with a JSON PAYLOAD (default null)."""
     app = load_app(app_spec)
@@ -347,6 +362,8 @@ def enqueue(
 
     engine = create_engine(url_sync(url))
     try:
+        if broker_url:
+            app.use_notifier(notifier_for_url(broker_url))
         with engine.begin() as conn:
             task_id = app.enqueue_tx(
                 conn, task_name, value, **{k: v for k, v in options.items() if v is not None}
@@ -355,6 +372,7 @@ def enqueue(
         raise click.ClickException(str(exc)) from exc
     finally:
         engine.dispose()
+        run_async(app.aclose)  # publishes the wake-up before exiting
     click.echo(task_id)
 
 

@@ -6,7 +6,7 @@ only call these methods. Every method is a few statements at most, batched over 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import ClassVar, Protocol
@@ -31,6 +31,19 @@ class WriteResult:
 
     applied: int
     stale: tuple[TaskKey, ...] = ()
+
+
+def requeue_choice(dead: Iterable[tuple[int, str | None]], live_keys: set[str]) -> list[int]:
+    """Which dead letters a requeue takes: every one, except that a dedup key held by a live
+    task is skipped, and of several dead tasks sharing a key only the newest comes back."""
+    newest: dict[str, int] = {}
+    chosen = []
+    for task_id, key in dead:
+        if key is None:
+            chosen.append(task_id)
+        elif key not in live_keys:
+            newest[key] = max(task_id, newest.get(key, task_id))
+    return sorted(chosen + list(newest.values()))
 
 
 class Driver(Protocol):
@@ -89,7 +102,10 @@ class Driver(Protocol):
     async def dead_requeue(
         self, ids: Sequence[int] | None = None, *, queue: str | None = None, now: datetime
     ) -> list[int]:
-        """Move dead-lettered tasks back to pending with a fresh attempt budget."""
+        """Move dead-lettered tasks back to pending with a fresh attempt budget.
+
+        A task whose dedup key is live again stays dead; see `requeue_choice`.
+        """
 
     async def dead_purge(
         self, ids: Sequence[int] | None = None, *, queue: str | None = None

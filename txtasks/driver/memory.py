@@ -9,7 +9,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import ClassVar
 
-from txtasks.driver.base import Capabilities, WriteResult
+from txtasks.driver.base import Capabilities, WriteResult, requeue_choice
 from txtasks.types import (
     READY_STATES,
     NewTask,
@@ -229,13 +229,20 @@ class MemoryDriver:
     ) -> list[int]:
         with self._lock:
             live_keys = {r.dedup_key for r in self.live.values() if r.dedup_key}
-            chosen = [
-                r for r in self._dead(ids, queue) if r.dedup_key not in live_keys or not r.dedup_key
-            ]
+            dead = {r.id: r for r in self._dead(ids, queue)}
+            picked = requeue_choice([(r.id, r.dedup_key) for r in dead.values()], live_keys)
+            chosen = [dead[i] for i in picked]
             for row in chosen:
                 del self.archived[row.id]
                 self.live[row.id] = replace(
-                    row, state=TaskState.PENDING, attempt=0, run_at=now, finished_at=None
+                    row,
+                    state=TaskState.PENDING,
+                    attempt=0,
+                    run_at=now,
+                    finished_at=None,
+                    worker_id=None,
+                    lease_expires_at=None,
+                    started_at=None,
                 )
         return sorted(r.id for r in chosen)
 

@@ -35,7 +35,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.sql.dml import Insert
 
-from txtasks.driver.base import Capabilities, WriteResult
+from txtasks.driver.base import Capabilities, WriteResult, requeue_choice
 from txtasks.driver.urls import url_async, url_parse, url_sync
 from txtasks.errors import SchemaError
 from txtasks.schema import migrate as schema_migrate
@@ -587,19 +587,22 @@ class SqlDriver:
             keys = [r.dedup_key for r in rows if r.dedup_key]
             taken = select(tasks.c.dedup_key).where(tasks.c.dedup_key.in_(keys))
             live_keys = set((await conn.execute(taken)).scalars()) if keys else set()
-            chosen = sorted(r.id for r in rows if not (r.dedup_key and r.dedup_key in live_keys))
+            chosen = requeue_choice([(r.id, r.dedup_key) for r in rows], live_keys)
             if not chosen:
                 return []
-            cols = [c for c in TASK_COLUMNS if c not in ("state", "attempt", "run_at")]
+            fresh: dict[str, Any] = {
+                "state": literal(TaskState.PENDING.value),
+                "attempt": literal(0),
+                "run_at": literal(now, Timestamp),
+                "worker_id": literal(None, String),
+                "lease_expires_at": literal(None, Timestamp),
+                "started_at": literal(None, Timestamp),
+            }
+            cols = [c for c in TASK_COLUMNS if c not in fresh]
             source = select(
-                *[archive.c[c] for c in cols],
-                literal(TaskState.PENDING.value).label("state"),
-                literal(0).label("attempt"),
-                literal(now, Timestamp).label("run_at"),
+                *[archive.c[c] for c in cols], *[v.label(k) for k, v in fresh.items()]
             ).where(archive.c.id.in_(chosen))
-            await conn.execute(
-                insert(tasks).from_select([*cols, "state", "attempt", "run_at"], source)
-            )
+            await conn.execute(insert(tasks).from_select([*cols, *fresh], source))
             await conn.execute(delete(archive).where(archive.c.id.in_(chosen)))
         return chosen
 

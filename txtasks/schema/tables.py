@@ -5,6 +5,8 @@ The migrations in `txtasks.schema.versions` must produce exactly this; a test co
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -16,9 +18,11 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    TypeDecorator,
     text,
 )
 from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Dialect
 
 metadata = MetaData()
 
@@ -34,10 +38,40 @@ LongText = Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb")
 READY = "state IN ('pending', 'retryable')"
 
 
+class ExactString(TypeDecorator[str]):
+    """A string compared byte for byte on every backend.
+
+    MySQL/MariaDB collations ignore case, accents and trailing spaces, so "Reports" would match
+    "reports": there the column is VARBINARY and values are UTF-8 encoded in and out.
+    """
+
+    impl = String
+    cache_ok = True
+
+    def __init__(self, length: int) -> None:
+        super().__init__(length)
+        self.length = length
+
+    def load_dialect_impl(self, dialect: Dialect) -> Any:
+        if dialect.name in ("mysql", "mariadb"):
+            return dialect.type_descriptor(mysql.VARBINARY(self.length))
+        return dialect.type_descriptor(String(self.length))
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        if value is not None and dialect.name in ("mysql", "mariadb"):
+            return str(value).encode("utf-8")
+        return value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        if isinstance(value, bytes | bytearray):
+            return bytes(value).decode("utf-8")
+        return value
+
+
 def _task_columns() -> list[Column[object]]:
     """Columns shared by the hot table and the archive."""
     return [
-        Column("queue", String(128), nullable=False),
+        Column("queue", ExactString(128), nullable=False),
         Column("task_name", String(255), nullable=False),
         Column("payload", Blob, nullable=False),
         Column("content_type", String(64), nullable=False),
@@ -47,7 +81,7 @@ def _task_columns() -> list[Column[object]]:
         Column("attempt", Integer, nullable=False),
         Column("max_attempts", Integer, nullable=False),
         Column("created_at", Timestamp, nullable=False),
-        Column("dedup_key", String(255), nullable=True),
+        Column("dedup_key", ExactString(255), nullable=True),
         Column("headers", LongText, nullable=True),
         Column("checkpoint", LongText, nullable=True),
         Column("last_error", LongText, nullable=True),

@@ -76,6 +76,63 @@ class _Once:
         self.failing = False
 
 
+class _PublishLink:
+    """The publisher's connection: opened lazily, retried with backoff, declared queues cached."""
+
+    def __init__(self, url: str, timeout: float, health: _Once) -> None:
+        self.url = url
+        self.timeout = timeout
+        self.health = health
+        self.connection: AbstractRobustConnection | None = None
+        self._exchange: Any = None
+        self.declared: set[str] = set()
+        self.backoff = 0.0
+        self.retry_at = 0.0
+
+    async def exchange(self) -> Any:
+        """The exchange to publish to, or None while the broker is unreachable."""
+        if self._exchange is not None:
+            return self._exchange
+        loop = asyncio.get_running_loop()
+        if loop.time() < self.retry_at:
+            return None
+        try:
+            self.connection = await aio_pika.connect_robust(
+                self.url, timeout=self.timeout, reconnect_interval=RECONNECT_INTERVAL
+            )
+            channel = await self.connection.channel(publisher_confirms=False)
+            self._exchange = await channel.declare_exchange(
+                EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True
+            )
+            self.declared.clear()
+            self.backoff = 0.0
+        except Exception as exc:
+            await self.close()
+            self.backoff = min(MAX_BACKOFF, max(0.5, self.backoff * 2))
+            self.retry_at = loop.time() + self.backoff * random.uniform(0.5, 1.0)
+            self.health.failed(exc)
+        return self._exchange
+
+    async def publish(self, exchange: Any, queue: str, ids: list[int]) -> None:
+        if queue not in self.declared:  # so a hint waits in its queue even before any worker
+            await asyncio.wait_for(declare(exchange.channel, queue), self.timeout)
+            self.declared.add(queue)
+        message = aio_pika.Message(
+            wakeup_encode(queue, ids),
+            content_type="application/json",
+            delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT,
+        )
+        await asyncio.wait_for(
+            exchange.publish(message, routing_key=queue, mandatory=False), self.timeout
+        )
+
+    async def close(self) -> None:
+        connection, self.connection, self._exchange = self.connection, None, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await connection.close()
+
+
 class AmqpPublisher:
     """Coalesces hints per queue and publishes them from a background thread."""
 
@@ -155,66 +212,35 @@ class AmqpPublisher:
         return batch
 
     async def _run(self) -> None:
+        """Publish whatever is pending whenever notified; after close, publish the rest, then end."""
         assert self._ready is not None
-        connection: AbstractRobustConnection | None = None
-        exchange: Any = None
-        declared: set[str] = set()
-        backoff = 0.0
-        retry_at = 0.0
-        loop = asyncio.get_running_loop()
+        link = _PublishLink(self.url, self.publish_timeout, self._health)
         try:
-            while not self._closing:
+            while True:
                 await self._ready.wait()
                 self._ready.clear()
                 batch = self._take()
-                if not batch or self._closing:
-                    continue
-                if connection is None and loop.time() >= retry_at:
-                    try:
-                        connection = await aio_pika.connect_robust(
-                            self.url,
-                            timeout=self.publish_timeout,
-                            reconnect_interval=RECONNECT_INTERVAL,
-                        )
-                        channel = await connection.channel(publisher_confirms=False)
-                        exchange = await channel.declare_exchange(
-                            EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True
-                        )
-                        declared.clear()
-                        backoff = 0.0
-                    except Exception as exc:
-                        connection = None
-                        backoff = min(MAX_BACKOFF, max(0.5, backoff * 2))
-                        retry_at = loop.time() + backoff * random.uniform(0.5, 1.0)
-                        self._health.failed(exc)
-                if connection is None or exchange is None:
-                    self.stats.dropped += len(batch)
-                    continue
-                self.stats.connected = not connection.is_closed
-                for queue, ids in batch.items():
-                    try:
-                        if queue not in declared:  # so a hint waits even before any worker
-                            await asyncio.wait_for(
-                                declare(exchange.channel, queue), self.publish_timeout
-                            )
-                            declared.add(queue)
-                        message = aio_pika.Message(
-                            wakeup_encode(queue, ids),
-                            content_type="application/json",
-                            delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT,
-                        )
-                        await asyncio.wait_for(
-                            exchange.publish(message, routing_key=queue, mandatory=False),
-                            self.publish_timeout,
-                        )
-                        self.stats.published += 1
-                        self._health.ok()
-                    except Exception as exc:
-                        self.stats.dropped += 1
-                        self._health.failed(exc)
+                if batch:
+                    await self._publish(link, batch)
+                if self._closing:
+                    return
         finally:
-            if connection is not None:
-                await connection.close()
+            await link.close()
+
+    async def _publish(self, link: _PublishLink, batch: dict[str, list[int]]) -> None:
+        exchange = await link.exchange()
+        if exchange is None:
+            self.stats.dropped += len(batch)
+            return
+        self.stats.connected = True
+        for queue, ids in batch.items():
+            try:
+                await link.publish(exchange, queue, ids)
+                self.stats.published += 1
+                self._health.ok()
+            except Exception as exc:
+                self.stats.dropped += 1
+                self._health.failed(exc)
 
     def close(self, timeout: float = 2.0) -> None:
         with self._lock:

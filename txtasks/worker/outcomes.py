@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from txtasks.clock import Clock
 from txtasks.driver import Driver
-from txtasks.types import Outcome, OutcomeKind, TaskKey
+from txtasks.types import Outcome, TaskKey
 
 log = logging.getLogger("txtasks.worker")
 
@@ -117,22 +117,21 @@ class OutcomeBuffer:
         self._ready.clear()
         self._full.clear()
 
-    async def drain(self, *, attempts: int = 20) -> bool:
-        """Flush at shutdown, retrying a while if the database is away. True when empty."""
+    async def drain(self, *, attempts: int = 20, give_up: Callable[[], bool] | None = None) -> bool:
+        """Flush at shutdown, retrying a while if the database is away. True when empty.
+
+        `give_up()` turning true (a second stop signal) ends the retries early.
+        """
         delay = 0.05
-        for _ in range(attempts):
+        for attempt in range(attempts):
             try:
                 await self.flush()
                 return True
             except Exception as exc:
+                if attempt + 1 == attempts or (give_up is not None and give_up()):
+                    log.error("%d outcome(s) not written: %s", len(self._pending), exc)
+                    break
                 log.warning("final outcome flush failed (%s); retrying in %.2fs", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(MAX_BACKOFF, delay * 2)
         return not self._pending
-
-
-def count_kinds(outcomes: list[Outcome]) -> dict[OutcomeKind, int]:
-    counts: dict[OutcomeKind, int] = {}
-    for outcome in outcomes:
-        counts[outcome.kind] = counts.get(outcome.kind, 0) + 1
-    return counts

@@ -127,14 +127,15 @@ class Worker:
         if not self.queues:
             raise ConfigurationError("worker: no queues to serve (register a task or pass queues)")
         self.stats = WorkerStats()
-        self._inflight: dict[int, tuple[TaskKey, asyncio.Task[None]]] = {}
+        self._inflight: dict[TaskKey, asyncio.Task[None]] = {}
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
         self._beat_stop = asyncio.Event()
+        self._force = False
         self._threads: ThreadPoolExecutor | None = None
         #: Sync handlers still running in their thread after their timeout (by task id).
-        self._overrun: dict[int, asyncio.Future[Any]] = {}
+        self._overrun: dict[TaskKey, asyncio.Future[Any]] = {}
         self._outcomes = OutcomeBuffer(
             self.driver,
             app.clock,
@@ -154,7 +155,8 @@ class Worker:
         self._stopping.set()
         self._wake.set()
         if now:
-            for _, task in self._inflight.values():
+            self._force = True
+            for task in self._inflight.values():
                 task.cancel()
 
     def wake(self, queue: str | None = None) -> None:
@@ -184,7 +186,7 @@ class Worker:
             self._beat_stop.set()
             self._outcomes.stop()
             await asyncio.gather(flusher, heartbeat, return_exceptions=True)
-            await self._outcomes.drain()
+            await self._outcomes.drain(give_up=lambda: self._force)
             self._threads.shutdown(wait=False, cancel_futures=True)
         log.info("worker %s stopped: %s", self.worker_id, self.stats)
         return self.stats
@@ -209,6 +211,12 @@ class Worker:
                 log.warning("claim failed, retrying in %.1fs: %s", backoff, exc)
                 await self._wait(self._stopping, backoff)
                 continue
+            if self._stopping.is_set():  # a stop arrived during the claim: hand the rows back
+                for row in rows:
+                    self._outcomes.add(
+                        Outcome(row.key, OutcomeKind.RELEASE, error="worker stopped")
+                    )
+                return
             for row in rows:
                 self._start(row)
             if rows:
@@ -257,11 +265,11 @@ class Worker:
 
     def _start(self, row: TaskRow) -> None:
         task = asyncio.create_task(self._execute(row), name=f"txtasks-task-{row.id}")
-        self._inflight[row.id] = (row.key, task)
-        task.add_done_callback(functools.partial(self._finished, row.id))
+        self._inflight[row.key] = task
+        task.add_done_callback(functools.partial(self._finished, row.key))
 
-    def _finished(self, task_id: int, _task: asyncio.Task[None]) -> None:
-        self._inflight.pop(task_id, None)
+    def _finished(self, key: TaskKey, _task: asyncio.Task[None]) -> None:
+        self._inflight.pop(key, None)
         self._slot_free.set()
 
     async def _execute(self, row: TaskRow) -> None:
@@ -272,7 +280,7 @@ class Worker:
             self._outcomes.add(Outcome(row.key, OutcomeKind.RELEASE, error="worker shut down"))
             raise
         self._outcomes.add(outcome)
-        overrun = self._overrun.pop(row.id, None)
+        overrun = self._overrun.pop(row.key, None)
         if overrun is not None:  # the slot stays taken until the thread is really free
             await asyncio.wait({overrun})
 
@@ -331,7 +339,7 @@ class Worker:
         try:
             await asyncio.wait_for(asyncio.shield(future), timeout)
         except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
-            self._overrun[ctx.task_id] = future
+            self._overrun[ctx.row.key] = future
             raise
 
     def _returned(self, ctx: TaskContext) -> Outcome:
@@ -374,7 +382,7 @@ class Worker:
         """Extend every held lease (running, or finished but not yet written) in one statement."""
         while not await event_wait(self._beat_stop, self.config.heartbeat_interval):
             async with self._outcomes.lock:  # no flush may finish rows while we extend them
-                keys = [key for key, _ in self._inflight.values()] + self._outcomes.keys()
+                keys = [*self._inflight, *self._outcomes.keys()]
                 if keys:
                     await self._leases_extend(keys)
 
@@ -395,8 +403,8 @@ class Worker:
         """Let in-flight tasks finish within the grace period, then hand the rest back."""
         if not self._inflight:
             return
-        tasks = [task for _, task in self._inflight.values()]
-        grace = self.config.shutdown_grace
+        tasks = list(self._inflight.values())
+        grace = 0.0 if self._force else self.config.shutdown_grace
         log.info("waiting up to %.1fs for %d task(s)", grace, len(tasks))
         if grace > 0:
             await asyncio.wait(tasks, timeout=grace)

@@ -13,12 +13,15 @@ _ID = BigInteger().with_variant(Integer(), "sqlite")
 _TS = DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 _BLOB = LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
 _TEXT = Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb")
+#: Compared byte for byte: MySQL/MariaDB collations would ignore case and trailing spaces.
+_QUEUE = String(128).with_variant(mysql.VARBINARY(128), "mysql", "mariadb")
+_KEY = String(255).with_variant(mysql.VARBINARY(255), "mysql", "mariadb")
 _READY = "state IN ('pending', 'retryable')"
 
 
 def _columns() -> list[Column[object]]:
     return [
-        Column("queue", String(128), nullable=False),
+        Column("queue", _QUEUE, nullable=False),
         Column("task_name", String(255), nullable=False),
         Column("payload", _BLOB, nullable=False),
         Column("content_type", String(64), nullable=False),
@@ -28,7 +31,7 @@ def _columns() -> list[Column[object]]:
         Column("attempt", Integer, nullable=False),
         Column("max_attempts", Integer, nullable=False),
         Column("created_at", _TS, nullable=False),
-        Column("dedup_key", String(255), nullable=True),
+        Column("dedup_key", _KEY, nullable=True),
         Column("headers", _TEXT, nullable=True),
         Column("checkpoint", _TEXT, nullable=True),
         Column("last_error", _TEXT, nullable=True),

@@ -1,0 +1,398 @@
+"""The application the acceptance tests run in `txtasks worker` subprocesses, and their helpers.
+
+`tests.acceptance.apps:app` is loaded by `python -m txtasks worker` with the repository root as
+its working directory and on PYTHONPATH. Its database comes from TXTASKS_DATABASE_URL.
+
+Every handler that succeeds records one row in `txtasks_acc_runs` (task id, attempt, worker pid)
+in the same database, at the END of its attempt: a test counts the effects of each task from the
+database. An attempt interrupted before that row is written took no effect.
+
+The second half of the module is what the test files share: the subprocess environment, a
+runner for one-shot commands, a registry of long-running worker processes that kills leftovers,
+and waiting on observable state with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Engine,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    func,
+    insert,
+    select,
+)
+
+from txtasks import App
+from txtasks.driver.sqlite import sqlite_connection_setup
+from txtasks.driver.urls import backend_name, url_sync
+from txtasks.schema.tables import Id, archive, tasks
+from txtasks.worker.context import TaskContext
+
+REPO = Path(__file__).resolve().parents[2]
+APP_SPEC = "tests.acceptance.apps:app"
+QUEUE = "acc"
+POISON_ATTEMPTS = 2
+#: How long a handler waits for a gate file or for its fellow workers before giving up.
+HANDLER_PATIENCE = 60.0
+
+# -- the application ------------------------------------------------------------------------
+
+metadata = MetaData()
+runs = Table(
+    "txtasks_acc_runs",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("task_id", BigInteger, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("task_name", String(255), nullable=False),
+    Column("payload", Text, nullable=True),
+)
+workers_seen = Table(
+    "txtasks_acc_workers",
+    metadata,
+    Column("pid", Integer, primary_key=True, autoincrement=False),
+)
+
+app = App("acceptance", default_queue=QUEUE)
+
+
+@cache
+def effects_engine() -> Engine:
+    """The handlers' own connection to the test database (one engine per worker process)."""
+    url = os.environ["TXTASKS_DATABASE_URL"]
+    engine = create_engine(url_sync(url), pool_size=10, max_overflow=10)
+    if backend_name(url) == "sqlite":
+        sqlite_connection_setup(engine)
+    return engine
+
+
+def record(ctx: TaskContext, payload: Any) -> None:
+    """The effect of a successful attempt: one row, committed on its own."""
+    with effects_engine().begin() as conn:
+        conn.execute(
+            insert(runs).values(
+                task_id=ctx.task_id,
+                attempt=ctx.attempt,
+                pid=os.getpid(),
+                task_name=ctx.task.name,
+                payload=json.dumps(payload),
+            )
+        )
+
+
+_arrived = threading.Event()
+_arrival_lock = threading.Lock()
+_registered = False
+
+
+def wait_for_workers(count: int) -> None:
+    """Block until `count` worker processes have each started a task (a cross-process barrier).
+
+    A worker whose slots are all blocked here cannot claim more, so the others must claim
+    tasks too: with `count` = the number of workers, every worker does some of the work.
+    """
+    global _registered
+    if _arrived.is_set():
+        return
+    with _arrival_lock:
+        if not _registered:
+            with effects_engine().begin() as conn:
+                conn.execute(insert(workers_seen).values(pid=os.getpid()))
+            _registered = True
+    deadline = time.monotonic() + HANDLER_PATIENCE
+    while time.monotonic() < deadline:
+        with effects_engine().connect() as conn:
+            seen = conn.execute(select(func.count()).select_from(workers_seen)).scalar_one()
+        if seen >= count:
+            _arrived.set()
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"only {seen} of {count} workers arrived")
+
+
+@app.task(name="acc.record")
+def record_task(payload: Any, ctx: TaskContext) -> None:
+    """Records its run; with {"barrier": n} first waits until n workers run tasks."""
+    if isinstance(payload, dict) and payload.get("barrier"):
+        wait_for_workers(int(payload["barrier"]))
+    record(ctx, payload)
+
+
+@app.task(name="acc.gated")
+async def gated(payload: dict[str, Any], ctx: TaskContext) -> None:
+    """Async: waits until the file payload["gate"] exists, then records its run."""
+    gate = Path(payload["gate"])
+    deadline = time.monotonic() + HANDLER_PATIENCE
+    while not await asyncio.to_thread(gate.exists):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {gate} never opened")
+        await asyncio.sleep(0.01)
+    await asyncio.to_thread(record, ctx, payload)
+
+
+@app.task(name="acc.gated_sync")
+def gated_sync(payload: dict[str, Any], ctx: TaskContext) -> None:
+    """Sync (runs in the worker's thread pool): waits for the gate file, then records."""
+    gate = Path(payload["gate"])
+    deadline = time.monotonic() + HANDLER_PATIENCE
+    while not gate.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {gate} never opened")
+        time.sleep(0.01)
+    record(ctx, payload)
+
+
+@app.task(name="acc.poison", max_attempts=POISON_ATTEMPTS, retry=0)
+def poison(payload: Any) -> None:
+    """Always fails: dead-lettered after POISON_ATTEMPTS attempts."""
+    raise RuntimeError(f"poison task {payload!r} always fails")
+
+
+# -- the test database ----------------------------------------------------------------------
+
+
+def db_engine(url: str) -> Engine:
+    """An engine for the test process itself (reads, enqueues, direct SQL)."""
+    sqlite = backend_name(url) == "sqlite"
+    return create_engine(url_sync(url), connect_args={"timeout": 30} if sqlite else {})
+
+
+def create_app_tables(engine: Engine) -> None:
+    """The app's own tables, fresh (the txtasks schema is reset by the `database_url` fixture)."""
+    with engine.begin() as conn:
+        metadata.drop_all(conn)
+        metadata.create_all(conn)
+
+
+def enqueue(engine: Engine, name: str, payloads: Iterable[Any], **options: Any) -> list[int]:
+    """Enqueue in one transaction of the test's engine; the new ids in order."""
+    with engine.begin() as conn:
+        return app.enqueue_many_tx(conn, [app.new_task(name, p, **options) for p in payloads])
+
+
+@dataclass(frozen=True)
+class Live:
+    state: str
+    attempt: int
+    worker_id: str | None
+
+
+@dataclass(frozen=True)
+class Finished:
+    state: str
+    attempt: int
+    last_error: str | None
+
+
+def live_rows(engine: Engine) -> dict[int, Live]:
+    with engine.connect() as conn:
+        rows = conn.execute(select(tasks.c.id, tasks.c.state, tasks.c.attempt, tasks.c.worker_id))
+        return {r.id: Live(r.state, r.attempt, r.worker_id) for r in rows}
+
+
+def archived_rows(engine: Engine) -> dict[int, Finished]:
+    with engine.connect() as conn:
+        query = select(archive.c.id, archive.c.state, archive.c.attempt, archive.c.last_error)
+        return {r.id: Finished(r.state, r.attempt, r.last_error) for r in conn.execute(query)}
+
+
+def count_state(engine: Engine, state: str) -> int:
+    with engine.connect() as conn:
+        query = select(func.count()).select_from(tasks).where(tasks.c.state == state)
+        return int(conn.execute(query).scalar_one())
+
+
+def run_rows(engine: Engine) -> list[Any]:
+    """Every recorded effect: (task_id, attempt, pid, task_name, payload)."""
+    with engine.connect() as conn:
+        query = select(runs.c.task_id, runs.c.attempt, runs.c.pid, runs.c.task_name, runs.c.payload)
+        return list(conn.execute(query.order_by(runs.c.id)))
+
+
+# -- subprocesses ---------------------------------------------------------------------------
+
+
+def cli_env(url: str | None) -> dict[str, str]:
+    """The environment of a `txtasks` subprocess: no inherited TXTASKS_* settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TXTASKS_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env["COLUMNS"] = "200"  # rich tables: one line per row
+    env["NO_COLOR"] = "1"
+    if url is not None:
+        env["TXTASKS_DATABASE_URL"] = url
+    return env
+
+
+def command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "txtasks", *args]
+
+
+def _spawn(args: Sequence[str], url: str | None, **kwargs: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        command(*args),
+        cwd=REPO,
+        env=cli_env(url),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: children (demo workers) go with it
+        **kwargs,
+    )
+
+
+def _kill_group(proc: subprocess.Popen[Any]) -> None:
+    """Kill whatever is left of a process and of the children it started."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _finish(
+    proc: subprocess.Popen[str], timeout: float, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    try:
+        out, err = proc.communicate(input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, err = proc.communicate()
+        raise AssertionError(
+            f"{' '.join(map(str, proc.args))} did not finish in {timeout}s; stderr:\n{err}"
+        ) from None
+    finally:
+        _kill_group(proc)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def cli(
+    *args: str, url: str | None, timeout: float = 60, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run one `txtasks` command to its end; a hang fails the test instead of blocking."""
+    stdin = subprocess.PIPE if input is not None else subprocess.DEVNULL
+    return _finish(_spawn(args, url, stdin=stdin), timeout, input)
+
+
+def cli_many(
+    commands: Sequence[tuple[Sequence[str], str | None]], *, timeout: float = 60
+) -> list[subprocess.CompletedProcess[str]]:
+    """Run independent commands, each `(args, database_url)`, at the same time; their results
+    in order."""
+    started = [_spawn(args, url, stdin=subprocess.DEVNULL) for args, url in commands]
+    try:
+        return [_finish(proc, timeout) for proc in started]
+    finally:
+        for proc in started:
+            _kill_group(proc)
+            proc.wait()
+
+
+@dataclass
+class Proc:
+    """A long-running `txtasks` process, its output going to files (read them any time)."""
+
+    popen: subprocess.Popen[bytes]
+    stdout_path: Path
+    stderr_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_path.read_text(errors="replace")
+
+    def signal(self, signum: int) -> None:
+        self.popen.send_signal(signum)
+
+    def wait(self, timeout: float) -> int:
+        """The exit code; fails the test (with the process's stderr) if it does not exit."""
+        try:
+            return self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"txtasks pid {self.pid} still running after {timeout}s; stderr:\n{self.stderr}"
+            ) from None
+
+
+class Processes:
+    """Starts `txtasks` processes and kills whatever is still running at the end of a test."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.started: list[Proc] = []
+
+    def start(self, *args: str, url: str | None) -> Proc:
+        n = len(self.started)
+        out, err = self.directory / f"proc{n}.out", self.directory / f"proc{n}.err"
+        with out.open("wb") as stdout, err.open("wb") as stderr:
+            popen = subprocess.Popen(
+                command(*args),
+                cwd=REPO,
+                env=cli_env(url),
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,  # its own process group: children are killed with it
+            )
+        proc = Proc(popen, out, err)
+        self.started.append(proc)
+        return proc
+
+    def close(self) -> None:
+        for proc in self.started:
+            _kill_group(proc.popen)
+            proc.popen.wait(timeout=30)
+
+
+T = TypeVar("T")
+
+
+def wait_until(
+    probe: Callable[[], T],
+    what: str,
+    *,
+    timeout: float = 30.0,
+    watch: Sequence[Proc] = (),
+) -> T:
+    """Poll observable state until `probe()` is truthy; fail on the deadline or if a watched
+    process exits meanwhile."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        for proc in watch:
+            if proc.popen.poll() is not None:
+                raise AssertionError(
+                    f"pid {proc.pid} exited with {proc.popen.returncode} while waiting for "
+                    f"{what}; stderr:\n{proc.stderr}"
+                )
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)

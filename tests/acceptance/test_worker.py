@@ -1,0 +1,231 @@
+"""`txtasks worker` as an operator runs it: real processes, real signals, on every backend.
+
+Each test starts the CLI in subprocesses (`python -m txtasks worker tests.acceptance.apps:app`)
+against the `database_url` fixture's database and checks the outcome from the database alone.
+Nothing waits on wall-clock time: tests wait for observable state (rows in a state, a log line,
+a process exit) with a deadline.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from tests.acceptance.apps import (
+    APP_SPEC,
+    QUEUE,
+    Live,
+    Processes,
+    archived_rows,
+    count_state,
+    create_app_tables,
+    db_engine,
+    enqueue,
+    live_rows,
+    run_rows,
+    wait_until,
+)
+from txtasks.clock import utcnow
+from txtasks.schema.tables import tasks
+
+pytestmark = pytest.mark.acceptance
+
+BURST = ("--burst", "--burst-horizon", "1", "--poll-interval", "0.05")
+#: Seconds a worker may take to exit before the test fails (a hang must not block CI).
+EXIT_TIMEOUT = 30
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[Engine]:
+    """The test's own engine on the fixture's database, with the app's tables created."""
+    engine = db_engine(database_url)
+    create_app_tables(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Processes]:
+    """Starts txtasks processes; kills any still running when the test ends."""
+    processes = Processes(tmp_path)
+    yield processes
+    processes.close()
+
+
+def effects_per_task(db: Engine) -> Counter[int]:
+    return Counter(r.task_id for r in run_rows(db))
+
+
+# -- several workers ----------------------------------------------------------------------------
+
+WORKERS = 3
+TASKS = 600
+
+
+def test_burst_workers_drain_the_queue_running_each_task_once(
+    database_url: str, db: Engine, procs: Processes
+) -> None:
+    # Every task first waits until all WORKERS processes run tasks (a barrier in the database):
+    # a worker whose slots are all blocked claims nothing more, so each worker must do work.
+    ids = enqueue(db, "acc.record", [{"n": n, "barrier": WORKERS} for n in range(TASKS)])
+    workers = [procs.start("worker", APP_SPEC, *BURST, url=database_url) for _ in range(WORKERS)]
+
+    codes = [w.wait(timeout=120) for w in workers]
+
+    assert codes == [0] * WORKERS, "\n".join(w.stderr for w in workers)
+    effects = effects_per_task(db)
+    assert set(effects) == set(ids)
+    assert {i: n for i, n in effects.items() if n != 1} == {}, "tasks that ran more than once"
+    finished = archived_rows(db)
+    assert set(finished) == set(ids)
+    assert {(f.state, f.attempt) for f in finished.values()} == {("completed", 1)}
+    assert live_rows(db) == {}
+    assert {r.pid for r in run_rows(db)} == {w.pid for w in workers}
+
+
+# -- graceful stop ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_stop_signal_lets_inflight_tasks_finish_and_loses_nothing(
+    database_url: str, db: Engine, procs: Processes, tmp_path: Path, signum: signal.Signals
+) -> None:
+    gate = tmp_path / "gate"
+    ids = enqueue(db, "acc.gated", [{"n": n, "gate": str(gate)} for n in range(20)])
+    worker = procs.start("worker", APP_SPEC, "-c", "5", "--poll-interval", "0.05", url=database_url)
+    # All five slots hold a task blocked on the gate: the worker cannot claim more.
+    wait_until(lambda: count_state(db, "processing") == 5, "5 tasks processing", watch=[worker])
+    running = {i for i, row in live_rows(db).items() if row.state == "processing"}
+
+    worker.signal(signum)
+    name = signal.Signals(signum).name
+    wait_until(lambda: f"{name} received" in worker.stderr, f"{name} to be logged", watch=[worker])
+    gate.touch()  # the in-flight tasks may now finish, within the grace period
+
+    assert worker.wait(timeout=EXIT_TIMEOUT) == 0, worker.stderr
+    finished = archived_rows(db)
+    assert set(finished) == running
+    assert {(f.state, f.attempt) for f in finished.values()} == {("completed", 1)}
+    live = live_rows(db)
+    assert set(live) == set(ids) - running, "a stopping worker claimed more tasks"
+    assert set(live.values()) == {Live("pending", 0, None)}
+    assert effects_per_task(db) == dict.fromkeys(running, 1)
+    if signum != signal.SIGTERM:
+        return  # the rest is the same for both signals
+
+    burst = procs.start("worker", APP_SPEC, *BURST, url=database_url)
+    assert burst.wait(timeout=EXIT_TIMEOUT) == 0, burst.stderr
+    assert live_rows(db) == {}
+    finished = archived_rows(db)
+    assert set(finished) == set(ids)
+    assert {(f.state, f.attempt) for f in finished.values()} == {("completed", 1)}
+    assert effects_per_task(db) == dict.fromkeys(ids, 1)
+
+
+@pytest.mark.parametrize("task", ["acc.gated", "acc.gated_sync"], ids=["async", "sync"])
+def test_task_outliving_the_grace_period_is_handed_back(
+    database_url: str, db: Engine, procs: Processes, tmp_path: Path, task: str
+) -> None:
+    never = tmp_path / "never-opened"
+    ids = enqueue(db, task, [{"n": n, "gate": str(never)} for n in range(2)])
+    options = ("-c", "2", "--shutdown-grace", "0.2", "--poll-interval", "0.05")
+    worker = procs.start("worker", APP_SPEC, *options, url=database_url)
+    wait_until(lambda: count_state(db, "processing") == 2, "2 tasks processing", watch=[worker])
+
+    worker.signal(signal.SIGTERM)
+
+    # The handlers would block for a minute; the worker gives them 0.2 s.
+    assert worker.wait(timeout=EXIT_TIMEOUT) == 0, worker.stderr
+    assert "handed back" in worker.stderr
+    assert archived_rows(db) == {}
+    assert live_rows(db) == dict.fromkeys(ids, Live("pending", 0, None))
+    assert run_rows(db) == []
+
+
+@pytest.mark.parametrize("task", ["acc.gated", "acc.gated_sync"], ids=["async", "sync"])
+def test_second_sigint_stops_at_once(
+    database_url: str, db: Engine, procs: Processes, tmp_path: Path, task: str
+) -> None:
+    never = tmp_path / "never-opened"
+    ids = enqueue(db, task, [{"n": n, "gate": str(never)} for n in range(2)])
+    options = ("-c", "2", "--shutdown-grace", "300", "--poll-interval", "0.05")
+    worker = procs.start("worker", APP_SPEC, *options, url=database_url)
+    wait_until(lambda: count_state(db, "processing") == 2, "2 tasks processing", watch=[worker])
+
+    worker.signal(signal.SIGINT)
+    wait_until(lambda: "SIGINT received" in worker.stderr, "the first SIGINT", watch=[worker])
+    worker.signal(signal.SIGINT)
+
+    # Well within the 300 s grace the first SIGINT granted.
+    assert worker.wait(timeout=EXIT_TIMEOUT) == 0, worker.stderr
+    assert "stopping now" in worker.stderr
+    assert archived_rows(db) == {}
+    assert live_rows(db) == dict.fromkeys(ids, Live("pending", 0, None))
+    assert run_rows(db) == []
+
+
+def test_idle_worker_stops_at_once(database_url: str, db: Engine, procs: Processes) -> None:
+    """A worker waiting for its next poll does not sleep through a SIGTERM."""
+    worker = procs.start("worker", APP_SPEC, "--poll-interval", "600", url=database_url)
+    wait_until(lambda: "serving acc" in worker.stderr, "the worker to start", watch=[worker])
+
+    worker.signal(signal.SIGTERM)
+
+    assert worker.wait(timeout=EXIT_TIMEOUT) == 0, worker.stderr
+    assert "stopped" in worker.stderr
+
+
+# -- bad rows -----------------------------------------------------------------------------------
+
+
+def test_bad_rows_are_dead_lettered_and_the_worker_goes_on(
+    database_url: str, db: Engine, procs: Processes
+) -> None:
+    """Also: with --no-archive-completed, completed tasks leave no row; dead letters stay."""
+    now = utcnow()
+    row = {
+        "queue": QUEUE,
+        "state": "pending",
+        "priority": 0,
+        "run_at": now,
+        "attempt": 0,
+        "max_attempts": 3,
+        "created_at": now,
+        "task_name": "acc.record",
+        "payload": b"{}",
+        "content_type": "application/json",
+    }
+    bad_rows = {
+        "unknown task": {**row, "task_name": "acc.no_such_task"},
+        "not json": {**row, "payload": b"\xff\xfe{not json"},
+        "pickle": {**row, "payload": b"\x80\x04K\x01.", "content_type": "application/x-pickle"},
+        "no attempts": {**row, "max_attempts": 0},
+    }
+    with db.begin() as conn:  # inserted first: the worker meets them before the good tasks
+        bad = {
+            kind: conn.execute(tasks.insert().values(**values)).inserted_primary_key[0]
+            for kind, values in bad_rows.items()
+        }
+    good = enqueue(db, "acc.record", [{"n": n} for n in range(5)])
+
+    options = ("-c", "2", "--no-archive-completed")
+    worker = procs.start("worker", APP_SPEC, *options, *BURST, url=database_url)
+
+    assert worker.wait(timeout=EXIT_TIMEOUT) == 0, worker.stderr
+    finished = archived_rows(db)
+    assert set(finished) == set(bad.values())
+    assert {kind: finished[i].state for kind, i in bad.items()} == dict.fromkeys(bad, "dead")
+    reasons = {kind: finished[i].last_error or "" for kind, i in bad.items()}
+    assert "acc.no_such_task" in reasons["unknown task"]
+    assert "no task named" in reasons["unknown task"]
+    assert "cannot decode payload" in reasons["not json"]
+    assert "not valid JSON" in reasons["not json"]
+    assert "application/x-pickle" in reasons["pickle"]
+    assert "max_attempts" in reasons["no attempts"]
+    assert live_rows(db) == {}
+    assert effects_per_task(db) == dict.fromkeys(good, 1)

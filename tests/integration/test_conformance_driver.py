@@ -1,0 +1,561 @@
+"""Conformance suite, part 2: the driver contract, on every database and the in-memory driver.
+
+Time is passed in (`now`), so every test controls it exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import BACKENDS, reset_schema, server_url
+from txtasks.driver import Driver, MemoryDriver, driver_for_url
+from txtasks.payload import payload_encode
+from txtasks.types import NewTask, Outcome, OutcomeKind, QueueStats, TaskKey, TaskRow, TaskState
+
+T0 = datetime(2030, 1, 2, 3, 4, 5, 678901)
+LEASE = timedelta(seconds=30)
+DRIVERS = [pytest.param("memory", id="memory"), *BACKENDS]
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+@pytest.fixture(params=DRIVERS)
+async def driver(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Driver]:
+    """A driver on an empty store: in memory, or a migrated database of each backend."""
+    if request.param == "memory":
+        yield MemoryDriver()
+        return
+    url = server_url(request, request.param, tmp_path)
+    reset_schema(url)
+    sql = driver_for_url(url)
+    await sql.open()
+    yield sql
+    await sql.close()
+
+
+async def another(driver: Driver) -> Driver:
+    """A second driver on the same store, with connections of its own."""
+    if isinstance(driver, MemoryDriver):
+        return driver
+    other = driver_for_url(driver.url)  # type: ignore[attr-defined]
+    await other.open()
+    return other
+
+
+def new(
+    payload: Any = None,
+    *,
+    queue: str = "q",
+    priority: int = 0,
+    run_at: datetime = T0,
+    dedup_key: str | None = None,
+    max_attempts: int = 5,
+    headers: dict[str, str] | None = None,
+) -> NewTask:
+    data, content_type = payload_encode(payload)
+    return NewTask(
+        queue=queue,
+        task_name="conformance.task",
+        payload=data,
+        content_type=content_type,
+        priority=priority,
+        run_at=run_at,
+        max_attempts=max_attempts,
+        created_at=at(-3600),
+        dedup_key=dedup_key,
+        headers=None if headers is None else json.dumps(headers),
+    )
+
+
+async def claim(
+    driver: Driver,
+    queues: Sequence[str] = ("q",),
+    limit: int = 100,
+    *,
+    now: datetime = T0,
+    worker: str = "w1",
+) -> list[TaskRow]:
+    return await driver.task_claim_many(
+        list(queues), limit, now=now, lease_until=now + LEASE, worker_id=worker
+    )
+
+
+async def write(
+    driver: Driver, *outcomes: Outcome, now: datetime = T0, archive: bool = True
+) -> Any:
+    return await driver.outcome_write_many(list(outcomes), now=now, archive_completed=archive)
+
+
+async def get(driver: Driver, task_id: int) -> TaskRow:
+    row = await driver.task_get(task_id)
+    assert row is not None, f"task {task_id} is gone"
+    return row
+
+
+# ----------------------------------------------------------------------------- insert and get
+
+
+async def test_insert_returns_ids_in_order_and_stores_every_field(driver: Driver) -> None:
+    rows = [
+        new({"n": 1}, priority=3, run_at=at(1.5), headers={"trace": "abc"}),
+        new(b"\x00\xffraw", queue="other", max_attempts=2, dedup_key="k1"),
+    ]
+    ids = await driver.task_insert_many(rows)
+    more = driver.task_insert_many_sync([new("sync")])
+    assert len(set(ids + more)) == 3
+    first = await get(driver, ids[0])
+    assert (first.queue, first.task_name, first.state, first.attempt) == (
+        "q",
+        "conformance.task",
+        TaskState.PENDING,
+        0,
+    )
+    assert (first.payload, first.content_type) == (b'{"n":1}', "application/json")
+    assert (first.priority, first.run_at, first.created_at) == (3, at(1.5), at(-3600))
+    assert json.loads(first.headers or "") == {"trace": "abc"}
+    assert (first.dedup_key, first.finished_at, first.lease_expires_at) == (None, None, None)
+    second = await get(driver, ids[1])
+    assert (second.payload, second.content_type) == (b"\x00\xffraw", "application/octet-stream")
+    assert (second.queue, second.max_attempts, second.dedup_key) == ("other", 2, "k1")
+    assert await driver.task_get(max(ids + more) + 1000) is None
+
+
+async def test_insert_dedup_returns_the_live_task(driver: Driver) -> None:
+    [first] = await driver.task_insert_many([new(1, dedup_key="K")])
+    again = await driver.task_insert_many([new(2), new(3, dedup_key="K"), new(4, dedup_key="K")])
+    assert again[1:] == [first, first] and again[0] != first
+    assert driver.task_insert_many_sync([new(5, dedup_key="K")]) == [first]
+    assert (await get(driver, first)).payload == b"1"
+
+
+async def test_ids_are_never_reused_after_tasks_leave_the_hot_table(driver: Driver) -> None:
+    """A finished task's id stays its own: a new task must not take it (the archive keeps it)."""
+    [first] = await driver.task_insert_many([new(1)])
+    [row] = await claim(driver)
+    assert (await write(driver, Outcome(row.key, OutcomeKind.COMPLETE))).applied == 1
+
+    [second] = await driver.task_insert_many([new(2)])
+    assert second != first
+    [row] = await claim(driver)
+    assert (await write(driver, Outcome(row.key, OutcomeKind.COMPLETE))).applied == 1
+    assert (await get(driver, first)).payload == b"1"
+    assert (await get(driver, second)).payload == b"2"
+
+
+# ----------------------------------------------------------------------------- 3. claim races
+
+
+async def claim_until_empty(
+    driver: Driver, worker: str, limit: int, *, complete: bool
+) -> list[TaskRow]:
+    """Claim batches until none is left; with `complete`, finish each batch before the next."""
+    claimed: list[TaskRow] = []
+    while batch := await claim(driver, limit=limit, worker=worker):
+        claimed.extend(batch)
+        if complete:
+            done = [Outcome(r.key, OutcomeKind.COMPLETE) for r in batch]
+            result = await write(driver, *done, now=at(1))
+            assert (result.applied, result.stale) == (len(batch), ())
+    return claimed
+
+
+@pytest.mark.parametrize("complete", [False, True], ids=["claim", "claim-and-complete"])
+@pytest.mark.parametrize(("tasks", "claimers", "limit"), [(300, 4, 7), (3, 8, 2)])
+async def test_racing_claimers_claim_every_task_exactly_once(
+    driver: Driver, tasks: int, claimers: int, limit: int, complete: bool
+) -> None:
+    ids = await driver.task_insert_many([new(i) for i in range(tasks)])
+    drivers = [driver] + [await another(driver) for _ in range(claimers - 1)]
+    try:
+        results = await asyncio.gather(
+            *(
+                claim_until_empty(d, f"w{n}", limit, complete=complete)
+                for n, d in enumerate(drivers)
+            )
+        )
+    finally:
+        for other in drivers[1:]:
+            if other is not driver:
+                await other.close()
+    claimed = [row for batch in results for row in batch]
+    assert sorted(r.id for r in claimed) == sorted(ids)
+    assert {r.attempt for r in claimed} == {1}
+    assert await claim(driver) == []
+    for n, batch in enumerate(results):  # each row says who holds it
+        assert {r.worker_id for r in batch} <= {f"w{n}"}
+    state = "completed" if complete else "processing"
+    assert await driver.queue_stats(now=at(2)) == [QueueStats("q", {state: tasks}, None)]
+
+
+async def test_claim_marks_the_row_processing_and_leased(driver: Driver) -> None:
+    [task_id] = await driver.task_insert_many([new("x", run_at=at(-5))])
+    [row] = await claim(driver, now=at(1), worker="w-7")
+    assert (row.id, row.state, row.attempt) == (task_id, TaskState.PROCESSING, 1)
+    assert (row.worker_id, row.started_at, row.lease_expires_at) == ("w-7", at(1), at(1) + LEASE)
+    assert row.payload == b'"x"'
+    stored = await get(driver, task_id)
+    assert (stored.state, stored.attempt, stored.worker_id) == (TaskState.PROCESSING, 1, "w-7")
+    assert stored.lease_expires_at == at(1) + LEASE
+    assert await claim(driver, now=at(2)) == []  # a processing task is not handed out twice
+
+
+# ----------------------------------------------------------------------------- 4. fencing
+
+
+async def lose_lease(driver: Driver) -> tuple[TaskKey, TaskKey]:
+    """Claim (attempt 1), let a rescuer retry it, re-claim (attempt 2): (stale key, current key)."""
+    await driver.task_insert_many([new("fenced")])
+    [first] = await claim(driver, worker="w1")
+    rescued = Outcome(first.key, OutcomeKind.RETRY, error="lease expired", run_at=at(40))
+    assert (await write(driver, rescued, now=at(31))).applied == 1
+    [second] = await claim(driver, now=at(41), worker="w2")
+    assert (second.id, second.attempt) == (first.id, 2)
+    return first.key, second.key
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        OutcomeKind.COMPLETE,
+        OutcomeKind.FAIL,
+        OutcomeKind.DEAD,
+        OutcomeKind.RETRY,
+        OutcomeKind.RELEASE,
+        OutcomeKind.DISCARD,
+    ],
+)
+async def test_stale_attempt_outcome_is_fenced_off(driver: Driver, kind: OutcomeKind) -> None:
+    stale, current = await lose_lease(driver)
+    outcome = Outcome(
+        stale, kind, error="late", run_at=at(99) if kind is OutcomeKind.RETRY else None
+    )
+    result = await write(driver, outcome, now=at(42))
+    assert (result.applied, result.stale) == (0, (stale,))
+    row = await get(driver, stale.id)
+    assert (row.state, row.attempt, row.worker_id) == (TaskState.PROCESSING, 2, "w2")
+
+    result = await write(driver, Outcome(current, OutcomeKind.COMPLETE), now=at(43))
+    assert (result.applied, result.stale) == (1, ())
+    done = await get(driver, stale.id)
+    assert (done.state, done.attempt, done.finished_at) == (TaskState.COMPLETED, 2, at(43))
+    again = await write(driver, Outcome(current, OutcomeKind.COMPLETE), now=at(44))
+    assert (again.applied, again.stale) == (0, (current,))  # finished: nothing to fence on
+
+
+async def test_stale_lease_extension_changes_nothing(driver: Driver) -> None:
+    stale, current = await lose_lease(driver)
+    assert await driver.lease_extend_many([stale], lease_until=at(500)) == 0
+    assert (await get(driver, current.id)).lease_expires_at == at(41) + LEASE
+    assert await driver.lease_extend_many([stale, current], lease_until=at(600)) == 1
+    assert (await get(driver, current.id)).lease_expires_at == at(600)
+    # extending to the lease it already has still counts the lease as held
+    assert await driver.lease_extend_many([current], lease_until=at(600)) == 1
+    assert await driver.lease_extend_many([], lease_until=at(700)) == 0
+
+
+async def test_one_flush_applies_the_current_and_fences_the_stale(driver: Driver) -> None:
+    stale, current = await lose_lease(driver)
+    ids = await driver.task_insert_many([new(i, queue="batch") for i in range(3)])
+    done, retried, released = await claim(driver, ["batch"], now=at(50))
+    result = await write(
+        driver,
+        Outcome(done.key, OutcomeKind.COMPLETE),
+        Outcome(stale, OutcomeKind.COMPLETE),
+        Outcome(retried.key, OutcomeKind.RETRY, error="again", run_at=at(60)),
+        Outcome(released.key, OutcomeKind.RELEASE),
+        Outcome(current, OutcomeKind.FAIL, error="bad"),
+        now=at(51),
+    )
+    assert (result.applied, result.stale) == (4, (stale,))
+    states = [(await get(driver, i)).state for i in [*ids, current.id]]
+    assert states == [TaskState.COMPLETED, TaskState.RETRYABLE, TaskState.PENDING, TaskState.FAILED]
+
+
+# ----------------------------------------------------------------------------- 6. retries
+
+
+async def test_retry_schedules_the_next_attempt(driver: Driver) -> None:
+    [task_id] = await driver.task_insert_many([new("r")])
+    [row] = await claim(driver)
+    checkpoint = json.dumps({"step": 2})
+    retry = Outcome(row.key, OutcomeKind.RETRY, error="boom", run_at=at(60), checkpoint=checkpoint)
+    assert (await write(driver, retry, now=at(1))).applied == 1
+
+    stored = await get(driver, task_id)
+    assert (stored.state, stored.run_at, stored.attempt) == (TaskState.RETRYABLE, at(60), 1)
+    assert (stored.last_error, stored.checkpoint) == ("boom", checkpoint)
+    assert (stored.worker_id, stored.lease_expires_at) == (None, None)
+
+    assert await claim(driver, now=at(59)) == []
+    [again] = await claim(driver, now=at(60))
+    assert (again.id, again.attempt, again.checkpoint) == (task_id, 2, checkpoint)
+
+    # a retry that saves no checkpoint keeps the previous one
+    retry = Outcome(again.key, OutcomeKind.RETRY, error="boom 2", run_at=at(70))
+    assert (await write(driver, retry, now=at(61))).applied == 1
+    stored = await get(driver, task_id)
+    assert (stored.checkpoint, stored.last_error) == (checkpoint, "boom 2")
+    [third] = await claim(driver, now=at(70))
+    assert third.attempt == 3
+
+
+async def test_release_hands_the_task_back_uncounted(driver: Driver) -> None:
+    [task_id] = await driver.task_insert_many([new("rel")])
+    [row] = await claim(driver, worker="w1")
+    assert (await write(driver, Outcome(row.key, OutcomeKind.RELEASE), now=at(1))).applied == 1
+    stored = await get(driver, task_id)
+    assert (stored.state, stored.attempt) == (TaskState.PENDING, 0)
+    assert (stored.worker_id, stored.lease_expires_at) == (None, None)
+    [again] = await claim(driver, now=at(2), worker="w2")
+    assert (again.id, again.attempt, again.worker_id) == (task_id, 1, "w2")
+
+
+# ----------------------------------------------------------------------------- 8. archive
+
+
+@pytest.mark.parametrize("archive", [True, False], ids=["archive", "no-archive"])
+async def test_complete_moves_the_row_to_the_archive(driver: Driver, archive: bool) -> None:
+    [task_id] = await driver.task_insert_many([new("c", dedup_key="K")])
+    [row] = await claim(driver, now=at(1))
+    assert (
+        await write(driver, Outcome(row.key, OutcomeKind.COMPLETE), now=at(2), archive=archive)
+    ).applied == 1
+    stored = await driver.task_get(task_id)
+    if not archive:
+        assert stored is None
+    else:
+        assert stored is not None
+        assert (stored.state, stored.finished_at, stored.attempt) == (TaskState.COMPLETED, at(2), 1)
+        assert (stored.payload, stored.dedup_key, stored.lease_expires_at) == (b'"c"', "K", None)
+        assert stored.started_at == at(1)
+    assert await claim(driver, now=at(3)) == []
+    assert await driver.live_count(None, now=at(3), due_before=at(999)) == 0
+    # the key is free again: the hot table no longer holds the row
+    [new_id] = await driver.task_insert_many([new("c2", dedup_key="K")])
+    fresh = await get(driver, new_id)
+    assert (fresh.state, fresh.payload, fresh.attempt) == (TaskState.PENDING, b'"c2"', 0)
+
+
+@pytest.mark.parametrize("kind", [OutcomeKind.FAIL, OutcomeKind.DISCARD, OutcomeKind.DEAD])
+@pytest.mark.parametrize("archive", [True, False], ids=["archive", "no-archive"])
+async def test_failed_discarded_dead_are_always_archived(
+    driver: Driver, kind: OutcomeKind, archive: bool
+) -> None:
+    [task_id] = await driver.task_insert_many([new("f")])
+    [row] = await claim(driver)
+    result = await write(
+        driver, Outcome(row.key, kind, error=f"why {kind.value}"), now=at(5), archive=archive
+    )
+    assert result.applied == 1
+    stored = await get(driver, task_id)
+    assert (stored.state.value, stored.finished_at) == (kind.value, at(5))
+    assert stored.last_error == f"why {kind.value}"
+    assert await claim(driver, now=at(6)) == []
+
+
+async def test_complete_keeps_the_last_error_of_an_earlier_attempt(driver: Driver) -> None:
+    [task_id] = await driver.task_insert_many([new("e")])
+    [row] = await claim(driver)
+    await write(driver, Outcome(row.key, OutcomeKind.RETRY, error="first try failed", run_at=T0))
+    [row] = await claim(driver, now=at(1))
+    await write(driver, Outcome(row.key, OutcomeKind.COMPLETE), now=at(2))
+    stored = await get(driver, task_id)
+    assert (stored.state, stored.attempt, stored.last_error) == (
+        TaskState.COMPLETED,
+        2,
+        "first try failed",
+    )
+
+
+# ----------------------------------------------------------------------------- 9. order, queues
+
+
+async def test_claims_come_by_priority_then_run_at_then_id(driver: Driver) -> None:
+    ids = await driver.task_insert_many(
+        [
+            new("p0-late", priority=0, run_at=at(-1)),
+            new("p5-late", priority=5, run_at=at(-1)),
+            new("p0-early", priority=0, run_at=at(-9)),
+            new("p5-early", priority=5, run_at=at(-9)),
+            new("p-1", priority=-1, run_at=at(-20)),
+            new("p5-late-2", priority=5, run_at=at(-1)),
+            new("future", priority=99, run_at=at(1)),
+        ]
+    )
+    expected = [ids[3], ids[1], ids[5], ids[2], ids[0], ids[4]]
+    one_by_one = [(await claim(driver, limit=1))[0].id for _ in expected]
+    assert one_by_one == expected
+    assert await claim(driver) == []
+
+
+async def test_a_batch_claim_takes_the_first_in_order(driver: Driver) -> None:
+    ids = await driver.task_insert_many([new(i, priority=i % 3) for i in range(9)])
+    batch = await claim(driver, limit=4)
+    assert [r.id for r in batch] == [ids[2], ids[5], ids[8], ids[1]]
+
+
+async def test_not_claimable_before_run_at(driver: Driver) -> None:
+    [task_id] = await driver.task_insert_many([new("later", run_at=at(10))])
+    assert await claim(driver, now=at(9.999999)) == []
+    assert [r.id for r in await claim(driver, now=at(10))] == [task_id]
+
+
+async def test_a_claim_never_crosses_queues(driver: Driver) -> None:
+    a = await driver.task_insert_many([new(i, queue="A", priority=i) for i in range(3)])
+    b = await driver.task_insert_many([new(i, queue="B", priority=10) for i in range(2)])
+    c = await driver.task_insert_many([new("c", queue="C")])
+    got_a = await claim(driver, ["A"])
+    assert sorted(r.id for r in got_a) == sorted(a)
+    assert {r.queue for r in got_a} == {"A"}
+    assert await claim(driver, ["A"]) == []
+    got = await claim(driver, ["B", "C", "Z"])
+    assert sorted(r.id for r in got) == sorted(b + c)
+
+
+async def test_queue_names_are_compared_exactly(driver: Driver) -> None:
+    lower, upper = await driver.task_insert_many(
+        [new("l", queue="reports"), new("u", queue="Reports")]
+    )
+    assert [r.id for r in await claim(driver, ["reports"])] == [lower]
+    assert await claim(driver, ["reports"]) == []
+    assert [r.id for r in await claim(driver, ["Reports"])] == [upper]
+    stats = await driver.queue_stats(now=T0)
+    assert [(s.queue, s.counts) for s in stats] == [
+        ("Reports", {"processing": 1}),
+        ("reports", {"processing": 1}),
+    ]
+
+
+# ----------------------------------------------------------------------------- 12. inspection
+
+
+async def fill_for_stats(driver: Driver) -> dict[str, int]:
+    a = await driver.task_insert_many(
+        [
+            new("a-due", queue="a", run_at=at(-10)),
+            new("a-future", queue="a", run_at=at(100)),
+            new("a-running", queue="a", priority=9, run_at=at(-1)),
+            new("a-done", queue="a", priority=8, run_at=at(-1)),
+        ]
+    )
+    running, done = await claim(driver, ["a"], limit=2)
+    assert [running.id, done.id] == a[2:]
+    await write(driver, Outcome(done.key, OutcomeKind.COMPLETE))
+    b = await driver.task_insert_many(
+        [new("b-retry", queue="b", run_at=at(-20)), new("b-dead", queue="b", run_at=at(-20))]
+    )
+    retried, dead = await claim(driver, ["b"])
+    assert [retried.id, dead.id] == b
+    await write(
+        driver,
+        Outcome(retried.key, OutcomeKind.RETRY, error="x", run_at=at(-5)),
+        Outcome(dead.key, OutcomeKind.DEAD, error="y"),
+    )
+    await driver.task_insert_many([new("c-future", queue="c", run_at=at(50))])
+    return {"running": running.id}
+
+
+async def test_queue_stats_counts_and_oldest_ready_age(driver: Driver) -> None:
+    await fill_for_stats(driver)
+    stats = await driver.queue_stats(now=T0)
+    assert stats == [
+        QueueStats("a", {"pending": 2, "processing": 1, "completed": 1}, 10.0),
+        QueueStats("b", {"retryable": 1, "dead": 1}, 5.0),
+        QueueStats("c", {"pending": 1}, None),
+    ]
+    assert await MemoryDriver().queue_stats(now=T0) == []
+
+
+async def test_live_count_counts_due_tasks_and_valid_leases(driver: Driver) -> None:
+    await fill_for_stats(driver)
+    assert await driver.live_count(None, now=T0, due_before=T0) == 3  # a-due, a-running, b-retry
+    assert await driver.live_count(None, now=T0, due_before=at(200)) == 5
+    assert await driver.live_count(["a"], now=T0, due_before=T0) == 2
+    assert await driver.live_count(["c", "zz"], now=T0, due_before=at(49)) == 0
+    assert await driver.live_count(["c"], now=T0, due_before=at(50)) == 1
+    expired = T0 + LEASE + timedelta(seconds=1)  # a-running's lease has run out
+    assert await driver.live_count(["a"], now=expired, due_before=expired) == 1
+
+
+# ----------------------------------------------------------------------------- 7. dead letters
+
+
+async def kill(driver: Driver, queue: str, *, now: datetime) -> list[int]:
+    """Dead-letter every ready task of a queue."""
+    claimed = await claim(driver, [queue], now=now)
+    outcomes = [Outcome(r.key, OutcomeKind.DEAD, error=f"dead {r.id}") for r in claimed]
+    assert (await write(driver, *outcomes, now=now)).applied == len(claimed)
+    return [r.id for r in claimed]
+
+
+async def test_dead_list_requeue_and_purge(driver: Driver) -> None:
+    x1, x2, y1 = await driver.task_insert_many(
+        [new(1, queue="x"), new(2, queue="x"), new(3, queue="y")]
+    )
+    [x3] = await driver.task_insert_many([new(4, queue="x", run_at=at(3))])
+    assert await kill(driver, "x", now=at(1)) == [x1, x2]
+    assert await kill(driver, "y", now=at(2)) == [y1]
+    assert await kill(driver, "x", now=at(3)) == [x3]
+
+    assert [r.id for r in await driver.dead_list()] == [x3, y1, x2, x1]
+    assert [r.id for r in await driver.dead_list(queue="x", limit=2)] == [x3, x2]
+    [listed] = await driver.dead_list(queue="y")
+    assert (listed.state, listed.last_error, listed.attempt) == (TaskState.DEAD, f"dead {y1}", 1)
+
+    assert await driver.dead_requeue([x1], now=at(10)) == [x1]
+    back = await get(driver, x1)
+    assert (back.state, back.attempt, back.run_at, back.finished_at) == (
+        TaskState.PENDING,
+        0,
+        at(10),
+        None,
+    )
+    assert await driver.dead_requeue(queue="y", now=at(10)) == [y1]
+    rerun = await claim(driver, ["x", "y"], now=at(10))
+    assert sorted((r.id, r.attempt) for r in rerun) == sorted([(x1, 1), (y1, 1)])
+
+    assert await driver.dead_purge([x2]) == 1
+    assert await driver.task_get(x2) is None
+    assert await driver.dead_purge([x1]) == 0  # live now, not dead: untouched
+    assert await driver.dead_purge(queue="y") == 0
+    assert await driver.dead_purge() == 1  # x3
+    assert await driver.dead_list() == []
+    assert (await get(driver, x1)).state is TaskState.PROCESSING
+
+
+async def test_dead_requeue_skips_a_task_whose_dedup_key_is_live_again(driver: Driver) -> None:
+    [dead] = await driver.task_insert_many([new("old", queue="d", dedup_key="K")])
+    assert await kill(driver, "d", now=at(1)) == [dead]
+    [live] = await driver.task_insert_many([new("new", queue="d", dedup_key="K")])
+    assert live != dead
+    assert await driver.dead_requeue(now=at(2)) == []
+    assert (await get(driver, dead)).state is TaskState.DEAD
+    assert [r.id for r in await driver.dead_list()] == [dead]
+    assert (await get(driver, live)).state is TaskState.PENDING
+
+
+async def test_dead_requeue_takes_one_of_several_dead_tasks_sharing_a_dedup_key(
+    driver: Driver,
+) -> None:
+    """The key was free again after each death, so two dead tasks hold it: one comes back."""
+    [first] = await driver.task_insert_many([new("first", queue="d", dedup_key="K")])
+    assert await kill(driver, "d", now=at(1)) == [first]
+    [second] = await driver.task_insert_many([new("second", queue="d", dedup_key="K")])
+    assert await kill(driver, "d", now=at(2)) == [second]
+
+    requeued = await driver.dead_requeue(now=at(3))
+    assert len(requeued) == 1 and set(requeued) <= {first, second}
+    [live] = await claim(driver, ["d"], now=at(3))
+    assert (live.id, live.dedup_key) == (requeued[0], "K")
+    [still_dead] = await driver.dead_list()
+    assert still_dead.id in {first, second} - set(requeued)
+    assert await driver.dead_requeue([first, second], now=at(4)) == []  # the key is live

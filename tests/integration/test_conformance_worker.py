@@ -1,0 +1,453 @@
+"""Conformance suite, part 3: the worker end to end on every database (burst mode)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import insert
+
+from tests.integration.test_conformance import Calls, sync_engine, task_ids
+from txtasks import App, Drop, Reject, Retry
+from txtasks.clock import utcnow
+from txtasks.schema.tables import tasks
+from txtasks.testing import run_until_empty
+from txtasks.types import Outcome, OutcomeKind, TaskKey, TaskRow, TaskState
+from txtasks.worker.context import TaskContext
+from txtasks.worker.worker import Worker, WorkerConfig
+
+
+async def finished(app: App, task_id: int) -> TaskRow:
+    row = await app.driver.task_get(task_id)
+    assert row is not None, f"task {task_id} is gone"
+    assert not row.state.is_live, f"task {task_id} is still {row.state}"
+    return row
+
+
+# ----------------------------------------------------------------------------- handlers
+
+
+async def test_sync_and_async_handlers_run_with_their_context(app: App) -> None:
+    seen: dict[str, Any] = {}
+    sync_thread: list[str] = []
+
+    @app.task(name="conformance.sync")
+    def sync_handler(payload: Any) -> None:
+        sync_thread.append(threading.current_thread().name)
+        seen["sync"] = payload
+
+    @app.task(name="conformance.async", queue="other", max_attempts=4)
+    async def async_handler(payload: Any, ctx: TaskContext) -> None:
+        seen["async"] = payload
+        seen["ctx"] = (ctx.task_id, ctx.attempt, ctx.max_attempts, ctx.queue, ctx.headers)
+        seen["worker"] = ctx.worker_id
+
+    first = await sync_handler.aenqueue({"kind": "sync"})
+    second = await async_handler.aenqueue(b"\x00raw bytes", headers={"trace": "t-1"})
+    stats = await run_until_empty(app, worker_id="conformance-worker")
+
+    assert seen["sync"] == {"kind": "sync"}
+    assert sync_thread and sync_thread[0].startswith("txtasks")  # a thread of the pool
+    assert seen["async"] == b"\x00raw bytes"
+    assert seen["ctx"] == (second, 1, 4, "other", {"trace": "t-1"})
+    assert seen["worker"] == "conformance-worker"
+    assert (stats.claimed, stats.started, stats.outcomes) == (2, 2, {"completed": 2})
+    for task_id in (first, second):
+        row = await finished(app, task_id)
+        assert (row.state, row.attempt, row.worker_id) == (
+            TaskState.COMPLETED,
+            1,
+            "conformance-worker",
+        )
+        assert row.finished_at is not None and row.started_at is not None
+
+
+async def test_retry_with_delay_zero_keeps_the_checkpoint(app: App) -> None:
+    seen: list[tuple[int, Any]] = []
+
+    @app.task(name="conformance.resumable")
+    def handler(payload: Any, ctx: TaskContext) -> None:
+        seen.append((ctx.attempt, ctx.checkpoint))
+        if ctx.attempt < 3:
+            ctx.save_checkpoint({"done": ctx.attempt})
+            raise Retry(f"not yet {ctx.attempt}", delay=0)
+
+    task_id = await handler.aenqueue("work")
+    stats = await run_until_empty(app)
+    assert seen == [(1, None), (2, {"done": 1}), (3, {"done": 2})]
+    assert stats.outcomes == {"retryable": 2, "completed": 1}
+    row = await finished(app, task_id)
+    assert (row.state, row.attempt, row.last_error) == (TaskState.COMPLETED, 3, "not yet 2")
+
+
+async def test_drop_and_reject(app: App) -> None:
+    @app.task(name="conformance.signals", max_attempts=5)
+    def handler(payload: str) -> None:
+        raise Drop("not wanted") if payload == "drop" else Reject("poison")
+
+    dropped = await handler.aenqueue("drop")
+    rejected = await handler.aenqueue("reject")
+    stats = await run_until_empty(app)
+    assert stats.outcomes == {"discarded": 1, "dead": 1}
+    row = await finished(app, dropped)
+    assert (row.state, row.attempt, row.last_error) == (TaskState.DISCARDED, 1, "not wanted")
+    row = await finished(app, rejected)
+    assert (row.state, row.attempt, row.last_error) == (TaskState.DEAD, 1, "poison")
+
+
+@pytest.mark.parametrize(
+    ("decision", "state", "attempts", "error"),
+    [
+        ("ack", TaskState.COMPLETED, 1, None),
+        ("nack", TaskState.COMPLETED, 2, "try later"),
+        ("reject", TaskState.DEAD, 1, "no good"),
+        ("drop", TaskState.DISCARDED, 1, "skip it"),
+    ],
+)
+async def test_manual_decisions_win_over_what_the_handler_does_next(
+    app: App, decision: str, state: TaskState, attempts: int, error: str | None
+) -> None:
+    @app.task(name="conformance.manual", ack_policy="manual", retry=0)
+    async def handler(payload: Any, ctx: TaskContext) -> None:
+        if ctx.attempt > 1:
+            ctx.ack()
+            return
+        if decision == "ack":
+            ctx.ack()
+        elif decision == "nack":
+            ctx.nack("try later", delay=0)
+        elif decision == "reject":
+            ctx.reject("no good")
+        else:
+            ctx.drop("skip it")
+        raise RuntimeError("after the decision")  # the decision stands
+
+    task_id = await handler.aenqueue(None)
+    await run_until_empty(app)
+    row = await finished(app, task_id)
+    assert (row.state, row.attempt, row.last_error) == (state, attempts, error)
+
+
+@pytest.mark.parametrize(
+    ("policy", "state", "attempts"),
+    [
+        ("retry", TaskState.DEAD, 2),
+        ("dead_letter", TaskState.DEAD, 1),
+        ("discard", TaskState.DISCARDED, 1),
+        ("complete", TaskState.COMPLETED, 1),
+        ("manual", TaskState.DEAD, 2),
+    ],
+)
+async def test_ack_policy_decides_what_an_exception_does(
+    app: App, policy: str, state: TaskState, attempts: int
+) -> None:
+    @app.task(name="conformance.failing", ack_policy=policy, max_attempts=2, retry=0)
+    def handler(payload: Any) -> None:
+        if policy == "manual":
+            return  # returning without a decision under the manual policy is a nack
+        raise ValueError(f"broken {payload}")
+
+    task_id = await handler.aenqueue(7)
+    await run_until_empty(app)
+    row = await finished(app, task_id)
+    assert (row.state, row.attempt) == (state, attempts)
+    expected = "ack_policy manual" if policy == "manual" else "ValueError: broken 7"
+    assert row.last_error is not None and expected in row.last_error
+
+
+async def test_an_attempt_past_its_timeout_is_retried(app: App) -> None:
+    @app.task(name="conformance.slow", timeout=0.2, retry=0)
+    async def handler(payload: Any, ctx: TaskContext) -> str:
+        if ctx.attempt == 1:
+            await asyncio.Event().wait()  # never set: only the timeout ends this attempt
+        return "fast"
+
+    task_id = await handler.aenqueue(None)
+    stats = await run_until_empty(app)
+    assert stats.outcomes == {"retryable": 1, "completed": 1}
+    row = await finished(app, task_id)
+    assert (row.state, row.attempt) == (TaskState.COMPLETED, 2)
+    assert row.last_error is not None and "TimeoutError" in row.last_error
+
+
+async def test_a_sync_attempt_past_its_timeout_is_retried(app: App) -> None:
+    gate = threading.Event()
+
+    @app.task(name="conformance.slow_sync", timeout=0.2, retry=0)
+    def handler(payload: Any, ctx: TaskContext) -> None:
+        if ctx.attempt == 1:
+            gate.wait(30)  # blocked until the next attempt runs: only the timeout ends it
+        else:
+            gate.set()
+
+    task_id = await handler.aenqueue(None)
+    try:
+        stats = await run_until_empty(app)
+    finally:
+        gate.set()
+    assert stats.outcomes == {"retryable": 1, "completed": 1}
+    row = await finished(app, task_id)
+    assert (row.state, row.attempt) == (TaskState.COMPLETED, 2)
+    assert "TimeoutError" in (row.last_error or "")
+
+
+async def wait_for(condition: Callable[[], bool], what: str) -> None:
+    """Wait (polling the event loop) until a condition holds; fail after 10 seconds."""
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+def live_asyncio_tasks(name: str) -> list[asyncio.Task[Any]]:
+    return [t for t in asyncio.all_tasks() if t.get_name() == name and not t.done()]
+
+
+async def test_a_retry_running_beside_its_overrun_attempt_stays_tracked(app: App) -> None:
+    """Attempt 1 of a sync handler overran its timeout; attempt 2 runs in another slot.
+
+    When attempt 1's thread ends, the worker must still hold attempt 2: a stop hands it back.
+    """
+    gate_first, gate_second = threading.Event(), threading.Event()
+    second_started = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    @app.task(name="conformance.overrun", timeout=1.0, retry=0)
+    def handler(payload: Any, ctx: TaskContext) -> None:
+        if ctx.attempt == 1:
+            gate_first.wait(30)
+        else:
+            loop.call_soon_threadsafe(second_started.set)
+            gate_second.wait(30)
+
+    task_id = await handler.aenqueue(None)
+    config = WorkerConfig(concurrency=4, poll_interval=0.01, flush_interval=0.001, shutdown_grace=0)
+    worker = Worker(app, config)
+    run = asyncio.create_task(worker.run())
+    name = f"txtasks-task-{task_id}"
+    try:
+        await asyncio.wait_for(second_started.wait(), 10)
+        gate_first.set()  # attempt 1's thread ends while attempt 2 runs
+        await wait_for(lambda: len(live_asyncio_tasks(name)) == 1, "attempt 1 to end")
+        worker.stop(now=True)
+        await asyncio.wait_for(run, 10)
+        leftover = live_asyncio_tasks(name)
+        row = await app.driver.task_get(task_id)
+        assert row is not None
+        assert (row.state, row.attempt, leftover) == (TaskState.PENDING, 1, [])
+    finally:
+        gate_first.set()
+        gate_second.set()
+        await asyncio.gather(run, *live_asyncio_tasks(name), return_exceptions=True)
+
+
+async def test_a_worker_that_lost_its_lease_cannot_overwrite_the_next_attempt(app: App) -> None:
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    @app.task(name="conformance.lease_lost", retry=0)
+    async def handler(payload: Any) -> None:
+        entered.set()
+        await release.wait()
+
+    task_id = await handler.aenqueue(None)
+    config = WorkerConfig(
+        burst=True, burst_horizon=0, poll_interval=0.01, flush_interval=0.001, worker_id="slow"
+    )
+    worker = Worker(app, config)
+    run = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(entered.wait(), 10)
+        # the lease is lost: a rescuer schedules a retry, another worker claims attempt 2
+        driver, later = app.driver, utcnow() + timedelta(hours=1)
+        lost = Outcome(TaskKey(task_id, 1), OutcomeKind.RETRY, error="lease expired", run_at=later)
+        assert (await driver.outcome_write_many([lost], now=utcnow())).applied == 1
+        [stolen] = await driver.task_claim_many(
+            ["default"], 1, now=later, lease_until=later + timedelta(hours=1), worker_id="thief"
+        )
+        assert stolen.key == TaskKey(task_id, 2)
+
+        release.set()  # the slow worker completes attempt 1: fenced off
+        await wait_for(lambda: worker.stats.stale == 1, "the stale outcome")
+        row = await app.driver.task_get(task_id)
+        assert row is not None
+        assert (row.state, row.attempt, row.worker_id) == (TaskState.PROCESSING, 2, "thief")
+
+        done = Outcome(stolen.key, OutcomeKind.COMPLETE)
+        assert (await driver.outcome_write_many([done], now=utcnow())).applied == 1
+        stats = await asyncio.wait_for(run, 10)
+    finally:
+        release.set()
+        worker.stop()
+        await asyncio.gather(run, return_exceptions=True)
+    assert (stats.stale, stats.outcomes) == (1, {"completed": 1})
+    row = await finished(app, task_id)
+    assert (row.state, row.attempt, row.worker_id) == (TaskState.COMPLETED, 2, "thief")
+
+
+# ----------------------------------------------------------------------------- 7. dead letters
+
+
+async def test_exhausted_attempts_dead_letter_then_requeue_and_purge(app: App) -> None:
+    healed = threading.Event()
+    runs: list[tuple[str, int]] = []
+
+    @app.task(name="conformance.flaky", max_attempts=3, retry=0)
+    def handler(payload: str, ctx: TaskContext) -> None:
+        runs.append((payload, ctx.attempt))
+        if not healed.is_set():
+            raise RuntimeError(f"down for {payload}")
+
+    keep = await handler.aenqueue("keep")
+    purge = await handler.aenqueue("purge")
+    stats = await run_until_empty(app)
+    assert stats.outcomes == {"retryable": 4, "dead": 2}
+    assert sorted(runs) == [(p, a) for p in ("keep", "purge") for a in (1, 2, 3)]
+    row = await finished(app, keep)
+    assert (row.state, row.attempt) == (TaskState.DEAD, 3)
+    assert row.last_error is not None
+    assert "RuntimeError: down for keep" in row.last_error
+    assert "(attempt 3 of 3)" in row.last_error
+
+    driver = app.driver
+    assert sorted(r.id for r in await driver.dead_list()) == sorted([keep, purge])
+    assert await driver.dead_requeue([keep], now=utcnow()) == [keep]
+    back = await driver.task_get(keep)
+    assert back is not None and (back.state, back.attempt) == (TaskState.PENDING, 0)
+
+    healed.set()
+    runs.clear()
+    stats = await run_until_empty(app)
+    assert runs == [("keep", 1)] and stats.outcomes == {"completed": 1}
+    assert (await finished(app, keep)).state is TaskState.COMPLETED
+
+    assert [r.id for r in await driver.dead_list()] == [purge]
+    assert await driver.dead_purge([purge]) == 1
+    assert await driver.dead_list() == [] and await driver.task_get(purge) is None
+
+
+async def test_unknown_task_name_is_dead_lettered_and_the_worker_goes_on(
+    app: App, database_url: str
+) -> None:
+    calls = Calls()
+    known = app.task(name="conformance.known")(calls)
+    producer = App("producer", database_url=database_url)
+    try:
+        ghost = producer.task(name="conformance.ghost")(Calls())
+        producer.task(name="conformance.known")(Calls())
+        ids = producer.enqueue_many(
+            [
+                producer.new_task("conformance.known", 1),
+                ghost.new(2),
+                producer.new_task(known.name, 3),
+            ]
+        )
+    finally:
+        await producer.aclose()
+
+    stats = await run_until_empty(app)
+    assert sorted(calls.payloads) == [1, 3]
+    assert stats.outcomes == {"completed": 2, "dead": 1}
+    row = await finished(app, ids[1])
+    assert (row.state, row.task_name) == (TaskState.DEAD, "conformance.ghost")
+    assert row.last_error is not None and "conformance.ghost" in row.last_error
+    assert [r.id for r in await app.driver.dead_list()] == [ids[1]]
+
+
+async def test_undecodable_payload_is_dead_lettered_with_the_decode_error(
+    app: App, database_url: str
+) -> None:
+    calls = Calls()
+    task = app.task(name="conformance.json")(calls)
+    good = await task.aenqueue({"ok": True})
+    bad = task.new("placeholder")
+    with sync_engine(database_url) as engine, engine.begin() as conn:
+        result = conn.execute(
+            insert(tasks).values(
+                queue=bad.queue,
+                task_name=bad.task_name,
+                payload=b"\xff{not json",
+                content_type=bad.content_type,
+                state="pending",
+                priority=0,
+                run_at=bad.run_at,
+                attempt=0,
+                max_attempts=5,
+                created_at=bad.created_at,
+            )
+        )
+        bad_id = result.inserted_primary_key[0]
+
+    stats = await run_until_empty(app)
+    assert calls.payloads == [{"ok": True}]
+    assert stats.outcomes == {"completed": 1, "dead": 1}
+    row = await finished(app, bad_id)
+    assert (row.state, row.attempt) == (TaskState.DEAD, 1)
+    assert row.last_error is not None and "cannot decode payload" in row.last_error
+    assert (await finished(app, good)).state is TaskState.COMPLETED
+
+
+# ----------------------------------------------------------------------------- 8, 9 end to end
+
+
+async def test_without_archive_completed_rows_are_deleted_failures_kept(app: App) -> None:
+    @app.task(name="conformance.mixed", max_attempts=1)
+    def handler(payload: str) -> None:
+        if payload == "fail":
+            raise ValueError("nope")
+
+    done = await handler.aenqueue("ok")
+    failed = await handler.aenqueue("fail")
+    await run_until_empty(app, archive_completed=False)
+    assert await app.driver.task_get(done) is None
+    assert (await finished(app, failed)).state is TaskState.DEAD
+
+
+async def test_one_slot_runs_tasks_by_priority_then_due_time(app: App) -> None:
+    order: list[str] = []
+
+    @app.task(name="conformance.ordered", priority=1)
+    async def handler(payload: str) -> None:
+        order.append(payload)
+
+    now = utcnow()
+    await app.aenqueue_many(
+        [
+            handler.new("default-priority"),
+            handler.new("low", priority=-5),
+            handler.new("high-later", priority=9, run_at=now),
+            handler.new("high-earlier", priority=9, run_at=now.replace(year=now.year - 1)),
+        ]
+    )
+    await run_until_empty(app, concurrency=1)
+    assert order == ["high-earlier", "high-later", "default-priority", "low"]
+
+
+async def test_queues_and_delays_are_respected(app: App, database_url: str) -> None:
+    calls = Calls()
+    on_a = app.task(name="conformance.on_a", queue="a")(calls)
+    on_b = app.task(name="conformance.on_b", queue="b")(calls)
+    await on_a.aenqueue("a-now")
+    await on_b.aenqueue("b-now")
+    later = await on_a.aenqueue("a-later", delay=3600)
+
+    await run_until_empty(app, queues=["a"])
+    assert calls.payloads == ["a-now"]
+    row = await app.driver.task_get(later)
+    assert row is not None and row.state is TaskState.PENDING
+    assert row.run_at > utcnow()
+
+    await run_until_empty(app)
+    assert sorted(calls.payloads) == ["a-now", "b-now"]
+    assert later in task_ids(database_url)
+    [stats_a, stats_b] = await app.driver.queue_stats(now=utcnow())
+    assert (stats_a.queue, stats_a.counts, stats_a.oldest_ready_age) == (
+        "a",
+        {"pending": 1, "completed": 1},
+        None,
+    )
+    assert (stats_b.queue, stats_b.counts) == ("b", {"completed": 1})
