@@ -70,6 +70,20 @@ def driver_from(url: str | None, app: App | None = None) -> Driver:
     return driver_for_url(resolved)
 
 
+def with_driver(url: str | None, call: Callable[[Driver], Awaitable[T]]) -> T:
+    """Open a driver for the URL, run one call with it, close it."""
+    driver = driver_from(url)
+
+    async def go() -> T:
+        try:
+            await driver.open()
+            return await call(driver)
+        finally:
+            await driver.close()
+
+    return run_async(go)
+
+
 def run_async(make: Callable[[], Awaitable[T]]) -> T:
     """Run a coroutine to completion (errors are reported by `Commands`)."""
     return asyncio.run(_call(make))

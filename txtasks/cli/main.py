@@ -26,6 +26,7 @@ from txtasks.cli.common import (
     logging_setup,
     run_async,
     task_json,
+    with_driver,
 )
 from txtasks.clock import utcnow
 from txtasks.driver import driver_for_url
@@ -207,16 +208,7 @@ def worker(
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(database_url: str | None, as_json: bool) -> None:
     """Counts per queue and state, and the age of the oldest ready task."""
-    driver = driver_from(database_url)
-
-    async def go() -> list[Any]:
-        try:
-            await driver.open()
-            return await driver.queue_stats(now=utcnow())
-        finally:
-            await driver.close()
-
-    stats = run_async(go)
+    stats = with_driver(database_url, lambda driver: driver.queue_stats(now=utcnow()))
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(s) for s in stats], indent=2))
         return
@@ -243,16 +235,7 @@ def dlq() -> None:
 @click.option("--json", "as_json", is_flag=True)
 def dlq_list(database_url: str | None, queue: str | None, limit: int, as_json: bool) -> None:
     """Dead-lettered tasks, newest first."""
-    driver = driver_from(database_url)
-
-    async def go() -> list[Any]:
-        try:
-            await driver.open()
-            return await driver.dead_list(queue=queue, limit=limit)
-        finally:
-            await driver.close()
-
-    rows = run_async(go)
+    rows = with_driver(database_url, lambda driver: driver.dead_list(queue=queue, limit=limit))
     if as_json:
         click.echo(json.dumps([task_json(r) for r in rows], default=json_default, indent=2))
         return
@@ -288,16 +271,9 @@ def dlq_requeue(
 ) -> None:
     """Move dead letters back to pending with a fresh attempt budget."""
     chosen = _selection(ids, queue, all_)
-    driver = driver_from(database_url)
-
-    async def go() -> list[int]:
-        try:
-            await driver.open()
-            return await driver.dead_requeue(chosen, queue=queue, now=utcnow())
-        finally:
-            await driver.close()
-
-    done = run_async(go)
+    done = with_driver(
+        database_url, lambda driver: driver.dead_requeue(chosen, queue=queue, now=utcnow())
+    )
     click.echo(f"requeued {len(done)} task(s){': ' + ', '.join(map(str, done)) if done else ''}")
 
 
@@ -314,16 +290,8 @@ def dlq_purge(
     chosen = _selection(ids, queue, all_)
     if not yes:
         click.confirm("Delete these dead letters for good?", abort=True)
-    driver = driver_from(database_url)
-
-    async def go() -> int:
-        try:
-            await driver.open()
-            return await driver.dead_purge(chosen, queue=queue)
-        finally:
-            await driver.close()
-
-    click.echo(f"purged {run_async(go)} task(s)")
+    purged = with_driver(database_url, lambda driver: driver.dead_purge(chosen, queue=queue))
+    click.echo(f"purged {purged} task(s)")
 
 
 # -- enqueue -----------------------------------------------------------------------------------
