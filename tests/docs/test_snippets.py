@@ -137,6 +137,8 @@ def run(args: list[str], cwd: Path, url: str, **env: str) -> subprocess.Complete
     """Run a command with TXTASKS_DATABASE_URL set; fail with its output if it fails."""
     environment = {**os.environ, "TXTASKS_DATABASE_URL": url, **env}
     environment.pop("TXTASKS_CONCURRENCY", None)
+    if "TXTASKS_BROKER_URL" not in env:
+        environment.pop("TXTASKS_BROKER_URL", None)
     result = subprocess.run(
         args,
         cwd=cwd,
@@ -238,3 +240,12 @@ def test_testing_guide(tmp_path: Path) -> None:
         f"sqlite:///{tmp_path / 'unused.sqlite3'}",
     )
     assert re.search(r"\b5 passed\b", result.stdout), result.stdout
+
+
+@pytest.mark.rabbitmq
+def test_wakeups_snippet_is_woken_by_rabbitmq(amqp_url: str, tmp_path: Path) -> None:
+    """With a broker the example's worker (30 s poll) is started by the wake-up."""
+    url = f"sqlite:///{tmp_path / 'w.sqlite3'}"
+    args = [sys.executable, "-W", "error", str(SNIPPETS / "wakeups_worker.py")]
+    result = run(args, tmp_path, url, TXTASKS_BROKER_URL=amqp_url)
+    assert result.stdout.strip() == "started by a wake-up"

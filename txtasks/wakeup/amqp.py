@@ -284,7 +284,7 @@ class AmqpSubscriber:
 
     async def _run(self, wanted: frozenset[str], on_wakeup: WakeupCallback) -> None:
         backoff = 0.0
-        while True:
+        while not self._closing:
             try:
                 connection = await aio_pika.connect_robust(
                     self.url, reconnect_interval=RECONNECT_INTERVAL
@@ -303,6 +303,8 @@ class AmqpSubscriber:
                     amqp_queue = await declare(channel, queue)
                     await amqp_queue.consume(handler, no_ack=True)
             except Exception as exc:
+                if self._closing:
+                    return
                 self._health.failed(exc)
                 await connection.close()
                 self._connection = None
@@ -325,13 +327,14 @@ class AmqpSubscriber:
 
     async def close(self) -> None:
         self._closing = True
+        connection, self._connection = self._connection, None
+        if connection is not None:  # first, so a setup under way fails instead of being cut
+            with contextlib.suppress(Exception):
+                await connection.close()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        if self._connection is not None:
-            await self._connection.close()
-            self._connection = None
 
 
 class AmqpNotifier:

@@ -132,6 +132,8 @@ class Worker:
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
         self._beat_stop = asyncio.Event()
+        #: Set while the worker waits for a wake-up or its next poll (its last claim was empty).
+        self.idle = asyncio.Event()
         self._force = False
         self._threads: ThreadPoolExecutor | None = None
         #: Sync handlers still running in their thread after their timeout (by task id).
@@ -223,7 +225,9 @@ class Worker:
                 continue
             if self.config.burst and await self._drained():
                 return
+            self.idle.set()
             await self._wait(self._wake, self._poll_delay())
+            self.idle.clear()
 
     async def _claim(self, limit: int) -> list[TaskRow]:
         now = self.app.clock()
