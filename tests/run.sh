@@ -82,8 +82,9 @@ export PYSPARK_PYTHON=$PY SPARK_LOCAL_IP=127.0.0.1
 export VIRTUAL_ENV=$ROOT/.venv PATH=$ROOT/.venv/bin:$PATH
 
 failed=()
-say "ruff check txtasks cleaner tests"
-"$PY" -m ruff check txtasks cleaner tests || failed+=("ruff (rc $?)")
+say "ruff check . and ruff format --check ."
+"$PY" -m ruff check . || failed+=("ruff (rc $?)")
+"$PY" -m ruff format --check . || failed+=("ruff format (rc $?)")
 say "mypy"
 "$PY" -m mypy || failed+=("mypy (rc $?)")
 say "pytest $*"
