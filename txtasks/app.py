@@ -26,6 +26,7 @@ from txtasks.policy import AckPolicy, RetryPolicy
 from txtasks.retry import RetryStrategy, as_strategy
 from txtasks.types import NewTask, TaskState
 from txtasks.wakeup import Notifier, NullNotifier, notifier_for_url, wakeup_after_commit
+from txtasks.wakeup.commit import PendingWakeups
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
 DEFAULT_QUEUE = "default"
@@ -384,8 +385,9 @@ class App:
 
     def _notify_committed(self, rows: list[NewTask], ids: list[int]) -> None:
         if self._wakes(rows):
-            for queue, queue_ids in by_queue(rows, ids).items():
-                self.notifier.notify(queue, queue_ids)
+            pending = PendingWakeups()
+            pending.add(self.notifier, by_queue(rows, ids))
+            pending.publish()  # logs, never raises: the rows are committed already
 
     def enqueue(self, task: Task | str, payload: Any = None, **options: Any) -> int:
         """Insert one task in a transaction of its own."""

@@ -122,8 +122,12 @@ class SqlDriver:
     # -- connections --------------------------------------------------------------------------
 
     def engine_options(self) -> dict[str, Any]:
-        """Options for create_async_engine / create_engine; dialects add theirs."""
-        return {"pool_pre_ping": True, **self._engine_options}
+        """Options for create_async_engine / create_engine; dialects add theirs.
+
+        No pre-ping: it costs round trips on every checkout of the hot path. A connection that
+        died with its server fails one statement, is invalidated, and the caller retries.
+        """
+        return {**self._engine_options}
 
     def engine_setup(self, engine: Engine) -> None:
         """Hook to install connection events (SQLite pragmas)."""

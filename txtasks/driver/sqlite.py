@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
 
@@ -15,6 +16,7 @@ from txtasks.driver.base import Capabilities
 from txtasks.driver.sql import SqlDriver
 from txtasks.schema.tables import tasks
 
+log = logging.getLogger("txtasks.sqlite")
 BUSY_TIMEOUT_MS = 30_000
 T = TypeVar("T")
 
@@ -31,7 +33,10 @@ def sqlite_connection_setup(engine: Engine) -> None:
         dbapi_connection.isolation_level = None  # let SQLAlchemy's BEGIN below rule
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA journal_mode = WAL")
+        try:  # fails at once if another connection is writing; a later connection sets it
+            cursor.execute("PRAGMA journal_mode = WAL")
+        except Exception as exc:
+            log.debug("journal_mode = WAL not set now: %s", exc)
         cursor.execute("PRAGMA synchronous = NORMAL")
         cursor.close()
 

@@ -232,7 +232,6 @@ class AmqpPublisher:
         if exchange is None:
             self.stats.dropped += len(batch)
             return
-        self.stats.connected = True
         for queue, ids in batch.items():
             try:
                 await link.publish(exchange, queue, ids)
@@ -267,6 +266,8 @@ class AmqpSubscriber:
         self._closing = False
 
     async def start(self, queues: Sequence[str], on_wakeup: WakeupCallback) -> None:
+        await self.close()  # one subscription at a time: the latest worker's
+        self._closing = False
         if self._task is None:
             wanted = frozenset(queues)
             self._task = asyncio.create_task(self._run(wanted, on_wakeup), name="txtasks-wakeups")
@@ -355,6 +356,10 @@ class AmqpNotifier:
 
     async def subscribe(self, queues: Sequence[str], on_wakeup: WakeupCallback) -> None:
         await self.subscriber.start(queues, on_wakeup)
+
+    async def unsubscribe(self) -> None:
+        await self.subscriber.close()
+        self.stats.connected = False
 
     async def close(self) -> None:
         await self.subscriber.close()

@@ -28,6 +28,7 @@ class WakeupStats:
     dropped: int = 0
     received: int = 0
     malformed: int = 0
+    #: The worker side: consuming wake-ups now.
     connected: bool = False
 
 
@@ -41,6 +42,9 @@ class Notifier(Protocol):
 
     async def subscribe(self, queues: Sequence[str], on_wakeup: WakeupCallback) -> None:
         """Start calling `on_wakeup(queue)` for wake-ups of these queues; returns at once."""
+
+    async def unsubscribe(self) -> None:
+        """Stop consuming (a worker that stops); publishing goes on."""
 
     async def close(self) -> None:
         """Stop publishing and consuming; pending hints are dropped."""
@@ -58,6 +62,9 @@ class NullNotifier:
     async def subscribe(self, queues: Sequence[str], on_wakeup: WakeupCallback) -> None:
         return None
 
+    async def unsubscribe(self) -> None:
+        return None
+
     async def close(self) -> None:
         return None
 
@@ -73,7 +80,7 @@ def wakeup_decode(body: bytes) -> tuple[str, list[int]] | None:
         return None
     try:
         data: Any = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     if not isinstance(data, dict):
         return None

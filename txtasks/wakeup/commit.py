@@ -26,12 +26,20 @@ class PendingWakeups:
     """Hints collected during one transaction, coalesced per queue."""
 
     def __init__(self) -> None:
-        self.by_notifier: dict[int, tuple[Notifier, dict[str, list[int]]]] = {}
+        self.added: list[tuple[Notifier, Mapping[str, Sequence[int]]]] = []
+        self.savepoints: dict[str, int] = {}
 
     def add(self, notifier: Notifier, ids_by_queue: Mapping[str, Sequence[int]]) -> None:
-        _, queues = self.by_notifier.setdefault(id(notifier), (notifier, {}))
-        for queue, ids in ids_by_queue.items():
-            queues.setdefault(queue, []).extend(ids)
+        self.added.append((notifier, ids_by_queue))
+
+    @property
+    def by_notifier(self) -> dict[int, tuple[Notifier, dict[str, list[int]]]]:
+        grouped: dict[int, tuple[Notifier, dict[str, list[int]]]] = {}
+        for notifier, ids_by_queue in self.added:
+            _, queues = grouped.setdefault(id(notifier), (notifier, {}))
+            for queue, ids in ids_by_queue.items():
+                queues.setdefault(queue, []).extend(ids)
+        return grouped
 
     def publish(self) -> None:
         for notifier, queues in self.by_notifier.values():
@@ -63,12 +71,37 @@ def _discard_first(original: Callable[[Any], None]) -> Callable[[Any], None]:
     return hooked
 
 
+def _savepoint(original: Callable[..., None]) -> Callable[..., None]:
+    def hooked(connection: Any, name: str) -> None:
+        original(connection, name)
+        pending = connection.connection.info.get(PENDING_KEY)
+        if pending is not None:
+            pending.savepoints[name] = len(pending.added)
+        else:
+            connection.connection.info[PENDING_KEY] = p = PendingWakeups()
+            p.savepoints[name] = 0
+
+    return hooked
+
+
+def _rollback_to(original: Callable[..., None]) -> Callable[..., None]:
+    def hooked(connection: Any, name: str) -> None:
+        original(connection, name)
+        pending = connection.connection.info.get(PENDING_KEY)
+        if pending is not None and name in pending.savepoints:
+            del pending.added[pending.savepoints[name] :]
+
+    return hooked
+
+
 def install_hooks(dialect: Dialect) -> None:
     """Wrap this dialect instance's commit and rollback once (each engine has its own)."""
     if getattr(dialect, WRAPPED_FLAG, False):
         return
     dialect.do_commit = _after(dialect.do_commit, publish=True)  # type: ignore[method-assign, assignment]
     dialect.do_rollback = _discard_first(dialect.do_rollback)  # type: ignore[method-assign, assignment]
+    dialect.do_savepoint = _savepoint(dialect.do_savepoint)  # type: ignore[method-assign]
+    dialect.do_rollback_to_savepoint = _rollback_to(dialect.do_rollback_to_savepoint)  # type: ignore[method-assign]
     setattr(dialect, WRAPPED_FLAG, True)
 
 

@@ -184,6 +184,7 @@ class Worker:
         try:
             await self._claim_loop()
         finally:
+            await self.notifier.unsubscribe()  # a stopped worker must not take wake-ups
             await self._shutdown()
             self._beat_stop.set()
             self._outcomes.stop()
@@ -222,6 +223,7 @@ class Worker:
             for row in rows:
                 self._start(row)
             if rows:
+                await asyncio.sleep(0)  # let the handlers start before the next claim goes out
                 continue
             if self.config.burst and await self._drained():
                 return

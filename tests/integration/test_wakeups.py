@@ -1,0 +1,673 @@
+"""RabbitMQ wake-ups end to end: a real broker, a real database, a worker on the test's loop.
+
+A wake-up only saves latency: these tests check that it arrives after the commit (and makes an
+idle worker claim at once), that nothing is sent on rollback, and that no broker trouble (absent
+at start, connections cut, broker restarted, forged messages) loses, repeats or blocks a task.
+
+Every test uses its own task queue, because the AMQP queues outlive a test on the shared broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import aio_pika
+import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.orm import Session
+
+from tests.integration.rabbitmq_private import PrivateRabbitMQ
+from tests.tcp_proxy import TcpProxy
+from txtasks import App
+from txtasks.app import Task
+from txtasks.driver.urls import url_async, url_sync
+from txtasks.types import TaskRow, TaskState
+from txtasks.wakeup import Notifier
+from txtasks.wakeup.amqp import EXCHANGE, AmqpNotifier, amqp_queue_name
+from txtasks.wakeup.base import MAX_MESSAGE_BYTES
+from txtasks.worker.worker import Worker, WorkerConfig, WorkerStats
+
+pytestmark = pytest.mark.rabbitmq
+
+#: Seconds any expected event may take. Polls in the wake-up tests are 30 s, so a task that
+#: starts within this was woken, not found by a poll.
+WAIT = 10.0
+SLOW_POLL = 30.0
+FAST_POLL = 0.1
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+async def until(
+    check: Callable[[], bool | Awaitable[bool]],
+    what: str,
+    *,
+    timeout: float = WAIT,
+    probe: Callable[[], Awaitable[Any]] | None = None,
+    every: float = 0.5,
+) -> None:
+    """Wait for observable state; `probe` (if any) runs every `every` seconds meanwhile."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    next_probe = loop.time()
+    while True:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        now = loop.time()
+        if now > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        if probe is not None and now >= next_probe:
+            await probe()
+            next_probe = now + every
+        await asyncio.sleep(0.02)
+
+
+def new_queue(label: str) -> str:
+    return f"wk-{label}-{uuid.uuid4().hex[:10]}"
+
+
+class Runs:
+    """The handler: records each payload it runs and signals when a given one starts."""
+
+    def __init__(self) -> None:
+        self.payloads: list[Any] = []
+        self._started: dict[str, asyncio.Event] = {}
+
+    def started(self, payload: str) -> asyncio.Event:
+        return self._started.setdefault(payload, asyncio.Event())
+
+    async def handler(self, payload: Any) -> None:
+        self.payloads.append(payload)
+        self.started(json.dumps(payload)).set()
+
+    async def wait_started(self, payload: Any, timeout: float = WAIT) -> None:
+        try:
+            await asyncio.wait_for(self.started(json.dumps(payload)).wait(), timeout)
+        except asyncio.TimeoutError:
+            raise AssertionError(f"the task {payload!r} did not start within {timeout}s") from None
+
+    def assert_each_ran_once(self, expected: list[Any]) -> None:
+        key = json.dumps
+        assert sorted(map(key, self.payloads)) == sorted(map(key, expected))
+
+
+class ClaimCounter:
+    """The worker's driver, counting claims (and the empty ones) so tests see what it did."""
+
+    def __init__(self, driver: Any) -> None:
+        self._driver = driver
+        self.calls = 0
+        self.empty = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._driver, name)
+
+    async def task_claim_many(self, *args: Any, **kwargs: Any) -> list[TaskRow]:
+        rows: list[TaskRow] = await self._driver.task_claim_many(*args, **kwargs)
+        self.calls += 1
+        self.empty += not rows
+        return rows
+
+
+@dataclass
+class RunningWorker:
+    worker: Worker
+    claims: ClaimCounter
+    running: asyncio.Task[WorkerStats]
+
+    @property
+    def stats(self) -> WorkerStats:
+        return self.worker.stats
+
+    def stop(self) -> None:
+        self.worker.stop()
+
+
+class Harness:
+    """One app (the publisher side), its task, a SQLAlchemy engine, and workers, all closed."""
+
+    def __init__(
+        self,
+        stack: contextlib.AsyncExitStack,
+        database_url: str,
+        broker_url: str,
+        queue: str,
+        notifier: AmqpNotifier | None = None,
+    ) -> None:
+        self.stack = stack
+        self.database_url = database_url
+        self.queue = queue
+        self.runs = Runs()
+        self.app = App(
+            "wakeups", database_url=database_url, broker_url=broker_url, notifier=notifier
+        )
+        stack.push_async_callback(self.app.aclose)
+        self.task: Task = self.app.task(name="wakeups.task", queue=queue)(self.runs.handler)
+        self.engine: AsyncEngine = create_async_engine(url_async(database_url))
+        stack.push_async_callback(self.engine.dispose)
+
+    @classmethod
+    async def create(
+        cls,
+        stack: contextlib.AsyncExitStack,
+        database_url: str,
+        broker_url: str,
+        queue: str,
+        notifier: AmqpNotifier | None = None,
+    ) -> Harness:
+        harness = cls(stack, database_url, broker_url, queue, notifier)
+        # txtasks' first connection turns a fresh SQLite file to WAL, which fails at once while
+        # another connection writes: make it before the test's own engine writes
+        await harness.app.driver.open()
+        return harness
+
+    async def subscriber(self, broker_url: str) -> AmqpNotifier:
+        """A notifier of the worker's own, so its stats are about consuming alone."""
+        notifier = AmqpNotifier(broker_url)
+        self.stack.push_async_callback(notifier.close)
+        return notifier
+
+    async def worker(self, *, poll: float, notifier: AmqpNotifier | None = None) -> RunningWorker:
+        """A worker running as a task of the test's loop; stopped (and checked) at the end."""
+        claims = ClaimCounter(self.app.driver)
+        config = WorkerConfig(poll_interval=poll, flush_interval=0.001, shutdown_grace=5)
+        worker = Worker(self.app, config, driver=claims, notifier=notifier)  # type: ignore[arg-type]
+        running = RunningWorker(worker, claims, asyncio.create_task(worker.run()))
+
+        async def stop() -> None:
+            worker.stop()
+            await asyncio.wait_for(running.running, 15)  # also raises what the worker raised
+
+        self.stack.push_async_callback(stop)
+        return running
+
+    async def enqueue(self, payload: Any, *, commit: bool = True) -> int:
+        """Enqueue in the caller's AsyncConnection transaction, then commit or roll back."""
+        async with self.engine.connect() as conn:
+            task_id = await self.task.aenqueue_tx(conn, payload)
+            await (conn.commit() if commit else conn.rollback())
+        return task_id
+
+    async def row(self, task_id: int) -> TaskRow | None:
+        return await self.app.driver.task_get(task_id)
+
+    async def done(self, *ids: int) -> bool:
+        for task_id in ids:
+            row = await self.row(task_id)
+            if row is None or row.state is not TaskState.COMPLETED:
+                return False
+        return True
+
+    async def assert_completed_once(self, *ids: int) -> None:
+        for task_id in ids:
+            row = await self.row(task_id)
+            assert row is not None, f"task {task_id} is gone"
+            assert (row.state, row.attempt) == (TaskState.COMPLETED, 1), (task_id, row)
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[contextlib.AsyncExitStack]:
+    async with contextlib.AsyncExitStack() as exit_stack:
+        yield exit_stack
+
+
+async def idle(worker: RunningWorker, notifier: Notifier) -> None:
+    """Wait until the worker consumes wake-ups and its first claim has come back empty."""
+    await until(lambda: notifier.stats.connected, "the worker's subscriber connects")
+    await until(lambda: worker.claims.calls >= 1, "the worker's first claim")
+    assert worker.claims.empty == worker.claims.calls, "the queue should start empty"
+
+
+async def publish_raw(amqp_url: str, queue: str, bodies: list[bytes]) -> None:
+    """Publish bodies straight into the AMQP queue of `queue`, as anybody with access could."""
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        channel = await connection.channel()  # publisher confirms: routed when publish returns
+        for body in bodies:
+            await channel.default_exchange.publish(
+                aio_pika.Message(body), routing_key=amqp_queue_name(queue)
+            )
+
+
+async def next_message(amqp_queue: Any) -> Any:
+    """The next message of an AMQP queue (basic.get), waiting for it to be routed there."""
+    got: list[Any] = []
+
+    async def arrived() -> bool:
+        message = await amqp_queue.get(no_ack=True, fail=False)
+        if message is not None:
+            got.append(message)
+        return bool(got)
+
+    await until(arrived, f"a message in {amqp_queue.name}")
+    return got[0]
+
+
+# ----------------------------------------------------------------------------- wake-ups
+
+
+async def test_a_commit_wakes_an_idle_worker_at_once(
+    database_url: str, amqp_url: str, stack: contextlib.AsyncExitStack
+) -> None:
+    h = await Harness.create(stack, database_url, amqp_url, new_queue("commit"))
+    worker = await h.worker(poll=SLOW_POLL)  # the app's own notifier: the default wiring
+    await idle(worker, h.app.notifier)
+
+    task_id = await h.enqueue({"order": 1})
+    await h.runs.wait_started({"order": 1})  # a poll would take 30 s
+
+    assert worker.stats.wakeups >= 1
+    assert worker.claims.calls >= 2  # the claim that found it came after the wake-up
+    await until(lambda: h.done(task_id), "the task completes")
+    await until(lambda: h.app.notifier.stats.published == 1, "the publisher counts its message")
+    stats = h.app.notifier.stats
+    assert (stats.received, stats.malformed, stats.dropped) == (1, 0, 0)
+    h.runs.assert_each_ran_once([{"order": 1}])
+    await h.assert_completed_once(task_id)
+
+
+async def test_a_sync_session_commit_wakes_the_worker_with_one_message_per_queue(
+    database_url: str, amqp_url: str, stack: contextlib.AsyncExitStack
+) -> None:
+    h = await Harness.create(stack, database_url, amqp_url, new_queue("session"))
+    other = h.app.task(name="wakeups.other", queue=new_queue("session-other"))(h.runs.handler)
+    worker = await h.worker(poll=SLOW_POLL)
+    await idle(worker, h.app.notifier)
+
+    engine = create_engine(url_sync(h.database_url))
+    try:
+
+        def business_transaction() -> None:
+            with Session(engine) as session:
+                for n in range(5):
+                    h.task.enqueue_tx(session, {"line": n})
+                other.enqueue_tx(session, {"line": "other"})
+                session.commit()
+
+        await asyncio.to_thread(business_transaction)
+    finally:
+        engine.dispose()
+    for payload in [*({"line": n} for n in range(5)), {"line": "other"}]:
+        await h.runs.wait_started(payload)
+    # six tasks in two queues, one transaction: two messages
+    await until(lambda: h.app.notifier.stats.received == 2, "both queues' wake-ups arrive")
+    await until(lambda: h.app.notifier.stats.published == 2, "the publisher counts two")
+    assert worker.stats.wakeups == 2
+    h.runs.assert_each_ran_once([*({"line": n} for n in range(5)), {"line": "other"}])
+
+
+async def test_a_rolled_back_enqueue_sends_nothing(
+    database_url: str, amqp_url: str, stack: contextlib.AsyncExitStack
+) -> None:
+    h = await Harness.create(stack, database_url, amqp_url, new_queue("rollback"))
+    worker = await h.worker(poll=SLOW_POLL)
+    await idle(worker, h.app.notifier)
+
+    gone = await h.enqueue("rolled back", commit=False)
+    kept = await h.enqueue("committed")
+    await h.runs.wait_started("committed")
+
+    # the publisher works in order: a message for the rollback would be counted before this one
+    await until(lambda: h.app.notifier.stats.published >= 1, "the publisher counts its message")
+    stats = h.app.notifier.stats
+    assert (stats.published, stats.received, stats.dropped) == (1, 1, 0)
+    assert worker.stats.wakeups == 1
+    await until(lambda: h.done(kept), "the committed task completes")
+    h.runs.assert_each_ran_once(["committed"])
+    if gone != kept:  # SQLite may hand the rolled-back id out again
+        assert await h.row(gone) is None
+
+
+async def test_a_wakeup_that_overtakes_its_commit_still_runs_the_task_once(
+    database_url: str, amqp_url: str, stack: contextlib.AsyncExitStack
+) -> None:
+    h = await Harness.create(stack, database_url, amqp_url, new_queue("early"))
+    worker = await h.worker(poll=0.2)
+    await idle(worker, h.app.notifier)
+
+    async with h.engine.connect() as conn:
+        task_id = await h.task.aenqueue_tx(conn, "early bird")
+        h.app.notify(h.queue, [task_id])  # by hand, before the row is committed
+        await until(lambda: worker.stats.wakeups == 1, "the early wake-up reaches the worker")
+        assert h.runs.payloads == []
+        await conn.commit()
+
+    await h.runs.wait_started("early bird")  # by the next poll or the after-commit wake-up
+    await until(lambda: h.done(task_id), "the task completes")
+    await until(lambda: worker.stats.wakeups == 2, "the after-commit wake-up arrives too")
+    h.runs.assert_each_ran_once(["early bird"])
+    await h.assert_completed_once(task_id)
+
+
+async def test_forged_and_malformed_messages_are_counted_and_ignored(
+    database_url: str, amqp_url: str, stack: contextlib.AsyncExitStack
+) -> None:
+    h = await Harness.create(stack, database_url, amqp_url, new_queue("forged"))
+    worker = await h.worker(poll=SLOW_POLL)
+    stats = h.app.notifier.stats
+    await idle(worker, h.app.notifier)
+
+    malformed = [
+        b"\x00\xffnot json at all",
+        json.dumps({"queue": "somebody-else", "ids": [1]}).encode(),  # not this worker's queue
+        json.dumps({"queue": h.queue, "ids": ["1; DROP TABLE txtasks_tasks"]}).encode(),
+        json.dumps({"queue": h.queue, "ids": [True]}).encode(),
+        b"[" + b"1," * (MAX_MESSAGE_BYTES // 2) + b"1]",  # too large
+        b"x" * (1024 * 1024),
+    ]
+    await publish_raw(amqp_url, h.queue, malformed)
+    await until(lambda: stats.malformed == len(malformed), "every malformed message is counted")
+    assert (stats.received, worker.stats.wakeups) == (0, 0)
+    assert not worker.running.done()
+
+    # a valid-looking forgery with made-up ids: one empty claim, nothing else
+    claims = worker.claims.calls
+    await publish_raw(amqp_url, h.queue, [json.dumps({"queue": h.queue, "ids": [987654]}).encode()])
+    await until(lambda: worker.claims.calls == claims + 1, "the forged wake-up makes one claim")
+    assert (stats.received, worker.stats.wakeups, worker.claims.empty) == (1, 1, claims + 1)
+
+    # the worker still runs real tasks, woken as usual
+    task_id = await h.enqueue("real")
+    await h.runs.wait_started("real")
+    await until(lambda: h.done(task_id), "the real task completes")
+
+    # a forgery naming the finished task does not run it again
+    claims = worker.claims.calls
+    await publish_raw(
+        amqp_url, h.queue, [json.dumps({"queue": h.queue, "ids": [task_id]}).encode()]
+    )
+    await until(lambda: worker.claims.calls == claims + 1, "the forged wake-up makes one claim")
+    assert worker.claims.empty == worker.claims.calls - 1  # only the real task's claim had rows
+    assert stats.malformed == len(malformed)
+    h.runs.assert_each_ran_once(["real"])
+    await h.assert_completed_once(task_id)
+    assert not worker.running.done()
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_topology_one_small_transient_json_message_per_queue(
+    database_url: str, amqp_url: str, stack: contextlib.AsyncExitStack
+) -> None:
+    h = await Harness.create(stack, database_url, amqp_url, new_queue("topology"))
+    other = h.app.task(name="wakeups.other", queue=new_queue("topology-other"))(h.runs.handler)
+    async with h.engine.connect() as conn:  # no worker yet: the messages wait in their queues
+        ids = [await h.task.aenqueue_tx(conn, n) for n in range(3)]
+        other_id = await other.aenqueue_tx(conn, "other")
+        await conn.commit()
+    await until(lambda: h.app.notifier.stats.published == 2, "one message per task queue")
+
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        # a direct, durable exchange (declaring it otherwise would fail: PRECONDITION_FAILED)
+        await channel.declare_exchange(EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True)
+        for queue, queue_ids in ((h.queue, ids), (other.options.queue, [other_id])):
+            amqp_queue = await channel.declare_queue(amqp_queue_name(queue), passive=True)
+            message = await next_message(amqp_queue)
+            assert json.loads(message.body) == {"queue": queue, "ids": queue_ids}
+            assert len(message.body) < 200
+            assert message.content_type == "application/json"
+            assert message.delivery_mode == aio_pika.DeliveryMode.NOT_PERSISTENT
+            assert message.routing_key == queue and message.exchange == EXCHANGE
+            assert await amqp_queue.get(no_ack=True, fail=False) is None  # coalesced: just one
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_competing_workers_one_message_wakes_one_worker(
+    database_url: str, amqp_url: str, stack: contextlib.AsyncExitStack
+) -> None:
+    h = await Harness.create(stack, database_url, amqp_url, new_queue("compete"))
+    workers: list[RunningWorker] = []
+    for _ in range(2):
+        notifier = await h.subscriber(amqp_url)
+        worker = await h.worker(poll=SLOW_POLL, notifier=notifier)
+        await idle(worker, notifier)
+        workers.append(worker)
+
+    def wakeups() -> int:
+        return sum(w.stats.wakeups for w in workers)
+
+    for n in range(4):
+        await h.enqueue(n)
+        await h.runs.wait_started(n)
+        await until(lambda: wakeups() == len(h.runs.payloads), "one wake-up per message")
+    assert [w.stats.wakeups for w in workers] == [2, 2]  # the broker deals them out in turn
+    assert sum(w.stats.started for w in workers) == 4
+    h.runs.assert_each_ran_once(list(range(4)))
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_a_deeply_nested_message_is_malformed_not_fatal(
+    database_url: str, amqp_url: str, stack: contextlib.AsyncExitStack
+) -> None:
+    """Small but nested past the recursion limit: `json.loads` raises RecursionError."""
+    h = await Harness.create(stack, database_url, amqp_url, new_queue("nested"))
+    worker = await h.worker(poll=SLOW_POLL)
+    stats = h.app.notifier.stats
+    await idle(worker, h.app.notifier)
+
+    await publish_raw(amqp_url, h.queue, [b"[" * 5000 + b"]" * 5000])
+    task_id = await h.enqueue("after the bomb")
+    await h.runs.wait_started("after the bomb")  # still woken: the consumer survived
+    await until(lambda: h.done(task_id), "the task completes")
+    assert stats.malformed == 1
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_a_stopped_worker_no_longer_takes_wakeups_from_the_others(
+    database_url: str, amqp_url: str, stack: contextlib.AsyncExitStack
+) -> None:
+    """Competing consumers: a message goes to one consumer, so a stopped one must leave."""
+    queue = new_queue("handover")
+    # a process whose worker has stopped, while its app stays open (it still enqueues, say)
+    old = await Harness.create(stack, database_url, amqp_url, queue)
+    old_worker = await old.worker(poll=SLOW_POLL)
+    await idle(old_worker, old.app.notifier)
+    old_worker.stop()
+    await old_worker.running
+
+    h = await Harness.create(stack, database_url, amqp_url, queue)
+    worker = await h.worker(poll=SLOW_POLL)
+    await idle(worker, h.app.notifier)
+    for n in range(3):
+        await h.enqueue(f"task {n}")
+        await h.runs.wait_started(f"task {n}")  # woken each time, not found by a 30 s poll
+    assert worker.stats.wakeups == 3
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_a_new_worker_on_the_same_app_gets_the_wakeups(
+    database_url: str, amqp_url: str, stack: contextlib.AsyncExitStack
+) -> None:
+    """A worker restarted in the same process (same App) is woken like the first one."""
+    h = await Harness.create(stack, database_url, amqp_url, new_queue("restarted"))
+    first = await h.worker(poll=SLOW_POLL)
+    await idle(first, h.app.notifier)
+    first.stop()
+    await first.running
+
+    second = await h.worker(poll=SLOW_POLL)
+    await until(lambda: second.claims.calls >= 1, "the new worker's first claim")
+    await h.enqueue("after the restart")
+    await h.runs.wait_started("after the restart")
+    assert (first.stats.wakeups, second.stats.wakeups) == (0, 1)
+
+
+# ----------------------------------------------------------------------------- broker trouble
+
+
+async def test_an_absent_broker_never_blocks_or_breaks_the_enqueuer(
+    database_url: str, amqp_url: str, stack: contextlib.AsyncExitStack
+) -> None:
+    # the worst broker: it accepts the TCP connection, then never answers
+    silent: list[asyncio.StreamWriter] = []
+    accepted = asyncio.Event()
+
+    async def swallow(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        silent.append(writer)
+        accepted.set()
+
+    def hang_up() -> None:
+        for writer in silent:
+            writer.transport.abort()
+
+    blackhole = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    stack.push_async_callback(blackhole.wait_closed)
+    stack.callback(blackhole.close)
+    stack.callback(hang_up)
+    url = f"amqp://app:app@127.0.0.1:{blackhole.sockets[0].getsockname()[1]}/"
+    # a long publish timeout: the publisher stays stuck until the broker hangs up
+    h = await Harness.create(
+        stack, database_url, url, new_queue("absent"), AmqpNotifier(url, publish_timeout=60)
+    )
+    stats = h.app.notifier.stats
+
+    first = await h.enqueue("one")  # returns: the hint is handed to the publisher's thread
+    await asyncio.wait_for(accepted.wait(), WAIT)  # the publisher is now stuck connecting
+    second = await h.enqueue("two")  # and commits do not wait for it
+    third = await h.task.aenqueue("three")  # nor do enqueues in a transaction of their own
+    fourth = h.task.enqueue("four")
+    assert (stats.published, stats.dropped) == (0, 0)  # so nothing was given up yet either
+
+    hang_up()
+    await until(lambda: stats.dropped >= 1, "the publisher gives up and counts the drop")
+    assert stats.published == 0 and not stats.connected
+    for task_id in (first, second, third, fourth):
+        row = await h.row(task_id)
+        assert row is not None and row.state is TaskState.PENDING
+
+    # nothing listening at all (connection refused) is the same: counted, never raised
+    proxy = await TcpProxy.for_url(amqp_url)
+    stack.push_async_callback(proxy.close)
+    await proxy.refuse()
+    refused = await Harness.create(stack, database_url, proxy.url_for(amqp_url), h.queue)
+    await refused.enqueue("five")
+    refused.task.enqueue("six")
+    await until(lambda: refused.app.notifier.stats.dropped >= 1, "refused hints are dropped")
+    assert refused.app.notifier.stats.published == 0
+
+
+async def test_a_worker_started_without_a_broker_polls_then_resumes_wakeups(
+    database_url: str, amqp_url: str, stack: contextlib.AsyncExitStack
+) -> None:
+    proxy = await TcpProxy.for_url(amqp_url)
+    stack.push_async_callback(proxy.close)
+    await proxy.refuse()
+    h = await Harness.create(stack, database_url, amqp_url, new_queue("late-broker"))
+    subscriber = await h.subscriber(proxy.url_for(amqp_url))
+    worker = await h.worker(poll=FAST_POLL, notifier=subscriber)
+
+    # phase 1: no broker for the worker; tasks complete by polling
+    ids = [await h.enqueue(f"polled {n}") for n in range(3)]
+    await until(lambda: h.done(*ids), "tasks complete by polling")
+    assert not subscriber.stats.connected
+    assert (worker.stats.wakeups, subscriber.stats.received) == (0, 0)
+    assert not worker.running.done()
+
+    # phase 2: the broker comes back; the subscriber reconnects by itself
+    await proxy.accept()
+    await until(lambda: subscriber.stats.connected, "the subscriber reconnects", timeout=20)
+    # the hints published during phase 1 (some coalesced) waited in the AMQP queue
+    published = h.app.notifier.stats
+    await until(lambda: published.published + published.coalesced == 3, "phase 1 hints went out")
+    backlog = published.published
+    await until(lambda: subscriber.stats.received == backlog, "the waiting hints are delivered")
+    late = await h.enqueue("woken")
+    await h.runs.wait_started("woken")
+    await until(lambda: subscriber.stats.received == backlog + 1, "the new wake-up arrives")
+    assert worker.stats.wakeups == backlog + 1
+    await until(lambda: h.done(late), "the task completes")
+    h.runs.assert_each_ran_once([*(f"polled {n}" for n in range(3)), "woken"])
+    await h.assert_completed_once(*ids, late)
+
+
+async def test_connections_dropped_mid_run_lose_nothing_and_wakeups_resume(
+    database_url: str, amqp_url: str, stack: contextlib.AsyncExitStack
+) -> None:
+    proxy = await TcpProxy.for_url(amqp_url)
+    stack.push_async_callback(proxy.close)
+    # publisher and subscriber both go through the proxy
+    h = await Harness.create(stack, database_url, proxy.url_for(amqp_url), new_queue("dropped"))
+    subscriber = await h.subscriber(proxy.url_for(amqp_url))
+    worker = await h.worker(poll=FAST_POLL, notifier=subscriber)
+    await until(lambda: subscriber.stats.connected, "the subscriber connects")
+    first = await h.enqueue("before")
+    await until(lambda: worker.stats.wakeups >= 1, "wake-ups work before the cut")
+    await until(lambda: h.done(first), "the first task completes")
+    assert proxy.connections == 2  # the publisher's and the subscriber's
+
+    accepted = proxy.accepted
+    proxy.drop_all()
+    wakeups = worker.stats.wakeups
+    during = [await h.enqueue(f"during {n}") for n in range(3)]  # commits return normally
+    await until(lambda: h.done(*during), "tasks keep completing by polling")
+
+    await until(
+        lambda: proxy.accepted >= accepted + 2 and subscriber.stats.connected,
+        "publisher and subscriber reconnect",
+        timeout=20,
+    )
+    probes: list[int] = []
+
+    async def probe() -> None:  # hints sent while the publisher is still reconnecting are lost
+        probes.append(await h.enqueue(f"probe {len(probes)}"))
+
+    await until(lambda: worker.stats.wakeups > wakeups, "wake-ups resume", probe=probe)
+    await until(lambda: h.done(*probes), "the probes complete")
+    h.runs.assert_each_ran_once(
+        ["before", *(f"during {n}" for n in range(3)), *(f"probe {n}" for n in range(len(probes)))]
+    )
+    await h.assert_completed_once(first, *during, *probes)
+    assert not worker.running.done()
+
+
+@pytest.fixture
+def private_broker() -> Iterator[PrivateRabbitMQ]:
+    with PrivateRabbitMQ.running() as broker:
+        yield broker
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+async def test_a_broker_restart_loses_no_task_and_wakeups_resume(
+    database_url: str, private_broker: PrivateRabbitMQ, stack: contextlib.AsyncExitStack
+) -> None:
+    h = await Harness.create(stack, database_url, private_broker.url, new_queue("restart"))
+    subscriber = await h.subscriber(private_broker.url)
+    worker = await h.worker(poll=FAST_POLL, notifier=subscriber)
+    await until(lambda: subscriber.stats.connected, "the subscriber connects")
+    first = await h.enqueue("before")
+    await until(lambda: worker.stats.wakeups >= 1, "wake-ups work before the restart")
+
+    await asyncio.to_thread(private_broker.stop)  # the worker keeps running meanwhile
+    await until(lambda: not subscriber.stats.connected, "the subscriber notices")
+    wakeups = worker.stats.wakeups
+    during = [await h.enqueue(f"during {n}") for n in range(3)]  # commits return normally
+    await until(lambda: h.done(first, *during), "tasks complete by polling without a broker")
+    assert worker.stats.wakeups == wakeups
+
+    await asyncio.to_thread(private_broker.start)
+    await until(lambda: subscriber.stats.connected, "the subscriber reconnects", timeout=20)
+    probes: list[int] = []
+
+    async def probe() -> None:
+        probes.append(await h.enqueue(f"probe {len(probes)}"))
+
+    await until(lambda: worker.stats.wakeups > wakeups, "wake-ups resume", probe=probe)
+    await until(lambda: h.done(*probes), "the probes complete")
+    h.runs.assert_each_ran_once(
+        ["before", *(f"during {n}" for n in range(3)), *(f"probe {n}" for n in range(len(probes)))]
+    )
+    await h.assert_completed_once(first, *during, *probes)
+    assert not worker.running.done()
