@@ -635,8 +635,8 @@ def pgqueuer_version() -> str | None:
 PROFILE_SEGMENTS = [
     ("before_commit", "notify", "enqueuer: COMMIT round trip, up to txtasks' after-commit hook"),
     ("notify", "committed", "enqueuer: after-commit hook → commit returns to the caller"),
-    ("committed", "publish_start", "enqueuer: commit returned → publisher thread publishes"),
-    ("publish_start", "publish_end", "enqueuer: aio-pika publish call (publisher thread)"),
+    ("committed", "publish_start", "enqueuer: commit returned → the publisher sends"),
+    ("publish_start", "publish_end", "enqueuer: the publish call (handed to the connection writer)"),
     ("publish_end", "wakeup", "RabbitMQ → worker's wake-up handler runs"),
     ("wakeup", "claim_start", "worker: wake-up → claim starts"),
     ("claim_start", "do_ping_start", "claim: txtasks + SQLAlchemy up to the pool pre-ping"),
@@ -671,23 +671,23 @@ class PublishTimes:
         from txtasks.wakeup import amqp
 
         notified, published = self.notified, self.published
-        notify = amqp.AmqpPublisher.notify
+        notify = amqp.AmqpNotifier.notify
         publish = amqp._PublishLink.publish
 
-        def timed_notify(publisher: Any, queue: str, ids: Sequence[int]) -> None:
+        def timed_notify(publisher: Any, queue: str, ids: Sequence[int] = ()) -> None:
             now = time.monotonic()
             for task_id in ids:
                 notified[task_id] = now
             notify(publisher, queue, ids)
 
-        async def timed_publish(link: Any, exchange: Any, queue: str, ids: list[int]) -> None:
+        async def timed_publish(link: Any, queue: str, ids: list[int]) -> None:
             start = time.monotonic()
-            await publish(link, exchange, queue, ids)
+            await publish(link, queue, ids)
             end = time.monotonic()
             for task_id in ids:
                 published[task_id] = (start, end)
 
-        amqp.AmqpPublisher.notify = timed_notify  # type: ignore[method-assign]
+        amqp.AmqpNotifier.notify = timed_notify  # type: ignore[method-assign]
         amqp._PublishLink.publish = timed_publish  # type: ignore[method-assign]
 
 

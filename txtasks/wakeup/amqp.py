@@ -18,13 +18,21 @@ import logging
 import os
 import random
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import aio_pika
+import aiormq
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
-from txtasks.wakeup.base import WakeupCallback, WakeupStats, wakeup_decode, wakeup_encode
+from txtasks.wakeup.base import (
+    MAX_IDS,
+    WakeupCallback,
+    WakeupStats,
+    wakeup_decode,
+    wakeup_encode,
+)
 
 log = logging.getLogger("txtasks.wakeup")
 
@@ -35,6 +43,7 @@ MESSAGE_TTL_MS = 60_000
 #: A queue nobody consumes keeps at most this many hints (the oldest are dropped).
 MAX_QUEUE_LENGTH = 10_000
 RECONNECT_INTERVAL = 1.0
+PROPERTIES = aiormq.spec.Basic.Properties(content_type="application/json", delivery_mode=1)
 MAX_BACKOFF = 30.0
 
 
@@ -56,6 +65,12 @@ async def declare(channel: aio_pika.abc.AbstractChannel, queue: str) -> Any:
     )
     await amqp_queue.bind(exchange, routing_key=queue)
     return amqp_queue
+
+
+def _merge(pending: dict[str, list[int]], queue: str, ids: Sequence[int]) -> None:
+    """Coalesce hints of one queue, keeping at most the ids one message carries."""
+    known = pending.setdefault(queue, [])
+    known.extend(ids[: max(0, MAX_IDS - len(known))])
 
 
 class _Once:
@@ -84,6 +99,7 @@ class _PublishLink:
         self.timeout = timeout
         self.health = health
         self.connection: AbstractRobustConnection | None = None
+        self._channel: Any = None
         self._exchange: Any = None
         self.declared: set[str] = set()
         self.backoff = 0.0
@@ -100,8 +116,8 @@ class _PublishLink:
             self.connection = await aio_pika.connect_robust(
                 self.url, timeout=self.timeout, reconnect_interval=RECONNECT_INTERVAL
             )
-            channel = await self.connection.channel(publisher_confirms=False)
-            self._exchange = await channel.declare_exchange(
+            self._channel = await self.connection.channel(publisher_confirms=False)
+            self._exchange = await self._channel.declare_exchange(
                 EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True
             )
             self.declared.clear()
@@ -113,24 +129,72 @@ class _PublishLink:
             self.health.failed(exc)
         return self._exchange
 
-    async def publish(self, exchange: Any, queue: str, ids: list[int]) -> None:
+    async def publish(self, queue: str, ids: list[int]) -> None:
+        """One message; handed to the connection's writer without waiting for the drain."""
         if queue not in self.declared:  # so a hint waits in its queue even before any worker
-            await asyncio.wait_for(declare(exchange.channel, queue), self.timeout)
+            await asyncio.wait_for(declare(self._channel, queue), self.timeout)
             self.declared.add(queue)
-        message = aio_pika.Message(
+        channel = await self._channel.get_underlay_channel()
+        await channel.basic_publish(
             wakeup_encode(queue, ids),
-            content_type="application/json",
-            delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT,
+            exchange=EXCHANGE,
+            routing_key=queue,
+            properties=PROPERTIES,
+            timeout=self.timeout,
+            wait=False,
         )
-        await asyncio.wait_for(
-            exchange.publish(message, routing_key=queue, mandatory=False), self.timeout
-        )
+
+    async def publish_batch(self, batch: dict[str, list[int]], stats: WakeupStats) -> None:
+        """One message per queue; failures are counted and logged once, never raised."""
+        if await self.exchange() is None:
+            stats.dropped += len(batch)
+            return
+        for queue, ids in batch.items():
+            try:
+                await self.publish(queue, ids)
+                stats.published += 1
+                self.health.ok()
+            except Exception as exc:
+                stats.dropped += 1
+                self.health.failed(exc)
 
     async def close(self) -> None:
         connection, self.connection, self._exchange = self.connection, None, None
+        self._channel = None
         if connection is not None:
             with contextlib.suppress(Exception):
                 await connection.close()
+
+
+class LoopPublisher:
+    """Publishes on the committing code's own event loop: no thread hop for async callers."""
+
+    def __init__(self, url: str, stats: WakeupStats, *, max_pending: int, timeout: float) -> None:
+        self.stats = stats
+        self.max_pending = max_pending
+        self.link = _PublishLink(url, timeout, _Once("wake-up publisher"))
+        self._pending: dict[str, list[int]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def notify(self, queue: str, ids: Sequence[int]) -> None:
+        if len(self._pending) >= self.max_pending:
+            self.stats.dropped += 1
+            return
+        if queue in self._pending:
+            self.stats.coalesced += 1
+        _merge(self._pending, queue, ids)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, {}
+            await self.link.publish_batch(batch, self.stats)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.link.close()
 
 
 class AmqpPublisher:
@@ -169,13 +233,18 @@ class AmqpPublisher:
                 return
             if queue in self._pending:
                 self.stats.coalesced += 1
-            self._pending.setdefault(queue, []).extend(ids)
+            _merge(self._pending, queue, ids)
             self._pending_count += 1
             self._start_thread()
             loop, ready = self._loop, self._ready
         if loop is not None and ready is not None:
             with contextlib.suppress(RuntimeError):  # the loop is closing
                 loop.call_soon_threadsafe(ready.set)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The background thread's loop (hints raised on it must not start another publisher)."""
+        return self._loop
 
     def _reset_after_fork(self) -> None:
         self._pid = os.getpid()
@@ -221,25 +290,11 @@ class AmqpPublisher:
                 self._ready.clear()
                 batch = self._take()
                 if batch:
-                    await self._publish(link, batch)
+                    await link.publish_batch(batch, self.stats)
                 if self._closing:
                     return
         finally:
             await link.close()
-
-    async def _publish(self, link: _PublishLink, batch: dict[str, list[int]]) -> None:
-        exchange = await link.exchange()
-        if exchange is None:
-            self.stats.dropped += len(batch)
-            return
-        for queue, ids in batch.items():
-            try:
-                await link.publish(exchange, queue, ids)
-                self.stats.published += 1
-                self._health.ok()
-            except Exception as exc:
-                self.stats.dropped += 1
-                self._health.failed(exc)
 
     def close(self, timeout: float = 2.0) -> None:
         with self._lock:
@@ -346,13 +401,31 @@ class AmqpNotifier:
     ) -> None:
         self.url = url
         self.stats = WakeupStats()
+        self.max_pending = max_pending
+        self.publish_timeout = publish_timeout
         self.publisher = AmqpPublisher(
             url, self.stats, max_pending=max_pending, publish_timeout=publish_timeout
         )
+        self.loop_publishers: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, LoopPublisher
+        ] = weakref.WeakKeyDictionary()
         self.subscriber = AmqpSubscriber(url, self.stats)
 
     def notify(self, queue: str, ids: Sequence[int] = ()) -> None:
-        self.publisher.notify(queue, ids)
+        """From a thread running an event loop, publish on that loop; else on the thread."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None or loop is self.publisher.loop:
+            self.publisher.notify(queue, ids)
+            return
+        publisher = self.loop_publishers.get(loop)
+        if publisher is None:
+            publisher = self.loop_publishers[loop] = LoopPublisher(
+                self.url, self.stats, max_pending=self.max_pending, timeout=self.publish_timeout
+            )
+        publisher.notify(queue, ids)
 
     async def subscribe(self, queues: Sequence[str], on_wakeup: WakeupCallback) -> None:
         await self.subscriber.start(queues, on_wakeup)
@@ -362,5 +435,10 @@ class AmqpNotifier:
         self.stats.connected = False
 
     async def close(self) -> None:
+        """Close the subscriber and publishers; hints still pending are published first."""
         await self.subscriber.close()
-        await asyncio.get_running_loop().run_in_executor(None, self.publisher.close)
+        loop = asyncio.get_running_loop()
+        publisher = self.loop_publishers.pop(loop, None)
+        if publisher is not None:
+            await publisher.close()
+        await loop.run_in_executor(None, self.publisher.close)
