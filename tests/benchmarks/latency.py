@@ -636,7 +636,11 @@ PROFILE_SEGMENTS = [
     ("before_commit", "notify", "enqueuer: COMMIT round trip, up to txtasks' after-commit hook"),
     ("notify", "committed", "enqueuer: after-commit hook → commit returns to the caller"),
     ("committed", "publish_start", "enqueuer: commit returned → the publisher sends"),
-    ("publish_start", "publish_end", "enqueuer: the publish call (handed to the connection writer)"),
+    (
+        "publish_start",
+        "publish_end",
+        "enqueuer: the publish call (handed to the connection writer)",
+    ),
     ("publish_end", "wakeup", "RabbitMQ → worker's wake-up handler runs"),
     ("wakeup", "claim_start", "worker: wake-up → claim starts"),
     ("claim_start", "do_ping_start", "claim: txtasks + SQLAlchemy up to the pool pre-ping"),
