@@ -57,7 +57,7 @@ class TaskOptions:
     priority: int = 0
     #: Seconds one attempt may run before it counts as failed; None for no limit.
     timeout: float | None = None
-    #: Seconds after enqueue past which no retry is scheduled; None for no deadline.
+    #: Seconds after the task is first due past which it is dead-lettered; None: no deadline.
     deadline: float | None = None
 
     def __post_init__(self) -> None:
@@ -125,11 +125,16 @@ class Task:
         return (await self.app.aenqueue_many([self.new(payload, **options)]))[0]
 
 
+def due_now(row: NewTask) -> bool:
+    """Claimable as soon as it commits (a delayed task is found by the poll when due)."""
+    return row.state is TaskState.PENDING and row.run_at <= row.created_at
+
+
 def by_queue(rows: Sequence[NewTask], ids: Sequence[int]) -> dict[str, list[int]]:
-    """Ids of ready rows grouped by queue (one wake-up per queue)."""
+    """Ids of rows due now, grouped by queue (one wake-up per queue)."""
     grouped: dict[str, list[int]] = {}
     for row, task_id in zip(rows, ids, strict=True):
-        if row.state is TaskState.PENDING:
+        if due_now(row):
             grouped.setdefault(row.queue, []).append(task_id)
     return grouped
 
@@ -312,9 +317,13 @@ class App:
             when = now + timedelta(seconds=wait)
         elif run_at is not None:
             when = as_utc(run_at)
-        if dedup_key is not None and not (isinstance(dedup_key, str) and 0 < len(dedup_key) <= 255):
+        if dedup_key is not None and not (
+            isinstance(dedup_key, str)
+            and 0 < len(dedup_key.encode("utf-8", "surrogatepass")) <= 255
+            and "\x00" not in dedup_key
+        ):
             raise ConfigurationError(
-                f"enqueue: dedup_key must be 1-255 characters, got {dedup_key!r}"
+                f"enqueue: dedup_key must be 1-255 bytes of UTF-8 without NUL, got {dedup_key!r}"
             )
         if priority is not None and not isinstance(priority, int):
             raise ConfigurationError(f"enqueue: priority must be an integer, got {priority!r}")
@@ -332,7 +341,7 @@ class App:
             headers=headers_encode(headers),
             expires_at=None
             if options.deadline is None
-            else now + timedelta(seconds=options.deadline),
+            else when + timedelta(seconds=options.deadline),
         )
 
     # -- enqueue ------------------------------------------------------------------------------
@@ -356,8 +365,9 @@ class App:
         With a broker, a wake-up per queue goes out when that transaction commits.
         """
         batch = list(rows)
+        wakes = self._wakes(batch)  # before the insert: a bad broker URL fails the call cleanly
         ids = insert_many_tx(executor, batch)
-        if self._wakes(batch):
+        if wakes:
             wakeup_after_commit(sync_connection(executor), self.notifier, by_queue(batch, ids))
         return ids
 
@@ -367,8 +377,9 @@ class App:
         With a broker, a wake-up per queue goes out when that transaction commits.
         """
         batch = list(rows)
+        wakes = self._wakes(batch)
         ids = await ainsert_many_tx(executor, batch)
-        if self._wakes(batch):
+        if wakes:
             connection = await async_sync_connection(executor)
             wakeup_after_commit(connection, self.notifier, by_queue(batch, ids))
         return ids
@@ -377,14 +388,14 @@ class App:
         """Whether these rows need wake-ups: a broker is configured and some are ready now."""
         if not rows or isinstance(self.notifier, NullNotifier):
             return False
-        return any(r.state is TaskState.PENDING for r in rows)
+        return any(due_now(r) for r in rows)
 
     def notify(self, queue: str, ids: Iterable[int] = ()) -> None:
         """Send a wake-up for `queue` now: for callers that commit by other means."""
         self.notifier.notify(check_queue_name(queue), list(ids))
 
-    def _notify_committed(self, rows: list[NewTask], ids: list[int]) -> None:
-        if self._wakes(rows):
+    def _notify_committed(self, rows: list[NewTask], ids: list[int], wakes: bool) -> None:
+        if wakes:
             pending = PendingWakeups()
             pending.add(self.notifier, by_queue(rows, ids))
             pending.publish()  # logs, never raises: the rows are committed already
@@ -400,15 +411,17 @@ class App:
     def enqueue_many(self, rows: Iterable[NewTask]) -> list[int]:
         """Insert in a transaction of its own (committed on return)."""
         batch = list(rows)
+        wakes = self._wakes(batch)
         ids = self.driver.task_insert_many_sync(batch)
-        self._notify_committed(batch, ids)
+        self._notify_committed(batch, ids, wakes)
         return ids
 
     async def aenqueue_many(self, rows: Iterable[NewTask]) -> list[int]:
         """Insert in a transaction of its own (committed on return)."""
         batch = list(rows)
+        wakes = self._wakes(batch)
         ids = await self.driver.task_insert_many(batch)
-        self._notify_committed(batch, ids)
+        self._notify_committed(batch, ids, wakes)
         return ids
 
     # -- storage ------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 
 class TxtasksError(Exception):
     """Base class of every error txtasks raises."""
@@ -30,7 +32,9 @@ class HandlerSignal(Exception):
 class Retry(HandlerSignal):
     """Run the task again later (a nack). `delay` overrides the retry strategy."""
 
-    def __init__(self, reason: str = "retry requested", *, delay: float | None = None) -> None:
+    def __init__(
+        self, reason: str = "retry requested", *, delay: float | timedelta | None = None
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.delay = delay

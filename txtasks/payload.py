@@ -47,6 +47,8 @@ def headers_encode(headers: dict[str, str] | None) -> str | None:
     for key, value in headers.items():
         if not isinstance(key, str) or not isinstance(value, str):
             raise PayloadError(f"headers must map str to str, got {key!r}: {value!r}")
+        if "\x00" in key or "\x00" in value:
+            raise PayloadError(f"headers must not contain NUL characters: {key!r}")
     return json.dumps(headers, separators=(",", ":"), ensure_ascii=False)
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import traceback
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from txtasks.clock import seconds
 from txtasks.errors import Drop, Reject, Retry
 from txtasks.retry import RetryStrategy
 from txtasks.types import Outcome, OutcomeKind, TaskKey
@@ -33,6 +35,21 @@ class RetryPolicy:
     ack_policy: AckPolicy = AckPolicy.RETRY
 
 
+def clean_text(value: object, limit: int = MAX_ERROR_CHARS) -> str:
+    """Text every database stores: a string, bounded, without NUL or unencodable characters."""
+    text = value if isinstance(value, str) else str(value)
+    text = text.replace("\x00", "\\0")
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text[:limit]
+
+
+def sanitized(outcome: Outcome) -> Outcome:
+    """The outcome with a storable error text."""
+    if outcome.error is None:
+        return outcome
+    return dataclasses.replace(outcome, error=clean_text(outcome.error))
+
+
 def error_text(exc: BaseException) -> str:
     """A readable, bounded description of an exception for the `last_error` column."""
     text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
@@ -47,7 +64,7 @@ def outcome_after_failure(
     *,
     now: datetime,
     error: str,
-    delay: float | None = None,
+    delay: float | timedelta | None = None,
     expires_at: datetime | None = None,
     max_attempts: int | None = None,
     checkpoint: str | None = None,
@@ -59,8 +76,11 @@ def outcome_after_failure(
     limit = policy.max_attempts if max_attempts is None else max_attempts
     if key.attempt >= limit:
         return Outcome(key, OutcomeKind.DEAD, error=f"{error}\n(attempt {key.attempt} of {limit})")
-    wait = policy.strategy.delay(key.attempt) if delay is None else max(0.0, delay)
-    run_at = now + timedelta(seconds=wait)
+    wait = policy.strategy.delay(key.attempt) if delay is None else max(0.0, seconds(delay))
+    try:
+        run_at = now + timedelta(seconds=wait)
+    except OverflowError:
+        run_at = datetime.max
     if expires_at is not None and run_at > expires_at:
         return Outcome(key, OutcomeKind.DEAD, error=f"{error}\n(deadline {expires_at} passed)")
     return Outcome(key, OutcomeKind.RETRY, error=error, run_at=run_at, checkpoint=checkpoint)

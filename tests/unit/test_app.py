@@ -61,7 +61,7 @@ def test_new_task_options() -> None:
     row = task.new({"a": 1}, delay=5, dedup_key="k", headers={"h": "v"})
     assert row.run_at == NOW + timedelta(seconds=5)
     assert (row.priority, row.dedup_key, row.headers) == (3, "k", '{"h":"v"}')
-    assert row.expires_at == NOW + timedelta(seconds=60)
+    assert row.expires_at == row.run_at + timedelta(seconds=60)  # counted from when it is due
     aware = datetime(2030, 1, 1, 14, 0, tzinfo=timezone(timedelta(hours=2)))
     assert task.new(None, run_at=aware, priority=-1).run_at == NOW
     assert task.new(None, queue="other").queue == "other"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -328,3 +329,92 @@ async def test_sync_timeout_counts_from_the_start_and_keeps_the_slot() -> None:
     assert states(app)[slow] == ("dead", 1)
     assert states(app)[quick] == ("completed", 1)  # its wait in the queue was not timed
     assert started == [1, 2]
+
+
+async def test_a_handler_raising_cancelled_error_fails_and_is_counted() -> None:
+    app = new_app()
+
+    @app.task(name="cancels", max_attempts=2, retry=0)
+    async def cancels(payload: None) -> None:
+        raise asyncio.CancelledError("not a shutdown")
+
+    task_id = await cancels.aenqueue()
+    await run_until_empty(app)
+    assert states(app)[task_id] == ("dead", 2)  # not handed back forever
+
+
+async def test_retry_delay_may_be_a_timedelta_and_a_huge_delay_does_not_crash() -> None:
+    from datetime import timedelta
+
+    app = new_app()
+
+    @app.task(name="later")
+    async def later(payload: str) -> None:
+        raise Retry(delay=timedelta(minutes=5) if payload == "td" else 1e12)
+
+    now = app.clock()
+    td, huge = await later.aenqueue("td"), await later.aenqueue("huge")
+    await run_until_empty(app)
+    driver: MemoryDriver = app.driver  # type: ignore[assignment]
+    assert driver.live[td].state is TaskState.RETRYABLE
+    assert timedelta(minutes=4) < driver.live[td].run_at - now < timedelta(minutes=6)
+    assert driver.live[huge].state is TaskState.RETRYABLE
+
+
+async def test_error_text_is_made_storable() -> None:
+    app = new_app()
+
+    @app.task(name="nul", max_attempts=1)
+    async def nul(payload: None) -> None:
+        raise ValueError("bad byte \x00 and a lone surrogate \udcff")
+
+    await nul.aenqueue()
+    await run_until_empty(app)
+    [dead] = finished(app, "dead")
+    assert "\x00" not in (dead.last_error or "")
+    (dead.last_error or "").encode("utf-8")  # encodable
+    assert "bad byte" in (dead.last_error or "")
+
+
+class PickyDriver(MemoryDriver):
+    """Refuses any batch holding an outcome whose error mentions 'unstorable'."""
+
+    async def outcome_write_many(self, outcomes: Any, **kwargs: Any) -> Any:
+        if any("unstorable" in (o.error or "") for o in outcomes):
+            raise ValueError("the database refused a value")
+        return await super().outcome_write_many(outcomes, **kwargs)
+
+
+async def test_one_refused_outcome_does_not_block_the_others() -> None:
+    app = App(driver=PickyDriver())
+
+    @app.task(name="mixed", max_attempts=1)
+    async def mixed(payload: int) -> None:
+        if payload == 3:
+            raise Reject("unstorable reason")
+
+    ids = await app.aenqueue_many([mixed.new(i) for i in range(6)])
+    await run_until_empty(app, flush_interval=0.05)
+    assert [states(app)[i][0] for i in ids] == ["completed"] * 3 + ["dead"] + ["completed"] * 2
+    refused = {r.id: r.last_error for r in finished(app, "dead")}
+    assert "could not be stored" in (refused[ids[3]] or "")
+
+
+async def test_a_sync_callable_returning_a_coroutine_is_awaited() -> None:
+    app = new_app()
+    ran: list[int] = []
+
+    async def body(payload: int) -> None:
+        ran.append(payload)
+
+    app.task(name="wrapped")(lambda payload: body(payload))
+    await app.aenqueue("wrapped", 7)
+    await run_until_empty(app)
+    assert ran == [7]
+
+
+async def test_deadline_counts_from_when_the_task_is_due() -> None:
+    app = new_app()
+    task = app.task(name="late", deadline=10)(lambda payload: None)
+    row = task.new(None, delay=20)
+    assert row.expires_at is not None and row.expires_at - row.run_at == timedelta(seconds=10)

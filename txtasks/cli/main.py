@@ -29,7 +29,7 @@ from txtasks.cli.common import (
     with_driver,
 )
 from txtasks.clock import utcnow
-from txtasks.driver import driver_for_url
+from txtasks.driver import Driver, driver_for_url
 from txtasks.driver.urls import backend_name, url_sync
 from txtasks.errors import TxtasksError
 from txtasks.schema import migrate as schema_migrate
@@ -263,17 +263,33 @@ def _selection(ids: tuple[int, ...], queue: str | None, all_: bool) -> list[int]
 
 @dlq.command("requeue")
 @database_url_option
+@broker_url_option
 @click.argument("ids", nargs=-1, type=int)
 @click.option("--queue", help="Every dead letter of this queue.")
 @click.option("--all", "all_", is_flag=True, help="Every dead letter.")
 def dlq_requeue(
-    database_url: str | None, ids: tuple[int, ...], queue: str | None, all_: bool
+    database_url: str | None,
+    broker_url: str | None,
+    ids: tuple[int, ...],
+    queue: str | None,
+    all_: bool,
 ) -> None:
-    """Move dead letters back to pending with a fresh attempt budget."""
+    """Move dead letters back to pending with a fresh attempt budget (and wake the workers)."""
     chosen = _selection(ids, queue, all_)
-    done = with_driver(
-        database_url, lambda driver: driver.dead_requeue(chosen, queue=queue, now=utcnow())
-    )
+
+    async def requeue(driver: Driver) -> list[int]:
+        done = await driver.dead_requeue(chosen, queue=queue, now=utcnow())
+        if done and broker_url:  # a hint per queue that now has ready tasks
+            notifier = notifier_for_url(broker_url)
+            try:
+                for stats in await driver.queue_stats(now=utcnow()):
+                    if stats.counts.get(TaskState.PENDING.value):
+                        notifier.notify(stats.queue, done)
+            finally:
+                await notifier.close()
+        return done
+
+    done = with_driver(database_url, requeue)
     click.echo(f"requeued {len(done)} task(s){': ' + ', '.join(map(str, done)) if done else ''}")
 
 

@@ -215,7 +215,11 @@ class SqlDriver:
         """Insert `rows` on any connection (sync or async): one statement per batch."""
         ids: list[int | None] = [None] * len(rows)
         plain = [i for i, r in enumerate(rows) if r.dedup_key is None]
-        keyed = [i for i, r in enumerate(rows) if r.dedup_key is not None]
+        # in key order: two transactions inserting overlapping keys lock them in the same order
+        keyed = sorted(
+            (i for i, r in enumerate(rows) if r.dedup_key is not None),
+            key=lambda i: rows[i].dedup_key or "",
+        )
         if plain:
             yield from cls._insert_plain(rows, plain, ids)
         for _ in range(DEDUP_RETRIES):

@@ -19,8 +19,8 @@ import os
 import random
 import threading
 import weakref
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
 
 import aio_pika
 import aiormq
@@ -35,6 +35,7 @@ from txtasks.wakeup.base import (
 )
 
 log = logging.getLogger("txtasks.wakeup")
+T = TypeVar("T")
 
 EXCHANGE = "txtasks.wakeup"
 QUEUE_PREFIX = "txtasks.wakeup."
@@ -65,6 +66,15 @@ async def declare(channel: aio_pika.abc.AbstractChannel, queue: str) -> Any:
     )
     await amqp_queue.bind(exchange, routing_key=queue)
     return amqp_queue
+
+
+async def within(awaitable: Awaitable[T], seconds: float) -> T:
+    """`asyncio.wait_for` without its extra task where `asyncio.timeout` exists (3.11+)."""
+    timeout = getattr(asyncio, "timeout", None)
+    if timeout is None:  # pragma: no cover - Python 3.10
+        return await asyncio.wait_for(awaitable, seconds)
+    async with timeout(seconds):
+        return await awaitable
 
 
 def _merge(pending: dict[str, list[int]], queue: str, ids: Sequence[int]) -> None:
@@ -134,7 +144,7 @@ class _PublishLink:
         if queue not in self.declared:  # so a hint waits in its queue even before any worker
             await asyncio.wait_for(declare(self._channel, queue), self.timeout)
             self.declared.add(queue)
-        channel = await self._channel.get_underlay_channel()
+        channel = await within(self._channel.get_underlay_channel(), self.timeout)
         await channel.basic_publish(
             wakeup_encode(queue, ids),
             exchange=EXCHANGE,
@@ -191,9 +201,10 @@ class LoopPublisher:
             batch, self._pending = self._pending, {}
             await self.link.publish_batch(batch, self.stats)
 
-    async def close(self) -> None:
+    async def close(self, timeout: float = 2.0) -> None:
         if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.gather(self._task, return_exceptions=True), timeout)
         await self.link.close()
 
 
@@ -362,7 +373,8 @@ class AmqpSubscriber:
                 if self._closing:
                     return
                 self._health.failed(exc)
-                await connection.close()
+                with contextlib.suppress(Exception):
+                    await connection.close()
                 self._connection = None
                 await asyncio.sleep(RECONNECT_INTERVAL)
                 continue
@@ -422,6 +434,8 @@ class AmqpNotifier:
             return
         publisher = self.loop_publishers.get(loop)
         if publisher is None:
+            for old in [other for other in self.loop_publishers if other.is_closed()]:
+                del self.loop_publishers[old]  # loops gone (asyncio.run per call)
             publisher = self.loop_publishers[loop] = LoopPublisher(
                 self.url, self.stats, max_pending=self.max_pending, timeout=self.publish_timeout
             )

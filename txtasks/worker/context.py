@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from txtasks.errors import PayloadError
@@ -21,7 +22,7 @@ class Decision:
 
     kind: str  # "ack", "nack", "reject", "drop"
     reason: str = ""
-    delay: float | None = None
+    delay: float | timedelta | None = None
 
 
 @dataclass
@@ -73,7 +74,7 @@ class TaskContext:
         """Complete the task, whatever the handler does next."""
         self.decision = Decision("ack")
 
-    def nack(self, reason: str = "nack", *, delay: float | None = None) -> None:
+    def nack(self, reason: str = "nack", *, delay: float | timedelta | None = None) -> None:
         """Retry the task (with the strategy's backoff, or `delay` seconds)."""
         self.decision = Decision("nack", reason, delay)
 

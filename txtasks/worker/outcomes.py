@@ -7,8 +7,9 @@ import logging
 from collections.abc import Callable
 
 from txtasks.clock import Clock
-from txtasks.driver import Driver
-from txtasks.types import Outcome, TaskKey
+from txtasks.driver import Driver, WriteResult
+from txtasks.policy import clean_text, error_text
+from txtasks.types import Outcome, OutcomeKind, TaskKey
 
 log = logging.getLogger("txtasks.worker")
 
@@ -79,14 +80,15 @@ class OutcomeBuffer:
             await self._ready.wait()
             if self._closing:
                 break
-            if backoff or not self._full.is_set():
-                await event_wait(self._full, self.interval + backoff)
+            if not self._full.is_set():
+                await event_wait(self._full, self.interval)
             try:
                 await self.flush()
                 backoff = 0.0
             except Exception as exc:
                 backoff = min(MAX_BACKOFF, max(0.05, backoff * 2))
                 log.warning("outcome flush failed, retrying in %.2fs: %s", backoff, exc)
+                await asyncio.sleep(backoff)
 
     def stop(self) -> None:
         """End `run()` after the flush under way, if any; `drain()` writes the rest."""
@@ -102,9 +104,12 @@ class OutcomeBuffer:
     async def _flush_locked(self) -> None:
         while self._pending:
             batch = self._pending[: self.max_batch]
-            result = await self.driver.outcome_write_many(
-                batch, now=self.clock(), archive_completed=self.archive_completed
-            )
+            try:
+                result = await self._write(batch)
+            except Exception:
+                if len(batch) == 1:
+                    raise
+                result = await self._write_each(batch)  # find the one the database refuses
             del self._pending[: len(batch)]
             if result.stale:
                 log.warning(
@@ -116,6 +121,26 @@ class OutcomeBuffer:
                 self.on_written(batch, result.stale)
         self._ready.clear()
         self._full.clear()
+
+    async def _write(self, batch: list[Outcome]) -> WriteResult:
+        return await self.driver.outcome_write_many(
+            batch, now=self.clock(), archive_completed=self.archive_completed
+        )
+
+    async def _write_each(self, batch: list[Outcome]) -> WriteResult:
+        """Write one by one. An outcome the database refuses (not the database being away:
+        then its replacement fails too, and this raises) is dead-lettered in its place."""
+        applied, stale = 0, list[TaskKey]()
+        for outcome in batch:
+            try:
+                result = await self._write([outcome])
+            except Exception as exc:
+                reason = clean_text(f"its outcome could not be stored: {error_text(exc)}")
+                log.error("task %d: %s", outcome.key.id, reason)
+                result = await self._write([Outcome(outcome.key, OutcomeKind.DEAD, error=reason)])
+            applied += result.applied
+            stale.extend(result.stale)
+        return WriteResult(applied, tuple(stale))
 
     async def drain(self, *, attempts: int = 20, give_up: Callable[[], bool] | None = None) -> bool:
         """Flush at shutdown, retrying a while if the database is away. True when empty.

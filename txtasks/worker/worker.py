@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 import os
 import random
@@ -23,7 +24,13 @@ from txtasks.app import App, Task, check_queue_name
 from txtasks.driver import Driver
 from txtasks.errors import ConfigurationError, PayloadError
 from txtasks.payload import payload_decode
-from txtasks.policy import AckPolicy, outcome_after_failure, outcome_for_exception
+from txtasks.policy import (
+    AckPolicy,
+    error_text,
+    outcome_after_failure,
+    outcome_for_exception,
+    sanitized,
+)
 from txtasks.types import Outcome, OutcomeKind, TaskKey, TaskRow
 from txtasks.wakeup import Notifier
 from txtasks.worker.context import TaskContext
@@ -80,6 +87,8 @@ class WorkerConfig:
             raise ConfigurationError(f"flush_batch must be >= 1, got {self.flush_batch!r}")
         for queue in self.queues or ():
             check_queue_name(queue, setting="queues")
+        if self.worker_id is not None and not 0 < len(self.worker_id) <= 128:
+            raise ConfigurationError(f"worker_id must be 1-128 characters, got {self.worker_id!r}")
 
     @property
     def heartbeat_interval(self) -> float:
@@ -104,7 +113,8 @@ class WorkerStats:
 
 
 def default_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    """host:pid:random, within the 128 characters the column holds."""
+    return f"{socket.gethostname()[:100]}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
 class Worker:
@@ -179,9 +189,9 @@ class Worker:
         self._threads = ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="txtasks")
         flusher = asyncio.create_task(self._outcomes.run(), name="txtasks-flush")
         heartbeat = asyncio.create_task(self._heartbeat(), name="txtasks-heartbeat")
-        await self.notifier.subscribe(self.queues, self.wake)
         log.info("worker %s serving %s", self.worker_id, ", ".join(self.queues))
         try:
+            await self.notifier.subscribe(self.queues, self.wake)
             await self._claim_loop()
         finally:
             await self.notifier.unsubscribe()  # a stopped worker must not take wake-ups
@@ -225,7 +235,7 @@ class Worker:
             if rows:
                 await asyncio.sleep(0)  # let the handlers start before the next claim goes out
                 continue
-            if self.config.burst and await self._drained():
+            if self.config.burst and await self._burst_done():
                 return
             self.idle.set()
             await self._wait(self._wake, self._poll_delay())
@@ -245,6 +255,14 @@ class Worker:
 
     def _poll_delay(self) -> float:
         return self.config.poll_interval * random.uniform(0.9, 1.1)
+
+    async def _burst_done(self) -> bool:
+        """`_drained()`, but a database error only means: not yet."""
+        try:
+            return await self._drained()
+        except Exception as exc:
+            log.warning("burst check failed, retrying: %s", exc)
+            return False
 
     async def _drained(self) -> bool:
         """Burst mode: nothing in flight, outcomes written, nothing due soon in the queues."""
@@ -285,10 +303,12 @@ class Worker:
             # Shutdown grace ran out: hand the task back, this attempt not counted.
             self._outcomes.add(Outcome(row.key, OutcomeKind.RELEASE, error="worker shut down"))
             raise
-        self._outcomes.add(outcome)
+        except Exception as exc:  # deciding the outcome failed: never leave the row behind
+            outcome = Outcome(row.key, OutcomeKind.DEAD, error=f"outcome failed: {error_text(exc)}")
         overrun = self._overrun.pop(row.key, None)
-        if overrun is not None:  # the slot stays taken until the thread is really free
+        if overrun is not None:  # still running in its thread: no retry may overlap with it
             await asyncio.wait({overrun})
+        self._outcomes.add(sanitized(outcome))
 
     async def _attempt(self, row: TaskRow) -> Outcome:
         """Run one attempt and decide its outcome. Never raises for a bad row."""
@@ -310,8 +330,12 @@ class Worker:
         self.stats.started += 1
         try:
             await self._call(task, payload, ctx)
-        except asyncio.CancelledError:
-            raise
+        except asyncio.CancelledError as exc:
+            if self._stopping.is_set():  # the worker cancelled it: shutdown
+                raise
+            return outcome_for_exception(  # the handler raised it: a failure like any other
+                row.key, task.policy, exc, now=self.app.clock(), max_attempts=row.max_attempts
+            )
         except Exception as exc:
             return self._decided(ctx) or outcome_for_exception(
                 row.key,
@@ -339,14 +363,16 @@ class Worker:
 
         future = loop.run_in_executor(self._threads, call)
         if timeout is None:
-            await future
-            return
-        await started.wait()  # the timeout counts from the start of the handler
-        try:
-            await asyncio.wait_for(asyncio.shield(future), timeout)
-        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
-            self._overrun[ctx.row.key] = future
-            raise
+            result = await future
+        else:
+            await started.wait()  # the timeout counts from the start of the handler
+            try:
+                result = await asyncio.wait_for(asyncio.shield(future), timeout)
+            except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+                self._overrun[ctx.row.key] = future
+                raise
+        if inspect.isawaitable(result):  # a callable object or wrapper returning a coroutine
+            await asyncio.wait_for(result, timeout)
 
     def _returned(self, ctx: TaskContext) -> Outcome:
         """The handler returned without a manual decision."""
@@ -369,7 +395,9 @@ class Worker:
             return Outcome(key, OutcomeKind.DISCARD, error=decision.reason)
         return self._nack(ctx, decision.reason, decision.delay)
 
-    def _nack(self, ctx: TaskContext, reason: str, delay: float | None = None) -> Outcome:
+    def _nack(
+        self, ctx: TaskContext, reason: str, delay: float | timedelta | None = None
+    ) -> Outcome:
         row = ctx.row
         return outcome_after_failure(
             row.key,
