@@ -262,6 +262,22 @@ async def test_stale_lease_extension_changes_nothing(driver: Driver) -> None:
     assert await driver.lease_extend_many([], lease_until=at(700)) == 0
 
 
+async def test_outcomes_and_leases_are_fenced_on_the_claiming_worker(driver: Driver) -> None:
+    """The same (id, attempt) claimed by another worker (a handed-back attempt is counted
+    again) is not this worker's: its outcome and its heartbeat change nothing."""
+    [task_id] = await driver.task_insert_many([new()])
+    [row] = await claim(driver, worker="w1")
+    done = Outcome(row.key, OutcomeKind.COMPLETE)
+    assert await driver.lease_extend_many([row.key], lease_until=at(500), worker_id="w2") == 0
+    result = await driver.outcome_write_many([done], now=T0, worker_id="w2")
+    assert result.stale == (row.key,)
+    assert (await get(driver, task_id)).state is TaskState.PROCESSING
+    assert await driver.lease_extend_many([row.key], lease_until=at(500), worker_id="w1") == 1
+    result = await driver.outcome_write_many([done], now=T0, worker_id="w1")
+    assert (result.applied, result.stale) == (1, ())
+    assert (await get(driver, task_id)).state is TaskState.COMPLETED
+
+
 async def test_one_flush_applies_the_current_and_fences_the_stale(driver: Driver) -> None:
     stale, current = await lose_lease(driver)
     ids = await driver.task_insert_many([new(i, queue="batch") for i in range(3)])

@@ -78,12 +78,20 @@ class Driver(Protocol):
         """Claim up to `limit` ready tasks: state processing, attempt + 1, leased to the worker."""
 
     async def outcome_write_many(
-        self, outcomes: Sequence[Outcome], *, now: datetime, archive_completed: bool = True
+        self,
+        outcomes: Sequence[Outcome],
+        *,
+        now: datetime,
+        archive_completed: bool = True,
+        worker_id: str | None = None,
     ) -> WriteResult:
-        """Record outcomes, each fenced on (id, attempt, state = processing)."""
+        """Record outcomes, each fenced on (id, attempt, state = processing), and on the
+        worker holding the claim when `worker_id` is given."""
 
-    async def lease_extend_many(self, keys: Sequence[TaskKey], *, lease_until: datetime) -> int:
-        """Push the leases of in-flight attempts forward (the heartbeat)."""
+    async def lease_extend_many(
+        self, keys: Sequence[TaskKey], *, lease_until: datetime, worker_id: str | None = None
+    ) -> int:
+        """Push the leases of in-flight attempts forward (the heartbeat), fenced likewise."""
 
     async def live_count(
         self, queues: Sequence[str] | None, *, now: datetime, due_before: datetime

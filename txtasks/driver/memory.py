@@ -109,19 +109,26 @@ class MemoryDriver:
                 claimed.append(new)
             return claimed
 
-    def _current(self, key: TaskKey) -> TaskRow | None:
+    def _current(self, key: TaskKey, worker_id: str | None = None) -> TaskRow | None:
         row = self.live.get(key.id)
         if row is None or row.attempt != key.attempt or row.state is not TaskState.PROCESSING:
+            return None
+        if worker_id is not None and row.worker_id != worker_id:
             return None
         return row
 
     async def outcome_write_many(
-        self, outcomes: Sequence[Outcome], *, now: datetime, archive_completed: bool = True
+        self,
+        outcomes: Sequence[Outcome],
+        *,
+        now: datetime,
+        archive_completed: bool = True,
+        worker_id: str | None = None,
     ) -> WriteResult:
         stale: list[TaskKey] = []
         with self._lock:
             for outcome in outcomes:
-                row = self._current(outcome.key)
+                row = self._current(outcome.key, worker_id)
                 if row is None:
                     stale.append(outcome.key)
                     continue
@@ -160,11 +167,13 @@ class MemoryDriver:
                 worker_id=None,
             )
 
-    async def lease_extend_many(self, keys: Sequence[TaskKey], *, lease_until: datetime) -> int:
+    async def lease_extend_many(
+        self, keys: Sequence[TaskKey], *, lease_until: datetime, worker_id: str | None = None
+    ) -> int:
         count = 0
         with self._lock:
             for key in keys:
-                row = self._current(key)
+                row = self._current(key, worker_id)
                 if row is not None:
                     self.live[key.id] = replace(row, lease_expires_at=lease_until)
                     count += 1

@@ -88,14 +88,18 @@ def claim_order(row: TaskRow) -> tuple[int, datetime, int]:
 
 
 def keys_match() -> Any:
-    """WHERE clause fencing a batch of attempts (param `keys`): pairs still processing."""
+    """WHERE clause fencing a batch of attempts (param `keys`): pairs still processing, and
+    held by the worker `fence_worker` unless that parameter is NULL."""
     pairs = tuple_(tasks.c.id, tasks.c.attempt).in_(bindparam("keys", expanding=True))
-    return pairs & (tasks.c.state == PROCESSING)
+    holder = bindparam("fence_worker", type_=String)
+    return (
+        pairs & (tasks.c.state == PROCESSING) & (holder.is_(None) | (tasks.c.worker_id == holder))
+    )
 
 
-def keys_param(keys: Sequence[TaskKey]) -> dict[str, Any]:
-    """The `keys` parameter of `keys_match`, in id order (a consistent lock order)."""
-    return {"keys": sorted((k.id, k.attempt) for k in keys)}
+def keys_param(keys: Sequence[TaskKey], worker_id: str | None = None) -> dict[str, Any]:
+    """The parameters of `keys_match`: keys in id order (a consistent lock order)."""
+    return {"keys": sorted((k.id, k.attempt) for k in keys), "fence_worker": worker_id}
 
 
 class SqlDriver:
@@ -345,13 +349,18 @@ class SqlDriver:
     # -- outcomes -----------------------------------------------------------------------------
 
     async def outcome_write_many(
-        self, outcomes: Sequence[Outcome], *, now: datetime, archive_completed: bool = True
+        self,
+        outcomes: Sequence[Outcome],
+        *,
+        now: datetime,
+        archive_completed: bool = True,
+        worker_id: str | None = None,
     ) -> WriteResult:
         if not outcomes:
             return WriteResult(0)
 
         async def work(conn: AsyncConnection) -> set[TaskKey]:
-            return await self._outcomes_apply(conn, outcomes, now, archive_completed)
+            return await self._outcomes_apply(conn, outcomes, now, archive_completed, worker_id)
 
         applied = await self.in_transaction(work)
         stale = tuple(o.key for o in outcomes if o.key not in applied)
@@ -363,18 +372,21 @@ class SqlDriver:
         outcomes: Sequence[Outcome],
         now: datetime,
         archive_completed: bool,
+        worker_id: str | None,
     ) -> set[TaskKey]:
-        applied: set[TaskKey] = set()
-        finishing = [o for o in outcomes if o.kind.finishes]
+        """Lock the still-current attempts once, in id order, then write what applies to them."""
+        held = await self._locked_keys(conn, [o.key for o in outcomes], worker_id)
+        mine = [o for o in outcomes if o.key in held]
+        finishing = [o for o in mine if o.kind.finishes]
         if finishing:
-            applied |= await self._finish(conn, finishing, now, archive_completed)
-        retries = [o for o in outcomes if o.kind is OutcomeKind.RETRY]
+            await self._finish(conn, finishing, now, archive_completed)
+        retries = [o for o in mine if o.kind is OutcomeKind.RETRY]
         if retries:
-            applied |= await self._retry(conn, retries)
-        releases = [o for o in outcomes if o.kind is OutcomeKind.RELEASE]
+            await self._retry(conn, retries)
+        releases = [o.key for o in mine if o.kind is OutcomeKind.RELEASE]
         if releases:
-            applied |= await self._release(conn, [o.key for o in releases])
-        return applied
+            await conn.execute(self.stmt_release(), keys_param(releases, worker_id))
+        return {o.key for o in mine}
 
     @staticmethod
     @functools.cache
@@ -387,9 +399,11 @@ class SqlDriver:
             .with_for_update()
         )
 
-    async def _locked_keys(self, conn: AsyncConnection, keys: Sequence[TaskKey]) -> set[TaskKey]:
+    async def _locked_keys(
+        self, conn: AsyncConnection, keys: Sequence[TaskKey], worker_id: str | None
+    ) -> set[TaskKey]:
         """Lock the rows of still-current attempts (in id order) and return their keys."""
-        rows = await conn.execute(self.stmt_lock_keys(), keys_param(keys))
+        rows = await conn.execute(self.stmt_lock_keys(), keys_param(keys, worker_id))
         return {TaskKey(row[0], row[1]) for row in rows}
 
     async def _finish(
@@ -398,12 +412,9 @@ class SqlDriver:
         outcomes: Sequence[Outcome],
         now: datetime,
         archive_completed: bool,
-    ) -> set[TaskKey]:
-        """Move finished attempts from the hot table to the archive (fenced)."""
-        held = await self._locked_keys(conn, [o.key for o in outcomes])
-        mine = [o for o in outcomes if o.key in held]
-        if not mine:
-            return set()
+    ) -> None:
+        """Move finished attempts (rows locked by the caller) to the archive."""
+        mine = outcomes
         for kind in {o.kind for o in mine}:
             if kind is OutcomeKind.COMPLETE and not archive_completed:
                 continue
@@ -414,7 +425,6 @@ class SqlDriver:
         if errors:
             await conn.execute(self.stmt_archive_error(), errors)
         await conn.execute(self.stmt_delete(), {"ids": sorted(o.key.id for o in mine)})
-        return {o.key for o in mine}
 
     @staticmethod
     @functools.cache
@@ -467,34 +477,24 @@ class SqlDriver:
             )
         )
 
-    async def _retry(self, conn: AsyncConnection, outcomes: Sequence[Outcome]) -> set[TaskKey]:
-        held = await self._locked_keys(conn, [o.key for o in outcomes])
-        mine = [o for o in outcomes if o.key in held]
-        if mine:
-            params = [
-                {
-                    "b_id": o.key.id,
-                    "b_attempt": o.key.attempt,
-                    "b_run_at": o.run_at,
-                    "b_error": o.error,
-                    "b_checkpoint": o.checkpoint,
-                }
-                for o in mine
-            ]
-            await conn.execute(self.stmt_retry(), params)
-        return {o.key for o in mine}
-
-    async def _release(self, conn: AsyncConnection, keys: Sequence[TaskKey]) -> set[TaskKey]:
-        """Claimed but never started: back to pending, the attempt not counted."""
-        held = await self._locked_keys(conn, keys)
-        if held:
-            await conn.execute(self.stmt_release(), keys_param(list(held)))
-        return held
+    async def _retry(self, conn: AsyncConnection, outcomes: Sequence[Outcome]) -> None:
+        """Schedule the next attempts (rows locked by the caller)."""
+        params = [
+            {
+                "b_id": o.key.id,
+                "b_attempt": o.key.attempt,
+                "b_run_at": o.run_at,
+                "b_error": o.error,
+                "b_checkpoint": o.checkpoint,
+            }
+            for o in outcomes
+        ]
+        await conn.execute(self.stmt_retry(), params)
 
     @staticmethod
     @functools.cache
     def stmt_release() -> Executable:
-        """Back to pending, the attempt not counted (fenced on `keys`)."""
+        """Claimed but never started: back to pending, the attempt not counted (fenced)."""
         return (
             update(tasks)
             .where(keys_match())
@@ -516,10 +516,12 @@ class SqlDriver:
             .values(lease_expires_at=bindparam("lease_until", type_=Timestamp))
         )
 
-    async def lease_extend_many(self, keys: Sequence[TaskKey], *, lease_until: datetime) -> int:
+    async def lease_extend_many(
+        self, keys: Sequence[TaskKey], *, lease_until: datetime, worker_id: str | None = None
+    ) -> int:
         if not keys:
             return 0
-        params = {**keys_param(keys), "lease_until": lease_until}
+        params = {**keys_param(keys, worker_id), "lease_until": lease_until}
 
         async def work(conn: AsyncConnection) -> int:
             return int((await conn.execute(self.stmt_lease_extend(), params)).rowcount)

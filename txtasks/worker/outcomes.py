@@ -46,6 +46,7 @@ class OutcomeBuffer:
         interval: float,
         max_batch: int,
         archive_completed: bool,
+        worker_id: str | None = None,
         on_written: Callable[[list[Outcome], tuple[TaskKey, ...]], None] | None = None,
     ) -> None:
         self.driver = driver
@@ -53,6 +54,7 @@ class OutcomeBuffer:
         self.interval = interval
         self.max_batch = max_batch
         self.archive_completed = archive_completed
+        self.worker_id = worker_id
         self.on_written = on_written
         self._pending: list[Outcome] = []
         self._ready = asyncio.Event()
@@ -124,7 +126,10 @@ class OutcomeBuffer:
 
     async def _write(self, batch: list[Outcome]) -> WriteResult:
         return await self.driver.outcome_write_many(
-            batch, now=self.clock(), archive_completed=self.archive_completed
+            batch,
+            now=self.clock(),
+            archive_completed=self.archive_completed,
+            worker_id=self.worker_id,
         )
 
     async def _write_each(self, batch: list[Outcome]) -> WriteResult:

@@ -154,6 +154,7 @@ class Worker:
             interval=self.config.flush_interval,
             max_batch=self.config.flush_batch,
             archive_completed=self.config.archive_completed,
+            worker_id=self.worker_id,
             on_written=self.stats.count,
         )
 
@@ -423,7 +424,9 @@ class Worker:
     async def _leases_extend(self, keys: list[TaskKey]) -> None:
         until = self.app.clock() + timedelta(seconds=self.config.lease)
         try:
-            held = await self.driver.lease_extend_many(keys, lease_until=until)
+            held = await self.driver.lease_extend_many(
+                keys, lease_until=until, worker_id=self.worker_id
+            )
         except Exception as exc:
             log.warning("heartbeat failed: %s", exc)
             return
