@@ -204,46 +204,42 @@ async def wait_for(condition: Callable[[], bool], what: str) -> None:
         await asyncio.sleep(0.005)
 
 
-def live_asyncio_tasks(name: str) -> list[asyncio.Task[Any]]:
-    return [t for t in asyncio.all_tasks() if t.get_name() == name and not t.done()]
-
-
-async def test_a_retry_running_beside_its_overrun_attempt_stays_tracked(app: App) -> None:
-    """Attempt 1 of a sync handler overran its timeout; attempt 2 runs in another slot.
-
-    When attempt 1's thread ends, the worker must still hold attempt 2: a stop hands it back.
-    """
-    gate_first, gate_second = threading.Event(), threading.Event()
+async def test_an_overrunning_sync_attempt_keeps_its_task_until_its_thread_ends(app: App) -> None:
+    """Attempt 1 of a sync handler overran its timeout. Its thread cannot be stopped, so the
+    task stays with it (no second attempt beside it) until the thread ends; then it retries."""
+    gate_first = threading.Event()
     second_started = asyncio.Event()
     loop = asyncio.get_running_loop()
 
-    @app.task(name="conformance.overrun", timeout=1.0, retry=0)
+    @app.task(name="conformance.overrun", timeout=0.2, retry=0)
     def handler(payload: Any, ctx: TaskContext) -> None:
         if ctx.attempt == 1:
             gate_first.wait(30)
         else:
             loop.call_soon_threadsafe(second_started.set)
-            gate_second.wait(30)
 
     task_id = await handler.aenqueue(None)
     config = WorkerConfig(concurrency=4, poll_interval=0.01, flush_interval=0.001, shutdown_grace=0)
     worker = Worker(app, config)
     run = asyncio.create_task(worker.run())
-    name = f"txtasks-task-{task_id}"
     try:
-        await asyncio.wait_for(second_started.wait(), 10)
-        gate_first.set()  # attempt 1's thread ends while attempt 2 runs
-        await wait_for(lambda: len(live_asyncio_tasks(name)) == 1, "attempt 1 to end")
-        worker.stop(now=True)
-        await asyncio.wait_for(run, 10)
-        leftover = live_asyncio_tasks(name)
+        await wait_for(lambda: worker.stats.overruns == 1, "attempt 1 to pass its timeout")
         row = await app.driver.task_get(task_id)
         assert row is not None
-        assert (row.state, row.attempt, leftover) == (TaskState.PENDING, 1, [])
+        assert (row.state, row.attempt) == (TaskState.PROCESSING, 1)
+        assert not second_started.is_set()
+        gate_first.set()  # the thread ends: now the failure is recorded and the retry runs
+        await asyncio.wait_for(second_started.wait(), 10)
+        await wait_for(lambda: worker.stats.outcomes.get("completed") == 1, "attempt 2 to end")
+        worker.stop()
+        await asyncio.wait_for(run, 10)
+        row = await app.driver.task_get(task_id)
+        assert row is not None
+        assert (row.state, row.attempt) == (TaskState.COMPLETED, 2)
     finally:
         gate_first.set()
-        gate_second.set()
-        await asyncio.gather(run, *live_asyncio_tasks(name), return_exceptions=True)
+        worker.stop(now=True)
+        await asyncio.gather(run, return_exceptions=True)
 
 
 async def test_a_worker_that_lost_its_lease_cannot_overwrite_the_next_attempt(app: App) -> None:

@@ -105,6 +105,8 @@ class WorkerStats:
     stale: int = 0
     claim_errors: int = 0
     wakeups: int = 0
+    #: Sync handlers that ran past their timeout (their thread kept the slot until it ended).
+    overruns: int = 0
 
     def count(self, outcomes: Sequence[Outcome], stale: Sequence[TaskKey]) -> None:
         for outcome in outcomes:
@@ -371,6 +373,7 @@ class Worker:
                 result = await asyncio.wait_for(asyncio.shield(future), timeout)
             except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
                 self._overrun[ctx.row.key] = future
+                self.stats.overruns += 1
                 raise
         if inspect.isawaitable(result):  # a callable object or wrapper returning a coroutine
             await asyncio.wait_for(result, timeout)
