@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -24,11 +23,10 @@ from txtasks.errors import ConfigurationError, UnknownTaskError
 from txtasks.payload import DEFAULT_MAX_PAYLOAD_BYTES, headers_encode, payload_encode
 from txtasks.policy import AckPolicy, RetryPolicy
 from txtasks.retry import RetryStrategy, as_strategy
-from txtasks.types import NewTask, TaskState
+from txtasks.types import QUEUE_NAME_RE, NewTask, TaskState
 from txtasks.wakeup import Notifier, NullNotifier, notifier_for_url, wakeup_after_commit
 from txtasks.wakeup.commit import PendingWakeups
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
 DEFAULT_QUEUE = "default"
 DEFAULT_MAX_ATTEMPTS = 5
 ENV_DATABASE_URL = "TXTASKS_DATABASE_URL"
@@ -38,7 +36,7 @@ Handler = Callable[..., Any]
 
 
 def check_queue_name(queue: str, *, setting: str = "queue") -> str:
-    if not isinstance(queue, str) or not NAME_RE.match(queue):
+    if not isinstance(queue, str) or not QUEUE_NAME_RE.match(queue):
         raise ConfigurationError(
             f"{setting}: {queue!r} is not a valid queue name (1-128 of A-Z a-z 0-9 _ . : -)"
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -36,6 +37,9 @@ READY_STATES = (TaskState.PENDING, TaskState.RETRYABLE)
 FINISHED_STATES = frozenset(
     {TaskState.COMPLETED, TaskState.FAILED, TaskState.DISCARDED, TaskState.DEAD}
 )
+
+#: Queue names: 1-128 of A-Z a-z 0-9 _ . : -
+QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
 
 JSON_CONTENT_TYPE = "application/json"
 BYTES_CONTENT_TYPE = "application/octet-stream"

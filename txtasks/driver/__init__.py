@@ -25,9 +25,8 @@ BY_BACKEND: dict[str, type[SqlDriver]] = {
 
 def sql_driver_class(dialect: Dialect) -> type[SqlDriver]:
     """The SQL knowledge for a connection's dialect (MariaDB told apart from MySQL)."""
-    name = "mariadb" if getattr(dialect, "is_mariadb", False) else dialect.name
     try:
-        return BY_BACKEND[name]
+        return BY_BACKEND[dialect.name].plan_class(dialect)
     except KeyError:
         raise ConfigurationError(
             f"connection: unsupported database dialect {dialect.name!r}; "

@@ -24,6 +24,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Dialect
 
+from txtasks.types import READY_STATES
+
 metadata = MetaData()
 
 #: Primary keys: BIGINT everywhere; SQLite needs INTEGER PRIMARY KEY for its rowid alias.
@@ -35,7 +37,7 @@ Blob = LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
 #: Long text (TEXT is only 64 KiB on MySQL/MariaDB).
 LongText = Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb")
 
-READY = "state IN ('pending', 'retryable')"
+READY = "state IN ({})".format(", ".join(f"'{s.value}'" for s in READY_STATES))
 
 
 class ExactString(TypeDecorator[str]):

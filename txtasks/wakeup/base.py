@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from txtasks.errors import ConfigurationError
+from txtasks.types import QUEUE_NAME_RE
 
 #: Most task ids one message carries (they are informative only: workers claim from the table).
 MAX_IDS = 100
 #: Largest message a subscriber reads; anything bigger is malformed.
 MAX_MESSAGE_BYTES = 16 * 1024
-QUEUE_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
 
 WakeupCallback = Callable[[str], None]
 
@@ -85,7 +84,7 @@ def wakeup_decode(body: bytes) -> tuple[str, list[int]] | None:
     if not isinstance(data, dict):
         return None
     queue, ids = data.get("queue"), data.get("ids", [])
-    if not isinstance(queue, str) or not QUEUE_RE.match(queue):
+    if not isinstance(queue, str) or not QUEUE_NAME_RE.match(queue):
         return None
     if not isinstance(ids, list) or len(ids) > MAX_IDS:
         return None
