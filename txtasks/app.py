@@ -21,6 +21,7 @@ from txtasks.enqueue import (
 )
 from txtasks.errors import ConfigurationError, UnknownTaskError
 from txtasks.payload import DEFAULT_MAX_PAYLOAD_BYTES, headers_encode, payload_encode
+from txtasks.periodic import CatchUp, Schedule, schedule_from
 from txtasks.policy import AckPolicy, RetryPolicy
 from txtasks.retry import RetryStrategy, as_strategy
 from txtasks.types import QUEUE_NAME_RE, NewTask, TaskState
@@ -181,6 +182,7 @@ class App:
         self.clock = clock
         self._driver = driver
         self._tasks: dict[str, Task] = {}
+        self._schedules: dict[str, Schedule] = {}
 
     # -- registry -----------------------------------------------------------------------------
 
@@ -277,6 +279,52 @@ class App:
     def queues(self) -> list[str]:
         """Every queue a registered task uses, sorted."""
         return sorted({t.options.queue for t in self._tasks.values()})
+
+    def periodic(
+        self,
+        task: Task | str,
+        *,
+        cron: str | None = None,
+        every: float | timedelta | None = None,
+        name: str | None = None,
+        payload: Any = None,
+        timezone: str = "UTC",
+        queue: str | None = None,
+        priority: int | None = None,
+        catch_up: CatchUp | str = CatchUp.LATEST,
+        misfire_grace: float = 60.0,
+    ) -> Schedule:
+        """Enqueue `task` on a cron expression or every `every` seconds (the cleaner fires it).
+
+        `name` (default: the task's name) identifies the schedule across restarts; each fire
+        time is enqueued once however many cleaners run.
+        """
+        definition = self._resolve(task)
+        key = definition.name if name is None else name
+        if not 0 < len(key.encode("utf-8", "surrogatepass")) <= 255:
+            raise ConfigurationError(f"periodic: name must be 1-255 bytes, got {key!r}")
+        if key in self._schedules:
+            raise ConfigurationError(f"periodic {key!r} is already declared; give it a name=")
+        schedule = schedule_from(
+            key,
+            definition.name,
+            cron=cron,
+            every=every,
+            timezone=timezone,
+            payload=payload,
+            queue=queue,
+            priority=priority,
+            catch_up=catch_up,
+            misfire_grace=misfire_grace,
+        )
+        self.new_task(definition, payload, queue=queue, priority=priority)  # fails now, not later
+        self._schedules[key] = schedule
+        return schedule
+
+    @property
+    def schedules(self) -> Mapping[str, Schedule]:
+        """Periodic schedules by name."""
+        return dict(self._schedules)
 
     def get_task(self, name: str) -> Task:
         try:

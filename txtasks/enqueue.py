@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
 from txtasks.driver import sql_driver_class
-from txtasks.driver.sql import plan_run_async, plan_run_sync
+from txtasks.driver.plan import plan_run_async, plan_run_sync
 from txtasks.errors import ConfigurationError
 from txtasks.types import NewTask
 

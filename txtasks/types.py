@@ -167,3 +167,24 @@ class QueueStats:
     queue: str
     counts: dict[str, int] = field(default_factory=dict)
     oldest_ready_age: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodicRow:
+    """The stored state of one periodic schedule."""
+
+    name: str
+    schedule: str
+    next_fire_at: datetime
+    last_fire_at: datetime | None
+    updated_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Any) -> PeriodicRow:
+        return cls(
+            name=row["name"],
+            schedule=row["schedule"],
+            next_fire_at=row["next_fire_at"],
+            last_fire_at=row["last_fire_at"],
+            updated_at=row["updated_at"],
+        )

@@ -109,7 +109,8 @@ def test_stop_signal_lets_inflight_tasks_finish_and_loses_nothing(
 
     assert worker.wait(timeout=EXIT_TIMEOUT) == 0, worker.stderr
     finished = archived_rows(db)
-    assert set(finished) == running
+    seen = f"live {live_rows(db)}; runs {run_rows(db)}; worker log:\n{worker.stderr}"
+    assert set(finished) == running, seen
     assert {(f.state, f.attempt) for f in finished.values()} == {("completed", 1)}
     live = live_rows(db)
     assert set(live) == set(ids) - running, "a stopping worker claimed more tasks"

@@ -59,8 +59,7 @@ def test_printed_sql_builds_the_same_schema(database_url: str) -> None:
     engine = create_engine(url_sync(database_url))
     try:
         with engine.begin() as conn:
-            for table in ("txtasks_archive", "txtasks_tasks", "txtasks_migrations"):
-                conn.exec_driver_sql(f"DROP TABLE {table}")
+            metadata.drop_all(conn)
         script = migrate_sql(backend_name(database_url))
         statements = [s.strip() for s in script.split(";\n") if s.strip()]
         with engine.begin() as conn:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import importlib
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -42,6 +43,14 @@ broker_url_option = click.option(
 
 def load_app(spec: str) -> App:
     """Import `module:attribute` and check it is a txtasks App."""
+    app = load_object(spec)
+    if not isinstance(app, App):
+        raise click.BadParameter(f"{spec!r} is a {type(app).__name__}, not a txtasks.App")
+    return app
+
+
+def load_object(spec: str) -> Any:
+    """Import `module:attribute` (the working directory is importable)."""
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise click.BadParameter(f"{spec!r}: expected module:attribute, e.g. myproject.tasks:app")
@@ -52,12 +61,9 @@ def load_app(spec: str) -> App:
     except ImportError as exc:
         raise click.BadParameter(f"{spec!r}: cannot import {module_name!r}: {exc}") from exc
     try:
-        app = getattr(module, attribute)
+        return getattr(module, attribute)
     except AttributeError:
         raise click.BadParameter(f"{spec!r}: module {module_name!r} has no {attribute!r}") from None
-    if not isinstance(app, App):
-        raise click.BadParameter(f"{spec!r} is a {type(app).__name__}, not a txtasks.App")
-    return app
 
 
 def driver_from(url: str | None, app: App | None = None) -> Driver:
@@ -101,17 +107,32 @@ def error_message(exc: BaseException) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def friendly_errors() -> Iterator[None]:
+    """A bad setting or an unreachable database becomes a one-line message, not a trace."""
+    try:
+        yield
+    except (TxtasksError, DBAPIError, OSError) as exc:
+        message = error_message(exc)
+        if message is None:  # pragma: no cover - OSError subclasses all have a message
+            raise
+        raise click.ClickException(message) from exc
+
+
 class Commands(click.Group):
-    """The `txtasks` group: a bad setting or an unreachable database is a message, not a trace."""
+    """The `txtasks` group, reporting errors with `friendly_errors`."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
+        with friendly_errors():
             return super().invoke(ctx)
-        except (TxtasksError, DBAPIError, OSError) as exc:
-            message = error_message(exc)
-            if message is None:  # pragma: no cover - OSError subclasses all have a message
-                raise
-            raise click.ClickException(message) from exc
+
+
+class Command(click.Command):
+    """A command run on its own (`python -m cleaner`), reporting errors likewise."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with friendly_errors():
+            return super().invoke(ctx)
 
 
 async def _call(make: Callable[[], Awaitable[T]]) -> T:

@@ -1,4 +1,4 @@
-"""`txtasks`: migrate, worker, status, dlq, enqueue, demo."""
+"""`txtasks`: migrate, worker, cleaner, status, dlq, enqueue, demo."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from cleaner.cli import cleaner as cleaner_command
 from txtasks import __version__
 from txtasks.cli.common import (
     Commands,
@@ -370,3 +371,8 @@ _register_demo()
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+# -- cleaner -----------------------------------------------------------------------------------
+
+main.add_command(cleaner_command, "cleaner")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import ClassVar, Protocol
 
-from txtasks.types import NewTask, Outcome, QueueStats, TaskKey, TaskRow
+from txtasks.types import NewTask, Outcome, PeriodicRow, QueueStats, TaskKey, TaskRow, TaskState
 
 
 @dataclass(frozen=True)
@@ -84,9 +84,11 @@ class Driver(Protocol):
         now: datetime,
         archive_completed: bool = True,
         worker_id: str | None = None,
+        expired_before: datetime | None = None,
     ) -> WriteResult:
-        """Record outcomes, each fenced on (id, attempt, state = processing), and on the
-        worker holding the claim when `worker_id` is given."""
+        """Record outcomes, each fenced on (id, attempt, state = processing), on the worker
+        holding the claim when `worker_id` is given, and on a lease expired before
+        `expired_before` when that is given (the cleaner's rescue)."""
 
     async def lease_extend_many(
         self, keys: Sequence[TaskKey], *, lease_until: datetime, worker_id: str | None = None
@@ -119,3 +121,43 @@ class Driver(Protocol):
         self, ids: Sequence[int] | None = None, *, queue: str | None = None
     ) -> int:
         """Delete dead-lettered tasks for good."""
+
+    # -- the cleaner's sweeps -----------------------------------------------------------------
+
+    async def lease_expired_list(self, *, now: datetime, limit: int) -> list[TaskRow]:
+        """Processing tasks whose lease ran out before `now`, oldest lease first."""
+
+    async def ready_list(self, queue: str, *, due_before: datetime, limit: int) -> list[int]:
+        """Ids of ready tasks of `queue` due at or before `due_before`, in claim order."""
+
+    async def finished_archive_many(self, *, now: datetime, limit: int) -> int:
+        """Move up to `limit` rows in a finished state from the hot table to the archive."""
+
+    async def archive_purge_many(
+        self,
+        *,
+        state: TaskState,
+        before: datetime,
+        limit: int,
+        queues: Sequence[str] | None = None,
+        exclude: Sequence[str] = (),
+    ) -> int:
+        """Delete up to `limit` archived rows in `state` finished before `before`, of `queues`
+        (None: any) except those in `exclude`."""
+
+    async def periodic_list(self) -> dict[str, PeriodicRow]:
+        """Every stored periodic schedule by name."""
+
+    async def periodic_advance(
+        self,
+        name: str,
+        *,
+        schedule: str,
+        expected: datetime | None,
+        next_fire_at: datetime,
+        fires: Sequence[NewTask],
+        now: datetime,
+    ) -> list[int] | None:
+        """In one transaction: move schedule `name` from next fire time `expected` (None: not
+        stored yet) to `next_fire_at` and insert `fires`. Returns their ids, or None when
+        another cleaner moved the schedule first (then nothing is written)."""

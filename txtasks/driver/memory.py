@@ -11,10 +11,12 @@ from typing import ClassVar
 
 from txtasks.driver.base import Capabilities, WriteResult, requeue_choice
 from txtasks.types import (
+    FINISHED_STATES,
     READY_STATES,
     NewTask,
     Outcome,
     OutcomeKind,
+    PeriodicRow,
     QueueStats,
     TaskKey,
     TaskRow,
@@ -30,6 +32,7 @@ class MemoryDriver:
     def __init__(self) -> None:
         self.live: dict[int, TaskRow] = {}
         self.archived: dict[int, TaskRow] = {}
+        self.periodic: dict[str, PeriodicRow] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -109,11 +112,17 @@ class MemoryDriver:
                 claimed.append(new)
             return claimed
 
-    def _current(self, key: TaskKey, worker_id: str | None = None) -> TaskRow | None:
+    def _current(
+        self, key: TaskKey, worker_id: str | None = None, expired_before: datetime | None = None
+    ) -> TaskRow | None:
         row = self.live.get(key.id)
         if row is None or row.attempt != key.attempt or row.state is not TaskState.PROCESSING:
             return None
         if worker_id is not None and row.worker_id != worker_id:
+            return None
+        if expired_before is not None and not (
+            row.lease_expires_at is not None and row.lease_expires_at < expired_before
+        ):
             return None
         return row
 
@@ -124,11 +133,12 @@ class MemoryDriver:
         now: datetime,
         archive_completed: bool = True,
         worker_id: str | None = None,
+        expired_before: datetime | None = None,
     ) -> WriteResult:
         stale: list[TaskKey] = []
         with self._lock:
             for outcome in outcomes:
-                row = self._current(outcome.key, worker_id)
+                row = self._current(outcome.key, worker_id, expired_before)
                 if row is None:
                     stale.append(outcome.key)
                     continue
@@ -263,3 +273,90 @@ class MemoryDriver:
             for row in chosen:
                 del self.archived[row.id]
         return len(chosen)
+
+    # -- the cleaner's sweeps -----------------------------------------------------------------
+
+    async def lease_expired_list(self, *, now: datetime, limit: int) -> list[TaskRow]:
+        with self._lock:
+            expired = [
+                r
+                for r in self.live.values()
+                if r.state is TaskState.PROCESSING
+                and r.lease_expires_at is not None
+                and r.lease_expires_at < now
+            ]
+        expired.sort(key=lambda r: (r.lease_expires_at or now, r.id))
+        return expired[:limit]
+
+    async def ready_list(self, queue: str, *, due_before: datetime, limit: int) -> list[int]:
+        with self._lock:
+            ready = [
+                r
+                for r in self.live.values()
+                if r.queue == queue and r.state in READY_STATES and r.run_at <= due_before
+            ]
+        ready.sort(key=lambda r: (-r.priority, r.run_at, r.id))
+        return [r.id for r in ready[:limit]]
+
+    async def finished_archive_many(self, *, now: datetime, limit: int) -> int:
+        with self._lock:
+            done = sorted(i for i, r in self.live.items() if r.state in FINISHED_STATES)[:limit]
+            for task_id in done:
+                row = self.live.pop(task_id)
+                self.archived[task_id] = replace(row, lease_expires_at=None, finished_at=now)
+        return len(done)
+
+    async def archive_purge_many(
+        self,
+        *,
+        state: TaskState,
+        before: datetime,
+        limit: int,
+        queues: Sequence[str] | None = None,
+        exclude: Sequence[str] = (),
+    ) -> int:
+        with self._lock:
+            old = sorted(
+                (
+                    r
+                    for r in self.archived.values()
+                    if r.state is state
+                    and r.finished_at is not None
+                    and r.finished_at < before
+                    and (queues is None or r.queue in queues)
+                    and r.queue not in exclude
+                ),
+                key=lambda r: (r.finished_at or before, r.id),
+            )[:limit]
+            for row in old:
+                del self.archived[row.id]
+        return len(old)
+
+    async def periodic_list(self) -> dict[str, PeriodicRow]:
+        with self._lock:
+            return dict(self.periodic)
+
+    async def periodic_advance(
+        self,
+        name: str,
+        *,
+        schedule: str,
+        expected: datetime | None,
+        next_fire_at: datetime,
+        fires: Sequence[NewTask],
+        now: datetime,
+    ) -> list[int] | None:
+        with self._lock:
+            stored = self.periodic.get(name)
+            current = None if stored is None else stored.next_fire_at
+            if current != expected:
+                return None
+            last = max((f.run_at for f in fires), default=None)
+            self.periodic[name] = PeriodicRow(
+                name=name,
+                schedule=schedule,
+                next_fire_at=next_fire_at,
+                last_fire_at=last or (stored.last_fire_at if stored else None),
+                updated_at=now,
+            )
+            return [self._insert(row) for row in fires]

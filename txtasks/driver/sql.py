@@ -14,7 +14,6 @@ from datetime import datetime
 from typing import Any, ClassVar, TypeVar
 
 from sqlalchemy import (
-    Connection,
     Engine,
     Executable,
     Integer,
@@ -35,7 +34,9 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.sql.dml import Insert
 
-from txtasks.driver.base import Capabilities, WriteResult, requeue_choice
+from txtasks.driver.base import Capabilities, WriteResult
+from txtasks.driver.plan import Plan, Step, plan_run_async, plan_run_sync
+from txtasks.driver.sql_admin import SqlAdmin
 from txtasks.driver.urls import url_async, url_parse, url_sync
 from txtasks.errors import SchemaError
 from txtasks.schema import migrate as schema_migrate
@@ -45,16 +46,10 @@ from txtasks.types import (
     NewTask,
     Outcome,
     OutcomeKind,
-    QueueStats,
     TaskKey,
     TaskRow,
     TaskState,
 )
-
-#: One step of an enqueue: a statement and its parameters (a list means executemany).
-Step = tuple[Executable, Sequence[Mapping[str, Any]] | Mapping[str, Any] | None]
-#: A generator of steps that receives each step's result and returns the new ids.
-Plan = Generator[Step, Result[Any], list[int]]
 
 READY = [s.value for s in READY_STATES]
 PROCESSING = TaskState.PROCESSING.value
@@ -88,21 +83,32 @@ def claim_order(row: TaskRow) -> tuple[int, datetime, int]:
 
 
 def keys_match() -> Any:
-    """WHERE clause fencing a batch of attempts (param `keys`): pairs still processing, and
-    held by the worker `fence_worker` unless that parameter is NULL."""
+    """WHERE clause fencing a batch of attempts (param `keys`): pairs still processing, held by
+    the worker `fence_worker` and with a lease expired before `fence_expired` (each unless that
+    parameter is NULL)."""
     pairs = tuple_(tasks.c.id, tasks.c.attempt).in_(bindparam("keys", expanding=True))
     holder = bindparam("fence_worker", type_=String)
+    expiry = bindparam("fence_expired", type_=Timestamp)
     return (
-        pairs & (tasks.c.state == PROCESSING) & (holder.is_(None) | (tasks.c.worker_id == holder))
+        pairs
+        & (tasks.c.state == PROCESSING)
+        & (holder.is_(None) | (tasks.c.worker_id == holder))
+        & (expiry.is_(None) | (tasks.c.lease_expires_at < expiry))
     )
 
 
-def keys_param(keys: Sequence[TaskKey], worker_id: str | None = None) -> dict[str, Any]:
+def keys_param(
+    keys: Sequence[TaskKey], worker_id: str | None = None, expired_before: datetime | None = None
+) -> dict[str, Any]:
     """The parameters of `keys_match`: keys in id order (a consistent lock order)."""
-    return {"keys": sorted((k.id, k.attempt) for k in keys), "fence_worker": worker_id}
+    return {
+        "keys": sorted((k.id, k.attempt) for k in keys),
+        "fence_worker": worker_id,
+        "fence_expired": expired_before,
+    }
 
 
-class SqlDriver:
+class SqlDriver(SqlAdmin):
     """A task store on a SQL database through SQLAlchemy's asyncio engine."""
 
     capabilities: ClassVar[Capabilities] = Capabilities("sql")
@@ -355,12 +361,14 @@ class SqlDriver:
         now: datetime,
         archive_completed: bool = True,
         worker_id: str | None = None,
+        expired_before: datetime | None = None,
     ) -> WriteResult:
         if not outcomes:
             return WriteResult(0)
+        fence = {"fence_worker": worker_id, "fence_expired": expired_before}
 
         async def work(conn: AsyncConnection) -> set[TaskKey]:
-            return await self._outcomes_apply(conn, outcomes, now, archive_completed, worker_id)
+            return await self._outcomes_apply(conn, outcomes, now, archive_completed, fence)
 
         applied = await self.in_transaction(work)
         stale = tuple(o.key for o in outcomes if o.key not in applied)
@@ -372,10 +380,13 @@ class SqlDriver:
         outcomes: Sequence[Outcome],
         now: datetime,
         archive_completed: bool,
-        worker_id: str | None,
+        fence: Mapping[str, Any],
     ) -> set[TaskKey]:
-        """Lock the still-current attempts once, in id order, then write what applies to them."""
-        held = await self._locked_keys(conn, [o.key for o in outcomes], worker_id)
+        """Lock the still-current attempts once, in id order, then write what applies to them.
+
+        `fence` holds the `keys_match` parameters other than the keys.
+        """
+        held = await self._locked_keys(conn, [o.key for o in outcomes], fence)
         mine = [o for o in outcomes if o.key in held]
         finishing = [o for o in mine if o.kind.finishes]
         if finishing:
@@ -385,7 +396,7 @@ class SqlDriver:
             await self._retry(conn, retries)
         releases = [o.key for o in mine if o.kind is OutcomeKind.RELEASE]
         if releases:
-            await conn.execute(self.stmt_release(), keys_param(releases, worker_id))
+            await conn.execute(self.stmt_release(), {**keys_param(releases), **fence})
         return {o.key for o in mine}
 
     @staticmethod
@@ -400,10 +411,11 @@ class SqlDriver:
         )
 
     async def _locked_keys(
-        self, conn: AsyncConnection, keys: Sequence[TaskKey], worker_id: str | None
+        self, conn: AsyncConnection, keys: Sequence[TaskKey], fence: Mapping[str, Any]
     ) -> set[TaskKey]:
         """Lock the rows of still-current attempts (in id order) and return their keys."""
-        rows = await conn.execute(self.stmt_lock_keys(), keys_param(keys, worker_id))
+        params = {**keys_param(keys), **fence}
+        rows = await conn.execute(self.stmt_lock_keys(), params)
         return {TaskKey(row[0], row[1]) for row in rows}
 
     async def _finish(
@@ -527,120 +539,3 @@ class SqlDriver:
             return int((await conn.execute(self.stmt_lease_extend(), params)).rowcount)
 
         return await self.in_transaction(work)
-
-    # -- inspection ---------------------------------------------------------------------------
-
-    async def live_count(
-        self, queues: Sequence[str] | None, *, now: datetime, due_before: datetime
-    ) -> int:
-        ready = tasks.c.state.in_(READY) & (tasks.c.run_at <= due_before)
-        running = (tasks.c.state == PROCESSING) & (tasks.c.lease_expires_at > now)
-        stmt = select(func.count()).select_from(tasks).where(ready | running)
-        if queues is not None:
-            stmt = stmt.where(tasks.c.queue.in_(queues))
-        async with self.engine.connect() as conn:
-            return int((await conn.execute(stmt)).scalar_one())
-
-    async def task_get(self, task_id: int) -> TaskRow | None:
-        async with self.engine.connect() as conn:
-            for table in (tasks, archive):
-                row = (await conn.execute(select(table).where(table.c.id == task_id))).mappings()
-                found = row.first()
-                if found is not None:
-                    return TaskRow.from_row(found)
-        return None
-
-    async def queue_stats(self, *, now: datetime) -> list[QueueStats]:
-        stats: dict[str, QueueStats] = {}
-        async with self.engine.connect() as conn:
-            for table in (tasks, archive):
-                counts = select(table.c.queue, table.c.state, func.count()).group_by(
-                    table.c.queue, table.c.state
-                )
-                for queue, state, count in (await conn.execute(counts)).all():
-                    stats.setdefault(queue, QueueStats(queue)).counts[state] = int(count)
-            oldest = (
-                select(tasks.c.queue, func.min(tasks.c.run_at))
-                .where(tasks.c.state.in_(READY), tasks.c.run_at <= now)
-                .group_by(tasks.c.queue)
-            )
-            ages = {q: (now - t).total_seconds() for q, t in (await conn.execute(oldest)).all()}
-        return [QueueStats(q, s.counts, ages.get(q)) for q, s in sorted(stats.items())]
-
-    # -- dead letters -------------------------------------------------------------------------
-
-    @staticmethod
-    def _dead_where(ids: Sequence[int] | None, queue: str | None) -> list[Any]:
-        where = [archive.c.state == TaskState.DEAD.value]
-        if ids is not None:
-            where.append(archive.c.id.in_(ids))
-        if queue is not None:
-            where.append(archive.c.queue == queue)
-        return where
-
-    async def dead_list(self, *, queue: str | None = None, limit: int = 100) -> list[TaskRow]:
-        stmt = (
-            select(archive)
-            .where(*self._dead_where(None, queue))
-            .order_by(archive.c.finished_at.desc(), archive.c.id.desc())
-            .limit(limit)
-        )
-        async with self.engine.connect() as conn:
-            return [TaskRow.from_row(r) for r in (await conn.execute(stmt)).mappings().all()]
-
-    async def dead_requeue(
-        self, ids: Sequence[int] | None = None, *, queue: str | None = None, now: datetime
-    ) -> list[int]:
-        async with self.engine.begin() as conn:
-            dead = select(archive.c.id, archive.c.dedup_key).where(*self._dead_where(ids, queue))
-            rows = (await conn.execute(dead.with_for_update())).all()
-            keys = [r.dedup_key for r in rows if r.dedup_key]
-            taken = select(tasks.c.dedup_key).where(tasks.c.dedup_key.in_(keys))
-            live_keys = set((await conn.execute(taken)).scalars()) if keys else set()
-            chosen = requeue_choice([(r.id, r.dedup_key) for r in rows], live_keys)
-            if not chosen:
-                return []
-            fresh: dict[str, Any] = {
-                "state": literal(TaskState.PENDING.value),
-                "attempt": literal(0),
-                "run_at": literal(now, Timestamp),
-                "worker_id": literal(None, String),
-                "lease_expires_at": literal(None, Timestamp),
-                "started_at": literal(None, Timestamp),
-            }
-            cols = [c for c in TASK_COLUMNS if c not in fresh]
-            source = select(
-                *[archive.c[c] for c in cols], *[v.label(k) for k, v in fresh.items()]
-            ).where(archive.c.id.in_(chosen))
-            await conn.execute(insert(tasks).from_select([*cols, *fresh], source))
-            await conn.execute(delete(archive).where(archive.c.id.in_(chosen)))
-        return chosen
-
-    async def dead_purge(
-        self, ids: Sequence[int] | None = None, *, queue: str | None = None
-    ) -> int:
-        async with self.engine.begin() as conn:
-            result = await conn.execute(delete(archive).where(*self._dead_where(ids, queue)))
-        return int(result.rowcount)
-
-
-def plan_run_sync(executor: Connection | Any, plan: Plan) -> list[int]:
-    """Run an enqueue plan on a sync Connection or Session."""
-    try:
-        step = next(plan)
-        while True:
-            stmt, params = step
-            step = plan.send(executor.execute(stmt, params))
-    except StopIteration as stop:
-        return list(stop.value)
-
-
-async def plan_run_async(executor: AsyncConnection | Any, plan: Plan) -> list[int]:
-    """Run an enqueue plan on an AsyncConnection or AsyncSession."""
-    try:
-        step = next(plan)
-        while True:
-            stmt, params = step
-            step = plan.send(await executor.execute(stmt, params))
-    except StopIteration as stop:
-        return list(stop.value)

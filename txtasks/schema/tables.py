@@ -126,6 +126,18 @@ archive = Table(
 Index("ix_txtasks_archive_queue", archive.c.queue, archive.c.state, archive.c.finished_at)
 Index("ix_txtasks_archive_finished", archive.c.finished_at)
 
+#: One row per periodic schedule: a fire time is enqueued by whoever moves `next_fire_at` on.
+periodic = Table(
+    "txtasks_periodic",
+    metadata,
+    Column("name", ExactString(255), primary_key=True),
+    Column("schedule", String(255), nullable=False),
+    Column("next_fire_at", Timestamp, nullable=False),
+    Column("last_fire_at", Timestamp, nullable=True),
+    Column("updated_at", Timestamp, nullable=False),
+    mysql_engine="InnoDB",
+)
+
 migrations = Table(
     "txtasks_migrations",
     metadata,

@@ -1,0 +1,139 @@
+"""`txtasks cleaner APP` (also `python -m cleaner APP`): run the sweeps until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import signal
+import sys
+from typing import Any
+
+import click
+
+from cleaner.daemon import SWEEPS, Cleaner, CleanerConfig
+from cleaner.settings import config_with
+from txtasks.cli.common import (
+    Command,
+    broker_url_option,
+    database_url_option,
+    json_default,
+    load_app,
+    load_object,
+    logging_setup,
+    run_async,
+)
+from txtasks.driver import driver_for_url
+from txtasks.errors import ConfigurationError
+from txtasks.wakeup import notifier_for_url
+
+log = logging.getLogger("cleaner")
+SWEEP_NAMES = click.Choice(list(SWEEPS))
+
+
+@click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("app_spec", metavar="APP")
+@database_url_option
+@broker_url_option
+@click.option(
+    "--config",
+    "config_spec",
+    metavar="MODULE:ATTR",
+    help="A cleaner.CleanerConfig to start from (default: every sweep with its defaults).",
+)
+@click.option(
+    "--set",
+    "assignments",
+    multiple=True,
+    metavar="SWEEP.SETTING=VALUE",
+    help="Change one setting, e.g. --set rescuer.interval=2 (repeatable; see docs/operations.md).",
+)
+@click.option("--only", multiple=True, type=SWEEP_NAMES, help="Run only these sweeps.")
+@click.option("--skip", multiple=True, type=SWEEP_NAMES, help="Do not run these sweeps.")
+@click.option("--once", is_flag=True, help="One pass of each sweep, print the results, exit.")
+@click.option(
+    "--health-port",
+    type=click.IntRange(min=0, max=65535),
+    envvar="TXTASKS_HEALTH_PORT",
+    show_envvar=True,
+    help="Serve /livez and /readyz on this port (0: any free port).",
+)
+@click.option("--health-host", default="0.0.0.0", show_default=True)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+    help="debug also logs the passes that found nothing to do.",
+)
+def cleaner(
+    app_spec: str,
+    database_url: str | None,
+    broker_url: str | None,
+    config_spec: str | None,
+    assignments: tuple[str, ...],
+    only: tuple[str, ...],
+    skip: tuple[str, ...],
+    once: bool,
+    health_port: int | None,
+    health_host: str,
+    log_level: str,
+) -> None:
+    """Rescue tasks of dead workers, re-announce lost wake-ups, archive, purge old rows and
+    fire periodic tasks for APP (module:attribute). SIGTERM/SIGINT stop it."""
+    logging_setup(log_level)
+    app = load_app(app_spec)
+    config = config_from(config_spec, assignments, only, skip)
+    config = dataclasses.replace(config, health_port=health_port, health_host=health_host)
+    if database_url:
+        app.use_driver(driver_for_url(database_url))
+    if broker_url:
+        app.use_notifier(notifier_for_url(broker_url))
+    daemon = Cleaner(app, config)
+    if once:
+        results = run_async(lambda: _once(daemon))
+        click.echo(json.dumps(results, indent=2, default=json_default))
+        sys.exit(0 if all(r is not None for r in results.values()) else 1)
+    run_async(lambda: _serve(daemon))
+
+
+def config_from(
+    spec: str | None, assignments: tuple[str, ...], only: tuple[str, ...], skip: tuple[str, ...]
+) -> CleanerConfig:
+    """The configuration: --config, then each --set, then --only/--skip."""
+    config = CleanerConfig()
+    if spec is not None:
+        config = load_object(spec)
+        if not isinstance(config, CleanerConfig):
+            raise click.BadParameter(f"{spec!r} is a {type(config).__name__}, not a CleanerConfig")
+    for assignment in assignments:
+        config = config_with(config, assignment)
+    chosen = set(only or SWEEPS) - set(skip)
+    if not chosen:
+        raise ConfigurationError("--only/--skip: no sweep left to run")
+    off: dict[str, Any] = {name: None for name in SWEEPS if name not in chosen}
+    return dataclasses.replace(config, **off)
+
+
+async def _once(daemon: Cleaner) -> dict[str, object]:
+    try:
+        results = await daemon.run_once()
+    finally:
+        await daemon.app.aclose()
+    return {k: None if r is None else r.fields() for k, r in results.items()}
+
+
+async def _serve(daemon: Cleaner) -> None:
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        log.info("%s received: stopping", signal.Signals(signum).name)
+        daemon.request_stop()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        await daemon.run()
+    finally:
+        await daemon.app.aclose()

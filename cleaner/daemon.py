@@ -1,0 +1,154 @@
+"""The cleaner daemon: runs every enabled sweep on an APScheduler scheduler.
+
+Several cleaners may run against one database at once (one per worker pod, say). No leader is
+elected: every write a sweep makes is fenced by the row's own state, so concurrent passes
+cannot double-rescue (the outcome write matches only a still-expired attempt), double-fire (the
+periodic UPDATE matches only the fire time it read) or double-delete. The cost of N cleaners is
+N times the read queries, which are small and indexed; the gain is that nothing stops while a
+leader is lost and re-elected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import timezone
+from typing import Any
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from cleaner.archiver import Archiver, ArchiverConfig
+from cleaner.health import HealthServer
+from cleaner.periodic import Periodic, PeriodicConfig
+from cleaner.reannouncer import Reannouncer, ReannouncerConfig
+from cleaner.rescuer import Rescuer, RescuerConfig
+from cleaner.retention import Retention, RetentionConfig
+from cleaner.sweep import Sweep, SweepResult
+from txtasks.app import App
+
+log = logging.getLogger("cleaner")
+
+#: A sweep counts as stalled when it has not finished a pass for this many intervals.
+STALL_INTERVALS = 3
+#: ... and for at least this many seconds (short intervals get slack for a slow database).
+STALL_MIN_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class CleanerConfig:
+    """Which sweeps run, and their settings. A sweep set to None is off."""
+
+    rescuer: RescuerConfig | None = field(default_factory=RescuerConfig)
+    reannouncer: ReannouncerConfig | None = field(default_factory=ReannouncerConfig)
+    archiver: ArchiverConfig | None = field(default_factory=ArchiverConfig)
+    retention: RetentionConfig | None = field(default_factory=RetentionConfig)
+    periodic: PeriodicConfig | None = field(default_factory=PeriodicConfig)
+    #: Serve /livez and /readyz on this port (0: any free port); None: no HTTP endpoint.
+    health_port: int | None = None
+    #: Address the health endpoint listens on.
+    health_host: str = "0.0.0.0"
+
+
+SWEEPS: dict[str, type[Sweep[Any, Any]]] = {
+    "rescuer": Rescuer,
+    "reannouncer": Reannouncer,
+    "archiver": Archiver,
+    "retention": Retention,
+    "periodic": Periodic,
+}
+
+
+class Cleaner:
+    """Keeps an application's tasks moving: `await cleaner.run()` until `cleaner.stop()`."""
+
+    def __init__(self, app: App, config: CleanerConfig | None = None) -> None:
+        self.app = app
+        self.config = config or CleanerConfig()
+        self.sweeps: dict[str, Sweep[Any, Any]] = {
+            name: cls(app, getattr(self.config, name))
+            for name, cls in SWEEPS.items()
+            if getattr(self.config, name) is not None
+        }
+        self._scheduler: AsyncIOScheduler | None = None
+        self.health_server: HealthServer | None = None
+        if self.config.health_port is not None:
+            self.health_server = HealthServer(
+                self.health, self.config.health_host, self.config.health_port
+            )
+        self._stopping = asyncio.Event()
+        self._started_at: float | None = None
+
+    async def start(self) -> None:
+        """Open the database and schedule every sweep (the first passes run at once)."""
+        if self._scheduler is not None:
+            return
+        await self.app.driver.open()
+        self._scheduler = AsyncIOScheduler(timezone=timezone.utc)
+        self._scheduler.start()
+        self._started_at = time.monotonic()
+        for sweep in self.sweeps.values():
+            sweep.start(self._scheduler)
+        if self.health_server is not None:
+            await self.health_server.start()
+        log.info("cleaner started: %s", ", ".join(self.sweeps) or "no sweeps")
+
+    async def stop(self) -> None:
+        """Schedule no more passes and wait for those under way."""
+        self._stopping.set()
+        if self._scheduler is None:
+            return
+        scheduler, self._scheduler = self._scheduler, None
+        for sweep in self.sweeps.values():
+            sweep.stop()
+        await asyncio.gather(*(sweep.idle() for sweep in self.sweeps.values()))
+        scheduler.shutdown(wait=False)
+        if self.health_server is not None:
+            await self.health_server.stop()
+        log.info("cleaner stopped")
+
+    def request_stop(self) -> None:
+        """Ask `run()` to return (safe from a signal handler)."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Start, run until `request_stop()` or `stop()`, then stop."""
+        await self.start()
+        try:
+            await self._stopping.wait()
+        finally:
+            await self.stop()
+
+    async def run_once(self) -> dict[str, SweepResult | None]:
+        """One pass of every enabled sweep, in order; a failed pass gives None."""
+        await self.app.driver.open()
+        return {name: await sweep.tick() for name, sweep in self.sweeps.items()}
+
+    # -- health -------------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        """`live`: every sweep finished a pass recently (ok or not): the daemon is not stuck.
+        `ready`: live, and every sweep's last pass succeeded (the database is reachable)."""
+        now = time.monotonic()
+        sweeps = {}
+        live = self._scheduler is not None and self._scheduler.running
+        ready = live
+        for name, sweep in self.sweeps.items():
+            state = sweep.state
+            allowed = max(STALL_INTERVALS * sweep.config.interval, STALL_MIN_SECONDS)
+            since = state.last_finished if state.last_finished is not None else self._started_at
+            stalled = since is None or now - since > allowed
+            live = live and not stalled
+            ready = ready and not stalled and state.last_ok is True
+            sweeps[name] = {
+                "passes": state.passes,
+                "failures": state.failures,
+                "last_ok": state.last_ok,
+                "last_error": state.last_error,
+                "seconds_since_pass": None
+                if state.last_finished is None
+                else round(now - state.last_finished, 3),
+                "last_result": state.last_result,
+            }
+        return {"live": live, "ready": ready, "sweeps": sweeps}

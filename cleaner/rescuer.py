@@ -1,0 +1,102 @@
+"""The rescuer: tasks whose worker died (lease expired) get the retry / dead-letter policy.
+
+A worker extends the leases of its in-flight tasks with a heartbeat, so a lease runs out only
+when its worker stopped (killed, machine gone, cut off from the database). The rescuer then
+decides the attempt exactly as a worker decides a failed one (`policy.outcome_after_failure`):
+retry after the task's backoff while attempts remain, else dead-letter. The write is fenced on
+(id, attempt, processing) and on the lease still being expired, so a task whose heartbeat
+arrived meanwhile, or that another cleaner rescued first, is left alone.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from cleaner.sweep import MAX_BATCHES, Sweep, SweepConfig, SweepResult
+from txtasks.errors import ConfigurationError
+from txtasks.policy import RetryPolicy, outcome_after_failure, sanitized
+from txtasks.retry import as_strategy
+from txtasks.types import Outcome, OutcomeKind, TaskRow
+
+
+@dataclass(frozen=True)
+class RescuerConfig(SweepConfig):
+    """Settings of the rescuer."""
+
+    #: Seconds between passes.
+    interval: float = 5.0
+    #: Expired tasks rescued per statement.
+    batch_size: int = 500
+    #: Extra seconds a lease must be expired by (tolerates clock skew between hosts).
+    grace: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.grace >= 0:
+            raise ConfigurationError(f"RescuerConfig.grace must be >= 0, got {self.grace!r}")
+
+
+@dataclass(frozen=True)
+class RescueResult(SweepResult):
+    """What a rescue pass did."""
+
+    #: Expired tasks sent back to retryable.
+    retried: int = 0
+    #: Expired tasks dead-lettered (attempts or deadline exhausted).
+    dead: int = 0
+    #: Expired tasks left alone: a heartbeat or another cleaner got there first.
+    skipped: int = 0
+
+
+class Rescuer(Sweep[RescuerConfig, RescueResult]):
+    """Applies the retry / dead-letter policy to tasks whose lease expired."""
+
+    name = "rescuer"
+
+    async def run_once(self) -> RescueResult:
+        retried = dead = skipped = 0
+        for _ in range(MAX_BATCHES):
+            now = self.app.clock()
+            cutoff = now - timedelta(seconds=self.config.grace)
+            rows = await self.driver.lease_expired_list(now=cutoff, limit=self.config.batch_size)
+            outcomes = [self.outcome(row, now) for row in rows]
+            written = await self.driver.outcome_write_many(outcomes, now=now, expired_before=cutoff)
+            stale = set(written.stale)
+            applied = [o for o in outcomes if o.key not in stale]
+            retried += sum(o.kind is OutcomeKind.RETRY for o in applied)
+            dead += sum(o.kind is OutcomeKind.DEAD for o in applied)
+            skipped += len(stale)
+            self._wake(rows, applied, now)
+            if len(rows) < self.config.batch_size:
+                break
+        return RescueResult(retried=retried, dead=dead, skipped=skipped)
+
+    def outcome(self, row: TaskRow, now: datetime) -> Outcome:
+        """The outcome of an attempt whose worker stopped: the task's own retry policy."""
+        task = self.app.tasks.get(row.task_name)
+        policy = task.policy if task is not None else RetryPolicy(as_strategy(None), 0)
+        error = (
+            f"lease expired at {row.lease_expires_at:%Y-%m-%d %H:%M:%S.%f} UTC: worker "
+            f"{row.worker_id} stopped heartbeating (rescued by the cleaner)"
+        )
+        outcome = outcome_after_failure(
+            row.key,
+            policy,
+            now=now,
+            error=error,
+            expires_at=row.expires_at,
+            max_attempts=row.max_attempts,
+        )
+        return sanitized(outcome)
+
+    def _wake(self, rows: list[TaskRow], applied: list[Outcome], now: datetime) -> None:
+        """Wake workers for rescued tasks that are due again at once."""
+        queue_of = {row.id: row.queue for row in rows}
+        due: dict[str, list[int]] = defaultdict(list)
+        for o in applied:
+            if o.kind is OutcomeKind.RETRY and o.run_at is not None and o.run_at <= now:
+                due[queue_of[o.key.id]].append(o.key.id)
+        for queue, ids in due.items():
+            self.app.notify(queue, ids)

@@ -1,0 +1,127 @@
+"""Retention: archived rows older than their retention are deleted, in batches.
+
+Retention is per outcome (completed, failed, discarded, dead), with per-queue overrides.
+Dead letters are kept until re-driven (`txtasks dlq requeue`) or purged (`txtasks dlq purge`)
+unless a retention is set for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from datetime import timedelta
+from types import MappingProxyType
+
+from cleaner.sweep import MAX_BATCHES, Sweep, SweepConfig, SweepResult
+from txtasks.app import check_queue_name
+from txtasks.clock import seconds
+from txtasks.errors import ConfigurationError
+from txtasks.types import FINISHED_STATES, TaskState
+
+DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class Keep:
+    """How long archived rows are kept, per final state: seconds or a timedelta; None keeps
+    them until deleted by hand."""
+
+    completed: float | timedelta | None = 7 * DAY
+    failed: float | timedelta | None = 30 * DAY
+    discarded: float | timedelta | None = 7 * DAY
+    dead: float | timedelta | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            try:
+                value = seconds(value)
+            except (TypeError, ValueError):
+                value = -1.0
+            if not value >= 0:
+                raise ConfigurationError(
+                    f"retention {f.name}: expected seconds >= 0, a timedelta or None, "
+                    f"got {getattr(self, f.name)!r}"
+                )
+            object.__setattr__(self, f.name, value)
+
+    def seconds_for(self, state: TaskState) -> float | None:
+        value = getattr(self, state.value)
+        return None if value is None else float(value)
+
+
+@dataclass(frozen=True)
+class RetentionConfig(SweepConfig):
+    """Settings of the retention sweep."""
+
+    #: Seconds between passes.
+    interval: float = 300.0
+    #: Rows deleted per transaction.
+    batch_size: int = 1000
+    #: Retention of every queue without an override.
+    keep: Keep = field(default_factory=Keep)
+    #: Per-queue overrides: queue name -> Keep.
+    queues: Mapping[str, Keep] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for queue, keep in self.queues.items():
+            check_queue_name(queue, setting="RetentionConfig.queues")
+            if not isinstance(keep, Keep):
+                raise ConfigurationError(f"RetentionConfig.queues[{queue!r}] must be a Keep")
+        object.__setattr__(self, "queues", MappingProxyType(dict(self.queues)))
+
+
+@dataclass(frozen=True)
+class RetentionResult(SweepResult):
+    """What a retention pass did."""
+
+    #: Archived rows deleted, per final state.
+    purged: dict[str, int] = field(default_factory=dict)
+
+
+ORDER = sorted(FINISHED_STATES, key=lambda s: s.value)
+
+
+class Retention(Sweep[RetentionConfig, RetentionResult]):
+    """Deletes archived rows past their retention."""
+
+    name = "retention"
+
+    async def run_once(self) -> RetentionResult:
+        purged: dict[str, int] = {}
+        overridden = sorted(self.config.queues)
+        for state in ORDER:
+            count = await self._purge(state, self.config.keep, None, overridden)
+            for queue in overridden:
+                count += await self._purge(state, self.config.queues[queue], [queue], ())
+            if count:
+                purged[state.value] = count
+        return RetentionResult(purged=purged)
+
+    async def _purge(
+        self,
+        state: TaskState,
+        keep: Keep,
+        queues: list[str] | None,
+        exclude: list[str] | tuple[()],
+    ) -> int:
+        limit = keep.seconds_for(state)
+        if limit is None:
+            return 0
+        before = self.app.clock() - timedelta(seconds=limit)
+        total = 0
+        for _ in range(MAX_BATCHES):
+            count = await self.driver.archive_purge_many(
+                state=state,
+                before=before,
+                limit=self.config.batch_size,
+                queues=queues,
+                exclude=exclude,
+            )
+            total += count
+            if count < self.config.batch_size:
+                break
+        return total

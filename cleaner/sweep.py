@@ -1,0 +1,171 @@
+"""What every sweep shares: a config with an interval, `run_once()`, and scheduling.
+
+A sweep is one maintenance concern. `run_once()` does one full pass (batch after batch until a
+batch comes back short) and returns what it did; `start(scheduler)` runs it every `interval`
+seconds on an APScheduler scheduler, `stop()` takes it off. Both are idempotent. A pass that
+fails is logged and counted; the next one runs on schedule.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+from txtasks.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from apscheduler.job import Job
+    from apscheduler.schedulers.base import BaseScheduler
+
+    from txtasks.app import App
+    from txtasks.driver import Driver
+
+log = logging.getLogger("cleaner")
+
+#: A pass may not take more batches than this (a bound, not a pace: batches run back to back).
+MAX_BATCHES = 1000
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """Settings every sweep has."""
+
+    #: Seconds between passes.
+    interval: float = 60.0
+    #: Rows one statement handles at most.
+    batch_size: int = 1000
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        if not self.interval > 0:
+            raise ConfigurationError(f"{name}.interval must be > 0 seconds, got {self.interval!r}")
+        if not (isinstance(self.batch_size, int) and self.batch_size > 0):
+            raise ConfigurationError(f"{name}.batch_size must be an integer > 0")
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """What one pass did. Subclasses add counters; `busy` says whether anything changed."""
+
+    @property
+    def busy(self) -> bool:
+        return any(bool(v) for v in dataclasses.asdict(self).values())
+
+    def fields(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class SweepState:
+    """The record of a sweep's passes, for health checks and logs."""
+
+    passes: int = 0
+    failures: int = 0
+    last_started: float | None = None  # time.monotonic()
+    last_finished: float | None = None
+    last_ok: bool | None = None
+    last_error: str | None = None
+    last_result: dict[str, Any] | None = None
+
+
+C = TypeVar("C", bound=SweepConfig)
+R = TypeVar("R", bound=SweepResult)
+
+
+class Sweep(abc.ABC, Generic[C, R]):
+    """One maintenance concern of the cleaner."""
+
+    name: ClassVar[str]
+
+    def __init__(self, app: App, config: C) -> None:
+        self.app = app
+        self.config = config
+        self.state = SweepState()
+        self._job: Job | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def driver(self) -> Driver:
+        return self.app.driver
+
+    @abc.abstractmethod
+    async def run_once(self) -> R:
+        """One full pass; returns what it did."""
+
+    # -- scheduling ---------------------------------------------------------------------------
+
+    def start(self, scheduler: BaseScheduler) -> None:
+        """Run a pass now and then every `interval` seconds (jittered by up to 10%)."""
+        if self._job is not None:
+            return
+        self._job = scheduler.add_job(
+            self.tick,
+            "interval",
+            seconds=self.config.interval,
+            jitter=self.config.interval * 0.1,
+            id=f"txtasks-{self.name}",
+            next_run_time=datetime.now(timezone.utc),
+            max_instances=1,
+            coalesce=True,
+            misfire_grace_time=None,
+        )
+
+    def stop(self) -> None:
+        """Schedule no more passes (a pass under way finishes; see `idle()`)."""
+        if self._job is None:
+            return
+        job, self._job = self._job, None
+        with contextlib.suppress(LookupError):  # the scheduler was shut down already
+            job.remove()
+
+    async def idle(self) -> None:
+        """Wait until no pass is under way."""
+        async with self._lock:
+            return
+
+    async def tick(self) -> R | None:
+        """A scheduled pass: logged, recorded, never raising."""
+        async with self._lock:
+            state = self.state
+            state.last_started = time.monotonic()
+            try:
+                result = await self.run_once()
+            except Exception as exc:
+                state.failures += 1
+                state.last_ok, state.last_error = False, f"{type(exc).__name__}: {exc}"
+                log.warning("sweep=%s ok=false error=%r", self.name, state.last_error)
+                return None
+            finally:
+                state.passes += 1
+                state.last_finished = time.monotonic()
+            state.last_ok, state.last_error = True, None
+            state.last_result = result.fields()
+            took = (state.last_finished - state.last_started) * 1000
+            level = logging.INFO if result.busy else logging.DEBUG
+            log.log(
+                level,
+                "sweep=%s ok=true %s duration_ms=%.1f",
+                self.name,
+                logfmt(result.fields()),
+                took,
+                extra={"sweep": self.name, "result": result.fields()},
+            )
+            return result
+
+
+def logfmt(fields: dict[str, Any]) -> str:
+    """key=value pairs; nested mappings flattened as key.sub=value."""
+    parts: list[str] = []
+    for key, value in fields.items():
+        if isinstance(value, dict):
+            parts.extend(f"{key}.{k}={v}" for k, v in sorted(value.items()))
+        else:
+            parts.append(f"{key}={value}")
+    return " ".join(parts)

@@ -1,0 +1,40 @@
+"""Enqueue plans: the insert statements of an enqueue as a generator, run on any connection.
+
+A dialect driver builds the plan (`SqlDriver.enqueue_plan`); the same plan runs on a sync
+`Connection`/`Session` or an async `AsyncConnection`/`AsyncSession`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Executable, Result
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+#: One step of an enqueue: a statement and its parameters (a list means executemany).
+Step = tuple[Executable, Sequence[Mapping[str, Any]] | Mapping[str, Any] | None]
+#: A generator of steps that receives each step's result and returns the new ids.
+Plan = Generator[Step, Result[Any], list[int]]
+
+
+def plan_run_sync(executor: Connection | Any, plan: Plan) -> list[int]:
+    """Run an enqueue plan on a sync Connection or Session."""
+    try:
+        step = next(plan)
+        while True:
+            stmt, params = step
+            step = plan.send(executor.execute(stmt, params))
+    except StopIteration as stop:
+        return list(stop.value)
+
+
+async def plan_run_async(executor: AsyncConnection | Any, plan: Plan) -> list[int]:
+    """Run an enqueue plan on an AsyncConnection or AsyncSession."""
+    try:
+        step = next(plan)
+        while True:
+            stmt, params = step
+            step = plan.send(await executor.execute(stmt, params))
+    except StopIteration as stop:
+        return list(stop.value)

@@ -1,0 +1,278 @@
+"""Inspection and maintenance queries of the SQL driver: status, dead letters, and what the
+cleaner's sweeps run (expired leases, stale ready rows, archiving, retention, periodic fires).
+
+`SqlDriver` inherits these; every method is one short transaction over a bounded batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from sqlalchemy import (
+    Executable,
+    String,
+    delete,
+    func,
+    insert,
+    literal,
+    select,
+    update,
+)
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from txtasks.driver.base import requeue_choice
+from txtasks.driver.plan import Plan, plan_run_async
+from txtasks.schema.tables import TASK_COLUMNS, Timestamp, archive, periodic, tasks
+from txtasks.types import (
+    FINISHED_STATES,
+    READY_STATES,
+    NewTask,
+    PeriodicRow,
+    QueueStats,
+    TaskRow,
+    TaskState,
+)
+
+if TYPE_CHECKING:
+    from txtasks.driver.sql import SqlDriver
+
+T = TypeVar("T")
+READY = [s.value for s in READY_STATES]
+PROCESSING = TaskState.PROCESSING.value
+
+
+class SqlAdmin:
+    """Status, dead-letter and maintenance queries (mixed into `SqlDriver`)."""
+
+    if TYPE_CHECKING:
+
+        @property
+        def engine(self) -> AsyncEngine: ...
+
+        async def in_transaction(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T: ...
+
+        @classmethod
+        def plan_class(cls, dialect: Any) -> type[SqlDriver]: ...
+
+        @staticmethod
+        def stmt_archive_copy() -> Executable: ...
+
+        @staticmethod
+        def stmt_delete() -> Executable: ...
+
+    # -- inspection ---------------------------------------------------------------------------
+
+    async def live_count(
+        self, queues: Sequence[str] | None, *, now: datetime, due_before: datetime
+    ) -> int:
+        ready = tasks.c.state.in_(READY) & (tasks.c.run_at <= due_before)
+        running = (tasks.c.state == PROCESSING) & (tasks.c.lease_expires_at > now)
+        stmt = select(func.count()).select_from(tasks).where(ready | running)
+        if queues is not None:
+            stmt = stmt.where(tasks.c.queue.in_(queues))
+        async with self.engine.connect() as conn:
+            return int((await conn.execute(stmt)).scalar_one())
+
+    async def task_get(self, task_id: int) -> TaskRow | None:
+        async with self.engine.connect() as conn:
+            for table in (tasks, archive):
+                row = (await conn.execute(select(table).where(table.c.id == task_id))).mappings()
+                found = row.first()
+                if found is not None:
+                    return TaskRow.from_row(found)
+        return None
+
+    async def queue_stats(self, *, now: datetime) -> list[QueueStats]:
+        stats: dict[str, QueueStats] = {}
+        async with self.engine.connect() as conn:
+            for table in (tasks, archive):
+                counts = select(table.c.queue, table.c.state, func.count()).group_by(
+                    table.c.queue, table.c.state
+                )
+                for queue, state, count in (await conn.execute(counts)).all():
+                    stats.setdefault(queue, QueueStats(queue)).counts[state] = int(count)
+            oldest = (
+                select(tasks.c.queue, func.min(tasks.c.run_at))
+                .where(tasks.c.state.in_(READY), tasks.c.run_at <= now)
+                .group_by(tasks.c.queue)
+            )
+            ages = {q: (now - t).total_seconds() for q, t in (await conn.execute(oldest)).all()}
+        return [QueueStats(q, s.counts, ages.get(q)) for q, s in sorted(stats.items())]
+
+    # -- dead letters -------------------------------------------------------------------------
+
+    @staticmethod
+    def _dead_where(ids: Sequence[int] | None, queue: str | None) -> list[Any]:
+        where = [archive.c.state == TaskState.DEAD.value]
+        if ids is not None:
+            where.append(archive.c.id.in_(ids))
+        if queue is not None:
+            where.append(archive.c.queue == queue)
+        return where
+
+    async def dead_list(self, *, queue: str | None = None, limit: int = 100) -> list[TaskRow]:
+        stmt = (
+            select(archive)
+            .where(*self._dead_where(None, queue))
+            .order_by(archive.c.finished_at.desc(), archive.c.id.desc())
+            .limit(limit)
+        )
+        async with self.engine.connect() as conn:
+            return [TaskRow.from_row(r) for r in (await conn.execute(stmt)).mappings().all()]
+
+    async def dead_requeue(
+        self, ids: Sequence[int] | None = None, *, queue: str | None = None, now: datetime
+    ) -> list[int]:
+        async with self.engine.begin() as conn:
+            dead = select(archive.c.id, archive.c.dedup_key).where(*self._dead_where(ids, queue))
+            rows = (await conn.execute(dead.with_for_update())).all()
+            keys = [r.dedup_key for r in rows if r.dedup_key]
+            taken = select(tasks.c.dedup_key).where(tasks.c.dedup_key.in_(keys))
+            live_keys = set((await conn.execute(taken)).scalars()) if keys else set()
+            chosen = requeue_choice([(r.id, r.dedup_key) for r in rows], live_keys)
+            if not chosen:
+                return []
+            fresh: dict[str, Any] = {
+                "state": literal(TaskState.PENDING.value),
+                "attempt": literal(0),
+                "run_at": literal(now, Timestamp),
+                "worker_id": literal(None, String),
+                "lease_expires_at": literal(None, Timestamp),
+                "started_at": literal(None, Timestamp),
+            }
+            cols = [c for c in TASK_COLUMNS if c not in fresh]
+            source = select(
+                *[archive.c[c] for c in cols], *[v.label(k) for k, v in fresh.items()]
+            ).where(archive.c.id.in_(chosen))
+            await conn.execute(insert(tasks).from_select([*cols, *fresh], source))
+            await conn.execute(delete(archive).where(archive.c.id.in_(chosen)))
+        return chosen
+
+    async def dead_purge(
+        self, ids: Sequence[int] | None = None, *, queue: str | None = None
+    ) -> int:
+        async with self.engine.begin() as conn:
+            result = await conn.execute(delete(archive).where(*self._dead_where(ids, queue)))
+        return int(result.rowcount)
+
+    # -- cleaner: rescue ----------------------------------------------------------------------
+
+    async def lease_expired_list(self, *, now: datetime, limit: int) -> list[TaskRow]:
+        stmt = (
+            select(tasks)
+            .where(tasks.c.state == PROCESSING, tasks.c.lease_expires_at < now)
+            .order_by(tasks.c.lease_expires_at, tasks.c.id)
+            .limit(limit)
+        )
+        async with self.engine.connect() as conn:
+            return [TaskRow.from_row(r) for r in (await conn.execute(stmt)).mappings().all()]
+
+    # -- cleaner: re-announce -----------------------------------------------------------------
+
+    async def ready_list(self, queue: str, *, due_before: datetime, limit: int) -> list[int]:
+        stmt = (
+            select(tasks.c.id)
+            .where(tasks.c.queue == queue, tasks.c.state.in_(READY), tasks.c.run_at <= due_before)
+            .order_by(tasks.c.priority.desc(), tasks.c.run_at, tasks.c.id)
+            .limit(limit)
+        )
+        async with self.engine.connect() as conn:
+            return [int(i) for i in (await conn.execute(stmt)).scalars().all()]
+
+    # -- cleaner: archive and retention -------------------------------------------------------
+
+    async def finished_archive_many(self, *, now: datetime, limit: int) -> int:
+        finished = [s.value for s in FINISHED_STATES]
+        pick = (
+            select(tasks.c.id, tasks.c.state)
+            .where(tasks.c.state.in_(finished))
+            .order_by(tasks.c.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+
+        async def work(conn: AsyncConnection) -> int:
+            rows = (await conn.execute(pick)).all()
+            for state in {r.state for r in rows}:
+                ids = [r.id for r in rows if r.state == state]
+                params = {"ids": ids, "state": state, "now": now}
+                await conn.execute(self.stmt_archive_copy(), params)
+            if rows:
+                await conn.execute(self.stmt_delete(), {"ids": [r.id for r in rows]})
+            return len(rows)
+
+        return await self.in_transaction(work)
+
+    async def archive_purge_many(
+        self,
+        *,
+        state: TaskState,
+        before: datetime,
+        limit: int,
+        queues: Sequence[str] | None = None,
+        exclude: Sequence[str] = (),
+    ) -> int:
+        pick = (
+            select(archive.c.id)
+            .where(archive.c.state == state.value, archive.c.finished_at < before)
+            .order_by(archive.c.finished_at, archive.c.id)
+            .limit(limit)
+        )
+        if queues is not None:
+            pick = pick.where(archive.c.queue.in_(queues))
+        if exclude:
+            pick = pick.where(archive.c.queue.not_in(exclude))
+
+        async def work(conn: AsyncConnection) -> int:
+            ids = list((await conn.execute(pick)).scalars())
+            if not ids:
+                return 0
+            result = await conn.execute(delete(archive).where(archive.c.id.in_(ids)))
+            return int(result.rowcount)
+
+        return await self.in_transaction(work)
+
+    # -- cleaner: periodic --------------------------------------------------------------------
+
+    async def periodic_list(self) -> dict[str, PeriodicRow]:
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(select(periodic))).mappings().all()
+        return {r["name"]: PeriodicRow.from_row(r) for r in rows}
+
+    async def periodic_advance(
+        self,
+        name: str,
+        *,
+        schedule: str,
+        expected: datetime | None,
+        next_fire_at: datetime,
+        fires: Sequence[NewTask],
+        now: datetime,
+    ) -> list[int] | None:
+        values = {"schedule": schedule, "next_fire_at": next_fire_at, "updated_at": now}
+        if fires:
+            values["last_fire_at"] = max(f.run_at for f in fires)
+
+        async def work(conn: AsyncConnection) -> list[int] | None:
+            if expected is None:
+                await conn.execute(insert(periodic).values(name=name, **values))
+            else:
+                moved = await conn.execute(
+                    update(periodic)
+                    .where(periodic.c.name == name, periodic.c.next_fire_at == expected)
+                    .values(**values)
+                )
+                if moved.rowcount != 1:
+                    return None  # another cleaner fired it first
+            if not fires:
+                return []
+            plan: Plan = self.plan_class(conn.dialect).enqueue_plan(fires)
+            return await plan_run_async(conn, plan)
+
+        try:
+            return await self.in_transaction(work)
+        except IntegrityError:  # another cleaner stored this schedule first
+            return None

@@ -1,0 +1,149 @@
+"""Periodic schedules: what an application declares with `app.periodic(...)`.
+
+A schedule only computes fire times; the cleaner's periodic sweep enqueues each fire time once,
+guarded by a row per schedule in `txtasks_periodic` (see `cleaner/periodic.py`).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from apscheduler.triggers.cron import CronTrigger
+
+from txtasks.clock import as_utc, seconds
+from txtasks.errors import ConfigurationError
+
+EPOCH = datetime(1970, 1, 1)
+#: Fire times the sweep enqueues at most per schedule and sweep (catch-up "all").
+MAX_FIRES_PER_SWEEP = 100
+ONE_MICROSECOND = timedelta(microseconds=1)
+LOOKBACK_WINDOWS = tuple(
+    timedelta(seconds=s) for s in (1, 60, 3600, 86400, 31 * 86400, 366 * 86400, 3660 * 86400)
+)
+
+
+class CatchUp(str, enum.Enum):
+    """What to do with fire times missed while no cleaner ran."""
+
+    ALL = "all"  # enqueue every missed fire time (at most MAX_FIRES_PER_SWEEP per sweep)
+    LATEST = "latest"  # enqueue the latest missed fire time once
+    SKIP = "skip"  # enqueue none of them; carry on from the next fire time
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When to enqueue a task: a cron expression (in `timezone`) or a fixed interval.
+
+    Interval fire times are multiples of the interval since the Unix epoch, so every cleaner
+    computes the same ones. `catch_up` decides what happens to fires missed while no cleaner ran;
+    a fire no more than `misfire_grace` seconds late is on time.
+    """
+
+    name: str
+    task_name: str
+    cron: str | None = None
+    every: float | None = None
+    timezone: str = "UTC"
+    payload: Any = None
+    queue: str | None = None
+    priority: int | None = None
+    catch_up: CatchUp = CatchUp.LATEST
+    misfire_grace: float = 60.0
+    _trigger: CronTrigger | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        where = f"periodic {self.name!r}"
+        if (self.cron is None) == (self.every is None):
+            raise ConfigurationError(f"{where}: give exactly one of cron= or every=")
+        if self.every is not None and not (math.isfinite(self.every) and self.every > 0):
+            raise ConfigurationError(f"{where}: every must be > 0 seconds, got {self.every!r}")
+        if self.misfire_grace < 0:
+            raise ConfigurationError(f"{where}: misfire_grace must be >= 0")
+        try:
+            object.__setattr__(self, "catch_up", CatchUp(self.catch_up))
+        except ValueError:
+            choices = ", ".join(c.value for c in CatchUp)
+            raise ConfigurationError(
+                f"{where}: catch_up {self.catch_up!r} is not one of {choices}"
+            ) from None
+        if self.cron is not None:
+            try:
+                trigger = CronTrigger.from_crontab(self.cron, timezone=self.timezone)
+            except Exception as exc:  # ValueError, or an unknown time zone
+                raise ConfigurationError(f"{where}: cron {self.cron!r}: {exc}") from None
+            object.__setattr__(self, "_trigger", trigger)
+
+    @property
+    def spec(self) -> str:
+        """The schedule as text; a changed spec restarts the schedule from now."""
+        if self.cron is not None:
+            return f"cron {self.cron} {self.timezone}"
+        return f"every {self.every!r}s"
+
+    def next_after(self, moment: datetime) -> datetime:
+        """The first fire time strictly after `moment` (naive UTC in and out)."""
+        if self._trigger is None:
+            assert self.every is not None
+            step = timedelta(seconds=self.every)
+            count = math.floor((moment - EPOCH) / step) + 1
+            return EPOCH + count * step
+        start = (moment + ONE_MICROSECOND).replace(tzinfo=timezone.utc)
+        fire = self._trigger.get_next_fire_time(None, start)
+        return datetime.max if fire is None else as_utc(fire)
+
+    def due(self, first: datetime, now: datetime) -> tuple[list[datetime], datetime]:
+        """Fire times to enqueue now, given the first not yet enqueued, and the next one after.
+
+        `first` is the stored next fire time; when it is later than `now` nothing is due.
+        """
+        if first > now:
+            return [], first
+        missed = [first]
+        while len(missed) < MAX_FIRES_PER_SWEEP:
+            later = self.next_after(missed[-1])
+            if later > now:
+                break
+            missed.append(later)
+        following = self.next_after(missed[-1])
+        if self.catch_up is CatchUp.ALL:
+            return missed, following
+        latest = missed[-1]
+        if following <= now:  # more than MAX_FIRES_PER_SWEEP behind: jump to the present
+            latest = self._latest_before(now)
+            following = self.next_after(latest)
+        on_time = (now - latest).total_seconds() <= self.misfire_grace
+        if self.catch_up is CatchUp.SKIP and not on_time:
+            return [], following
+        return [latest], following
+
+    def _latest_before(self, now: datetime) -> datetime:
+        """The last fire time at or before `now` (for a schedule far behind)."""
+        if self._trigger is None:
+            assert self.every is not None
+            step = timedelta(seconds=self.every)
+            return EPOCH + math.floor((now - EPOCH) / step) * step
+        # Widen the window until it holds a fire time; then it holds only a few to walk.
+        for window in LOOKBACK_WINDOWS:
+            latest = self.next_after(now - window)
+            if latest <= now:
+                while (later := self.next_after(latest)) <= now:
+                    latest = later
+                return latest
+        return now
+
+
+def schedule_from(
+    name: str,
+    task_name: str,
+    *,
+    cron: str | None,
+    every: float | timedelta | None,
+    **options: Any,
+) -> Schedule:
+    """A validated schedule; `every` may be seconds or a timedelta."""
+    interval = None if every is None else seconds(every)
+    return Schedule(name, task_name, cron=cron, every=interval, **options)
