@@ -7,48 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import BACKENDS, reset_schema, server_url
-from txtasks.driver import Driver, MemoryDriver, driver_for_url
+from tests.integration.conftest import another
+from txtasks.driver import Driver, MemoryDriver
 from txtasks.payload import payload_encode
 from txtasks.types import NewTask, Outcome, OutcomeKind, QueueStats, TaskKey, TaskRow, TaskState
 
 T0 = datetime(2030, 1, 2, 3, 4, 5, 678901)
 LEASE = timedelta(seconds=30)
-DRIVERS = [pytest.param("memory", id="memory"), *BACKENDS]
 
 
 def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
-
-
-@pytest.fixture(params=DRIVERS)
-async def driver(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Driver]:
-    """A driver on an empty store: in memory, or a migrated database of each backend."""
-    if request.param == "memory":
-        yield MemoryDriver()
-        return
-    url = server_url(request, request.param, tmp_path)
-    reset_schema(url)
-    sql = driver_for_url(url)
-    await sql.open()
-    yield sql
-    await sql.close()
-
-
-async def another(driver: Driver) -> Driver:
-    """A second driver on the same store, with connections of its own."""
-    if isinstance(driver, MemoryDriver):
-        return driver
-    other = driver_for_url(driver.url)  # type: ignore[attr-defined]
-    await other.open()
-    return other
 
 
 def new(
