@@ -90,6 +90,7 @@ class Sweep(abc.ABC, Generic[C, R]):
         self.state = SweepState()
         self._job: Job | None = None
         self._lock = asyncio.Lock()
+        self._passed = asyncio.Condition()
 
     @property
     def driver(self) -> Driver:
@@ -130,8 +131,20 @@ class Sweep(abc.ABC, Generic[C, R]):
         async with self._lock:
             return
 
+    async def wait_passes(self, count: int = 1) -> None:
+        """Wait until at least `count` passes have finished (ok or not)."""
+        async with self._passed:
+            await self._passed.wait_for(lambda: self.state.passes >= count)
+
     async def tick(self) -> R | None:
         """A scheduled pass: logged, recorded, never raising."""
+        try:
+            return await self._tick()
+        finally:
+            async with self._passed:
+                self._passed.notify_all()
+
+    async def _tick(self) -> R | None:
         async with self._lock:
             state = self.state
             state.last_started = time.monotonic()
