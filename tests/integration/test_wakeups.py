@@ -16,6 +16,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import aio_pika
@@ -24,6 +25,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session
 
+from cleaner import Cleaner, CleanerConfig, ReannouncerConfig
 from tests.integration.rabbitmq_private import PrivateRabbitMQ
 from tests.tcp_proxy import TcpProxy
 from txtasks import App
@@ -671,3 +673,37 @@ async def test_a_broker_restart_loses_no_task_and_wakeups_resume(
     )
     await h.assert_completed_once(first, *during, *probes)
     assert not worker.running.done()
+
+
+# ----------------------------------------------------------------------------- the cleaner
+
+
+async def test_the_cleaner_reannounces_a_task_whose_wakeup_was_lost(
+    database_url: str, amqp_url: str, stack: contextlib.AsyncExitStack
+) -> None:
+    h = await Harness.create(stack, database_url, amqp_url, new_queue("reannounce"))
+    worker = await h.worker(poll=SLOW_POLL)
+    await idle(worker, h.app.notifier)
+    # committed without a wake-up, as when the broker was away at commit time
+    [task_id] = await h.app.driver.task_insert_many([h.app.new_task(h.task, {"lost": 1})])
+    after = 0.5
+    config = CleanerConfig(
+        reannouncer=ReannouncerConfig(interval=0.2, after=after),
+        rescuer=None,
+        archiver=None,
+        retention=None,
+        periodic=None,
+    )
+    cleaner = Cleaner(h.app, config)
+    await cleaner.start()
+    stack.push_async_callback(cleaner.stop)
+
+    await h.runs.wait_started({"lost": 1})  # a poll would take 30 s
+
+    assert worker.stats.wakeups >= 1
+    assert h.app.notifier.stats.published >= 1
+    await until(lambda: h.done(task_id), "the task completes")
+    row = await h.row(task_id)
+    assert row is not None and row.started_at is not None
+    assert row.started_at - row.run_at >= timedelta(seconds=after)  # not before the threshold
+    h.runs.assert_each_ran_once([{"lost": 1}])
