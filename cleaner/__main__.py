@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-
-from txtasks.cli.main import main
+from cleaner.cli import cleaner
 
 if __name__ == "__main__":
-    main(args=["cleaner", *sys.argv[1:]], prog_name="python -m cleaner")
+    cleaner.main(prog_name="python -m cleaner")

@@ -21,6 +21,7 @@ from txtasks.cli.common import (
     json_default,
     load_app,
     load_object,
+    log_format_option,
     logging_setup,
     run_async,
 )
@@ -67,6 +68,7 @@ SWEEP_NAMES = click.Choice(list(SWEEPS))
     show_default=True,
     help="debug also logs the passes that found nothing to do.",
 )
+@log_format_option
 def cleaner(
     app_spec: str,
     database_url: str | None,
@@ -79,10 +81,13 @@ def cleaner(
     health_port: int | None,
     health_host: str,
     log_level: str,
+    log_format: str,
 ) -> None:
     """Rescue tasks of dead workers, re-announce lost wake-ups, archive, purge old rows and
     fire periodic tasks for APP (module:attribute). SIGTERM/SIGINT stop it."""
-    logging_setup(log_level)
+    logging_setup(log_level, log_format)
+    if log_level != "debug":  # APScheduler logs every job run at INFO
+        logging.getLogger("apscheduler").setLevel(logging.WARNING)
     app = load_app(app_spec)
     config = config_from(config_spec, assignments, only, skip)
     config = dataclasses.replace(config, health_port=health_port, health_host=health_host)

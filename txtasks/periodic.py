@@ -59,8 +59,10 @@ class Schedule:
         where = f"periodic {self.name!r}"
         if (self.cron is None) == (self.every is None):
             raise ConfigurationError(f"{where}: give exactly one of cron= or every=")
-        if self.every is not None and not (math.isfinite(self.every) and self.every > 0):
-            raise ConfigurationError(f"{where}: every must be > 0 seconds, got {self.every!r}")
+        if self.every is not None:
+            if not (math.isfinite(self.every) and self.every > 0):
+                raise ConfigurationError(f"{where}: every must be > 0 seconds, got {self.every!r}")
+            object.__setattr__(self, "every", float(self.every))
         if self.misfire_grace < 0:
             raise ConfigurationError(f"{where}: misfire_grace must be >= 0")
         try:

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import click
+from pythonjsonlogger.json import JsonFormatter
 from sqlalchemy.exc import DBAPIError
 
 from txtasks.app import ENV_BROKER_URL, ENV_DATABASE_URL, App
@@ -139,12 +140,36 @@ async def _call(make: Callable[[], Awaitable[T]]) -> T:
     return await make()
 
 
-def logging_setup(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+log_level_option = click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+)
+log_format_option = click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    envvar="TXTASKS_LOG_FORMAT",
+    show_envvar=True,
+    show_default=True,
+    help="json: one JSON object per line, with the structured fields of each record.",
+)
+
+
+def logging_setup(level: str, log_format: str = "text") -> None:
+    """Log to stderr as text, or as one JSON object per line (extra fields included)."""
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(
+            JsonFormatter(
+                "%(asctime)s %(levelname)s %(name)s %(message)s",
+                rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
+            )
+        )
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
 
 
 def json_default(value: Any) -> Any:

@@ -24,6 +24,8 @@ from txtasks.cli.common import (
     driver_from,
     json_default,
     load_app,
+    log_format_option,
+    log_level_option,
     logging_setup,
     run_async,
     task_json,
@@ -149,22 +151,19 @@ def migrate(database_url: str | None, print_sql: bool, dialect: str | None, sinc
     show_default=True,
     help="Keep completed tasks in the archive table.",
 )
-@click.option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
-    default="info",
-    show_default=True,
-)
+@log_level_option
+@log_format_option
 def worker(
     app_spec: str,
     database_url: str | None,
     broker_url: str | None,
     queues: tuple[str, ...],
     log_level: str,
+    log_format: str,
     **settings: Any,
 ) -> None:
     """Run the tasks of APP (module:attribute). SIGTERM/SIGINT stop it gracefully."""
-    logging_setup(log_level)
+    logging_setup(log_level, log_format)
     app = load_app(app_spec)
     try:
         config = WorkerConfig(queues=queues or None, **settings)
