@@ -60,7 +60,9 @@ SWEEP_NAMES = click.Choice(list(SWEEPS))
     show_envvar=True,
     help="Serve /livez and /readyz on this port (0: any free port).",
 )
-@click.option("--health-host", default="0.0.0.0", show_default=True)
+@click.option(
+    "--health-host", help="Address the health endpoint listens on (default: 0.0.0.0, all)."
+)
 @click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
@@ -79,7 +81,7 @@ def cleaner(
     skip: tuple[str, ...],
     once: bool,
     health_port: int | None,
-    health_host: str,
+    health_host: str | None,
     log_level: str,
     log_format: str,
 ) -> None:
@@ -90,7 +92,10 @@ def cleaner(
         logging.getLogger("apscheduler").setLevel(logging.WARNING)
     app = load_app(app_spec)
     config = config_from(config_spec, assignments, only, skip)
-    config = dataclasses.replace(config, health_port=health_port, health_host=health_host)
+    if health_port is not None:
+        config = dataclasses.replace(config, health_port=health_port)
+    if health_host is not None:
+        config = dataclasses.replace(config, health_host=health_host)
     if database_url:
         app.use_driver(driver_for_url(database_url))
     if broker_url:

@@ -46,13 +46,14 @@ class HealthServer:
             line = await asyncio.wait_for(reader.readline(), READ_TIMEOUT)
             parts = line.decode("latin-1").split()
             path = parts[1].split("?")[0] if len(parts) >= 2 else ""
-            status, body = self._answer(parts[0] if parts else "", path)
+            method = parts[0] if parts else ""
+            status, body = self._answer(method, path)
             payload = json.dumps(body, default=str).encode()
             head = (
                 f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
             )
-            writer.write(head.encode() + payload)
+            writer.write(head.encode() + (b"" if method == "HEAD" else payload))
             await writer.drain()
         except (asyncio.TimeoutError, ConnectionError):
             pass

@@ -2,8 +2,9 @@
 
 A worker extends the leases of its in-flight tasks with a heartbeat, so a lease runs out only
 when its worker stopped (killed, machine gone, cut off from the database). The rescuer then
-decides the attempt exactly as a worker decides a failed one (`policy.outcome_after_failure`):
-retry after the task's backoff while attempts remain, else dead-letter. The write is fenced on
+decides the attempt exactly as a worker decides a failed one (`policy.outcome_for_exception`
+with a `LeaseExpired` error): under the default ack policy, retry after the task's backoff while
+attempts remain, else dead-letter. The write is fenced on
 (id, attempt, processing) and on the lease still being expired, so a task whose heartbeat
 arrived meanwhile, or that another cleaner rescued first, is left alone.
 """
@@ -15,8 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from cleaner.sweep import MAX_BATCHES, Sweep, SweepConfig, SweepResult
-from txtasks.errors import ConfigurationError
-from txtasks.policy import RetryPolicy, outcome_after_failure, sanitized
+from txtasks.errors import ConfigurationError, LeaseExpired
+from txtasks.policy import RetryPolicy, outcome_for_exception, sanitized
 from txtasks.retry import as_strategy
 from txtasks.types import Outcome, OutcomeKind, TaskRow
 
@@ -44,8 +45,10 @@ class RescueResult(SweepResult):
 
     #: Expired tasks sent back to retryable.
     retried: int = 0
-    #: Expired tasks dead-lettered (attempts or deadline exhausted).
+    #: Expired tasks dead-lettered (attempts or deadline exhausted, or ack policy dead_letter).
     dead: int = 0
+    #: Expired tasks finished by their ack policy instead (discard or complete).
+    finished: int = 0
     #: Expired tasks left alone: a heartbeat or another cleaner got there first.
     skipped: int = 0
 
@@ -56,7 +59,7 @@ class Rescuer(Sweep[RescuerConfig, RescueResult]):
     name = "rescuer"
 
     async def run_once(self) -> RescueResult:
-        retried = dead = skipped = 0
+        retried = dead = finished = skipped = 0
         for _ in range(MAX_BATCHES):
             now = self.app.clock()
             cutoff = now - timedelta(seconds=self.config.grace)
@@ -67,25 +70,27 @@ class Rescuer(Sweep[RescuerConfig, RescueResult]):
             applied = [o for o in outcomes if o.key not in stale]
             retried += sum(o.kind is OutcomeKind.RETRY for o in applied)
             dead += sum(o.kind is OutcomeKind.DEAD for o in applied)
+            finished += sum(o.kind in (OutcomeKind.DISCARD, OutcomeKind.COMPLETE) for o in applied)
             skipped += len(stale)
             self._wake(rows, applied, now)
             if len(rows) < self.config.batch_size:
                 break
-        return RescueResult(retried=retried, dead=dead, skipped=skipped)
+        return RescueResult(retried=retried, dead=dead, finished=finished, skipped=skipped)
 
     def outcome(self, row: TaskRow, now: datetime) -> Outcome:
-        """The outcome of an attempt whose worker stopped: the task's own retry policy."""
+        """The outcome of an attempt whose worker stopped: a failure with `LeaseExpired`,
+        under the task's own ack policy and retry strategy (as a worker decides a failure)."""
         task = self.app.tasks.get(row.task_name)
         policy = task.policy if task is not None else RetryPolicy(as_strategy(None), 0)
-        error = (
+        error = LeaseExpired(
             f"lease expired at {row.lease_expires_at:%Y-%m-%d %H:%M:%S.%f} UTC: worker "
             f"{row.worker_id} stopped heartbeating (rescued by the cleaner)"
         )
-        outcome = outcome_after_failure(
+        outcome = outcome_for_exception(
             row.key,
             policy,
+            error,
             now=now,
-            error=error,
             expires_at=row.expires_at,
             max_attempts=row.max_attempts,
         )

@@ -179,6 +179,8 @@ def logfmt(fields: dict[str, Any]) -> str:
     for key, value in fields.items():
         if isinstance(value, dict):
             parts.extend(f"{key}.{k}={v}" for k, v in sorted(value.items()))
+            if not value:
+                parts.append(f"{key}=0")
         else:
             parts.append(f"{key}={value}")
     return " ".join(parts)

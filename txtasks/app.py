@@ -277,8 +277,9 @@ class App:
 
     @property
     def queues(self) -> list[str]:
-        """Every queue a registered task uses, sorted."""
-        return sorted({t.options.queue for t in self._tasks.values()})
+        """Every queue a registered task or a periodic schedule uses, sorted."""
+        scheduled = {s.queue for s in self._schedules.values() if s.queue is not None}
+        return sorted({t.options.queue for t in self._tasks.values()} | scheduled)
 
     def periodic(
         self,

@@ -54,3 +54,8 @@ class Reject(HandlerSignal):
     def __init__(self, reason: str = "rejected") -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class LeaseExpired(TxtasksError):
+    """The worker running an attempt stopped heartbeating (it died or was cut off): the
+    cleaner treats the attempt as failed with this error, under the task's ack policy."""

@@ -74,7 +74,7 @@ class Schedule:
             ) from None
         if self.cron is not None:
             try:
-                trigger = CronTrigger.from_crontab(self.cron, timezone=self.timezone)
+                trigger = CronTrigger.from_crontab(crontab(self.cron), timezone=self.timezone)
             except Exception as exc:  # ValueError, or an unknown time zone
                 raise ConfigurationError(f"{where}: cron {self.cron!r}: {exc}") from None
             object.__setattr__(self, "_trigger", trigger)
@@ -149,3 +149,35 @@ def schedule_from(
     """A validated schedule; `every` may be seconds or a timedelta."""
     interval = None if every is None else seconds(every)
     return Schedule(name, task_name, cron=cron, every=interval, **options)
+
+
+DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+
+
+def crontab(expression: str) -> str:
+    """The expression with crontab(5) day-of-week numbers (0 or 7 = Sunday) as day names.
+
+    APScheduler's own day-of-week numbers start at Monday = 0; names mean the same to both.
+    """
+    fields = expression.split()
+    if len(fields) == 5:
+        fields[4] = ",".join(_weekdays(part) for part in fields[4].split(","))
+    return " ".join(fields)
+
+
+def _weekdays(part: str) -> str:
+    """One comma-separated element of the day-of-week field, numbers turned into names."""
+    span, _, step_text = part.partition("/")
+    start_text, dash, end_text = span.partition("-")
+    numbers = start_text.isdigit() and (not dash or end_text.isdigit())
+    if span == "*" and step_text.isdigit():
+        start, end = 0, 6
+    elif numbers:
+        start = int(start_text)
+        end = int(end_text) if dash else (6 if step_text else start)
+    else:
+        return part  # names, "*", or something the cron parser will reject with its message
+    if not (0 <= start <= 7 and 0 <= end <= 7 and start <= end):
+        return part
+    step = int(step_text) if step_text.isdigit() and int(step_text) > 0 else 1
+    return ",".join(dict.fromkeys(DAY_NAMES[d % 7] for d in range(start, end + 1, step)))

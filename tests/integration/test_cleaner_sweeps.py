@@ -330,3 +330,32 @@ async def test_a_changed_schedule_starts_over_from_now(driver: Driver) -> None:
         "cron 0 * * * * UTC",
         datetime(2030, 1, 1, 1, 0),
     )
+
+
+@pytest.mark.parametrize(
+    ("ack_policy", "state"),
+    [
+        ("dead_letter", TaskState.DEAD),
+        ("discard", TaskState.DISCARDED),
+        ("complete", TaskState.COMPLETED),
+        ("manual", TaskState.RETRYABLE),
+    ],
+)
+async def test_rescue_follows_the_task_ack_policy(
+    driver: Driver, ack_policy: str, state: TaskState
+) -> None:
+    """A dead worker's attempt fails like a handler error: the task's ack policy decides."""
+    clock = ManualClock(T0 + LEASE + timedelta(seconds=1))
+    app = App("cleaner-test", driver=driver, clock=clock)
+    app.task(name="conformance.task", ack_policy=ack_policy)(lambda payload: None)
+    [task_id] = await driver.task_insert_many([new("x")])
+    await claim_one(driver, task_id, now=T0, worker="gone")
+
+    result = await Rescuer(app, RescuerConfig()).run_once()
+
+    row = await get(driver, task_id)
+    assert row.state is state
+    assert "LeaseExpired: lease expired" in (row.last_error or "")
+    counted = {"retried": result.retried, "dead": result.dead, "finished": result.finished}
+    expected = {TaskState.RETRYABLE: "retried", TaskState.DEAD: "dead"}.get(state, "finished")
+    assert counted == {k: int(k == expected) for k in counted}

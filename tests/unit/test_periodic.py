@@ -105,3 +105,33 @@ def test_app_periodic_declares_and_validates() -> None:
     with pytest.raises(LookupError, match="no task named 'missing'"):
         app.periodic("missing", every=1)
     assert set(app.schedules) == {"report", "hourly"}
+
+
+@pytest.mark.parametrize(
+    ("cron", "weekdays"),
+    [
+        ("0 8 * * 1-5", "Mon Tue Wed Thu Fri"),
+        ("0 8 * * mon-fri", "Mon Tue Wed Thu Fri"),
+        ("0 8 * * 0", "Sun"),
+        ("0 8 * * 7", "Sun"),
+        ("0 8 * * 6,0", "Sun Sat"),
+        ("0 8 * * */2", "Sun Tue Thu Sat"),
+        ("0 8 * * 1-5/2", "Mon Wed Fri"),
+    ],
+)
+def test_cron_weekday_numbers_count_from_sunday_as_in_crontab(cron: str, weekdays: str) -> None:
+    schedule = Schedule("s", "task", cron=cron)
+    moment, seen = datetime(2030, 1, 5, 12), set()  # a Saturday noon
+    for _ in range(7):
+        moment = schedule.next_after(moment)
+        seen.add(moment.strftime("%a"))
+        assert moment.hour == 8
+    order = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"]
+    assert sorted(seen, key=order.index) == weekdays.split()
+
+
+def test_schedule_queues_are_app_queues() -> None:
+    app = App("t", default_queue="main")
+    task = app.task(name="report")(lambda payload: None)
+    app.periodic(task, every=60, queue="reports")
+    assert app.queues == ["main", "reports"]

@@ -140,6 +140,9 @@ async def _call(make: Callable[[], Awaitable[T]]) -> T:
     return await make()
 
 
+#: Libraries whose debug logs drown ours.
+QUIET_LOGGERS = ("aiosqlite", "aiormq", "aio_pika", "asyncio")
+
 log_level_option = click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
@@ -170,6 +173,8 @@ def logging_setup(level: str, log_format: str = "text") -> None:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
+    for chatty in QUIET_LOGGERS:  # they log every statement or packet at debug
+        logging.getLogger(chatty).setLevel(max(logging.INFO, logging.getLogger().level))
 
 
 def json_default(value: Any) -> Any:
