@@ -44,7 +44,11 @@ def _assign(obj: Any, names: list[str], text: str, path: str) -> Any:
         inner = _assign(getattr(obj, names[0]), names[1:], text, path)
         return dataclasses.replace(obj, **{names[0]: inner})
     hint = typing.get_type_hints(type(obj))[names[0]]
-    return dataclasses.replace(obj, **{names[0]: parse(hint, text.strip(), path)})
+    value = parse(hint, text.strip(), path)
+    try:
+        return dataclasses.replace(obj, **{names[0]: value})
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"--set {path}={text.strip()}: {exc}") from None
 
 
 def parse(hint: Any, text: str, path: str) -> Any:

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cleaner")
 
+#: The longest interval between passes (seconds): a week.
+MAX_INTERVAL = 7 * 86400.0
 #: A pass may not take more batches than this (a bound, not a pace: batches run back to back).
 MAX_BATCHES = 1000
 
@@ -44,8 +46,11 @@ class SweepConfig:
 
     def __post_init__(self) -> None:
         name = type(self).__name__
-        if not self.interval > 0:
-            raise ConfigurationError(f"{name}.interval must be > 0 seconds, got {self.interval!r}")
+        if not 0 < self.interval <= MAX_INTERVAL:
+            raise ConfigurationError(
+                f"{name}.interval must be > 0 and <= {MAX_INTERVAL:.0f} seconds (a week), "
+                f"got {self.interval!r}"
+            )
         if not (isinstance(self.batch_size, int) and self.batch_size > 0):
             raise ConfigurationError(f"{name}.batch_size must be an integer > 0")
 

@@ -396,3 +396,54 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.02)
+
+
+# -- the cleaner's tests (tests/acceptance/test_cleaner.py) ---------------------------------
+
+SUICIDE_ATTEMPTS = 2
+
+
+@app.task(name="acc.suicide", max_attempts=SUICIDE_ATTEMPTS, retry=0)
+def suicide(payload: Any, ctx: TaskContext) -> None:
+    """Kills its own worker process (SIGKILL): only the cleaner can decide this task.
+
+    It first waits until the worker has written the outcomes of the tasks it finished before
+    (outcomes are flushed in batches): the tasks run alongside it then complete exactly once.
+    """
+    others = (
+        select(func.count())
+        .select_from(tasks)
+        .where(
+            tasks.c.worker_id == ctx.worker_id,
+            tasks.c.state == "processing",
+            tasks.c.id != ctx.task_id,
+        )
+    )
+    deadline = time.monotonic() + HANDLER_PATIENCE
+    while time.monotonic() < deadline:
+        with effects_engine().connect() as conn:
+            if conn.execute(others).scalar_one() == 0:
+                break
+        time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+#: A second application for the periodic tests: its schedule fires only where it is loaded, so
+#: the cleaners of the other tests (which load `app`) never enqueue ticks.
+PERIODIC_APP_SPEC = "tests.acceptance.apps:periodic_app"
+PERIODIC_QUEUE = "acc-periodic"
+PERIODIC_EVERY = 0.2
+PERIODIC_NAME = "acc.every-200ms"
+
+periodic_app = App("acceptance-periodic", default_queue=PERIODIC_QUEUE)
+
+
+@periodic_app.task(name="acc.tick")
+def tick(payload: Any, ctx: TaskContext) -> None:
+    """Records its run (the payload recorded is the task's headers, with its fire time)."""
+    record(ctx, ctx.headers)
+
+
+# catch_up="all": a fire time a loaded machine's cleaners reach late is still enqueued, so the
+# fire times a test sees have no gaps.
+periodic_app.periodic(tick, every=PERIODIC_EVERY, name=PERIODIC_NAME, catch_up="all")

@@ -43,7 +43,7 @@ pytestmark = pytest.mark.acceptance
 
 Result = subprocess.CompletedProcess[str]
 BURST = ("--burst", "--burst-horizon", "1", "--poll-interval", "0.05")
-TABLES = {"txtasks_tasks", "txtasks_archive", "txtasks_migrations"}
+TABLES = set(txtasks_metadata.tables)
 
 
 @pytest.fixture
