@@ -1,16 +1,20 @@
-"""The archiver: finished rows still in the hot table move to the archive.
+"""The archiver: finished rows still in the hot table move to the archive, and staged rows
+of abandoned writes are deleted.
 
 Workers move a task to the archive in the same transaction that records its outcome, so the
 hot table normally holds live tasks only. Rows in a finished state can still appear there
 (written by hand, by another tool, or by an older version); the archiver moves them, in
-batches, so the claim index stays small.
+batches, so the claim index stays small. Staged rows (a Spark write not yet committed) whose
+write never ended, because its Spark driver died, are deleted after `staged_after` seconds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 from cleaner.sweep import MAX_BATCHES, Sweep, SweepConfig, SweepResult
+from txtasks.errors import ConfigurationError
 
 
 @dataclass(frozen=True)
@@ -21,6 +25,16 @@ class ArchiverConfig(SweepConfig):
     interval: float = 60.0
     #: Rows moved per transaction.
     batch_size: int = 1000
+    #: Seconds after which a staged row is deleted: its write (a Spark job) never committed
+    #: or aborted because its driver died.
+    staged_after: float = 86400.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.staged_after > 0:
+            raise ConfigurationError(
+                f"ArchiverConfig.staged_after must be > 0 seconds, got {self.staged_after!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -29,6 +43,8 @@ class ArchiveResult(SweepResult):
 
     #: Finished rows moved from the hot table to the archive.
     archived: int = 0
+    #: Staged rows of abandoned writes deleted.
+    abandoned: int = 0
 
 
 class Archiver(Sweep[ArchiverConfig, ArchiveResult]):
@@ -45,4 +61,13 @@ class Archiver(Sweep[ArchiverConfig, ArchiveResult]):
             archived += moved
             if moved < self.config.batch_size:
                 break
-        return ArchiveResult(archived=archived)
+        before = self.app.clock() - timedelta(seconds=self.config.staged_after)
+        abandoned = 0
+        for _ in range(MAX_BATCHES):
+            deleted = await self.driver.staged_purge_many(
+                before=before, limit=self.config.batch_size
+            )
+            abandoned += deleted
+            if deleted < self.config.batch_size:
+                break
+        return ArchiveResult(archived=archived, abandoned=abandoned)

@@ -20,13 +20,16 @@ VENV=${VENV:-.venv}
 say() { printf '[install-deps] %s\n' "$*"; }
 
 missing=()
+packages=(postgresql mariadb-server rabbitmq-server)
 compgen -G '/usr/lib/postgresql/*/bin/initdb' > /dev/null || missing+=("initdb (PostgreSQL)")
 [ -x /usr/sbin/mariadbd ] || missing+=("mariadbd (MariaDB)")
 [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || missing+=("rabbitmq-server (RabbitMQ)")
 command -v epmd > /dev/null || missing+=("epmd (Erlang)")
+# Spark (the txtasks[spark] tests) needs Java 17 or newer
+if ! command -v java > /dev/null; then missing+=("java (Spark)"); packages+=(default-jre-headless); fi
 
 if [ ${#missing[@]} -eq 0 ]; then
-  say "server binaries present (PostgreSQL, MariaDB, RabbitMQ, epmd)"
+  say "server binaries present (PostgreSQL, MariaDB, RabbitMQ, epmd, Java)"
 else
   say "missing: ${missing[*]}"
   if [ "$(id -u)" = 0 ]; then
@@ -35,7 +38,7 @@ else
     SUDO=(sudo)
   else
     say "cannot install them: not root and no sudo. As root run:" >&2
-    say "  apt-get update && apt-get install -y --no-install-recommends postgresql mariadb-server rabbitmq-server" >&2
+    say "  apt-get update && apt-get install -y --no-install-recommends ${packages[*]}" >&2
     exit 1
   fi
   # Without systemd, the packages' postinst scripts would start system-wide daemons on the
@@ -48,14 +51,14 @@ else
   fi
   say "apt-get update"
   "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  say "apt-get install postgresql mariadb-server rabbitmq-server"
+  say "apt-get install ${packages[*]}"
   aptlog=$(mktemp /tmp/txtasks-apt.XXXXXX)
   "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    postgresql mariadb-server rabbitmq-server > "$aptlog" 2>&1 \
+    "${packages[@]}" > "$aptlog" 2>&1 \
     || { tail -40 "$aptlog" >&2; say "apt-get install failed (log: $aptlog)" >&2; exit 1; }
   rm -f "$aptlog"
   if [ "$added_policy" = 1 ]; then "${SUDO[@]}" rm -f "$policy"; trap - EXIT; fi
-  say "installed postgresql, mariadb-server, rabbitmq-server"
+  say "installed ${packages[*]}"
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then

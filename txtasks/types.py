@@ -61,6 +61,8 @@ class NewTask:
     headers: str | None = None
     expires_at: datetime | None = None
     state: TaskState = TaskState.PENDING
+    #: The staging write of a STAGED row (see txtasks.spark); None otherwise.
+    stage_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,7 @@ class TaskRow:
     started_at: datetime | None = None
     expires_at: datetime | None = None
     finished_at: datetime | None = None
+    stage_id: str | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> TaskRow:
@@ -112,6 +115,7 @@ class TaskRow:
             started_at=row.get("started_at"),
             expires_at=row.get("expires_at"),
             finished_at=row.get("finished_at"),
+            stage_id=row.get("stage_id"),
         )
 
     @property

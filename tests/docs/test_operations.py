@@ -177,7 +177,10 @@ def test_cli_runs_the_documented_config_and_once(tmp_path: Path) -> None:
     assert list(json.loads(configured.stdout)) == ["rescuer", "archiver", "retention", "periodic"]
 
     only = run([*txtasks, *spec, "--only", "retention", "--only", "archiver"], tmp_path, url)
-    assert json.loads(only.stdout) == {"archiver": {"archived": 0}, "retention": {"purged": {}}}
+    assert json.loads(only.stdout) == {
+        "archiver": {"archived": 0, "abandoned": 0},
+        "retention": {"purged": {}},
+    }
     page = OPERATIONS.read_text()
     assert "$ txtasks cleaner shop:app --once --only retention --only archiver" in page
 

@@ -198,14 +198,21 @@ async def test_archiver_moves_finished_rows_out_of_the_hot_table(driver: Driver)
     [live] = await driver.task_insert_many([new("live")])
     clock = ManualClock(at(60))
 
-    result = await Archiver(cleaner_app(driver, clock), ArchiverConfig(batch_size=3)).run_once()
+    abandoned = replace(new("old write"), state=TaskState.STAGED, stage_id="w.1")  # at(-3600)
+    recent = replace(abandoned, created_at=at(0), stage_id="w.2")
+    [old_staged, new_staged] = await driver.task_insert_many([abandoned, recent])
+    config = ArchiverConfig(batch_size=3, staged_after=1800)
 
-    assert result.archived == 7
+    result = await Archiver(cleaner_app(driver, clock), config).run_once()
+
+    assert (result.archived, result.abandoned) == (7, 1)
+    assert await driver.task_get(old_staged) is None
+    assert (await get(driver, new_staged)).state is TaskState.STAGED
     for n, task_id in enumerate(ids):
         row = await get(driver, task_id)
         assert (row.state, row.finished_at) == (states[n % 4], clock.now)
     assert (await get(driver, live)).state is TaskState.PENDING
-    assert await driver.live_count(None, now=clock.now, due_before=clock.now) == 1
+    assert await driver.live_count(None, now=clock.now, due_before=clock.now) == 1  # no staged
 
 
 async def archive_at(driver: Driver, queue: str, kind: OutcomeKind, finished_at: datetime) -> int:

@@ -75,6 +75,7 @@ class MemoryDriver:
             dedup_key=row.dedup_key,
             headers=row.headers,
             expires_at=row.expires_at,
+            stage_id=row.stage_id,
         )
         return task_id
 
@@ -305,6 +306,17 @@ class MemoryDriver:
                 row = self.live.pop(task_id)
                 self.archived[task_id] = replace(row, lease_expires_at=None, finished_at=now)
         return len(done)
+
+    async def staged_purge_many(self, *, before: datetime, limit: int) -> int:
+        with self._lock:
+            stale = sorted(
+                i
+                for i, r in self.live.items()
+                if r.state is TaskState.STAGED and r.created_at < before
+            )[:limit]
+            for task_id in stale:
+                del self.live[task_id]
+        return len(stale)
 
     async def archive_purge_many(
         self,

@@ -35,8 +35,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities, WriteResult
-from txtasks.driver.plan import Plan, Step, plan_run_async, plan_run_sync
+from txtasks.driver.plan import Plan, Step, plan_run_async, plan_run_sync, task_values
 from txtasks.driver.sql_admin import SqlAdmin
+from txtasks.driver.sql_staging import SqlStaging
 from txtasks.driver.urls import url_async, url_parse, url_sync
 from txtasks.errors import SchemaError
 from txtasks.schema import migrate as schema_migrate
@@ -56,25 +57,6 @@ PROCESSING = TaskState.PROCESSING.value
 DEDUP_RETRIES = 3
 TRANSIENT_RETRIES = 5
 T = TypeVar("T")
-
-
-def task_values(row: NewTask) -> dict[str, Any]:
-    """Column values of a new task."""
-    return {
-        "queue": row.queue,
-        "task_name": row.task_name,
-        "payload": row.payload,
-        "content_type": row.content_type,
-        "state": row.state.value,
-        "priority": row.priority,
-        "run_at": row.run_at,
-        "attempt": 0,
-        "max_attempts": row.max_attempts,
-        "created_at": row.created_at,
-        "dedup_key": row.dedup_key,
-        "headers": row.headers,
-        "expires_at": row.expires_at,
-    }
 
 
 def claim_order(row: TaskRow) -> tuple[int, datetime, int]:
@@ -108,7 +90,7 @@ def keys_param(
     }
 
 
-class SqlDriver(SqlAdmin):
+class SqlDriver(SqlAdmin, SqlStaging):
     """A task store on a SQL database through SQLAlchemy's asyncio engine."""
 
     capabilities: ClassVar[Capabilities] = Capabilities("sql")

@@ -91,6 +91,8 @@ def _task_columns() -> list[Column[object]]:
         Column("lease_expires_at", Timestamp, nullable=True),
         Column("started_at", Timestamp, nullable=True),
         Column("expires_at", Timestamp, nullable=True),
+        # the staging write (one Spark partition attempt) of a row not yet committed
+        Column("stage_id", String(64), nullable=True),
     ]
 
 
@@ -114,6 +116,12 @@ Index(
 )
 Index("ix_txtasks_tasks_lease", tasks.c.state, tasks.c.lease_expires_at)
 Index("uq_txtasks_tasks_dedup", tasks.c.dedup_key, unique=True)
+Index(
+    "ix_txtasks_tasks_stage",
+    tasks.c.stage_id,
+    postgresql_where=text("stage_id IS NOT NULL"),
+    sqlite_where=text("stage_id IS NOT NULL"),
+)
 
 archive = Table(
     "txtasks_archive",
@@ -135,6 +143,16 @@ periodic = Table(
     Column("next_fire_at", Timestamp, nullable=False),
     Column("last_fire_at", Timestamp, nullable=True),
     Column("updated_at", Timestamp, nullable=False),
+    mysql_engine="InnoDB",
+)
+
+#: Writes committed by a staging writer (Spark): a commit id is applied once.
+commits = Table(
+    "txtasks_commits",
+    metadata,
+    Column("commit_id", ExactString(255), primary_key=True),
+    Column("committed_at", Timestamp, nullable=False),
+    Column("tasks", Integer, nullable=False),
     mysql_engine="InnoDB",
 )
 

@@ -1,0 +1,202 @@
+"""Rows/s enqueued from Spark with `format("txtasks")`, against Spark's own JDBC writer writing
+the same DataFrame to a plain table in the same database, in one run.
+
+    python -m tests.benchmarks.spark_write --help
+    TXTASKS_BENCH_POSTGRES_URL=postgresql://app:app@127.0.0.1:45432/bench \\
+    TXTASKS_BENCH_MYSQL_URL=mysql://app:app@127.0.0.1:43306/bench \\
+        python -m tests.benchmarks.spark_write --rows 200000 --runs 3
+
+The JDBC drivers come from Debian (`apt-get install libpostgresql-jdbc-java libmariadb-java`:
+/usr/share/java/postgresql.jar and mariadb-java-client.jar). The JDBC writer gets its
+recommended batching options (`reWriteBatchedInserts` / `rewriteBatchedStatements`). The
+DataFrame is cached and counted first, so both writers time the write alone. Runs alternate
+between the two writers; each run starts from an empty table. See tests/benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from txtasks.driver.urls import backend_name, url_sync
+from txtasks.schema.migrate import migrate
+
+JARS = {
+    "postgresql": "/usr/share/java/postgresql.jar",
+    "mysql": "/usr/share/java/mariadb-java-client.jar",
+}
+PLAIN = "spark_bench_plain"
+
+
+@dataclass
+class Case:
+    backend: str
+    url: str
+    txtasks: list[float] = field(default_factory=list)
+    jdbc: list[float] = field(default_factory=list)
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def jdbc_options(url: str) -> dict[str, str]:
+    parsed = make_url(url_sync(url))
+    host, port, database = parsed.host, parsed.port, parsed.database
+    if backend_name(url) == "postgresql":
+        return {
+            "url": f"jdbc:postgresql://{host}:{port or 5432}/{database}?reWriteBatchedInserts=true",
+            "driver": "org.postgresql.Driver",
+            "user": parsed.username or "",
+            "password": parsed.password or "",
+        }
+    return {
+        "url": f"jdbc:mysql://{host}:{port or 3306}/{database}?rewriteBatchedStatements=true",
+        "driver": "org.mariadb.jdbc.Driver",
+        "user": parsed.username or "",
+        "password": parsed.password or "",
+    }
+
+
+def prepare(url: str) -> None:
+    """The txtasks schema and the plain table, both empty."""
+    engine = create_engine(url_sync(url))
+    try:
+        with engine.begin() as conn:
+            migrate(conn)
+            conn.execute(text("DELETE FROM txtasks_tasks"))
+            conn.execute(text("DELETE FROM txtasks_commits"))
+            conn.execute(text(f"DROP TABLE IF EXISTS {PLAIN}"))
+            conn.execute(
+                text(
+                    f"CREATE TABLE {PLAIN} (order_id BIGINT, customer VARCHAR(64), "
+                    "amount DOUBLE PRECISION)"
+                )
+            )
+    finally:
+        engine.dispose()
+
+
+def count(url: str, table: str) -> int:
+    engine = create_engine(url_sync(url))
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def timed(action: Any) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def run_case(spark: Any, df: Any, case: Case, rows: int, runs: int) -> None:
+    for run in range(runs):
+        prepare(case.url)
+        seconds = timed(
+            lambda: (
+                df.write.format("txtasks")
+                .option("url", case.url)
+                .option("task", "bench.order")
+                .option("queue", "bench")
+                .mode("append")
+                .save()
+            )
+        )
+        assert count(case.url, "txtasks_tasks") == rows
+        case.txtasks.append(seconds)
+        jdbc = df.write.format("jdbc").options(dbtable=PLAIN, **jdbc_options(case.url))
+        seconds = timed(jdbc.mode("append").save)
+        assert count(case.url, PLAIN) == rows
+        case.jdbc.append(seconds)
+        log(
+            f"{case.backend} run {run + 1}: txtasks {rows / case.txtasks[-1]:,.0f} rows/s, "
+            f"JDBC {rows / case.jdbc[-1]:,.0f} rows/s"
+        )
+    prepare(case.url)
+
+
+def report(cases: list[Case], rows: int, partitions: int, runs: int) -> str:
+    lines = [
+        f"rows {rows:,}, partitions {partitions}, runs {runs} (median), Spark local[2]",
+        "",
+        "| database | txtasks rows/s | Spark JDBC rows/s | txtasks / JDBC |",
+        "|---|---|---|---|",
+    ]
+    for case in cases:
+        ours = rows / statistics.median(case.txtasks)
+        theirs = rows / statistics.median(case.jdbc)
+        lines.append(f"| {case.backend} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.2f}x |")
+    versions = ", ".join(
+        f"{name} {metadata.version(name)}"
+        for name in ("pyspark", "sqlalchemy", "psycopg", "pymysql")
+    )
+    lines += [
+        "",
+        f"{platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, {versions}",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--postgres-url", default=os.environ.get("TXTASKS_BENCH_POSTGRES_URL"))
+    parser.add_argument("--mysql-url", default=os.environ.get("TXTASKS_BENCH_MYSQL_URL"))
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--output", type=Path, help="also write the report here")
+    args = parser.parse_args()
+    cases = [
+        Case(b, u) for b, u in (("postgresql", args.postgres_url), ("mysql", args.mysql_url)) if u
+    ]
+    if not cases:
+        parser.error("give --postgres-url and/or --mysql-url (or TXTASKS_BENCH_*_URL)")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from txtasks.spark import register
+
+    jars = ",".join(JARS[c.backend] for c in cases)
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("txtasks-spark-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.jars", jars)
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    df = spark.range(args.rows, numPartitions=args.partitions).selectExpr(
+        "id AS order_id",
+        "concat('customer-', cast(id % 1000 AS string)) AS customer",
+        "cast(id % 100 AS double) AS amount",
+    )
+    df = df.cache()
+    df.count()
+    for case in cases:
+        run_case(spark, df, case, args.rows, args.runs)
+    spark.stop()
+    text_report = report(cases, args.rows, args.partitions, args.runs)
+    print(text_report)
+    if args.output:
+        args.output.write_text(text_report + "\n")
+
+
+if __name__ == "__main__":
+    main()

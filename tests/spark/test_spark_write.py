@@ -1,0 +1,283 @@
+"""`df.write.format("txtasks")` and `df.writeStream.format("txtasks")` in PySpark local[2],
+against every database: nothing claimable before the commit, everything after, exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, func, select
+
+from txtasks import App
+from txtasks.driver.urls import url_sync
+from txtasks.schema.tables import commits, tasks
+from txtasks.testing import run_until_empty
+
+ROWS = 40
+
+
+def state_counts(url: str) -> Counter[str]:
+    engine = create_engine(url_sync(url))
+    try:
+        with engine.connect() as conn:
+            query = select(tasks.c.state, func.count()).group_by(tasks.c.state)
+            return Counter({state: int(n) for state, n in conn.execute(query).all()})
+    finally:
+        engine.dispose()
+
+
+def live_rows(url: str) -> list[Any]:
+    engine = create_engine(url_sync(url))
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(select(tasks).order_by(tasks.c.id)).mappings().all())
+    finally:
+        engine.dispose()
+
+
+def orders(spark: Any, count: int = ROWS, partitions: int = 4) -> Any:
+    """`count` orders in `partitions` partitions: order_id, customer, amount, priority."""
+    return spark.range(count, numPartitions=partitions).selectExpr(
+        "id AS order_id",
+        "concat('customer-', cast(id % 7 AS string)) AS customer",
+        "cast(id * 10 AS double) AS amount",
+        "cast(id % 3 AS int) AS rank",
+    )
+
+
+def writer(df: Any, url: str, **options: str) -> Any:
+    out = df.write.format("txtasks").option("url", url).option("task", "spark.order")
+    for key, value in {"queue": "orders", **options}.items():
+        out = out.option(key, value)
+    return out.mode("append")
+
+
+# -- batch writes -------------------------------------------------------------------------------
+
+
+def test_a_write_becomes_claimable_at_commit_and_not_before(
+    spark: Any, database_url: str, tmp_path: Path
+) -> None:
+    from pyspark.sql import functions as F
+
+    from tests.spark.helpers import gated
+
+    gate = tmp_path / "gate"
+    gate_udf = F.udf(lambda v: gated(v, str(gate), ROWS - 1), "long", useArrow=False)
+    df = orders(spark).withColumn("order_id", gate_udf("order_id"))
+    seen: list[Counter[str]] = []
+
+    def watch() -> None:
+        """While the last partition waits at its gate, the other three have staged their
+        rows: record what a worker could see then, and open the gate."""
+        deadline = time.monotonic() + 90
+        try:
+            while time.monotonic() < deadline:
+                counts = state_counts(database_url)
+                if counts["staged"] >= ROWS * 3 // 4:
+                    seen.append(counts)
+                    return
+                time.sleep(0.05)
+        finally:
+            gate.touch()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        writer(
+            df, database_url, dedup="order_id", priority="rank", payload="order_id,customer,amount"
+        ).save()
+    finally:
+        gate.touch()
+        watcher.join(100)
+
+    assert seen, "the staged rows were never seen"
+    assert seen[0]["pending"] == 0 and seen[0]["staged"] >= ROWS * 3 // 4
+    rows = live_rows(database_url)
+    assert Counter(r["state"] for r in rows) == {"pending": ROWS}
+    assert sorted(r["dedup_key"] for r in rows) == sorted(str(n) for n in range(ROWS))
+    assert {r["stage_id"] for r in rows} == {None}
+    first = next(r for r in rows if r["dedup_key"] == "5")
+    assert json.loads(first["payload"]) == {"order_id": 5, "customer": "customer-5", "amount": 50.0}
+    assert (first["queue"], first["task_name"], first["priority"]) == ("orders", "spark.order", 2)
+
+
+def test_rerunning_a_job_with_its_dedup_column_or_commit_id_adds_nothing(
+    spark: Any, database_url: str
+) -> None:
+    writer(orders(spark), database_url, dedup="order_id").save()
+    writer(orders(spark), database_url, dedup="order_id").save()  # keys live: all dropped
+    assert state_counts(database_url) == {"pending": ROWS}
+
+    writer(orders(spark, 10), database_url, commit_id="nightly-2030-01-01").save()
+    writer(orders(spark, 10), database_url, commit_id="nightly-2030-01-01").save()  # same run
+    assert state_counts(database_url) == {"pending": ROWS + 10}
+    engine = create_engine(url_sync(database_url))
+    try:
+        with engine.connect() as conn:
+            ledger = dict(conn.execute(select(commits.c.commit_id, commits.c.tasks)).all())
+    finally:
+        engine.dispose()
+    assert ledger["nightly-2030-01-01"] == 10  # recorded once, by the first run
+    assert sorted(ledger.values()) == [0, 10, ROWS]
+
+
+def test_a_failing_partition_leaves_nothing_claimable_and_nothing_staged(
+    spark: Any, database_url: str
+) -> None:
+    from pyspark.sql import functions as F
+
+    from tests.spark.helpers import failing
+
+    bad = F.udf(lambda v: failing(v, ROWS - 1), "long", useArrow=False)
+    df = orders(spark).withColumn("order_id", bad("order_id"))
+    with pytest.raises(Exception, match="row 39 is bad"):
+        writer(df, database_url).save()
+    assert state_counts(database_url) == {}
+
+
+def test_a_crashed_partition_attempt_retried_by_spark_enqueues_once(
+    spark: Any, database_url: str, tmp_path: Path
+) -> None:
+    from pyspark.sql import functions as F
+
+    from tests.spark.helpers import crash_first_attempt
+
+    marker = tmp_path / "crashed"
+    crash = F.udf(lambda v: crash_first_attempt(v, ROWS // 2, str(marker)), "long", useArrow=False)
+    writer(orders(spark).withColumn("order_id", crash("order_id")), database_url).save()
+
+    assert marker.exists(), "the first attempt did not crash"
+    rows = live_rows(database_url)
+    payloads = Counter(json.loads(r["payload"])["order_id"] for r in rows)
+    assert payloads == Counter(range(ROWS))
+    assert {r["state"] for r in rows} == {"pending"}
+
+
+def test_two_attempts_of_a_partition_that_both_staged_publish_once(database_url: str) -> None:
+    """A retried (or speculative) attempt stages its rows again under its own stage id; the
+    commit publishes the one Spark reports and deletes the other."""
+    from pyspark.sql import Row
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from txtasks.spark import WriteOptions
+    from txtasks.spark.datasource import TxtasksWriter
+
+    schema = StructType([StructField("k", LongType()), StructField("v", StringType())])
+    options = WriteOptions.parse({"url": database_url, "task": "spark.order", "dedup": "k"}, schema)
+    write = TxtasksWriter(options)
+    rows = [Row(k=n, v=f"v{n}") for n in range(5)]
+    first = write.write(iter(rows))  # the attempt that lost
+    second = write.write(iter(rows))
+    assert state_counts(database_url) == {"staged": 10}
+
+    write.commit([second])
+
+    live = live_rows(database_url)
+    assert Counter(r["state"] for r in live) == {"pending": 5}
+    assert {r["stage_id"] for r in live} == {None}
+    assert first.stage_id != second.stage_id and first.rows == second.rows == 5
+
+
+def test_bad_options_fail_before_anything_is_written(spark: Any, database_url: str) -> None:
+    df = orders(spark).selectExpr("*", "cast('x' AS binary) AS blob")
+    cases = [
+        ({"task": ""}, "option 'task'"),
+        ({"payload": "order_id,nope"}, "no column 'nope'"),
+        ({"dedup": "missing"}, "option 'dedup': no column 'missing'"),
+        ({"payload": "blob"}, "payload column 'blob' cannot be stored as JSON"),
+        ({"priority": "customer"}, "priority column 'customer' must be an integer"),
+        ({"max_attempts": "zero"}, "option 'max_attempts' must be an integer >= 1"),
+        ({"queue": "no spaces"}, "queue"),
+    ]
+    for options, message in cases:
+        with pytest.raises(Exception, match=message):
+            writer(df, database_url, **{"payload": "order_id", **options}).save()
+    with pytest.raises(Exception, match="only mode\\('append'\\)"):
+        writer(df, database_url).mode("overwrite").save()
+    assert state_counts(database_url) == {}
+
+
+def test_workers_run_what_spark_enqueued(spark: Any, database_url: str) -> None:
+    writer(orders(spark), database_url, dedup="order_id").save()
+    seen: list[dict[str, Any]] = []
+    app = App("spark-test", database_url=database_url)
+    app.task(name="spark.order", queue="orders")(seen.append)
+
+    import asyncio
+
+    async def run() -> Any:
+        try:
+            return await run_until_empty(app)
+        finally:
+            await app.aclose()
+
+    stats = asyncio.run(run())
+    assert stats.outcomes == {"completed": ROWS}
+    assert sorted(p["order_id"] for p in seen) == list(range(ROWS))
+
+
+# -- streaming ----------------------------------------------------------------------------------
+
+
+def test_a_stream_restarted_from_its_checkpoint_enqueues_every_row_once(
+    spark: Any, database_url: str, tmp_path: Path
+) -> None:
+    source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
+    source.mkdir()
+
+    def add_file(n: int, ids: range) -> None:
+        lines = "\n".join(json.dumps({"order_id": i, "customer": f"c{i}"}) for i in ids)
+        (source / f"part-{n}.json").write_text(lines + "\n")
+
+    def run_stream() -> None:
+        stream = (
+            spark.readStream.schema("order_id LONG, customer STRING")
+            .option("maxFilesPerTrigger", 1)
+            .json(str(source))
+            .writeStream.format("txtasks")
+            .option("url", database_url)
+            .option("task", "spark.order")
+            .option("queue", "orders")
+            .option("stream_id", "orders-feed")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        stream.awaitTermination(120)
+        assert stream.exception() is None, stream.exception()
+
+    add_file(0, range(0, 10))
+    add_file(1, range(10, 20))
+    run_stream()  # micro-batches 0 and 1
+    assert state_counts(database_url) == {"pending": 20}
+
+    # a crash after the sink committed batch 1 but before the checkpoint recorded it:
+    for name in ("1", ".1.crc"):
+        (checkpoint / "commits" / name).unlink()
+    add_file(2, range(20, 30))
+    run_stream()  # replays batch 1, then batch 2
+
+    rows = live_rows(database_url)
+    assert Counter(json.loads(r["payload"])["order_id"] for r in rows) == Counter(range(30))
+    assert {r["state"] for r in rows} == {"pending"}
+
+
+def test_a_stream_without_a_stream_id_is_refused(
+    spark: Any, database_url: str, tmp_path: Path
+) -> None:
+    stream = spark.readStream.format("rate").load().writeStream.format("txtasks")
+    stream = stream.option("url", database_url).option("task", "spark.order")
+    stream = stream.option("checkpointLocation", str(tmp_path / "checkpoint"))
+    query = stream.start()
+    try:
+        with pytest.raises(Exception, match="option 'stream_id' is required"):
+            query.awaitTermination(60)
+    finally:
+        query.stop()
