@@ -4,9 +4,11 @@ against every database: nothing claimable before the commit, everything after, e
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -210,8 +212,6 @@ def test_workers_run_what_spark_enqueued(spark: Any, database_url: str) -> None:
     app = App("spark-test", database_url=database_url)
     app.task(name="spark.order", queue="orders")(seen.append)
 
-    import asyncio
-
     async def run() -> Any:
         try:
             return await run_until_empty(app)
@@ -281,3 +281,42 @@ def test_a_stream_without_a_stream_id_is_refused(
             query.awaitTermination(60)
     finally:
         query.stop()
+
+
+# -- wake-ups -----------------------------------------------------------------------------------
+
+
+@pytest.mark.rabbitmq
+def test_the_commit_wakes_the_queue_after_the_rows_are_claimable(
+    spark: Any, database_url: str, amqp_url: str
+) -> None:
+    from txtasks.wakeup.amqp import AmqpNotifier
+
+    queue = f"spark-{uuid.uuid4().hex[:10]}"
+    pending_when_woken: list[int] = []
+    woken = threading.Event()
+
+    def on_wakeup(name: str) -> None:  # runs on the subscriber's loop thread
+        pending_when_woken.append(state_counts(database_url)["pending"])
+        woken.set()
+
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    notifier = AmqpNotifier(amqp_url)
+    try:
+        asyncio.run_coroutine_threadsafe(notifier.subscribe([queue], on_wakeup), loop).result(10)
+        deadline = time.monotonic() + 10
+        while not notifier.stats.connected and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert notifier.stats.connected, "the subscriber did not connect"
+
+        writer(orders(spark, 5), database_url, queue=queue, broker_url=amqp_url).save()
+
+        assert woken.wait(10), "no wake-up arrived after the commit"
+        assert pending_when_woken[0] == 5
+    finally:
+        asyncio.run_coroutine_threadsafe(notifier.close(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(10)
+        loop.close()

@@ -6,7 +6,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from sqlalchemy import Executable, bindparam, select, update
+from sqlalchemy import Connection, Executable, bindparam, select, update
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -14,6 +14,7 @@ from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities
 from txtasks.driver.sql import SqlDriver
+from txtasks.driver.sql_staging import STAGED_COLUMNS
 from txtasks.schema.tables import tasks
 from txtasks.types import TaskRow, TaskState
 
@@ -21,8 +22,20 @@ from txtasks.types import TaskRow, TaskState
 TRANSIENT_ERRNOS = frozenset({1213, 1205})
 
 
+#: Staged rows: PyMySQL sends an executemany of this as multi-row INSERTs.
+INSERT_STAGED = "INSERT INTO txtasks_tasks ({}) VALUES ({})".format(
+    ", ".join(STAGED_COLUMNS), ", ".join(["%s"] * len(STAGED_COLUMNS))
+)
+
+
 class MySQLDriver(SqlDriver):
     """MySQL 8 and MariaDB through aiomysql (async) and pymysql (sync)."""
+
+    def stage_rows(self, conn: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+        """A raw executemany: PyMySQL batches it into multi-row INSERT statements."""
+        raw: Any = conn.connection.driver_connection
+        with raw.cursor() as cursor:
+            cursor.executemany(INSERT_STAGED, rows)
 
     capabilities: ClassVar[Capabilities] = Capabilities("mysql")
     returning_insert: ClassVar[bool] = False

@@ -7,11 +7,13 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
+from sqlalchemy import Connection
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities
 from txtasks.driver.sql import SqlDriver, claim_order
+from txtasks.driver.sql_staging import STAGED_COLUMNS
 from txtasks.schema.tables import READY, TASK_COLUMNS, tasks
 from txtasks.types import TaskRow
 
@@ -31,6 +33,10 @@ UPDATE txtasks_tasks SET state = 'processing', attempt = attempt + 1,
                FOR UPDATE SKIP LOCKED)
 RETURNING {", ".join(TASK_COLUMNS)}
 """
+
+
+#: Staged rows go in with COPY: no per-row statement.
+COPY_STAGED = "COPY txtasks_tasks ({}) FROM STDIN".format(", ".join(STAGED_COLUMNS))
 
 
 class PostgresDriver(SqlDriver):
@@ -92,6 +98,17 @@ class PostgresDriver(SqlDriver):
             .on_conflict_do_nothing(index_elements=[tasks.c.dedup_key])
             .returning(tasks.c.id, tasks.c.dedup_key)
         )
+
+    def stage_rows(self, conn: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+        """COPY through psycopg; other DB-API drivers take the generic path."""
+        raw: Any = conn.connection.driver_connection
+        with raw.cursor() as cursor:
+            if not hasattr(cursor, "copy"):  # not psycopg 3
+                super().stage_rows(conn, rows)
+                return
+            with cursor.copy(COPY_STAGED) as copy:
+                for row in rows:
+                    copy.write_row(row)
 
     @classmethod
     def error_is_transient(cls, exc: BaseException) -> bool:

@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, Engine, bindparam, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from txtasks.driver.plan import task_values
 from txtasks.schema.tables import commits, tasks
-from txtasks.types import NewTask, TaskState
+from txtasks.types import TaskState
 
 STAGED = TaskState.STAGED.value
 #: Rows per statement when inserting, looking up or updating staged rows.
@@ -41,14 +40,19 @@ class SqlStaging:
         @property
         def sync_engine(self) -> Engine: ...
 
-    def stage_insert_sync(self, rows: Iterable[NewTask]) -> int:
-        """Insert staged rows in one transaction, `CHUNK` rows per statement (no ids returned)."""
+    def stage_insert_sync(self, rows: Iterable[tuple[Any, ...]]) -> int:
+        """Insert staged rows (tuples in `STAGED_COLUMNS` order) in one
+        transaction, `CHUNK` rows at a time. No ids are returned."""
         count = 0
         with self.sync_engine.begin() as conn:
             for chunk in _chunks(rows):
-                conn.execute(insert(tasks), [task_values(r) for r in chunk])
+                self.stage_rows(conn, chunk)
                 count += len(chunk)
         return count
+
+    def stage_rows(self, conn: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Insert one chunk of staged rows; dialects override with their bulk path."""
+        conn.execute(insert(tasks), [dict(zip(STAGED_COLUMNS, r, strict=True)) for r in rows])
 
     def stage_abort_sync(self, write_key: str) -> int:
         """Delete every staged row of a write (all its stage ids start with `write_key.`)."""
@@ -90,7 +94,26 @@ class SqlStaging:
             return found.first() is not None
 
 
-def _chunks(rows: Iterable[NewTask]) -> Iterator[tuple[NewTask, ...]]:
+#: The columns a staged row sets, in the order of the tuples `stage_insert_sync` takes.
+STAGED_COLUMNS = (
+    "queue",
+    "task_name",
+    "payload",
+    "content_type",
+    "state",
+    "priority",
+    "run_at",
+    "attempt",
+    "max_attempts",
+    "created_at",
+    "dedup_key",
+    "headers",
+    "expires_at",
+    "stage_id",
+)
+
+
+def _chunks(rows: Iterable[tuple[Any, ...]]) -> Iterator[tuple[tuple[Any, ...], ...]]:
     iterator = iter(rows)
     while chunk := tuple(itertools.islice(iterator, CHUNK)):
         yield chunk

@@ -16,6 +16,7 @@ micro-batch) publishes nothing twice.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -57,8 +58,8 @@ from txtasks.app import ENV_BROKER_URL, ENV_DATABASE_URL, check_queue_name
 from txtasks.clock import utcnow
 from txtasks.driver import SqlDriver, driver_for_url
 from txtasks.errors import ConfigurationError, PayloadError
-from txtasks.payload import DEFAULT_MAX_PAYLOAD_BYTES, payload_encode
-from txtasks.types import JSON_CONTENT_TYPE, NewTask, TaskState
+from txtasks.payload import DEFAULT_MAX_PAYLOAD_BYTES
+from txtasks.types import JSON_CONTENT_TYPE, TaskState
 from txtasks.wakeup import WakeupStats
 
 SOURCE_NAME = "txtasks"
@@ -84,6 +85,8 @@ ATOMIC = (
     NullType,
 )
 INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
+#: Types whose Python values json.dumps takes as they are.
+NATIVE = (StringType, BooleanType, *INTEGRAL, FloatType, DoubleType, NullType)
 TIMESTAMPS = (TimestampType, TimestampNTZType)
 
 
@@ -115,6 +118,10 @@ class WriteOptions:
     stream_id: str | None = None
     #: column name -> "ntz" for TIMESTAMP_NTZ columns (naive UTC), "ltz" for TIMESTAMP ones.
     timestamps: Mapping[str, str] = field(default_factory=dict)
+    #: Every column, in the order of the rows' fields.
+    columns: tuple[str, ...] = ()
+    #: Payload columns whose values are JSON as they are (no conversion per row).
+    native: frozenset[str] = frozenset()
 
     @classmethod
     def parse(cls, options: Mapping[str, str], schema: StructType) -> WriteOptions:
@@ -191,6 +198,8 @@ class WriteOptions:
                 for name, kind in columns.items()
                 if isinstance(kind, TIMESTAMPS)
             },
+            columns=tuple(columns),
+            native=frozenset(c for c in payload if isinstance(columns[c], NATIVE)),
         )
 
 
@@ -253,41 +262,54 @@ def _utc(value: datetime, kind: str) -> datetime:
     return value.astimezone(timezone.utc).replace(tzinfo=None)
 
 
-def staged_tasks(
+def staged_rows(
     rows: Iterable[Row], options: WriteOptions, stage_id: str, now: datetime
-) -> Iterator[NewTask]:
-    """The staged task of each row."""
+) -> Iterator[tuple[Any, ...]]:
+    """The staged task of each row, as a tuple in `STAGED_COLUMNS` order."""
+    where = {name: i for i, name in enumerate(options.columns)}
+    payload = [(c, where[c], c not in options.native) for c in options.payload]
+    dedup = None if options.dedup is None else where[options.dedup]
+    priority = None if options.priority is None else where[options.priority]
+    run_at = None if options.run_at is None else where[options.run_at]
+    run_at_kind = options.timestamps.get(options.run_at or "", "ltz")
+    limit = 255 - len(stage_id) - 1
+    staged = TaskState.STAGED.value
     for row in rows:
-        data = row.asDict(recursive=False)
-        payload = {c: _jsonable(data[c]) for c in options.payload}
+        data = {c: _jsonable(row[i]) if convert else row[i] for c, i, convert in payload}
         try:
-            encoded, content_type = payload_encode(payload, limit=DEFAULT_MAX_PAYLOAD_BYTES)
-        except PayloadError as exc:
-            raise PayloadError(f"txtasks write: row {payload!r}: {exc}") from None
-        run_at = now
-        if options.run_at is not None and data[options.run_at] is not None:
-            run_at = _utc(data[options.run_at], options.timestamps[options.run_at])
+            text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        except ValueError as exc:
+            raise PayloadError(f"txtasks write: row {data!r}: {exc}") from None
+        encoded = text.encode()
+        if len(encoded) > DEFAULT_MAX_PAYLOAD_BYTES:
+            raise PayloadError(
+                f"txtasks write: a payload of {len(encoded)} bytes exceeds the limit of "
+                f"{DEFAULT_MAX_PAYLOAD_BYTES}"
+            )
+        due = now if run_at is None or row[run_at] is None else _utc(row[run_at], run_at_kind)
         key = None
-        if options.dedup is not None and data[options.dedup] is not None:
-            key = f"{stage_id}/{data[options.dedup]}"
+        if dedup is not None and row[dedup] is not None:
+            key = f"{stage_id}/{row[dedup]}"
             if len(key.encode()) > 255:
                 raise ConfigurationError(
-                    f"txtasks write: dedup value {data[options.dedup]!r} is too long "
-                    f"(at most {255 - len(stage_id) - 1} bytes)"
+                    f"txtasks write: dedup value {row[dedup]!r} is too long (at most {limit} bytes)"
                 )
-        priority = 0 if options.priority is None else data[options.priority] or 0
-        yield NewTask(
-            queue=options.queue,
-            task_name=options.task,
-            payload=encoded,
-            content_type=content_type or JSON_CONTENT_TYPE,
-            priority=int(priority),
-            run_at=run_at,
-            max_attempts=options.max_attempts,
-            created_at=now,
-            dedup_key=key,
-            state=TaskState.STAGED,
-            stage_id=stage_id,
+        rank = 0 if priority is None else row[priority] or 0
+        yield (
+            options.queue,
+            options.task,
+            encoded,
+            JSON_CONTENT_TYPE,
+            staged,
+            int(rank),
+            due,
+            0,
+            options.max_attempts,
+            now,
+            key,
+            None,
+            None,
+            stage_id,
         )
 
 
@@ -322,8 +344,7 @@ def _stage(options: WriteOptions, key: str, rows: Iterator[Row]) -> StagedMessag
     context = TaskContext.get()
     partition = context.partitionId() if context is not None else 0
     stage_id = f"{key}.{uuid.uuid4().hex[:24]}"
-    tasks = staged_tasks(rows, options, stage_id, utcnow())
-    count = _driver(options.url).stage_insert_sync(tasks)
+    count = _driver(options.url).stage_insert_sync(staged_rows(rows, options, stage_id, utcnow()))
     return StagedMessage(stage_id, partition, count)
 
 
