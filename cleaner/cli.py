@@ -23,10 +23,12 @@ from txtasks.cli.common import (
     load_object,
     log_format_option,
     logging_setup,
+    metrics_port_option,
     run_async,
 )
 from txtasks.driver import driver_for_url
 from txtasks.errors import ConfigurationError
+from txtasks.metrics import Metrics
 from txtasks.wakeup import notifier_for_url
 
 log = logging.getLogger("cleaner")
@@ -71,6 +73,7 @@ SWEEP_NAMES = click.Choice(list(SWEEPS))
     help="debug also logs the passes that found nothing to do.",
 )
 @log_format_option
+@metrics_port_option
 def cleaner(
     app_spec: str,
     database_url: str | None,
@@ -84,6 +87,7 @@ def cleaner(
     health_host: str | None,
     log_level: str,
     log_format: str,
+    metrics_port: int | None,
 ) -> None:
     """Rescue tasks of dead workers, re-announce lost wake-ups, archive, purge old rows and
     fire periodic tasks for APP (module:attribute). SIGTERM/SIGINT stop it."""
@@ -100,7 +104,11 @@ def cleaner(
         app.use_driver(driver_for_url(database_url))
     if broker_url:
         app.use_notifier(notifier_for_url(broker_url))
-    daemon = Cleaner(app, config)
+    metrics = None
+    if metrics_port is not None and not once:
+        metrics = Metrics()
+        metrics.serve(metrics_port)
+    daemon = Cleaner(app, config, metrics=metrics)
     if once:
         results = run_async(lambda: _once(daemon))
         click.echo(json.dumps(results, indent=2, default=json_default))

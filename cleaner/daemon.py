@@ -25,8 +25,10 @@ from cleaner.periodic import Periodic, PeriodicConfig
 from cleaner.reannouncer import Reannouncer, ReannouncerConfig
 from cleaner.rescuer import Rescuer, RescuerConfig
 from cleaner.retention import Retention, RetentionConfig
+from cleaner.stats import Stats, StatsConfig
 from cleaner.sweep import Sweep, SweepResult
 from txtasks.app import App
+from txtasks.metrics import Metrics
 
 log = logging.getLogger("cleaner")
 
@@ -45,6 +47,8 @@ class CleanerConfig:
     archiver: ArchiverConfig | None = field(default_factory=ArchiverConfig)
     retention: RetentionConfig | None = field(default_factory=RetentionConfig)
     periodic: PeriodicConfig | None = field(default_factory=PeriodicConfig)
+    #: Queue gauges for the metrics; runs only when the cleaner serves metrics.
+    stats: StatsConfig | None = field(default_factory=StatsConfig)
     #: Serve /livez and /readyz on this port (0: any free port); None: no HTTP endpoint.
     health_port: int | None = None
     #: Address the health endpoint listens on.
@@ -63,14 +67,19 @@ SWEEPS: dict[str, type[Sweep[Any, Any]]] = {
 class Cleaner:
     """Keeps an application's tasks moving: `await cleaner.run()` until `cleaner.stop()`."""
 
-    def __init__(self, app: App, config: CleanerConfig | None = None) -> None:
+    def __init__(
+        self, app: App, config: CleanerConfig | None = None, *, metrics: Metrics | None = None
+    ) -> None:
         self.app = app
         self.config = config or CleanerConfig()
+        self.metrics = metrics
         self.sweeps: dict[str, Sweep[Any, Any]] = {
-            name: cls(app, getattr(self.config, name))
+            name: cls(app, getattr(self.config, name), metrics=metrics)
             for name, cls in SWEEPS.items()
             if getattr(self.config, name) is not None
         }
+        if metrics is not None and self.config.stats is not None:
+            self.sweeps["stats"] = Stats(app, self.config.stats, metrics=metrics)
         self._scheduler: AsyncIOScheduler | None = None
         self.health_server: HealthServer | None = None
         if self.config.health_port is not None:

@@ -16,16 +16,18 @@ from cleaner.daemon import SWEEPS, CleanerConfig
 from txtasks.errors import ConfigurationError
 
 NONE_WORDS = {"none", "off", "forever"}
+#: The sweeps whose settings --set may change.
+SETTABLE = (*SWEEPS, "stats")
 
 
 def config_with(config: CleanerConfig, assignment: str) -> CleanerConfig:
     """`config` with one `path=value` assignment applied (a new, validated config)."""
     path, sep, text = assignment.partition("=")
     names = path.strip().split(".")
-    if not sep or len(names) < 2 or names[0] not in SWEEPS:
+    if not sep or len(names) < 2 or names[0] not in SETTABLE:
         raise ConfigurationError(
             f"--set {assignment!r}: expected SWEEP.SETTING=VALUE with SWEEP one of "
-            f"{', '.join(SWEEPS)}"
+            f"{', '.join(SETTABLE)}"
         )
     sweep = getattr(config, names[0])
     if sweep is None:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from txtasks.app import App
     from txtasks.driver import Driver
+    from txtasks.metrics import Metrics
 
 log = logging.getLogger("cleaner")
 
@@ -89,9 +90,11 @@ class Sweep(abc.ABC, Generic[C, R]):
 
     name: ClassVar[str]
 
-    def __init__(self, app: App, config: C) -> None:
+    def __init__(self, app: App, config: C, *, metrics: Metrics | None = None) -> None:
         self.app = app
         self.config = config
+        #: Where pass results are counted (txtasks.metrics), or None.
+        self.metrics = metrics
         self.state = SweepState()
         self._job: Job | None = None
         self._lock = asyncio.Lock()
@@ -159,12 +162,17 @@ class Sweep(abc.ABC, Generic[C, R]):
                 state.failures += 1
                 state.last_ok, state.last_error = False, f"{type(exc).__name__}: {exc}"
                 log.warning("sweep=%s ok=false error=%r", self.name, state.last_error)
+                if self.metrics is not None:
+                    self.metrics.sweep_passed(self.name, False, None)
                 return None
             finally:
                 state.passes += 1
                 state.last_finished = time.monotonic()
             state.last_ok, state.last_error = True, None
             state.last_result = result.fields()
+            if self.metrics is not None:
+                changes = state.last_result if result.busy else None
+                self.metrics.sweep_passed(self.name, True, changes)
             took = (state.last_finished - state.last_started) * 1000
             level = logging.INFO if result.busy else logging.DEBUG
             log.log(

@@ -31,7 +31,7 @@ from typing import Any
 
 from cleaner import CleanerConfig, Keep
 from cleaner.daemon import SWEEPS
-from cleaner.settings import config_with
+from cleaner.settings import SETTABLE, config_with
 from tests.docs.test_snippets import DOCS, SNIPPETS, fenced_blocks, run
 from txtasks import App
 from txtasks.periodic import Schedule
@@ -87,7 +87,7 @@ def expected_settings() -> dict[str, Any]:
     """Every setting the reference must list, by the name `--set` takes, with its default."""
     defaults = CleanerConfig()
     settings: dict[str, Any] = {}
-    for sweep in SWEEPS:
+    for sweep in SETTABLE:
         config = getattr(defaults, sweep)
         for f in dataclasses.fields(config):
             value = getattr(config, f.name)
@@ -97,7 +97,7 @@ def expected_settings() -> dict[str, Any]:
             else:
                 settings[f"{sweep}.{f.name}"] = value
     for f in dataclasses.fields(CleanerConfig):
-        if f.name not in SWEEPS:
+        if f.name not in SETTABLE:
             settings[f.name] = getattr(defaults, f.name)
     return settings
 

@@ -143,6 +143,14 @@ async def _call(make: Callable[[], Awaitable[T]]) -> T:
 #: Libraries whose debug logs drown ours.
 QUIET_LOGGERS = ("aiosqlite", "aiormq", "aio_pika", "asyncio")
 
+metrics_port_option = click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=65535),
+    envvar="TXTASKS_METRICS_PORT",
+    show_envvar=True,
+    help="Serve Prometheus metrics on this port at /metrics (0: any free port).",
+)
+
 log_level_option = click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),

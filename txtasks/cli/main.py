@@ -27,6 +27,7 @@ from txtasks.cli.common import (
     log_format_option,
     log_level_option,
     logging_setup,
+    metrics_port_option,
     run_async,
     task_json,
     with_driver,
@@ -35,6 +36,7 @@ from txtasks.clock import utcnow
 from txtasks.driver import Driver, driver_for_url
 from txtasks.driver.urls import backend_name, url_sync
 from txtasks.errors import TxtasksError
+from txtasks.metrics import Metrics
 from txtasks.schema import migrate as schema_migrate
 from txtasks.types import TaskState
 from txtasks.wakeup import notifier_for_url
@@ -151,6 +153,7 @@ def migrate(database_url: str | None, print_sql: bool, dialect: str | None, sinc
     show_default=True,
     help="Keep completed tasks in the archive table.",
 )
+@metrics_port_option
 @log_level_option
 @log_format_option
 def worker(
@@ -160,6 +163,7 @@ def worker(
     queues: tuple[str, ...],
     log_level: str,
     log_format: str,
+    metrics_port: int | None,
     **settings: Any,
 ) -> None:
     """Run the tasks of APP (module:attribute). SIGTERM/SIGINT stop it gracefully."""
@@ -171,7 +175,12 @@ def worker(
             app.use_driver(driver_for_url(database_url))
         if broker_url:
             app.use_notifier(notifier_for_url(broker_url))
-        runner = Worker(app, config)
+        metrics = None
+        if metrics_port is not None:
+            metrics = Metrics()
+            metrics.watch_wakeups(app.notifier.stats)
+            metrics.serve(metrics_port)
+        runner = Worker(app, config, metrics=metrics)
     except TxtasksError as exc:
         raise click.ClickException(str(exc)) from exc
 

@@ -103,8 +103,9 @@ class Driver(Protocol):
     async def task_get(self, task_id: int) -> TaskRow | None:
         """One task by id, live or archived."""
 
-    async def queue_stats(self, *, now: datetime) -> list[QueueStats]:
-        """Counts per queue and state, and the age of the oldest ready task."""
+    async def queue_stats(self, *, now: datetime, archived: bool = True) -> list[QueueStats]:
+        """Counts per queue and state (of live tasks only unless `archived`), and the age of
+        the oldest ready task."""
 
     async def dead_list(self, *, queue: str | None = None, limit: int = 100) -> list[TaskRow]:
         """Dead-lettered tasks, newest first."""

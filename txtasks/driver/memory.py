@@ -213,11 +213,12 @@ class MemoryDriver:
     async def task_get(self, task_id: int) -> TaskRow | None:
         return self.live.get(task_id) or self.archived.get(task_id)
 
-    async def queue_stats(self, *, now: datetime) -> list[QueueStats]:
+    async def queue_stats(self, *, now: datetime, archived: bool = True) -> list[QueueStats]:
         stats: dict[str, QueueStats] = {}
         oldest: dict[str, datetime] = {}
         with self._lock:
-            for row in itertools.chain(self.live.values(), self.archived.values()):
+            finished = self.archived.values() if archived else ()
+            for row in itertools.chain(self.live.values(), finished):
                 counts = stats.setdefault(row.queue, QueueStats(row.queue)).counts
                 counts[row.state.value] = counts.get(row.state.value, 0) + 1
                 if row.state in READY_STATES and row.run_at <= now:

@@ -85,10 +85,10 @@ class SqlAdmin:
                     return TaskRow.from_row(found)
         return None
 
-    async def queue_stats(self, *, now: datetime) -> list[QueueStats]:
+    async def queue_stats(self, *, now: datetime, archived: bool = True) -> list[QueueStats]:
         stats: dict[str, QueueStats] = {}
         async with self.engine.connect() as conn:
-            for table in (tasks, archive):
+            for table in (tasks, archive) if archived else (tasks,):
                 counts = select(table.c.queue, table.c.state, func.count()).group_by(
                     table.c.queue, table.c.state
                 )

@@ -13,6 +13,7 @@ import logging
 import os
 import random
 import socket
+import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +24,7 @@ from typing import Any
 from txtasks.app import App, Task, check_queue_name
 from txtasks.driver import Driver
 from txtasks.errors import ConfigurationError, PayloadError
+from txtasks.metrics import Metrics
 from txtasks.payload import payload_decode
 from txtasks.policy import (
     AckPolicy,
@@ -129,8 +131,11 @@ class Worker:
         *,
         driver: Driver | None = None,
         notifier: Notifier | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.app = app
+        #: Prometheus counters of this worker's tasks (txtasks.metrics), or None.
+        self.metrics = metrics
         self.config = config or WorkerConfig()
         self.driver = driver or app.driver
         self.notifier = notifier or app.notifier
@@ -291,6 +296,8 @@ class Worker:
     # -- running ------------------------------------------------------------------------------
 
     def _start(self, row: TaskRow) -> None:
+        if self.metrics is not None:
+            self.metrics.task_claimed(row.queue, row.task_name)
         task = asyncio.create_task(self._execute(row), name=f"txtasks-task-{row.id}")
         self._inflight[row.key] = task
         task.add_done_callback(functools.partial(self._finished, row.key))
@@ -300,14 +307,20 @@ class Worker:
         self._slot_free.set()
 
     async def _execute(self, row: TaskRow) -> None:
+        started = time.perf_counter()
         try:
             outcome = await self._attempt(row)
         except asyncio.CancelledError:
             # Shutdown grace ran out: hand the task back, this attempt not counted.
             self._outcomes.add(Outcome(row.key, OutcomeKind.RELEASE, error="worker shut down"))
+            if self.metrics is not None:
+                self.metrics.task_finished(row.queue, row.task_name, "pending", None)
             raise
         except Exception as exc:  # deciding the outcome failed: never leave the row behind
             outcome = Outcome(row.key, OutcomeKind.DEAD, error=f"outcome failed: {error_text(exc)}")
+        if self.metrics is not None:
+            seconds = time.perf_counter() - started
+            self.metrics.task_finished(row.queue, row.task_name, outcome.kind.value, seconds)
         overrun = self._overrun.pop(row.key, None)
         if overrun is not None:  # still running in its thread: no retry may overlap with it
             await asyncio.wait({overrun})

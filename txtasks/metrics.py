@@ -1,0 +1,146 @@
+"""Prometheus metrics of workers and the cleaner, served on an optional port.
+
+    txtasks worker APP --metrics-port 9100
+    txtasks cleaner APP --metrics-port 9101
+
+Workers count claims and outcomes per queue and task, time handlers, and export their
+wake-up counters; the cleaner counts sweep passes and what they changed, and exports queue
+depth and the age of the oldest ready task (refreshed by its `stats` sweep). Each process has
+its own `Metrics` on its own registry, so two in one process never collide.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from txtasks.types import QueueStats
+from txtasks.wakeup import WakeupStats
+
+log = logging.getLogger("txtasks.metrics")
+
+#: Handler duration buckets, in seconds.
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+
+class WakeupCollector(Collector):
+    """Reads a notifier's counters at scrape time."""
+
+    def __init__(self, stats: WakeupStats) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterable[Any]:
+        stats = self.stats
+        for name, value, text in (
+            ("txtasks_wakeups_received", stats.received, "Wake-ups received"),
+            ("txtasks_wakeups_published", stats.published, "Wake-ups published"),
+            ("txtasks_wakeups_dropped", stats.dropped, "Wake-ups dropped (buffer full)"),
+            ("txtasks_wakeups_malformed", stats.malformed, "Malformed wake-ups ignored"),
+        ):
+            yield CounterMetricFamily(name, text, value=value)
+        yield GaugeMetricFamily(
+            "txtasks_broker_connected",
+            "1 while the wake-up subscriber is connected to the broker",
+            value=1 if stats.connected else 0,
+        )
+
+
+class Metrics:
+    """The metrics of one worker or cleaner process."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.claimed = Counter(
+            "txtasks_tasks_claimed", "Tasks claimed", ["queue", "task"], registry=r
+        )
+        self.finished = Counter(
+            "txtasks_tasks_finished",
+            "Attempts ended, by outcome (completed, retryable, dead, discarded, failed, pending)",
+            ["queue", "task", "outcome"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            "txtasks_handler_seconds",
+            "Handler run time",
+            ["queue", "task"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.sweeps = Counter(
+            "txtasks_sweep_passes", "Cleaner sweep passes", ["sweep", "ok"], registry=r
+        )
+        self.sweep_rows = Counter(
+            "txtasks_sweep_changes",
+            "What cleaner sweeps changed, by counter (retried, dead, fired, purged.completed, ...)",
+            ["sweep", "counter"],
+            registry=r,
+        )
+        self.depth = Gauge(
+            "txtasks_queue_tasks", "Tasks per queue and state", ["queue", "state"], registry=r
+        )
+        self.oldest = Gauge(
+            "txtasks_queue_oldest_ready_seconds",
+            "Age of the oldest ready task per queue (0 when none is ready)",
+            ["queue"],
+            registry=r,
+        )
+        self._children: dict[tuple[str, ...], Any] = {}
+        self._port: int | None = None
+
+    # -- workers ------------------------------------------------------------------------------
+
+    def task_claimed(self, queue: str, task: str) -> None:
+        self._child(self.claimed, (queue, task)).inc()
+
+    def task_finished(self, queue: str, task: str, outcome: str, seconds: float | None) -> None:
+        self._child(self.finished, (queue, task, outcome)).inc()
+        if seconds is not None:
+            self._child(self.duration, (queue, task)).observe(seconds)
+
+    def watch_wakeups(self, stats: WakeupStats) -> None:
+        """Export a notifier's counters (once per process)."""
+        self.registry.register(WakeupCollector(stats))
+
+    # -- the cleaner --------------------------------------------------------------------------
+
+    def sweep_passed(self, sweep: str, ok: bool, fields: Mapping[str, Any] | None) -> None:
+        self._child(self.sweeps, (sweep, "true" if ok else "false")).inc()
+        for counter, value in _flat(fields or {}):
+            if value:
+                self._child(self.sweep_rows, (sweep, counter)).inc(value)
+
+    def queues_seen(self, stats: Iterable[QueueStats]) -> None:
+        for queue in stats:
+            for state, count in queue.counts.items():
+                self.depth.labels(queue.queue, state).set(count)
+            self.oldest.labels(queue.queue).set(queue.oldest_ready_age or 0.0)
+
+    # -- serving ------------------------------------------------------------------------------
+
+    def serve(self, port: int, host: str = "0.0.0.0") -> int:
+        """Serve /metrics on `port` (0: any free port); returns the port."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        self._port = int(server.server_address[1])
+        log.info("metrics on http://%s:%d/metrics", host, self._port)
+        return self._port
+
+    def _child(self, metric: Any, labels: tuple[str, ...]) -> Any:
+        key = (metric._name, *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+
+def _flat(fields: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, float]]:
+    for key, value in fields.items():
+        if isinstance(value, Mapping):
+            yield from _flat(value, f"{prefix}{key}.")
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            yield f"{prefix}{key}", float(value)
