@@ -1,0 +1,89 @@
+"""The example's txtasks application: one task that ships an order.
+
+Workers and the cleaner load it as `deploy.example.shop:app` (the repository root, or /app in
+the image, is the working directory). The database comes from TXTASKS_DATABASE_URL, the
+optional RabbitMQ broker from TXTASKS_BROKER_URL.
+
+The handler's effect is observable in the same database: the order's status becomes
+"shipped", with the time and the worker process that shipped it. It is idempotent: a second
+run of the same task (after a rescue, say) finds the order shipped and changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import datetime, timezone
+from functools import cache
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Engine,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    create_engine,
+    update,
+)
+
+from txtasks import App, TaskContext
+from txtasks.driver.sqlite import sqlite_connection_setup
+from txtasks.driver.urls import backend_name, url_sync
+
+QUEUE = "orders"
+
+metadata = MetaData()
+orders = Table(
+    "shop_orders",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("item", String(200), nullable=False),
+    Column("quantity", Integer, nullable=False),
+    Column("status", String(20), nullable=False, default="new"),
+    Column("created_at", DateTime, nullable=False),
+    Column("shipped_at", DateTime, nullable=True),
+    Column("shipped_by", String(200), nullable=True),
+    Column("task_id", BigInteger, nullable=True),
+)
+
+app = App("shop", default_queue=QUEUE)
+
+
+def database_url() -> str:
+    url = os.environ.get("TXTASKS_DATABASE_URL")
+    if not url:
+        raise RuntimeError("set TXTASKS_DATABASE_URL to the database of the example")
+    return url
+
+
+@cache
+def engine() -> Engine:
+    """The handlers' own connection to the shop's database (one engine per process)."""
+    url = database_url()
+    sync_engine = create_engine(url_sync(url), pool_pre_ping=True)
+    if backend_name(url) == "sqlite":
+        sqlite_connection_setup(sync_engine)
+    return sync_engine
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+@app.task(name="shop.ship_order", max_attempts=5)
+def ship_order(payload: dict[str, int], ctx: TaskContext) -> None:
+    """Mark the order shipped (once: an order already shipped is left as it is)."""
+    with engine().begin() as conn:
+        conn.execute(
+            update(orders)
+            .where(orders.c.id == payload["order_id"], orders.c.status == "new")
+            .values(
+                status="shipped",
+                shipped_at=utcnow(),
+                shipped_by=f"{socket.gethostname()}:{os.getpid()}",
+                task_id=ctx.task_id,
+            )
+        )

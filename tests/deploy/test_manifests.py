@@ -1,0 +1,321 @@
+"""The deployment files parse and validate: docker-compose.yml against the Compose
+Specification's JSON schema (the copy check-jsonschema ships), every Kubernetes manifest
+against the Kubernetes JSON schemas (kubernetes-validate, strict: unknown fields fail), and
+the cross-references between them hold.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.deploy.files import (
+    COMPOSE,
+    DEPLOY,
+    ROOT,
+    compose,
+    containers,
+    dockerfile_instructions,
+    manifest_files,
+    manifests,
+    pod_spec,
+)
+
+#: The oldest Kubernetes version the manifests support (ContainerResource metrics are GA).
+KUBERNETES_VERSION = "1.30.0"
+
+
+# -- docker-compose.yml --------------------------------------------------------------------
+
+
+@cache
+def compose_schema() -> dict[str, Any]:
+    vendor = resources.files("check_jsonschema.builtin_schemas.vendor")
+    schema: dict[str, Any] = json.loads((vendor / "compose-spec.json").read_text())
+    return schema
+
+
+def compose_errors(document: Any) -> list[str]:
+    schema = compose_schema()
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    return [
+        f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in validator.iter_errors(document)
+    ]
+
+
+def test_compose_validates_against_the_compose_spec() -> None:
+    assert compose_errors(compose()) == []
+
+
+def test_the_compose_schema_check_catches_mistakes() -> None:
+    broken = compose()
+    broken["services"]["cleaner"]["healthchek"] = broken["services"]["cleaner"].pop("healthcheck")
+    assert compose_errors(broken)
+
+
+def services() -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = compose()["services"]
+    return found
+
+
+def test_compose_runs_the_whole_topology() -> None:
+    found = services()
+    assert {"postgres", "rabbitmq", "migrate", "cleaner", "webapp"} <= set(found)
+    workers = [s for s in found.values() if s.get("command", [None])[0] == "worker"]
+    assert len(workers) == 2
+    for name, service in found.items():
+        assert "image" in service or "build" in service, f"{name}: neither image nor build"
+        if "build" in service:
+            build = service["build"]
+            assert (ROOT / build["context"] / build["dockerfile"]).is_file(), name
+            assert build.get("target") in build_targets(), f"{name}: no stage {build['target']}"
+
+
+def test_compose_dependencies_start_in_order() -> None:
+    found = services()
+    for name, service in found.items():
+        for dependency, rule in (service.get("depends_on") or {}).items():
+            assert dependency in found, f"{name} depends on a missing service {dependency}"
+            condition = rule["condition"]
+            if condition == "service_healthy":
+                assert "healthcheck" in found[dependency], f"{dependency} has no healthcheck"
+            else:
+                assert condition == "service_completed_successfully", f"{name}: {condition}"
+                assert found[dependency].get("restart") == "no", f"{dependency} is not one-shot"
+    assert found["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    for name, service in found.items():
+        argv = service.get("command") or []
+        if name != "migrate" and "TXTASKS_DATABASE_URL" in (service.get("environment") or {}):
+            assert service["depends_on"]["migrate"]["condition"] == (
+                "service_completed_successfully"
+            ), f"{name} may start before the schema exists"
+        if argv[:1] in (["worker"], ["cleaner"]) or name == "webapp":
+            assert service["depends_on"]["rabbitmq"]["condition"] == "service_healthy", name
+
+
+def test_compose_has_no_dependency_cycle() -> None:
+    found = services()
+    done: set[str] = set()
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        assert name not in path, f"depends_on cycle: {' -> '.join((*path, name))}"
+        if name not in done:
+            for dependency in found[name].get("depends_on") or {}:
+                visit(dependency, (*path, name))
+            done.add(name)
+
+    for name in found:
+        visit(name, ())
+
+
+def option(argv: list[str], name: str) -> str:
+    assert name in argv, f"{argv}: no {name}"
+    return argv[argv.index(name) + 1]
+
+
+def test_compose_healthchecks_probe_the_right_ports() -> None:
+    found = services()
+    cleaner = found["cleaner"]
+    port = option(cleaner["command"], "--health-port")
+    assert f"127.0.0.1:{port}/readyz" in " ".join(cleaner["healthcheck"]["test"])
+    webapp = found["webapp"]
+    port = option(webapp["command"], "--port")
+    assert f"127.0.0.1:{port}/healthz" in " ".join(webapp["healthcheck"]["test"])
+    assert any(p.endswith(f":{port}") for p in webapp["ports"])
+
+
+def test_compose_workers_stop_within_their_grace() -> None:
+    for name, service in services().items():
+        if service.get("command", [None])[0] == "worker":
+            grace = float(option(service["command"], "--shutdown-grace"))
+            stop = service["stop_grace_period"]
+            assert re.fullmatch(r"\d+s", stop), f"{name}: write stop_grace_period in seconds"
+            assert int(stop[:-1]) > grace, f"{name}: Docker would kill it during its grace"
+
+
+def test_compose_urls_point_at_the_compose_servers() -> None:
+    found = services()
+    env = found["worker-1"]["environment"]
+    postgres = found["postgres"]["environment"]
+    user, password, db = (
+        postgres[k] for k in ("POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB")
+    )
+    assert env["TXTASKS_DATABASE_URL"] == f"postgresql://{user}:{password}@postgres:5432/{db}"
+    rabbit = found["rabbitmq"]["environment"]
+    user, password = rabbit["RABBITMQ_DEFAULT_USER"], rabbit["RABBITMQ_DEFAULT_PASS"]
+    assert env["TXTASKS_BROKER_URL"] == f"amqp://{user}:{password}@rabbitmq:5672/"
+
+
+# -- deploy/Dockerfile ---------------------------------------------------------------------
+
+
+def build_targets() -> set[str]:
+    return {
+        m[1]
+        for instruction, rest in dockerfile_instructions()
+        if instruction == "FROM" and (m := re.search(r"\bAS (\S+)$", rest, re.I))
+    }
+
+
+def test_dockerfile_builds_a_wheel_and_runs_as_a_non_root_user() -> None:
+    instructions = dockerfile_instructions()
+    froms = [rest for instruction, rest in instructions if instruction == "FROM"]
+    assert len(froms) >= 2, "not a multi-stage build"
+    args = dict(
+        rest.split("=", 1)
+        for instruction, rest in instructions
+        if instruction == "ARG" and "=" in rest
+    )
+    assert args["PYTHON_IMAGE"] == "python:3.12-slim"
+    runs = " ".join(rest for instruction, rest in instructions if instruction == "RUN")
+    assert 'pip wheel --wheel-dir /wheels ".[postgres,rabbitmq]"' in runs
+    assert '--no-index --find-links /wheels "txtasks[postgres,rabbitmq]"' in runs
+    users = [rest for instruction, rest in instructions if instruction == "USER"]
+    assert users[-1] != "root" and not users[-1].startswith("0")
+    assert {"build", "base", "example", "runtime"} <= build_targets()
+    # The last stage is the default target: txtasks without the example.
+    assert froms[-1] == "base AS runtime"
+    for instruction, rest in instructions:
+        if instruction == "COPY" and "--from" not in rest:
+            for source in rest.split()[:-1]:
+                if not source.startswith("--"):
+                    assert (ROOT / source).exists(), f"COPY of a missing path {source}"
+
+
+def test_dockerignore_keeps_what_the_build_copies() -> None:
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    for needed in ("pyproject.toml", "README.md", "txtasks", "cleaner", "deploy"):
+        assert needed not in ignored
+
+
+# -- deploy/kubernetes ---------------------------------------------------------------------
+
+
+def test_there_are_manifests() -> None:
+    kinds = {obj["kind"] for _, obj in manifests()}
+    assert {"ConfigMap", "Secret", "Deployment", "HorizontalPodAutoscaler", "Job"} <= kinds
+
+
+@pytest.mark.parametrize("path", manifest_files(), ids=lambda p: p.name)
+def test_manifest_validates_against_the_kubernetes_schema(path: Path) -> None:
+    for document in yaml.safe_load_all(path.read_text()):
+        assert isinstance(document, dict), f"{path.name}: a document is not an object"
+        kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_kubernetes_schema_check_catches_mistakes() -> None:
+    [(_, deployment)] = [(p, o) for p, o in manifests() if o["kind"] == "Deployment"]
+    deployment["spec"]["template"]["spec"]["containers"][1]["livenesProbe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
+
+
+def objects(kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for _, o in manifests() if o["kind"] == kind}
+
+
+def by_name(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in containers(spec)}
+
+
+def test_worker_pod_has_a_cleaner_sidecar_with_probes() -> None:
+    [deployment] = objects("Deployment").values()
+    spec = deployment["spec"]["template"]["spec"]
+    found = by_name(spec)
+    worker, cleaner = found["worker"], found["cleaner"]
+    assert worker["args"][0] == "worker" and cleaner["args"][0] == "cleaner"
+    assert worker["args"][1] == cleaner["args"][1], "the cleaner loads another app"
+    # The worker serves no HTTP endpoint: no probe may point at one.
+    assert not {"livenessProbe", "readinessProbe", "startupProbe", "ports"} & set(worker)
+    port = int(option(cleaner["args"], "--health-port"))
+    [declared] = cleaner["ports"]
+    assert declared["containerPort"] == port
+    for probe, path in (("livenessProbe", "/livez"), ("readinessProbe", "/readyz")):
+        get = cleaner[probe]["httpGet"]
+        assert get["path"] == path
+        assert get["port"] in (port, declared["name"])
+
+
+def test_worker_pod_outlives_the_shutdown_grace() -> None:
+    [deployment] = objects("Deployment").values()
+    spec = deployment["spec"]["template"]["spec"]
+    worker = by_name(spec)["worker"]
+    grace = float(option(worker["args"], "--shutdown-grace"))
+    assert spec["terminationGracePeriodSeconds"] > grace
+
+
+def test_every_container_has_resources_and_runs_as_non_root() -> None:
+    for _, obj in manifests():
+        spec = pod_spec(obj)
+        if spec is None:
+            continue
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        for container in containers(spec):
+            where = f"{obj['metadata']['name']}/{container['name']}"
+            resources_ = container["resources"]
+            assert {"cpu", "memory"} <= set(resources_["requests"]), where
+            assert "memory" in resources_["limits"], where
+            assert container["securityContext"]["allowPrivilegeEscalation"] is False, where
+
+
+def test_references_between_manifests_resolve() -> None:
+    config_maps, secrets = objects("ConfigMap"), objects("Secret")
+    for _, obj in manifests():
+        spec = pod_spec(obj)
+        if spec is None:
+            continue
+        for container in containers(spec):
+            sources = container.get("envFrom", [])
+            assert any("secretRef" in s for s in sources), "the URLs come from the Secret"
+            for source in sources:
+                if "configMapRef" in source:
+                    assert source["configMapRef"]["name"] in config_maps
+                if "secretRef" in source:
+                    assert source["secretRef"]["name"] in secrets
+    [secret] = secrets.values()
+    assert "TXTASKS_DATABASE_URL" in secret["stringData"]
+    for config_map in config_maps.values():
+        assert not any("URL" in key for key in config_map["data"]), "URLs belong in the Secret"
+
+    deployments = objects("Deployment")
+    for hpa in objects("HorizontalPodAutoscaler").values():
+        target = hpa["spec"]["scaleTargetRef"]
+        assert target["kind"] == "Deployment" and target["name"] in deployments
+        spec = deployments[target["name"]]["spec"]["template"]["spec"]
+        for metric in hpa["spec"]["metrics"]:
+            if metric["type"] == "ContainerResource":
+                resource = metric["containerResource"]
+                container = by_name(spec)[resource["container"]]
+                assert resource["name"] in container["resources"]["requests"]
+        assert hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+
+    for deployment in deployments.values():
+        selector = deployment["spec"]["selector"]["matchLabels"]
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert selector.items() <= labels.items()
+
+
+def test_the_migrate_job_runs_once() -> None:
+    [job] = objects("Job").values()
+    spec = job["spec"]["template"]["spec"]
+    assert spec["restartPolicy"] == "Never"
+    [container] = spec["containers"]
+    assert container["args"] == ["migrate"]
+
+
+def test_the_readmes_exist() -> None:
+    assert "docker compose up" in (DEPLOY / "README.md").read_text()
+    text = (DEPLOY / "kubernetes" / "README.md").read_text()
+    for path in manifest_files():
+        assert path.name in text, f"deploy/kubernetes/README.md does not explain {path.name}"
+    assert COMPOSE.name in (DEPLOY / "README.md").read_text()
