@@ -24,6 +24,7 @@ from txtasks.payload import DEFAULT_MAX_PAYLOAD_BYTES, headers_encode, payload_e
 from txtasks.periodic import CatchUp, Schedule, schedule_from
 from txtasks.policy import AckPolicy, RetryPolicy
 from txtasks.retry import RetryStrategy, as_strategy
+from txtasks.tracing import headers_with_trace
 from txtasks.types import QUEUE_NAME_RE, NewTask, TaskState
 from txtasks.wakeup import Notifier, NullNotifier, notifier_for_url, wakeup_after_commit
 from txtasks.wakeup.commit import PendingWakeups
@@ -385,7 +386,7 @@ class App:
             max_attempts=options.max_attempts,
             created_at=now,
             dedup_key=dedup_key,
-            headers=headers_encode(headers),
+            headers=headers_encode(headers_with_trace(headers)),
             expires_at=None
             if options.deadline is None
             else when + timedelta(seconds=options.deadline),

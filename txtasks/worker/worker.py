@@ -7,6 +7,7 @@ heartbeat extends every held lease in one statement; outcomes are flushed in bat
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import logging
@@ -21,11 +22,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from txtasks import tracing
 from txtasks.app import App, Task, check_queue_name
 from txtasks.driver import Driver
 from txtasks.errors import ConfigurationError, PayloadError
 from txtasks.metrics import Metrics
-from txtasks.payload import payload_decode
+from txtasks.payload import headers_decode, payload_decode
 from txtasks.policy import (
     AckPolicy,
     error_text,
@@ -345,7 +347,7 @@ class Worker:
         ctx = TaskContext(self.app, task, row, self.worker_id)
         self.stats.started += 1
         try:
-            await self._call(task, payload, ctx)
+            await self._traced_call(task, payload, ctx)
         except asyncio.CancelledError as exc:
             if self._stopping.is_set():  # the worker cancelled it: shutdown
                 raise
@@ -364,6 +366,22 @@ class Worker:
             )
         return self._decided(ctx) or self._returned(ctx)
 
+    async def _traced_call(self, task: Task, payload: Any, ctx: TaskContext) -> None:
+        """`_call` inside an OpenTelemetry span continuing the enqueuer's trace (if enabled)."""
+        if not tracing.enabled():
+            await self._call(task, payload, ctx)
+            return
+        try:
+            headers = headers_decode(ctx.row.headers)
+        except ValueError:
+            headers = {}
+        with tracing.attempt_span(ctx.row, headers) as span:
+            try:
+                await self._call(task, payload, ctx)
+            except BaseException as exc:
+                tracing.span_failed(span, exc)
+                raise
+
     async def _call(self, task: Task, payload: Any, ctx: TaskContext) -> None:
         args = (payload, ctx) if task.wants_context else (payload,)
         timeout = task.options.timeout
@@ -377,7 +395,8 @@ class Worker:
             loop.call_soon_threadsafe(started.set)
             return task.handler(*args)
 
-        future = loop.run_in_executor(self._threads, call)
+        # the thread runs in a copy of this context: the handler sees the attempt's span
+        future = loop.run_in_executor(self._threads, contextvars.copy_context().run, call)
         if timeout is None:
             result = await future
         else:

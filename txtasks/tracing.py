@@ -1,0 +1,77 @@
+"""OpenTelemetry: a task continues the trace of the code that enqueued it.
+
+With `pip install "txtasks[otel]"` (the OpenTelemetry API) and a tracer provider configured by
+the application, enqueueing records the current trace context in the task's headers
+(`traceparent`, `tracestate`: W3C Trace Context), and the worker runs each attempt inside a
+`CONSUMER` span that is a child of it. Without the API installed, or without a provider, this
+module does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+try:
+    from opentelemetry import propagate, trace
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+except ImportError:  # the otel extra is not installed
+    propagate = None  # type: ignore[assignment]
+    trace = None  # type: ignore[assignment]
+
+if TYPE_CHECKING:
+    from txtasks.types import TaskRow
+
+TRACER = "txtasks"
+#: The headers W3C Trace Context uses; a caller's own values win.
+TRACE_HEADERS = ("traceparent", "tracestate")
+
+
+def enabled() -> bool:
+    return trace is not None
+
+
+def headers_with_trace(headers: dict[str, str] | None) -> dict[str, str] | None:
+    """`headers` plus the current trace context, when there is one to carry."""
+    if propagate is None:
+        return headers
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    if not carrier:
+        return headers
+    return {**carrier, **(headers or {})}
+
+
+@contextlib.contextmanager
+def attempt_span(row: TaskRow, headers: dict[str, str]) -> Iterator[Any]:
+    """A span around one attempt, a child of the enqueuer's span when the task carries one."""
+    if trace is None or propagate is None:
+        yield None
+        return
+    parent = propagate.extract(headers)
+    tracer = trace.get_tracer(TRACER)
+    with tracer.start_as_current_span(
+        f"txtasks run {row.task_name}",
+        context=parent,
+        kind=SpanKind.CONSUMER,
+        record_exception=False,
+        set_status_on_exception=False,
+        attributes={
+            "messaging.system": "txtasks",
+            "messaging.destination.name": row.queue,
+            "messaging.operation.type": "process",
+            "txtasks.task.id": row.id,
+            "txtasks.task.name": row.task_name,
+            "txtasks.task.attempt": row.attempt,
+        },
+    ) as span:
+        yield span
+
+
+def span_failed(span: Any, exc: BaseException) -> None:
+    """Mark the attempt's span failed with the handler's exception."""
+    if span is None or trace is None:
+        return
+    span.record_exception(exc)
+    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
