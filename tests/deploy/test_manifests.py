@@ -235,15 +235,21 @@ def test_worker_pod_has_a_cleaner_sidecar_with_probes() -> None:
     worker, cleaner = found["worker"], found["cleaner"]
     assert worker["args"][0] == "worker" and cleaner["args"][0] == "cleaner"
     assert worker["args"][1] == cleaner["args"][1], "the cleaner loads another app"
-    # The worker serves no HTTP endpoint: no probe may point at one.
-    assert not {"livenessProbe", "readinessProbe", "startupProbe", "ports"} & set(worker)
+    # The worker serves metrics only, no health endpoint: no probe may point at it.
+    assert not {"livenessProbe", "readinessProbe", "startupProbe"} & set(worker)
+    assert [p["containerPort"] for p in worker["ports"]] == [
+        int(option(worker["args"], "--metrics-port"))
+    ]
     port = int(option(cleaner["args"], "--health-port"))
-    [declared] = cleaner["ports"]
-    assert declared["containerPort"] == port
+    declared = {p["name"]: p["containerPort"] for p in cleaner["ports"]}
+    assert declared == {
+        "health": port,
+        "cleaner-metrics": int(option(cleaner["args"], "--metrics-port")),
+    }
     for probe, path in (("livenessProbe", "/livez"), ("readinessProbe", "/readyz")):
         get = cleaner[probe]["httpGet"]
         assert get["path"] == path
-        assert get["port"] in (port, declared["name"])
+        assert get["port"] in (port, "health")
 
 
 def test_worker_pod_outlives_the_shutdown_grace() -> None:
