@@ -141,9 +141,17 @@ def record_task(payload: Any, ctx: TaskContext) -> None:
     record(ctx, payload)
 
 
+def mark_started(payload: dict[str, Any], ctx: TaskContext) -> None:
+    """With payload["started"] (a directory), leave a file named after the task: its handler
+    runs (a task claimed by a worker that is stopping may be handed back unstarted)."""
+    if payload.get("started"):
+        (Path(payload["started"]) / str(ctx.task_id)).touch()
+
+
 @app.task(name="acc.gated")
 async def gated(payload: dict[str, Any], ctx: TaskContext) -> None:
     """Async: waits until the file payload["gate"] exists, then records its run."""
+    await asyncio.to_thread(mark_started, payload, ctx)
     gate = Path(payload["gate"])
     deadline = time.monotonic() + HANDLER_PATIENCE
     while not await asyncio.to_thread(gate.exists):
@@ -156,6 +164,7 @@ async def gated(payload: dict[str, Any], ctx: TaskContext) -> None:
 @app.task(name="acc.gated_sync")
 def gated_sync(payload: dict[str, Any], ctx: TaskContext) -> None:
     """Sync (runs in the worker's thread pool): waits for the gate file, then records."""
+    mark_started(payload, ctx)
     gate = Path(payload["gate"])
     deadline = time.monotonic() + HANDLER_PATIENCE
     while not gate.exists():

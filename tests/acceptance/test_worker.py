@@ -22,7 +22,6 @@ from tests.acceptance.apps import (
     Live,
     Processes,
     archived_rows,
-    count_state,
     create_app_tables,
     db_engine,
     enqueue,
@@ -95,12 +94,16 @@ def test_burst_workers_drain_the_queue_running_each_task_once(
 def test_stop_signal_lets_inflight_tasks_finish_and_loses_nothing(
     database_url: str, db: Engine, procs: Processes, tmp_path: Path, signum: signal.Signals
 ) -> None:
-    gate = tmp_path / "gate"
-    ids = enqueue(db, "acc.gated", [{"n": n, "gate": str(gate)} for n in range(20)])
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    started.mkdir()
+    payloads = [{"n": n, "gate": str(gate), "started": str(started)} for n in range(20)]
+    ids = enqueue(db, "acc.gated", payloads)
     worker = procs.start("worker", APP_SPEC, "-c", "5", "--poll-interval", "0.05", url=database_url)
-    # All five slots hold a task blocked on the gate: the worker cannot claim more.
-    wait_until(lambda: count_state(db, "processing") == 5, "5 tasks processing", watch=[worker])
-    running = {i for i, row in live_rows(db).items() if row.state == "processing"}
+    # All five slots hold a task whose handler waits at the gate: the worker cannot claim more.
+    # (Rows only claimed, their handlers not started yet, would be handed back at the stop.)
+    wait_until(lambda: len(list(started.iterdir())) == 5, "5 handlers running", watch=[worker])
+    running = {int(p.name) for p in started.iterdir()}
+    assert running == {i for i, row in live_rows(db).items() if row.state == "processing"}
 
     worker.signal(signum)
     name = signal.Signals(signum).name
@@ -132,11 +135,14 @@ def test_stop_signal_lets_inflight_tasks_finish_and_loses_nothing(
 def test_task_outliving_the_grace_period_is_handed_back(
     database_url: str, db: Engine, procs: Processes, tmp_path: Path, task: str
 ) -> None:
-    never = tmp_path / "never-opened"
-    ids = enqueue(db, task, [{"n": n, "gate": str(never)} for n in range(2)])
+    never, started = tmp_path / "never-opened", tmp_path / "started"
+    started.mkdir()
+    ids = enqueue(
+        db, task, [{"n": n, "gate": str(never), "started": str(started)} for n in range(2)]
+    )
     options = ("-c", "2", "--shutdown-grace", "0.2", "--poll-interval", "0.05")
     worker = procs.start("worker", APP_SPEC, *options, url=database_url)
-    wait_until(lambda: count_state(db, "processing") == 2, "2 tasks processing", watch=[worker])
+    wait_until(lambda: len(list(started.iterdir())) == 2, "2 handlers running", watch=[worker])
 
     worker.signal(signal.SIGTERM)
 
@@ -152,11 +158,14 @@ def test_task_outliving_the_grace_period_is_handed_back(
 def test_second_sigint_stops_at_once(
     database_url: str, db: Engine, procs: Processes, tmp_path: Path, task: str
 ) -> None:
-    never = tmp_path / "never-opened"
-    ids = enqueue(db, task, [{"n": n, "gate": str(never)} for n in range(2)])
+    never, started = tmp_path / "never-opened", tmp_path / "started"
+    started.mkdir()
+    ids = enqueue(
+        db, task, [{"n": n, "gate": str(never), "started": str(started)} for n in range(2)]
+    )
     options = ("-c", "2", "--shutdown-grace", "300", "--poll-interval", "0.05")
     worker = procs.start("worker", APP_SPEC, *options, url=database_url)
-    wait_until(lambda: count_state(db, "processing") == 2, "2 tasks processing", watch=[worker])
+    wait_until(lambda: len(list(started.iterdir())) == 2, "2 handlers running", watch=[worker])
 
     worker.signal(signal.SIGINT)
     wait_until(lambda: "SIGINT received" in worker.stderr, "the first SIGINT", watch=[worker])

@@ -384,3 +384,13 @@ if __name__ == "__main__":  # pragma: no cover
 # -- cleaner -----------------------------------------------------------------------------------
 
 main.add_command(cleaner_command, "cleaner")
+
+
+def _help_options(command: click.Command) -> None:
+    """Give every command `-h` as well as `--help`, also when it runs on its own."""
+    command.context_settings.setdefault("help_option_names", ["-h", "--help"])
+    for sub in getattr(command, "commands", {}).values():
+        _help_options(sub)
+
+
+_help_options(main)
