@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -226,6 +227,11 @@ def archived_rows(engine: Engine) -> dict[int, Finished]:
     with engine.connect() as conn:
         query = select(archive.c.id, archive.c.state, archive.c.attempt, archive.c.last_error)
         return {r.id: Finished(r.state, r.attempt, r.last_error) for r in conn.execute(query)}
+
+
+def effects_per_task(engine: Engine) -> Counter[int]:
+    """How many effect rows each task left (one per successful attempt)."""
+    return Counter(r.task_id for r in run_rows(engine))
 
 
 def count_state(engine: Engine, state: str) -> int:

@@ -17,7 +17,6 @@ import sys
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -40,8 +39,7 @@ from tests.acceptance.apps import (
     cli_env,
     cli_many,
     count_state,
-    create_app_tables,
-    db_engine,
+    effects_per_task,
     enqueue,
     live_rows,
     run_rows,
@@ -61,27 +59,6 @@ POLL = ("--poll-interval", "0.05")
 EXIT_TIMEOUT = 30
 #: Seconds a test waits for the work it started to be done (generous: CI machines are slow).
 DONE_TIMEOUT = 60
-
-
-@pytest.fixture
-def db(database_url: str) -> Iterator[Engine]:
-    """The test's own engine on the fixture's database, with the app's tables created."""
-    engine = db_engine(database_url)
-    create_app_tables(engine)
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    """Starts txtasks processes; kills any still running when the test ends."""
-    processes = Processes(tmp_path)
-    yield processes
-    processes.close()
-
-
-def effects_per_task(db: Engine) -> Counter[int]:
-    return Counter(r.task_id for r in run_rows(db))
 
 
 def processing(db: Engine) -> set[int]:

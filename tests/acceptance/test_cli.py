@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +25,6 @@ from tests.acceptance.apps import (
     cli,
     cli_many,
     create_app_tables,
-    db_engine,
     enqueue,
     live_rows,
     run_rows,
@@ -44,23 +41,6 @@ pytestmark = pytest.mark.acceptance
 Result = subprocess.CompletedProcess[str]
 BURST = ("--burst", "--burst-horizon", "1", "--poll-interval", "0.05")
 TABLES = set(txtasks_metadata.tables)
-
-
-@pytest.fixture
-def db(database_url: str) -> Iterator[Engine]:
-    """The test's own engine on the fixture's database, with the app's tables created."""
-    engine = db_engine(database_url)
-    create_app_tables(engine)
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    """Starts txtasks processes; kills any still running when the test ends."""
-    processes = Processes(tmp_path)
-    yield processes
-    processes.close()
 
 
 def ok(result: Result) -> str:

@@ -9,8 +9,7 @@ a process exit) with a deadline.
 from __future__ import annotations
 
 import signal
-from collections import Counter
-from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,10 +19,10 @@ from tests.acceptance.apps import (
     APP_SPEC,
     QUEUE,
     Live,
+    Proc,
     Processes,
     archived_rows,
-    create_app_tables,
-    db_engine,
+    effects_per_task,
     enqueue,
     live_rows,
     run_rows,
@@ -37,27 +36,6 @@ pytestmark = pytest.mark.acceptance
 BURST = ("--burst", "--burst-horizon", "1", "--poll-interval", "0.05")
 #: Seconds a worker may take to exit before the test fails (a hang must not block CI).
 EXIT_TIMEOUT = 30
-
-
-@pytest.fixture
-def db(database_url: str) -> Iterator[Engine]:
-    """The test's own engine on the fixture's database, with the app's tables created."""
-    engine = db_engine(database_url)
-    create_app_tables(engine)
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    """Starts txtasks processes; kills any still running when the test ends."""
-    processes = Processes(tmp_path)
-    yield processes
-    processes.close()
-
-
-def effects_per_task(db: Engine) -> Counter[int]:
-    return Counter(r.task_id for r in run_rows(db))
 
 
 # -- several workers ----------------------------------------------------------------------------
@@ -90,19 +68,51 @@ def test_burst_workers_drain_the_queue_running_each_task_once(
 # -- graceful stop ------------------------------------------------------------------------------
 
 
+@dataclass
+class Blocked:
+    """A worker whose every slot holds a running handler that waits at `gate`."""
+
+    ids: list[int]
+    worker: Proc
+    gate: Path
+    running: set[int]
+
+
+def start_blocked(
+    db: Engine,
+    procs: Processes,
+    tmp_path: Path,
+    url: str,
+    task: str,
+    *,
+    tasks: int,
+    slots: int,
+    options: tuple[str, ...] = (),
+) -> Blocked:
+    """Enqueue `tasks` gated tasks and start a worker with `slots` slots; return once its
+    `slots` handlers run (rows only claimed, not started yet, would be handed back at a stop)."""
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    started.mkdir()
+    payloads = [{"n": n, "gate": str(gate), "started": str(started)} for n in range(tasks)]
+    ids = enqueue(db, task, payloads)
+    worker = procs.start(
+        "worker", APP_SPEC, "-c", str(slots), "--poll-interval", "0.05", *options, url=url
+    )
+
+    def running() -> set[int]:
+        return {int(p.name) for p in started.iterdir()}
+
+    wait_until(lambda: len(running()) == slots, f"{slots} handlers running", watch=[worker])
+    return Blocked(ids, worker, gate, running())
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_stop_signal_lets_inflight_tasks_finish_and_loses_nothing(
     database_url: str, db: Engine, procs: Processes, tmp_path: Path, signum: signal.Signals
 ) -> None:
-    gate, started = tmp_path / "gate", tmp_path / "started"
-    started.mkdir()
-    payloads = [{"n": n, "gate": str(gate), "started": str(started)} for n in range(20)]
-    ids = enqueue(db, "acc.gated", payloads)
-    worker = procs.start("worker", APP_SPEC, "-c", "5", "--poll-interval", "0.05", url=database_url)
-    # All five slots hold a task whose handler waits at the gate: the worker cannot claim more.
-    # (Rows only claimed, their handlers not started yet, would be handed back at the stop.)
-    wait_until(lambda: len(list(started.iterdir())) == 5, "5 handlers running", watch=[worker])
-    running = {int(p.name) for p in started.iterdir()}
+    blocked = start_blocked(db, procs, tmp_path, database_url, "acc.gated", tasks=20, slots=5)
+    ids, worker, gate = blocked.ids, blocked.worker, blocked.gate
+    running = blocked.running
     assert running == {i for i, row in live_rows(db).items() if row.state == "processing"}
 
     worker.signal(signum)
@@ -135,14 +145,11 @@ def test_stop_signal_lets_inflight_tasks_finish_and_loses_nothing(
 def test_task_outliving_the_grace_period_is_handed_back(
     database_url: str, db: Engine, procs: Processes, tmp_path: Path, task: str
 ) -> None:
-    never, started = tmp_path / "never-opened", tmp_path / "started"
-    started.mkdir()
-    ids = enqueue(
-        db, task, [{"n": n, "gate": str(never), "started": str(started)} for n in range(2)]
+    grace = ("--shutdown-grace", "0.2")
+    blocked = start_blocked(
+        db, procs, tmp_path, database_url, task, tasks=2, slots=2, options=grace
     )
-    options = ("-c", "2", "--shutdown-grace", "0.2", "--poll-interval", "0.05")
-    worker = procs.start("worker", APP_SPEC, *options, url=database_url)
-    wait_until(lambda: len(list(started.iterdir())) == 2, "2 handlers running", watch=[worker])
+    ids, worker = blocked.ids, blocked.worker  # the gate never opens
 
     worker.signal(signal.SIGTERM)
 
@@ -158,14 +165,11 @@ def test_task_outliving_the_grace_period_is_handed_back(
 def test_second_sigint_stops_at_once(
     database_url: str, db: Engine, procs: Processes, tmp_path: Path, task: str
 ) -> None:
-    never, started = tmp_path / "never-opened", tmp_path / "started"
-    started.mkdir()
-    ids = enqueue(
-        db, task, [{"n": n, "gate": str(never), "started": str(started)} for n in range(2)]
+    grace = ("--shutdown-grace", "300")
+    blocked = start_blocked(
+        db, procs, tmp_path, database_url, task, tasks=2, slots=2, options=grace
     )
-    options = ("-c", "2", "--shutdown-grace", "300", "--poll-interval", "0.05")
-    worker = procs.start("worker", APP_SPEC, *options, url=database_url)
-    wait_until(lambda: len(list(started.iterdir())) == 2, "2 handlers running", watch=[worker])
+    ids, worker = blocked.ids, blocked.worker  # the gate never opens
 
     worker.signal(signal.SIGINT)
     wait_until(lambda: "SIGINT received" in worker.stderr, "the first SIGINT", watch=[worker])
