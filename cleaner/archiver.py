@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from cleaner.sweep import MAX_BATCHES, Sweep, SweepConfig, SweepResult
+from cleaner.sweep import Sweep, SweepConfig, SweepResult
 from txtasks.errors import ConfigurationError
 
 
@@ -53,21 +53,12 @@ class Archiver(Sweep[ArchiverConfig, ArchiveResult]):
     name = "archiver"
 
     async def run_once(self) -> ArchiveResult:
-        archived = 0
-        for _ in range(MAX_BATCHES):
-            moved = await self.driver.finished_archive_many(
-                now=self.app.clock(), limit=self.config.batch_size
-            )
-            archived += moved
-            if moved < self.config.batch_size:
-                break
+        driver = self.driver
+        archived = await self.batches(
+            lambda limit: driver.finished_archive_many(now=self.app.clock(), limit=limit)
+        )
         before = self.app.clock() - timedelta(seconds=self.config.staged_after)
-        abandoned = 0
-        for _ in range(MAX_BATCHES):
-            deleted = await self.driver.staged_purge_many(
-                before=before, limit=self.config.batch_size
-            )
-            abandoned += deleted
-            if deleted < self.config.batch_size:
-                break
+        abandoned = await self.batches(
+            lambda limit: driver.staged_purge_many(before=before, limit=limit)
+        )
         return ArchiveResult(archived=archived, abandoned=abandoned)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from types import MappingProxyType
 
-from cleaner.sweep import MAX_BATCHES, Sweep, SweepConfig, SweepResult
+from cleaner.sweep import Sweep, SweepConfig, SweepResult
 from txtasks.app import check_queue_name
 from txtasks.clock import seconds
 from txtasks.errors import ConfigurationError
@@ -112,16 +112,9 @@ class Retention(Sweep[RetentionConfig, RetentionResult]):
         if limit is None:
             return 0
         before = self.app.clock() - timedelta(seconds=limit)
-        total = 0
-        for _ in range(MAX_BATCHES):
-            count = await self.driver.archive_purge_many(
-                state=state,
-                before=before,
-                limit=self.config.batch_size,
-                queues=queues,
-                exclude=exclude,
+        driver = self.driver
+        return await self.batches(
+            lambda size: driver.archive_purge_many(
+                state=state, before=before, limit=size, queues=queues, exclude=exclude
             )
-            total += count
-            if count < self.config.batch_size:
-                break
-        return total
+        )

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -107,6 +108,17 @@ class Sweep(abc.ABC, Generic[C, R]):
     @abc.abstractmethod
     async def run_once(self) -> R:
         """One full pass; returns what it did."""
+
+    async def batches(self, step: Callable[[int], Awaitable[int]]) -> int:
+        """Run `step(batch_size)` (it returns how many rows it handled) until a batch comes
+        back short; the rows handled in all."""
+        total = 0
+        for _ in range(MAX_BATCHES):
+            done = await step(self.config.batch_size)
+            total += done
+            if done < self.config.batch_size:
+                break
+        return total
 
     # -- scheduling ---------------------------------------------------------------------------
 

@@ -255,10 +255,11 @@ class SqlDriver(SqlAdmin, SqlStaging):
         if not rows:
             return []
 
-        async def work(conn: AsyncConnection) -> list[int]:
-            return await plan_run_async(conn, self.plan_class(conn.dialect).enqueue_plan(rows))
+        return await self.in_transaction(lambda conn: self.insert_on(conn, rows))
 
-        return await self.in_transaction(work)
+    async def insert_on(self, conn: AsyncConnection, rows: Sequence[NewTask]) -> list[int]:
+        """Insert `rows` inside `conn`'s transaction; their ids (a dedup hit: the live id)."""
+        return await plan_run_async(conn, self.plan_class(conn.dialect).enqueue_plan(rows))
 
     def task_insert_many_sync(self, rows: Sequence[NewTask]) -> list[int]:
         if not rows:

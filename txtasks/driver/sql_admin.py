@@ -24,7 +24,6 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from txtasks.driver.base import requeue_choice
-from txtasks.driver.plan import Plan, plan_run_async
 from txtasks.schema.tables import TASK_COLUMNS, Timestamp, archive, periodic, tasks
 from txtasks.types import (
     FINISHED_STATES,
@@ -35,9 +34,6 @@ from txtasks.types import (
     TaskRow,
     TaskState,
 )
-
-if TYPE_CHECKING:
-    from txtasks.driver.sql import SqlDriver
 
 T = TypeVar("T")
 READY = [s.value for s in READY_STATES]
@@ -54,8 +50,7 @@ class SqlAdmin:
 
         async def in_transaction(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T: ...
 
-        @classmethod
-        def plan_class(cls, dialect: Any) -> type[SqlDriver]: ...
+        async def insert_on(self, conn: AsyncConnection, rows: Sequence[NewTask]) -> list[int]: ...
 
         @staticmethod
         def stmt_archive_copy() -> Executable: ...
@@ -286,10 +281,7 @@ class SqlAdmin:
                 )
                 if moved.rowcount != 1:
                     return None  # another cleaner fired it first
-            if not fires:
-                return []
-            plan: Plan = self.plan_class(conn.dialect).enqueue_plan(fires)
-            return await plan_run_async(conn, plan)
+            return await self.insert_on(conn, fires) if fires else []
 
         try:
             return await self.in_transaction(work)
