@@ -29,7 +29,12 @@ TRACE_HEADERS = ("traceparent", "tracestate")
 
 
 def enabled() -> bool:
-    return trace is not None
+    """True when the application configured a tracer provider (the API alone does nothing)."""
+    if trace is None:
+        return False
+    return not isinstance(
+        trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
+    )
 
 
 def headers_with_trace(headers: dict[str, str] | None) -> dict[str, str] | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, ClassVar
@@ -11,29 +12,63 @@ from sqlalchemy import Connection
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import Insert
 
-from txtasks.driver.base import Capabilities
-from txtasks.driver.sql import SqlDriver, claim_order
+from txtasks.driver.base import Capabilities, WriteResult
+from txtasks.driver.sql import TRANSIENT_RETRIES, SqlDriver, claim_order
 from txtasks.driver.sql_staging import STAGED_COLUMNS
 from txtasks.schema.tables import READY, TASK_COLUMNS, tasks
-from txtasks.types import TaskRow
+from txtasks.types import Outcome, TaskKey, TaskRow
 
 #: SQLSTATEs worth a fresh transaction: serialization failure, deadlock.
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})
 
 
 #: The claim as one autocommit statement, sent straight to asyncpg: one round trip, no
-#: BEGIN/COMMIT, no SQLAlchemy row processing on the latency-critical path.
+#: BEGIN/COMMIT, no SQLAlchemy row processing on the latency-critical path. Each queue is read
+#: on its own along the claim index (an index scan cannot merge several queues in order), at
+#: most `limit` rows each; the first `limit` of those in claim order are taken.
 CLAIM_SQL = f"""
 UPDATE txtasks_tasks SET state = 'processing', attempt = attempt + 1,
        lease_expires_at = $1, worker_id = $2, started_at = $3
- WHERE id IN (SELECT id FROM txtasks_tasks
-               WHERE queue = ANY($4::varchar[]) AND {READY} AND run_at <= $3
-               ORDER BY priority DESC, run_at, id
-               LIMIT $5
-               FOR UPDATE SKIP LOCKED)
+ WHERE id IN (SELECT r.id FROM unnest($4::varchar[]) AS q(name),
+              LATERAL (SELECT id, priority, run_at FROM txtasks_tasks
+                        WHERE queue = q.name AND {READY} AND run_at <= $3
+                        ORDER BY priority DESC, run_at, id
+                        LIMIT $5
+                        FOR UPDATE SKIP LOCKED) AS r
+              ORDER BY r.priority DESC, r.run_at, r.id
+              LIMIT $5)
 RETURNING {", ".join(TASK_COLUMNS)}
 """
 
+
+_ARCHIVED = [c for c in TASK_COLUMNS if c not in ("state", "lease_expires_at", "last_error")]
+
+#: Finishing outcomes (completed, failed, discarded, dead) in one autocommit statement: lock the
+#: still-current attempts in id order (the fence: id, attempt, processing, held by worker $5
+#: unless NULL, lease expired before $6 unless NULL), delete them from the hot table and copy
+#: them into the archive with their final state (completed ones only when $8).
+FINISH_SQL = f"""
+WITH o AS (
+  SELECT * FROM unnest($1::bigint[], $2::int[], $3::varchar[], $4::text[])
+           AS o(id, attempt, final_state, error)
+), locked AS (
+  SELECT t.id, o.final_state, o.error FROM txtasks_tasks t JOIN o ON t.id = o.id
+   WHERE t.id = ANY($1) AND t.attempt = o.attempt AND t.state = 'processing'
+     AND ($5::varchar IS NULL OR t.worker_id = $5)
+     AND ($6::timestamp IS NULL OR t.lease_expires_at < $6)
+   ORDER BY t.id
+   FOR UPDATE OF t
+), done AS (
+  DELETE FROM txtasks_tasks t USING locked l WHERE t.id = l.id
+  RETURNING t.*, l.final_state, l.error
+), kept AS (
+  INSERT INTO txtasks_archive ({", ".join(_ARCHIVED)},
+                               state, lease_expires_at, last_error, finished_at)
+  SELECT {", ".join(_ARCHIVED)}, final_state, NULL, coalesce(error, last_error), $7
+    FROM done WHERE $8 OR final_state <> 'completed'
+)
+SELECT id, attempt FROM done
+"""
 
 #: Staged rows go in with COPY: no per-row statement.
 COPY_STAGED = "COPY txtasks_tasks ({}) FROM STDIN".format(", ".join(STAGED_COLUMNS))
@@ -42,38 +77,44 @@ COPY_STAGED = "COPY txtasks_tasks ({}) FROM STDIN".format(", ".join(STAGED_COLUM
 class PostgresDriver(SqlDriver):
     """PostgreSQL 12+ through asyncpg (async) and psycopg (sync).
 
-    Claims go straight to asyncpg through a small pool of their own whose sessions run with
-    `synchronous_commit = off`: one round trip, and no wait for the WAL flush. A claim lost in a
-    database crash only leaves its task pending, to be claimed again; enqueues and outcomes
-    keep the server's durability setting.
+    The worker's hot path (claims, finishing outcomes) goes straight to asyncpg through small
+    pools of its own: one autocommit statement each, no SQLAlchemy compilation or row
+    processing. Claim sessions run with `synchronous_commit = off` (no wait for the WAL flush):
+    a claim lost in a database crash only leaves its task pending, to be claimed again.
+    Outcomes and enqueues keep the server's durability setting.
     """
 
     capabilities: ClassVar[Capabilities] = Capabilities("postgresql")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._claims: tuple[asyncio.AbstractEventLoop, Any] | None = None
+        self._pools: dict[str, tuple[asyncio.AbstractEventLoop, Any]] = {}
 
-    async def claim_pool(self) -> Any:
-        """asyncpg connections for claims (one pool per event loop), outside SQLAlchemy."""
+    async def raw_pool(self, purpose: str = "claims") -> Any:
+        """asyncpg connections outside SQLAlchemy (one pool per purpose and event loop):
+        "claims" without waiting for the WAL flush, "writes" with the server's setting."""
         import asyncpg  # the postgres extra
 
         loop = asyncio.get_running_loop()
-        if self._claims is None or self._claims[0] is not loop:
+        held = self._pools.get(purpose)
+        if held is None or held[0] is not loop:
             dsn = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
-            pool = await asyncpg.create_pool(
-                dsn,
-                min_size=1,
-                max_size=2,
-                server_settings={"synchronous_commit": "off"},
+            # a plan per batch: a generic plan of the outcome statement walks the lease index
+            # (every claimed-then-deleted row leaves a dead entry there) instead of the ids
+            settings = (
+                {"synchronous_commit": "off"}
+                if purpose == "claims"
+                else {"plan_cache_mode": "force_custom_plan"}
             )
-            self._claims = (loop, pool)
-        return self._claims[1]
+            pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2, server_settings=settings)
+            self._pools[purpose] = held = (loop, pool)
+        return held[1]
 
     async def close(self) -> None:
-        claims, self._claims = self._claims, None
-        if claims is not None and claims[0] is asyncio.get_running_loop():
-            await claims[1].close()
+        pools, self._pools = self._pools, {}
+        for loop, pool in pools.values():
+            if loop is asyncio.get_running_loop():
+                await pool.close()
         await super().close()
 
     async def task_claim_many(
@@ -85,17 +126,70 @@ class PostgresDriver(SqlDriver):
         lease_until: datetime,
         worker_id: str,
     ) -> list[TaskRow]:
-        pool = await self.claim_pool()
+        pool = await self.raw_pool()
         records = await pool.fetch(CLAIM_SQL, lease_until, worker_id, now, list(queues), limit)
-        rows = [TaskRow.from_row(r) for r in records]
+        rows = [TaskRow.from_live(r) for r in records]
         rows.sort(key=claim_order)
         return rows
+
+    async def outcome_write_many(
+        self,
+        outcomes: Sequence[Outcome],
+        *,
+        now: datetime,
+        archive_completed: bool = True,
+        worker_id: str | None = None,
+        expired_before: datetime | None = None,
+    ) -> WriteResult:
+        """Finishing outcomes in one statement; retries and releases the generic way."""
+        finishing = sorted((o for o in outcomes if o.kind.finishes), key=lambda o: o.key.id)
+        others = [o for o in outcomes if not o.kind.finishes]
+        stale: list[TaskKey] = []
+        if finishing:
+            params = (
+                [o.key.id for o in finishing],
+                [o.key.attempt for o in finishing],
+                [o.kind.value for o in finishing],
+                [o.error for o in finishing],
+                worker_id,
+                expired_before,
+                now,
+                archive_completed,
+            )
+            records = await self._raw_retrying("writes", FINISH_SQL, params)
+            done = {TaskKey(r[0], r[1]) for r in records}
+            stale.extend(o.key for o in finishing if o.key not in done)
+        if others:
+            result = await super().outcome_write_many(
+                others,
+                now=now,
+                archive_completed=archive_completed,
+                worker_id=worker_id,
+                expired_before=expired_before,
+            )
+            stale.extend(result.stale)
+        return WriteResult(len(outcomes) - len(stale), tuple(stale))
+
+    async def _raw_retrying(self, purpose: str, sql: str, params: Sequence[Any]) -> list[Any]:
+        """One autocommit statement on a raw pool, again after a deadlock or serialization
+        failure."""
+        pool = await self.raw_pool(purpose)
+        for attempt in range(TRANSIENT_RETRIES):
+            try:
+                return list(await pool.fetch(sql, *params))
+            except Exception as exc:
+                if attempt + 1 == TRANSIENT_RETRIES or not self.error_is_transient(exc):
+                    raise
+                await asyncio.sleep(random.uniform(0, 0.01 * 2**attempt))
+        raise AssertionError("unreachable")
 
     @classmethod
     def stmt_insert_dedup(cls) -> Insert:
         return (
             pg_insert(tasks)
-            .on_conflict_do_nothing(index_elements=[tasks.c.dedup_key])
+            .on_conflict_do_nothing(
+                index_elements=[tasks.c.dedup_key], index_where=tasks.c.dedup_key.is_not(None)
+            )
             .returning(tasks.c.id, tasks.c.dedup_key)
         )
 

@@ -41,9 +41,8 @@ from txtasks.driver.sql_staging import SqlStaging
 from txtasks.driver.urls import url_async, url_parse, url_sync
 from txtasks.errors import SchemaError
 from txtasks.schema import migrate as schema_migrate
-from txtasks.schema.tables import TASK_COLUMNS, Timestamp, archive, tasks
+from txtasks.schema.tables import IS_READY, TASK_COLUMNS, Timestamp, archive, tasks
 from txtasks.types import (
-    READY_STATES,
     NewTask,
     Outcome,
     OutcomeKind,
@@ -52,7 +51,6 @@ from txtasks.types import (
     TaskState,
 )
 
-READY = [s.value for s in READY_STATES]
 PROCESSING = TaskState.PROCESSING.value
 DEDUP_RETRIES = 3
 TRANSIENT_RETRIES = 5
@@ -277,7 +275,7 @@ class SqlDriver(SqlAdmin, SqlStaging):
             select(tasks.c.id)
             .where(
                 tasks.c.queue.in_(bindparam("queues", expanding=True)),
-                tasks.c.state.in_(READY),
+                IS_READY,
                 tasks.c.run_at <= bindparam("now", type_=Timestamp),
             )
             .order_by(tasks.c.priority.desc(), tasks.c.run_at, tasks.c.id)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy import (
     Executable,
     String,
+    and_,
     delete,
     func,
     insert,
@@ -24,10 +25,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from txtasks.driver.base import requeue_choice
-from txtasks.schema.tables import TASK_COLUMNS, Timestamp, archive, periodic, tasks
+from txtasks.schema.tables import IS_READY, TASK_COLUMNS, Timestamp, archive, periodic, tasks
 from txtasks.types import (
     FINISHED_STATES,
-    READY_STATES,
     NewTask,
     PeriodicRow,
     QueueStats,
@@ -36,7 +36,6 @@ from txtasks.types import (
 )
 
 T = TypeVar("T")
-READY = [s.value for s in READY_STATES]
 PROCESSING = TaskState.PROCESSING.value
 
 
@@ -63,7 +62,7 @@ class SqlAdmin:
     async def live_count(
         self, queues: Sequence[str] | None, *, now: datetime, due_before: datetime
     ) -> int:
-        ready = tasks.c.state.in_(READY) & (tasks.c.run_at <= due_before)
+        ready = and_(IS_READY, tasks.c.run_at <= due_before)
         running = (tasks.c.state == PROCESSING) & (tasks.c.lease_expires_at > now)
         stmt = select(func.count()).select_from(tasks).where(ready | running)
         if queues is not None:
@@ -91,7 +90,7 @@ class SqlAdmin:
                     stats.setdefault(queue, QueueStats(queue)).counts[state] = int(count)
             oldest = (
                 select(tasks.c.queue, func.min(tasks.c.run_at))
-                .where(tasks.c.state.in_(READY), tasks.c.run_at <= now)
+                .where(IS_READY, tasks.c.run_at <= now)
                 .group_by(tasks.c.queue)
             )
             ages = {q: (now - t).total_seconds() for q, t in (await conn.execute(oldest)).all()}
@@ -170,7 +169,7 @@ class SqlAdmin:
     async def ready_list(self, queue: str, *, due_before: datetime, limit: int) -> list[int]:
         stmt = (
             select(tasks.c.id)
-            .where(tasks.c.queue == queue, tasks.c.state.in_(READY), tasks.c.run_at <= due_before)
+            .where(tasks.c.queue == queue, IS_READY, tasks.c.run_at <= due_before)
             .order_by(tasks.c.priority.desc(), tasks.c.run_at, tasks.c.id)
             .limit(limit)
         )

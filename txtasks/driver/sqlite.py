@@ -75,7 +75,9 @@ class SQLiteDriver(SqlDriver):
     def stmt_insert_dedup(cls) -> Insert:
         return (
             sqlite_insert(tasks)
-            .on_conflict_do_nothing(index_elements=[tasks.c.dedup_key])
+            .on_conflict_do_nothing(
+                index_elements=[tasks.c.dedup_key], index_where=tasks.c.dedup_key.is_not(None)
+            )
             .returning(tasks.c.id, tasks.c.dedup_key)
         )
 

@@ -38,6 +38,9 @@ Blob = LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
 LongText = Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb")
 
 READY = "state IN ({})".format(", ".join(f"'{s.value}'" for s in READY_STATES))
+#: The ready condition on the hot table with its values written out: a database can only use
+#: a partial index (`ix_txtasks_tasks_claim`) for a condition it can compare at planning time.
+IS_READY = text(READY)
 
 
 class ExactString(TypeDecorator[str]):
@@ -105,17 +108,32 @@ tasks = Table(
     # ids are never reused: an archived task keeps its id (SQLite would reuse the highest).
     sqlite_autoincrement=True,
 )
+#: Ready rows in claim order (see `claim_order`): a claim reads only the rows it takes.
 Index(
     "ix_txtasks_tasks_claim",
     tasks.c.queue,
-    tasks.c.state,
-    tasks.c.priority,
+    tasks.c.priority.desc(),
     tasks.c.run_at,
+    tasks.c.id,
     postgresql_where=text(READY),
     sqlite_where=text(READY),
 )
-Index("ix_txtasks_tasks_lease", tasks.c.state, tasks.c.lease_expires_at)
-Index("uq_txtasks_tasks_dedup", tasks.c.dedup_key, unique=True)
+#: Processing rows by lease (the rescuer), and dedup keys; where the database has partial
+#: indexes, only the rows concerned are in them.
+Index(
+    "ix_txtasks_tasks_lease",
+    tasks.c.state,
+    tasks.c.lease_expires_at,
+    postgresql_where=text("state = 'processing'"),
+    sqlite_where=text("state = 'processing'"),
+)
+Index(
+    "uq_txtasks_tasks_dedup",
+    tasks.c.dedup_key,
+    unique=True,
+    postgresql_where=text("dedup_key IS NOT NULL"),
+    sqlite_where=text("dedup_key IS NOT NULL"),
+)
 Index(
     "ix_txtasks_tasks_stage",
     tasks.c.stage_id,

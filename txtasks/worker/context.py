@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from txtasks.types import TaskRow
 
 
+TASK_LOGGER = logging.getLogger("txtasks.task")
+
+
 @dataclass
 class Decision:
     """A manual ack / nack / reject recorded by the handler."""
@@ -25,7 +28,7 @@ class Decision:
     delay: float | timedelta | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class TaskContext:
     """Passed as the second argument to handlers that take `(payload, ctx)`."""
 
@@ -33,7 +36,7 @@ class TaskContext:
     task: Task
     row: TaskRow
     worker_id: str
-    logger: logging.Logger = field(default_factory=lambda: logging.getLogger("txtasks.task"))
+    logger: logging.Logger = TASK_LOGGER
     decision: Decision | None = None
     new_checkpoint: str | None = None
 

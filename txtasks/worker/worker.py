@@ -14,6 +14,7 @@ import logging
 import os
 import random
 import socket
+import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -41,6 +42,12 @@ from txtasks.worker.context import TaskContext
 from txtasks.worker.outcomes import OutcomeBuffer, event_wait
 
 log = logging.getLogger("txtasks.worker")
+
+if sys.version_info >= (3, 12):
+    #: Run a task's first step at once: a handler that never waits costs no loop round trip.
+    spawn: Any = functools.partial(asyncio.Task, eager_start=True)
+else:
+    spawn = asyncio.create_task
 
 CLAIM_ERROR_BACKOFF_MAX = 5.0
 
@@ -154,6 +161,7 @@ class Worker:
         #: Set while the worker waits for a wake-up or its next poll (its last claim was empty).
         self.idle = asyncio.Event()
         self._force = False
+        self._traced = False
         self._threads: ThreadPoolExecutor | None = None
         #: Sync handlers still running in their thread after their timeout (by task id).
         self._overrun: dict[TaskKey, asyncio.Future[Any]] = {}
@@ -240,6 +248,7 @@ class Worker:
                         Outcome(row.key, OutcomeKind.RELEASE, error="worker stopped")
                     )
                 return
+            self._traced = tracing.enabled()  # read once a batch: it is not free
             for row in rows:
                 self._start(row)
             if rows:
@@ -300,37 +309,41 @@ class Worker:
     def _start(self, row: TaskRow) -> None:
         if self.metrics is not None:
             self.metrics.task_claimed(row.queue, row.task_name)
-        task = asyncio.create_task(self._execute(row), name=f"txtasks-task-{row.id}")
-        self._inflight[row.key] = task
-        task.add_done_callback(functools.partial(self._finished, row.key))
+        key = row.key
+        task = spawn(self._execute(row, key), name=f"txtasks-task-{row.id}")
+        if not task.done():  # an eager start (Python 3.12+) may have run it to the end
+            self._inflight[key] = task
 
-    def _finished(self, key: TaskKey, _task: asyncio.Task[None]) -> None:
-        self._inflight.pop(key, None)
-        self._slot_free.set()
-
-    async def _execute(self, row: TaskRow) -> None:
-        started = time.perf_counter()
+    async def _execute(self, row: TaskRow, key: TaskKey) -> None:
+        started = time.perf_counter() if self.metrics is not None else 0.0
         try:
             outcome = await self._attempt(row)
         except asyncio.CancelledError:
             # Shutdown grace ran out: hand the task back, this attempt not counted.
-            self._outcomes.add(Outcome(row.key, OutcomeKind.RELEASE, error="worker shut down"))
+            self._outcomes.add(Outcome(key, OutcomeKind.RELEASE, error="worker shut down"))
             if self.metrics is not None:
                 self.metrics.task_finished(row.queue, row.task_name, "pending", None)
+            self._finished(key)
             raise
         except Exception as exc:  # deciding the outcome failed: never leave the row behind
-            outcome = Outcome(row.key, OutcomeKind.DEAD, error=f"outcome failed: {error_text(exc)}")
+            outcome = Outcome(key, OutcomeKind.DEAD, error=f"outcome failed: {error_text(exc)}")
         if self.metrics is not None:
             seconds = time.perf_counter() - started
             self.metrics.task_finished(row.queue, row.task_name, outcome.kind.value, seconds)
-        overrun = self._overrun.pop(row.key, None)
-        if overrun is not None:  # still running in its thread: no retry may overlap with it
-            await asyncio.wait({overrun})
-        self._outcomes.add(sanitized(outcome))
+        if self._overrun:
+            overrun = self._overrun.pop(key, None)
+            if overrun is not None:  # still running in its thread: no retry may overlap with it
+                await asyncio.wait({overrun})
+        self._outcomes.add(outcome if outcome.error is None else sanitized(outcome))
+        self._finished(key)
+
+    def _finished(self, key: TaskKey) -> None:
+        """The slot is free; the outcome is in the buffer (its lease still extended there)."""
+        self._inflight.pop(key, None)
+        self._slot_free.set()
 
     async def _attempt(self, row: TaskRow) -> Outcome:
         """Run one attempt and decide its outcome. Never raises for a bad row."""
-        now = self.app.clock()
         try:
             task = self.app.get_task(row.task_name)
         except LookupError as exc:
@@ -338,7 +351,7 @@ class Worker:
         if row.attempt > row.max_attempts:
             error = f"attempt {row.attempt} exceeds max_attempts {row.max_attempts}"
             return Outcome(row.key, OutcomeKind.DEAD, error=error)
-        if row.expires_at is not None and now > row.expires_at:
+        if row.expires_at is not None and self.app.clock() > row.expires_at:
             return Outcome(row.key, OutcomeKind.DEAD, error=f"deadline {row.expires_at} passed")
         try:
             payload = payload_decode(row.payload, row.content_type)
@@ -368,7 +381,7 @@ class Worker:
 
     async def _traced_call(self, task: Task, payload: Any, ctx: TaskContext) -> None:
         """`_call` inside an OpenTelemetry span continuing the enqueuer's trace (if enabled)."""
-        if not tracing.enabled():
+        if not self._traced:
             await self._call(task, payload, ctx)
             return
         try:
@@ -386,7 +399,10 @@ class Worker:
         args = (payload, ctx) if task.wants_context else (payload,)
         timeout = task.options.timeout
         if task.is_async:
-            await asyncio.wait_for(task.handler(*args), timeout)
+            if timeout is None:
+                await task.handler(*args)
+            else:
+                await asyncio.wait_for(task.handler(*args), timeout)
             return
         loop = asyncio.get_running_loop()
         started = asyncio.Event()

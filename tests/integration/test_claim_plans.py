@@ -1,0 +1,106 @@
+"""A claim reads only the rows it takes: the databases' own plans, with thousands of ready rows.
+
+A claim that sorts every ready row of its queue costs time in proportion to the backlog; with
+the claim index in claim order it costs the same with 10 or 100,000 rows waiting.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, event, make_url, text
+
+from tests.conftest import BACKENDS, reset_schema, server_url
+from txtasks.clock import utcnow
+from txtasks.driver import driver_for_url
+from txtasks.driver.postgresql import CLAIM_SQL
+from txtasks.driver.sql import SqlDriver
+from txtasks.driver.urls import url_sync
+from txtasks.types import NewTask
+
+BACKLOG = 3000
+LIMIT = 10
+
+
+@pytest.fixture(params=BACKENDS)
+async def backlog(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
+    """A database holding BACKLOG ready tasks in two queues, at two priorities, with stats."""
+    url = server_url(request, request.param, tmp_path)
+    reset_schema(url)
+    driver = driver_for_url(url)
+    now = utcnow()
+    rows = [
+        NewTask(
+            queue="q" if i % 3 else "other",
+            task_name="t",
+            payload=b"null",
+            content_type="application/json",
+            max_attempts=3,
+            created_at=now,
+            priority=i % 2,
+            run_at=now - timedelta(seconds=i),
+        )
+        for i in range(BACKLOG)
+    ]
+    await driver.task_insert_many(rows)
+    await driver.close()
+    engine = create_engine(url_sync(url))
+    with engine.begin() as conn:
+        conn.execute(text("ANALYZE" if request.param != "mysql" else "ANALYZE TABLE txtasks_tasks"))
+    yield request.param, url, engine
+    engine.dispose()
+
+
+def nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every node of a PostgreSQL JSON plan."""
+    found = [plan]
+    for child in plan.get("Plans", []):
+        found.extend(nodes(child))
+    return found
+
+
+async def test_a_claim_reads_only_the_rows_it_takes(backlog: Any) -> None:
+    backend, url, engine = backlog
+    now = utcnow()
+    if backend == "postgresql":
+        import asyncpg
+
+        dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        conn = await asyncpg.connect(dsn)
+        try:
+            claim = conn.transaction()  # EXPLAIN ANALYZE runs the claim: roll it back
+            await claim.start()
+            args = (now, "w", now, ["q"], LIMIT)
+            plan = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + CLAIM_SQL, *args)
+            await claim.rollback()
+        finally:
+            await conn.close()
+        tree = nodes((plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"])
+        scans = [n for n in tree if n.get("Relation Name") == "txtasks_tasks"]
+        claim = [n for n in scans if n.get("Index Name") == "ix_txtasks_tasks_claim"]
+        read = [(n["Node Type"], n.get("Index Name"), n["Actual Rows"]) for n in scans]
+        assert claim, f"the claim does not read the claim index: {read}"
+        assert all(n["Actual Rows"] <= LIMIT for n in claim), read
+        assert not [n for n in scans if n["Node Type"] == "Seq Scan"], read
+        return
+    driver = driver_for_url(url)
+    assert isinstance(driver, SqlDriver)
+    prefix = "EXPLAIN QUERY PLAN " if backend == "sqlite" else "EXPLAIN "
+
+    def explain(*args: Any) -> tuple[str, Any]:  # before_cursor_execute, retval=True
+        return prefix + args[2], args[3]
+
+    event.listen(engine, "before_cursor_execute", explain, retval=True)
+    with engine.connect() as conn:
+        params = {"queues": ["q"], "now": now, "limit": LIMIT}
+        explained = conn.execute(driver.stmt_ready(), params).mappings().all()
+    if backend == "sqlite":
+        steps = [row["detail"] for row in explained]
+        assert any("ix_txtasks_tasks_claim" in s for s in steps), steps
+        assert not any("TEMP B-TREE" in s for s in steps), steps  # no sort
+    else:
+        assert [r["key"] for r in explained] == ["ix_txtasks_tasks_claim"], explained
+        assert "filesort" not in (explained[0]["Extra"] or ""), explained

@@ -1,0 +1,39 @@
+"""Rows from the database become the same TaskRow by name and by position."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from txtasks.schema.tables import TASK_COLUMNS
+from txtasks.types import TaskRow, TaskState
+
+
+def test_a_row_by_position_equals_the_row_by_name() -> None:
+    t0 = datetime(2026, 1, 2, 3, 4, 5, 6)
+    values = {
+        "id": 7,
+        "queue": "q",
+        "task_name": "send",
+        "payload": memoryview(b'{"a":1}'),
+        "content_type": "application/json",
+        "state": "processing",
+        "priority": 3,
+        "run_at": t0,
+        "attempt": 2,
+        "max_attempts": 5,
+        "created_at": t0 - timedelta(seconds=1),
+        "dedup_key": "k",
+        "headers": '{"h":"v"}',
+        "checkpoint": "[1]",
+        "last_error": "boom",
+        "worker_id": "w",
+        "lease_expires_at": t0 + timedelta(seconds=2),
+        "started_at": t0 + timedelta(seconds=3),
+        "expires_at": t0 + timedelta(seconds=4),
+        "stage_id": "s",
+    }
+    assert set(values) == set(TASK_COLUMNS)
+    by_position = TaskRow.from_live(tuple(values[c] for c in TASK_COLUMNS))
+    assert by_position == TaskRow.from_row(values)
+    assert by_position.state is TaskState.PROCESSING
+    assert by_position.payload == b'{"a":1}' and type(by_position.payload) is bytes
