@@ -9,6 +9,9 @@ from txtasks.errors import PayloadError
 from txtasks.types import BYTES_CONTENT_TYPE, JSON_CONTENT_TYPE
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+#: One encoder for every payload (json.dumps with options builds a new one per call).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_DECODER = json.JSONDecoder()
 
 
 def payload_encode(payload: Any, *, limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> tuple[bytes, str]:
@@ -17,7 +20,7 @@ def payload_encode(payload: Any, *, limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> t
         data, content_type = bytes(payload), BYTES_CONTENT_TYPE
     else:
         try:
-            text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+            text = _ENCODER.encode(payload)
         except (TypeError, ValueError) as exc:
             raise PayloadError(f"payload is not JSON-serialisable: {exc}") from exc
         data, content_type = text.encode("utf-8"), JSON_CONTENT_TYPE
@@ -35,7 +38,7 @@ def payload_decode(data: bytes, content_type: str) -> Any:
     if content_type != JSON_CONTENT_TYPE:
         raise PayloadError(f"unknown payload content type {content_type!r}")
     try:
-        return json.loads(data.decode("utf-8"))
+        return _DECODER.decode(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise PayloadError(f"payload is not valid JSON: {exc}") from exc
 

@@ -29,17 +29,28 @@ TRACE_HEADERS = ("traceparent", "tracestate")
 
 
 def enabled() -> bool:
-    """True when the application configured a tracer provider (the API alone does nothing)."""
+    """True when the application configured a tracer provider (the API alone does nothing).
+
+    Asked per task: the API keeps the global provider in `_TRACER_PROVIDER` (None until set);
+    reading it costs nothing, unlike `get_tracer_provider()`.
+    """
     if trace is None:
         return False
-    return not isinstance(
-        trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
+    provider = getattr(trace, "_TRACER_PROVIDER", _UNKNOWN)
+    if provider is _UNKNOWN:  # an API without that attribute: ask it properly
+        provider = trace.get_tracer_provider()
+    return provider is not None and type(provider) not in (
+        trace.ProxyTracerProvider,
+        trace.NoOpTracerProvider,
     )
+
+
+_UNKNOWN = object()
 
 
 def headers_with_trace(headers: dict[str, str] | None) -> dict[str, str] | None:
     """`headers` plus the current trace context, when there is one to carry."""
-    if propagate is None:
+    if propagate is None or not enabled():
         return headers
     carrier: dict[str, str] = {}
     propagate.inject(carrier)

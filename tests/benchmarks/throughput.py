@@ -515,6 +515,27 @@ async def enqueue_single_raw(url: str, m: int) -> float:
         await connection.close()
 
 
+async def enqueue_single_raw_sqlalchemy(url: str, m: int) -> float:
+    """The same INSERT written by hand, in the same kind of AsyncConnection transaction."""
+    from txtasks.clock import utcnow
+
+    engine = create_async_engine(url_async(url))
+    insert = text(
+        RAW_INSERT.replace("$1", ":queue").replace("$2", ":name").replace("$3", ":payload")
+        .replace("$4", ":now")
+    )  # fmt: skip
+    try:
+        started = time.perf_counter()
+        for i in range(m):
+            async with engine.begin() as conn:
+                payload = json.dumps({"n": i}).encode()
+                params = {"queue": apps.QUEUE, "name": apps.TASK, "payload": payload}
+                (await conn.execute(insert, {**params, "now": utcnow()})).scalar_one()
+        return m / (time.perf_counter() - started)
+    finally:
+        await engine.dispose()
+
+
 async def enqueue_bulk_raw(url: str, n: int) -> float:
     """asyncpg `executemany` of CHUNK rows per transaction, n rows in all."""
     import asyncpg
@@ -561,6 +582,15 @@ def enqueue_cases(args: argparse.Namespace, urls: dict[str, str]) -> list[Enqueu
             )
         )
         if backend == "postgresql":
+            cases.append(
+                Enqueue(
+                    "postgresql/enqueue/single-raw-sa",
+                    backend,
+                    "raw: the INSERT ... RETURNING id by hand, same AsyncConnection transaction",
+                    args.single,
+                    enqueue_single_raw_sqlalchemy,
+                )
+            )
             cases.append(
                 Enqueue(
                     "postgresql/enqueue/single-raw",
@@ -670,7 +700,13 @@ def report(
             1.0,
         ),
         (
-            "enqueue, one per transaction / raw",
+            "enqueue, one per transaction / the same INSERT by hand in the same transaction",
+            "postgresql/enqueue/single",
+            "postgresql/enqueue/single-raw-sa",
+            0.9,
+        ),
+        (
+            "enqueue, one per transaction / raw asyncpg",
             "postgresql/enqueue/single",
             "postgresql/enqueue/single-raw",
             0.9,

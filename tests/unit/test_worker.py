@@ -253,6 +253,30 @@ async def test_tasks_past_the_grace_are_handed_back_uncounted(now: bool) -> None
     assert stats.outcomes == {"pending": 1}
 
 
+async def test_tasks_stopped_before_their_first_step_are_handed_back() -> None:
+    """stop(now=True) while a claimed batch is being started: tasks cancelled before they
+    ever ran still get their outcome (pending, the attempt not counted) and free their slot."""
+    app = new_app()
+
+    @app.task(name="slow")
+    async def slow(payload: int) -> None:
+        await asyncio.Event().wait()
+
+    ids = [await slow.aenqueue(i) for i in range(5)]
+
+    class StopsMidBatch(Worker):
+        def _start(self, row: Any) -> None:
+            super()._start(row)
+            if row.id == ids[-1]:  # the batch is started: stop before the loop turns
+                self.stop(now=True)
+
+    worker = StopsMidBatch(app, WorkerConfig(concurrency=5, **FAST))
+    stats = await asyncio.wait_for(worker.run(), 5)
+    assert [states(app)[i] for i in ids] == [("pending", 0)] * 5
+    assert stats.outcomes == {"pending": 5}
+    assert not worker._inflight
+
+
 async def test_heartbeat_extends_leases_of_running_tasks() -> None:
     app = new_app()
     driver: MemoryDriver = app.driver  # type: ignore[assignment]

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Result, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities, WriteResult
+from txtasks.driver.plan import Step
 from txtasks.driver.sql import TRANSIENT_RETRIES, SqlDriver, claim_order
 from txtasks.driver.sql_staging import STAGED_COLUMNS
 from txtasks.schema.tables import READY, TASK_COLUMNS, tasks
-from txtasks.types import Outcome, TaskKey, TaskRow
+from txtasks.types import NewTask, Outcome, TaskKey, TaskRow
 
 #: SQLSTATEs worth a fresh transaction: serialization failure, deadlock.
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})
@@ -69,6 +70,40 @@ WITH o AS (
 )
 SELECT id, attempt FROM done
 """
+
+#: Inserted columns with the array type each travels in (`INSERT_ARRAYS`).
+_ARRAY_TYPES = {
+    "queue": "varchar[]",
+    "task_name": "varchar[]",
+    "payload": "bytea[]",
+    "content_type": "varchar[]",
+    "state": "varchar[]",
+    "priority": "int[]",
+    "run_at": "timestamp[]",
+    "max_attempts": "int[]",
+    "created_at": "timestamp[]",
+    "dedup_key": "varchar[]",
+    "headers": "text[]",
+    "expires_at": "timestamp[]",
+    "stage_id": "varchar[]",
+}
+_ARRAY_COLUMNS = ", ".join(_ARRAY_TYPES)
+#: Many new tasks in one statement of one array per column: the ids are drawn in the CTE, so
+#: each is paired with its row's position for certain.
+INSERT_ARRAYS = text(
+    f"""
+WITH r AS (
+  SELECT nextval('txtasks_tasks_id_seq') AS id, n.*
+    FROM unnest({", ".join(f"CAST(:{c} AS {t})" for c, t in _ARRAY_TYPES.items())})
+         WITH ORDINALITY AS n({_ARRAY_COLUMNS}, ord)
+), inserted AS (
+  INSERT INTO txtasks_tasks (id, attempt, {_ARRAY_COLUMNS})
+  SELECT id, 0, {_ARRAY_COLUMNS} FROM r
+)
+SELECT id FROM r ORDER BY ord
+"""
+)
+
 
 #: Staged rows go in with COPY: no per-row statement.
 COPY_STAGED = "COPY txtasks_tasks ({}) FROM STDIN".format(", ".join(STAGED_COLUMNS))
@@ -182,6 +217,35 @@ class PostgresDriver(SqlDriver):
                     raise
                 await asyncio.sleep(random.uniform(0, 0.01 * 2**attempt))
         raise AssertionError("unreachable")
+
+    @classmethod
+    def _insert_plain(
+        cls, rows: Sequence[NewTask], todo: list[int], ids: list[int | None]
+    ) -> Generator[Step, Result[Any], None]:
+        """Several rows: one statement of arrays (no per-row SQL, parameters or RETURNING
+        sentinels); one row: the plain INSERT."""
+        if len(todo) == 1:
+            yield from super()._insert_plain(rows, todo, ids)
+            return
+        columns: dict[str, list[Any]] = {c: [] for c in _ARRAY_TYPES}
+        for i in todo:
+            row = rows[i]
+            columns["queue"].append(row.queue)
+            columns["task_name"].append(row.task_name)
+            columns["payload"].append(row.payload)
+            columns["content_type"].append(row.content_type)
+            columns["state"].append(row.state.value)
+            columns["priority"].append(row.priority)
+            columns["run_at"].append(row.run_at)
+            columns["max_attempts"].append(row.max_attempts)
+            columns["created_at"].append(row.created_at)
+            columns["dedup_key"].append(row.dedup_key)
+            columns["headers"].append(row.headers)
+            columns["expires_at"].append(row.expires_at)
+            columns["stage_id"].append(row.stage_id)
+        result = yield INSERT_ARRAYS, columns
+        for i, new_id in zip(todo, result.scalars().all(), strict=True):
+            ids[i] = new_id
 
     @classmethod
     def stmt_insert_dedup(cls) -> Insert:

@@ -226,7 +226,8 @@ class SqlDriver(SqlAdmin, SqlStaging):
         cls, rows: Sequence[NewTask], todo: list[int], ids: list[int | None]
     ) -> Generator[Step, Result[Any], None]:
         if cls.returning_insert:
-            result = yield cls.stmt_insert(), [task_values(rows[i]) for i in todo]
+            values = [task_values(rows[i]) for i in todo]
+            result = yield cls.stmt_insert(), values if len(values) > 1 else values[0]
             for i, new_id in zip(todo, result.scalars().all(), strict=True):
                 ids[i] = new_id
             return

@@ -309,15 +309,15 @@ class Worker:
     def _start(self, row: TaskRow) -> None:
         if self.metrics is not None:
             self.metrics.task_claimed(row.queue, row.task_name)
-        key = row.key
-        task = spawn(self._execute(row, key), name=f"txtasks-task-{row.id}")
+        key = TaskKey(row.id, row.attempt)
+        task = spawn(self._execute(row, key))
         if not task.done():  # an eager start (Python 3.12+) may have run it to the end
             self._inflight[key] = task
 
     async def _execute(self, row: TaskRow, key: TaskKey) -> None:
         started = time.perf_counter() if self.metrics is not None else 0.0
         try:
-            outcome = await self._attempt(row)
+            outcome = await self._attempt(row, key)
         except asyncio.CancelledError:
             # Shutdown grace ran out: hand the task back, this attempt not counted.
             self._outcomes.add(Outcome(key, OutcomeKind.RELEASE, error="worker shut down"))
@@ -342,34 +342,37 @@ class Worker:
         self._inflight.pop(key, None)
         self._slot_free.set()
 
-    async def _attempt(self, row: TaskRow) -> Outcome:
+    async def _attempt(self, row: TaskRow, key: TaskKey) -> Outcome:
         """Run one attempt and decide its outcome. Never raises for a bad row."""
         try:
             task = self.app.get_task(row.task_name)
         except LookupError as exc:
-            return Outcome(row.key, OutcomeKind.DEAD, error=f"{exc} (worker {self.worker_id})")
+            return Outcome(key, OutcomeKind.DEAD, error=f"{exc} (worker {self.worker_id})")
         if row.attempt > row.max_attempts:
             error = f"attempt {row.attempt} exceeds max_attempts {row.max_attempts}"
-            return Outcome(row.key, OutcomeKind.DEAD, error=error)
+            return Outcome(key, OutcomeKind.DEAD, error=error)
         if row.expires_at is not None and self.app.clock() > row.expires_at:
-            return Outcome(row.key, OutcomeKind.DEAD, error=f"deadline {row.expires_at} passed")
+            return Outcome(key, OutcomeKind.DEAD, error=f"deadline {row.expires_at} passed")
         try:
             payload = payload_decode(row.payload, row.content_type)
         except PayloadError as exc:
-            return Outcome(row.key, OutcomeKind.DEAD, error=f"cannot decode payload: {exc}")
+            return Outcome(key, OutcomeKind.DEAD, error=f"cannot decode payload: {exc}")
         ctx = TaskContext(self.app, task, row, self.worker_id)
         self.stats.started += 1
         try:
-            await self._traced_call(task, payload, ctx)
+            if self._traced:
+                await self._traced_call(task, payload, ctx)
+            else:
+                await self._call(task, payload, ctx)
         except asyncio.CancelledError as exc:
             if self._stopping.is_set():  # the worker cancelled it: shutdown
                 raise
             return outcome_for_exception(  # the handler raised it: a failure like any other
-                row.key, task.policy, exc, now=self.app.clock(), max_attempts=row.max_attempts
+                key, task.policy, exc, now=self.app.clock(), max_attempts=row.max_attempts
             )
         except Exception as exc:
             return self._decided(ctx) or outcome_for_exception(
-                row.key,
+                key,
                 task.policy,
                 exc,
                 now=self.app.clock(),
@@ -377,13 +380,12 @@ class Worker:
                 max_attempts=row.max_attempts,
                 checkpoint=ctx.new_checkpoint,
             )
+        if ctx.decision is None and task.policy.ack_policy is not AckPolicy.MANUAL:
+            return Outcome(key, OutcomeKind.COMPLETE)  # the common case, without more calls
         return self._decided(ctx) or self._returned(ctx)
 
     async def _traced_call(self, task: Task, payload: Any, ctx: TaskContext) -> None:
-        """`_call` inside an OpenTelemetry span continuing the enqueuer's trace (if enabled)."""
-        if not self._traced:
-            await self._call(task, payload, ctx)
-            return
+        """`_call` inside an OpenTelemetry span continuing the enqueuer's trace."""
         try:
             headers = headers_decode(ctx.row.headers)
         except ValueError:
@@ -502,3 +504,6 @@ class Worker:
         if late:
             await asyncio.gather(*late, return_exceptions=True)
             log.warning("%d task(s) did not finish in time and were handed back", len(late))
+        for key in list(self._inflight):  # cancelled before their first step: never started
+            self._outcomes.add(Outcome(key, OutcomeKind.RELEASE, error="worker shut down"))
+            self._finished(key)
