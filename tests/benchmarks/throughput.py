@@ -426,7 +426,12 @@ class Series:
 
 
 async def burn_once(
-    case: Burn, url: str, starts: FirstStarts, log_dir: Path, timeout: float
+    case: Burn,
+    url: str,
+    starts: FirstStarts,
+    log_dir: Path,
+    timeout: float,
+    wrap: Callable[[int, list[str]], list[str]] | None = None,
 ) -> tuple[float, tuple[float, float, float] | None]:
     if case.system == "pgqueuer":
         await pgqueuer_preload(url, case.n)
@@ -440,7 +445,10 @@ async def burn_once(
     env[apps.ENV_RUN] = starts.new_run()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     try:
-        ended = await run_processes(case.argvs(url), env, log_dir, timeout)
+        argvs = case.argvs(url)
+        if wrap is not None:
+            argvs = [wrap(i, argv) for i, argv in enumerate(argvs)]
+        ended = await run_processes(argvs, env, log_dir, timeout)
         if not starts.starts:
             raise RuntimeError("no worker reported a first task")
         seconds = ended - min(starts.starts)
@@ -771,7 +779,10 @@ def draw_chart(series: dict[str, Series], path: Path) -> None:
         ax.barh(range(len(group)), medians, xerr=[low, high], color=colors, capsize=3)
         ax.set_yticks(range(len(group)), names, fontsize=8)
         ax.invert_yaxis()
-        ax.set_title(title, fontsize=10)
+        ax.set_xscale("log")  # procrastinate and the raw limit are 100x apart
+        if medians:
+            ax.set_xlim(min(min(s.rates) for s in group) / 2, max(max(s.rates) for s in group) * 3)
+        ax.set_title(title + " (log scale)", fontsize=10)
         ax.grid(axis="x", alpha=0.3)
         for i, value in enumerate(medians):
             ax.text(value, i, f" {value:,.0f}", va="center", fontsize=7)
@@ -782,6 +793,80 @@ def draw_chart(series: dict[str, Series], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# -- where the time goes (py-spy) ------------------------------------------------------------------
+
+#: Where a sample of a worker process is counted: the first rule whose frame is on its stack
+#: (innermost rules first), else "other".
+PROFILE_RULES = [
+    ("claim: the UPDATE ... RETURNING round trip and decoding the rows", "task_claim_many"),
+    ("outcomes: building and writing the batches", "OutcomeBuffer"),
+    ("per task: creating the asyncio task", "Worker._start"),
+    ("per task: decoding, context, the handler call, the outcome", "Worker._execute"),
+    ("per task: the handler itself (no-op)", "throughput_apps.py"),
+    ("event loop: waiting for the database (idle)", "select (selectors.py"),
+    ("event loop: scheduling and socket I/O", "_run_once"),
+    ("start-up and shut-down (imports, connecting, closing)", "<module>"),
+]
+
+
+def profile_summary(raw_files: Sequence[Path]) -> str:
+    """py-spy raw stacks of the worker processes, summed by PROFILE_RULES, as a table."""
+    counts: dict[str, int] = {}
+    total = 0
+    for path in raw_files:
+        for line in path.read_text().splitlines():
+            stack, _, n = line.rpartition(" ")
+            if not n.isdigit():
+                continue
+            total += int(n)
+            frames = stack.split(";")
+            where = "other"
+            for label, marker in sorted(PROFILE_RULES, key=lambda r: -deepest(frames, r[1])):
+                if deepest(frames, marker) >= 0:
+                    where = label
+                    break
+            counts[where] = counts.get(where, 0) + int(n)
+    lines = ["| where | share of worker samples |", "|---|---:|"]
+    for label, n in sorted(counts.items(), key=lambda kv: -kv[1]):
+        lines.append(f"| {label} | {100 * n / max(total, 1):.1f}% |")
+    return "\n".join(lines) + f"\n\n({total} samples at 250 Hz over {len(raw_files)} processes)\n"
+
+
+def deepest(frames: Sequence[str], marker: str) -> int:
+    """The depth of the innermost frame containing `marker`, -1 when none does."""
+    for depth in range(len(frames) - 1, -1, -1):
+        if marker in frames[depth]:
+            return depth
+    return -1
+
+
+async def profile_case(args: argparse.Namespace, urls: dict[str, str]) -> str:
+    """One run of the chosen case with every worker process under `py-spy record`."""
+    cases = [c for c in burn_cases(args, urls) if c.key == args.profile]
+    if not cases:
+        keys = ", ".join(c.key for c in burn_cases(args, urls))
+        raise SystemExit(f"--profile: no case {args.profile!r}; cases: {keys}")
+    case = cases[0]
+    log_dir = Path(tempfile.mkdtemp(prefix="txtasks-throughput-profile-"))
+    raw = [log_dir / f"py-spy-{i}.txt" for i in range(case.processes)]
+
+    def wrap(i: int, argv: list[str]) -> list[str]:
+        return ["py-spy", "record", "-r", "250", "-f", "raw", "-o", str(raw[i]), "--", *argv]
+
+    starts, transport = await open_first_starts()
+    try:
+        rate, _ = await burn_once(case, urls[case.backend], starts, log_dir, args.timeout, wrap)
+    finally:
+        transport.close()
+        tables_drop(urls[case.backend])
+    return (
+        f"## Where the time goes: {LABELS[case.backend]}, {case.label}, N={case.n:,}\n\n"
+        f"{rate:,.0f} tasks/s under the profiler (py-spy slows it down).\n\n"
+        + profile_summary(raw)
+        + f"\nRaw stacks: {log_dir}\n"
+    )
 
 
 # -- main -----------------------------------------------------------------------------------------
@@ -827,6 +912,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--only", help="comma-separated substrings of case keys, e.g. postgresql/txtasks"
     )
     what.add_argument("--timeout", type=float, default=900.0, help="seconds a burn-down may take")
+    what.add_argument(
+        "--profile",
+        metavar="CASE",
+        help="instead: one run of CASE (e.g. postgresql/txtasks/tuned) under py-spy, "
+        "and where the worker processes spend their time",
+    )
     out = parser.add_argument_group("output")
     out.add_argument("--output", type=Path, help="write the report (markdown) here too")
     out.add_argument("--chart", type=Path, help="draw the chart (PNG) here")
@@ -917,7 +1008,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit("no database: --start-servers, TXTASKS_BENCH_*_URL or --sqlite")
         for url in urls.values():
             lock.acquire(url)
-        text_report = asyncio.run(amain(args, urls, argv))
+        if args.profile:
+            text_report = asyncio.run(profile_case(args, urls))
+        else:
+            text_report = asyncio.run(amain(args, urls, argv))
     finally:
         lock.release()
         servers.stop()

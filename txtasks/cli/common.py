@@ -7,6 +7,7 @@ import base64
 import contextlib
 import dataclasses
 import importlib
+import importlib.util
 import logging
 import os
 import sys
@@ -91,9 +92,35 @@ def with_driver(url: str | None, call: Callable[[Driver], Awaitable[T]]) -> T:
     return run_async(go)
 
 
-def run_async(make: Callable[[], Awaitable[T]]) -> T:
-    """Run a coroutine to completion (errors are reported by `Commands`)."""
+def run_async(make: Callable[[], Awaitable[T]], *, loop: str = "asyncio") -> T:
+    """Run a coroutine to completion (errors are reported by `Commands`), on the standard
+    event loop or on uvloop (`loop_choice`)."""
+    if loop == "uvloop":
+        import uvloop
+
+        return uvloop.run(_call(make))
     return asyncio.run(_call(make))
+
+
+def loop_choice(name: str) -> str:
+    """The event loop for `--loop`: auto is uvloop when it is installed (txtasks[fast])."""
+    installed = importlib.util.find_spec("uvloop") is not None
+    if name == "auto":
+        return "uvloop" if installed else "asyncio"
+    if name == "uvloop" and not installed:
+        raise click.BadParameter('uvloop is not installed (pip install "txtasks[fast]")')
+    return name
+
+
+loop_option = click.option(
+    "--loop",
+    type=click.Choice(["auto", "asyncio", "uvloop"]),
+    default="auto",
+    show_default=True,
+    envvar="TXTASKS_LOOP",
+    show_envvar=True,
+    help="Event loop; auto: uvloop when installed, else asyncio.",
+)
 
 
 def error_message(exc: BaseException) -> str | None:

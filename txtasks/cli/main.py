@@ -27,6 +27,8 @@ from txtasks.cli.common import (
     log_format_option,
     log_level_option,
     logging_setup,
+    loop_choice,
+    loop_option,
     metrics_port_option,
     run_async,
     task_json,
@@ -153,6 +155,7 @@ def migrate(database_url: str | None, print_sql: bool, dialect: str | None, sinc
     show_default=True,
     help="Keep completed tasks in the archive table.",
 )
+@loop_option
 @metrics_port_option
 @log_level_option
 @log_format_option
@@ -161,6 +164,7 @@ def worker(
     database_url: str | None,
     broker_url: str | None,
     queues: tuple[str, ...],
+    loop: str,
     log_level: str,
     log_format: str,
     metrics_port: int | None,
@@ -168,6 +172,7 @@ def worker(
 ) -> None:
     """Run the tasks of APP (module:attribute). SIGTERM/SIGINT stop it gracefully."""
     logging_setup(log_level, log_format)
+    event_loop = loop_choice(loop)
     app = load_app(app_spec)
     try:
         config = WorkerConfig(queues=queues or None, **settings)
@@ -203,7 +208,7 @@ def worker(
         finally:
             await app.aclose()
 
-    run_async(go)
+    run_async(go, loop=event_loop)
     if runner.threads_alive:  # a sync handler ignored the grace period; do not hang on it
         logging.shutdown()
         os._exit(0)
