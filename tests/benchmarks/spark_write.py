@@ -76,6 +76,7 @@ def prepare(url: str) -> None:
         with engine.begin() as conn:
             migrate(conn)
             conn.execute(text("DELETE FROM txtasks_tasks"))
+            conn.execute(text("DELETE FROM txtasks_staged"))
             conn.execute(text("DELETE FROM txtasks_commits"))
             conn.execute(text(f"DROP TABLE IF EXISTS {PLAIN}"))
             conn.execute(

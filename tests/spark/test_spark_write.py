@@ -18,7 +18,7 @@ from sqlalchemy import create_engine, func, select
 
 from txtasks import App
 from txtasks.driver.urls import url_sync
-from txtasks.schema.tables import commits, tasks
+from txtasks.schema.tables import commits, staged, tasks
 from txtasks.testing import run_until_empty
 
 ROWS = 40
@@ -30,6 +30,16 @@ def state_counts(url: str) -> Counter[str]:
         with engine.connect() as conn:
             query = select(tasks.c.state, func.count()).group_by(tasks.c.state)
             return Counter({state: int(n) for state, n in conn.execute(query).all()})
+    finally:
+        engine.dispose()
+
+
+def staged_count(url: str) -> int:
+    """Rows in the staged table (staged, not yet committed)."""
+    engine = create_engine(url_sync(url))
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(staged)).scalar_one())
     finally:
         engine.dispose()
 
@@ -73,7 +83,7 @@ def test_a_write_becomes_claimable_at_commit_and_not_before(
     gate = tmp_path / "gate"
     gate_udf = F.udf(lambda v: gated(v, str(gate), ROWS - 1), "long", useArrow=False)
     df = orders(spark).withColumn("order_id", gate_udf("order_id"))
-    seen: list[Counter[str]] = []
+    seen: list[tuple[int, Counter[str]]] = []
 
     def watch() -> None:
         """While the last partition waits at its gate, the other three have staged their
@@ -81,9 +91,9 @@ def test_a_write_becomes_claimable_at_commit_and_not_before(
         deadline = time.monotonic() + 90
         try:
             while time.monotonic() < deadline:
-                counts = state_counts(database_url)
-                if counts["staged"] >= ROWS * 3 // 4:
-                    seen.append(counts)
+                count = staged_count(database_url)
+                if count >= ROWS * 3 // 4:
+                    seen.append((count, state_counts(database_url)))
                     return
                 time.sleep(0.05)
         finally:
@@ -100,7 +110,8 @@ def test_a_write_becomes_claimable_at_commit_and_not_before(
         watcher.join(100)
 
     assert seen, "the staged rows were never seen"
-    assert seen[0]["pending"] == 0 and seen[0]["staged"] >= ROWS * 3 // 4
+    assert seen[0][1] == {}  # rows staged, nothing in the tasks table yet
+    assert staged_count(database_url) == 0
     rows = live_rows(database_url)
     assert Counter(r["state"] for r in rows) == {"pending": ROWS}
     assert sorted(r["dedup_key"] for r in rows) == sorted(str(n) for n in range(ROWS))
@@ -142,6 +153,19 @@ def test_a_failing_partition_leaves_nothing_claimable_and_nothing_staged(
     with pytest.raises(Exception, match="row 39 is bad"):
         writer(df, database_url).save()
     assert state_counts(database_url) == {}
+    assert staged_count(database_url) == 0
+
+
+def test_a_value_json_cannot_hold_fails_the_write_and_publishes_nothing(
+    spark: Any, database_url: str
+) -> None:
+    df = orders(spark).selectExpr(
+        "order_id", "CASE WHEN order_id = 33 THEN double('NaN') ELSE amount END AS amount"
+    )
+    with pytest.raises(Exception, match="'amount': nan is not a JSON number"):
+        writer(df, database_url).save()
+    assert state_counts(database_url) == {}
+    assert staged_count(database_url) == 0
 
 
 def test_a_crashed_partition_attempt_retried_by_spark_enqueues_once(
@@ -162,10 +186,7 @@ def test_a_crashed_partition_attempt_retried_by_spark_enqueues_once(
     assert {r["state"] for r in rows} == {"pending"}
 
 
-def test_two_attempts_of_a_partition_that_both_staged_publish_once(database_url: str) -> None:
-    """A retried (or speculative) attempt stages its rows again under its own stage id; the
-    commit publishes the one Spark reports and deletes the other."""
-    from pyspark.sql import Row
+def two_column_writer(database_url: str) -> Any:
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
     from txtasks.spark import WriteOptions
@@ -173,18 +194,70 @@ def test_two_attempts_of_a_partition_that_both_staged_publish_once(database_url:
 
     schema = StructType([StructField("k", LongType()), StructField("v", StringType())])
     options = WriteOptions.parse({"url": database_url, "task": "spark.order", "dedup": "k"}, schema)
-    write = TxtasksWriter(options)
-    rows = [Row(k=n, v=f"v{n}") for n in range(5)]
-    first = write.write(iter(rows))  # the attempt that lost
-    second = write.write(iter(rows))
-    assert state_counts(database_url) == {"staged": 10}
+    return TxtasksWriter(options)
+
+
+def batches(count: int) -> Any:
+    import pyarrow as pa
+
+    return iter([pa.RecordBatch.from_pylist([{"k": n, "v": f"v{n}"} for n in range(count)])])
+
+
+def test_two_attempts_of_a_partition_that_both_staged_publish_once(database_url: str) -> None:
+    """A retried (or speculative) attempt stages its rows again under its own stage id; the
+    commit publishes the one Spark reports and deletes the other."""
+    write = two_column_writer(database_url)
+    first = write.write(batches(5))  # the attempt that lost
+    second = write.write(batches(5))
+    assert staged_count(database_url) == 10 and state_counts(database_url) == {}
 
     write.commit([second])
 
     live = live_rows(database_url)
     assert Counter(r["state"] for r in live) == {"pending": 5}
-    assert {r["stage_id"] for r in live} == {None}
+    assert sorted(r["dedup_key"] for r in live) == ["0", "1", "2", "3", "4"]
+    assert {json.loads(r["payload"])["v"] for r in live} == {f"v{n}" for n in range(5)}
+    assert staged_count(database_url) == 0
     assert first.stage_id != second.stage_id and first.rows == second.rows == 5
+
+
+def test_a_commit_missing_staged_rows_publishes_nothing(database_url: str) -> None:
+    """Staged rows that vanished before the commit (purged as abandoned by the cleaner) fail
+    the commit: a partial write never becomes claimable."""
+    from dataclasses import replace
+
+    from txtasks.driver.sql_staging import StagedRowsMissing
+
+    write = two_column_writer(database_url)
+    message = write.write(batches(5))
+    with pytest.raises(StagedRowsMissing, match="staged 6 rows but 5 are left"):
+        write.commit([replace(message, rows=6)])
+    assert state_counts(database_url) == {}
+    write.abort([message])
+    assert staged_count(database_url) == 0
+
+
+def test_the_cleaner_purges_staged_rows_of_writes_that_never_committed(database_url: str) -> None:
+    from datetime import timedelta
+
+    from txtasks.clock import utcnow
+    from txtasks.driver import driver_for_url
+
+    write = two_column_writer(database_url)
+    write.write(batches(3))
+
+    async def purge(age: float) -> list[int]:
+        before = utcnow() - timedelta(seconds=age)
+        driver = driver_for_url(database_url)
+        try:
+            return [await driver.staged_purge_many(before=before, limit=2) for _ in range(3)]
+        finally:
+            await driver.close()
+
+    assert asyncio.run(purge(3600)) == [0, 0, 0]  # staged just now: kept
+    assert staged_count(database_url) == 3
+    assert asyncio.run(purge(-60)) == [2, 1, 0]
+    assert staged_count(database_url) == 0
 
 
 def test_bad_options_fail_before_anything_is_written(spark: Any, database_url: str) -> None:
@@ -204,6 +277,7 @@ def test_bad_options_fail_before_anything_is_written(spark: Any, database_url: s
     with pytest.raises(Exception, match="only mode\\('append'\\)"):
         writer(df, database_url).mode("overwrite").save()
     assert state_counts(database_url) == {}
+    assert staged_count(database_url) == 0
 
 
 def test_workers_run_what_spark_enqueued(spark: Any, database_url: str) -> None:

@@ -200,25 +200,6 @@ class SqlAdmin:
 
         return await self.in_transaction(work)
 
-    async def staged_purge_many(self, *, before: datetime, limit: int) -> int:
-        pick = (
-            select(tasks.c.id)
-            .where(tasks.c.state == TaskState.STAGED.value, tasks.c.created_at < before)
-            .order_by(tasks.c.id)
-            .limit(limit)
-        )
-
-        async def work(conn: AsyncConnection) -> int:
-            ids = list((await conn.execute(pick)).scalars())
-            if not ids:
-                return 0
-            stale = delete(tasks).where(
-                tasks.c.id.in_(ids), tasks.c.state == TaskState.STAGED.value
-            )
-            return int((await conn.execute(stale)).rowcount)
-
-        return await self.in_transaction(work)
-
     async def archive_purge_many(
         self,
         *,

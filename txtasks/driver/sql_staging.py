@@ -1,35 +1,79 @@
-"""Staged writes: rows inserted invisible to workers, then made claimable by one commit.
+"""Staged writes: rows kept apart from the hot table, then copied into it by one commit.
 
-A staging writer (one Spark partition attempt) inserts its rows in state `staged` under a
-`stage_id` of its own, `<write key>.<random>`; a dedup key is stored as `<stage_id>/<key>` so
-that attempts never collide. The commit, one transaction, records its `commit_id` in `txtasks_commits` (a second
-commit of the same id changes nothing and discards what it was given), drops staged rows whose
-key a live task holds (or that repeat a key within the commit), and turns the rest `pending`.
-Abort deletes the staged rows. These methods are synchronous: Spark's Python workers are.
+A staging writer (one Spark partition attempt) inserts its rows into `txtasks_staged` under
+the write's key and a `stage_id` of its own, in one transaction. Only the columns that vary
+per row are staged (payload, priority, run_at, dedup key); the commit supplies the rest. The
+commit, one transaction, records its `commit_id` in `txtasks_commits` (a second commit of the
+same id changes nothing and discards what it was given), checks that every reported attempt's
+rows are all there, deletes the rows of attempts it was not given, copies the rest into the hot
+table as `pending` with one INSERT ... SELECT (dropping rows whose dedup key a live task holds,
+or that repeat a key within the write), and deletes the write's staged rows. Abort deletes them.
+
+Staged rows arrive as Arrow tables (`STAGED_COLUMNS`): dialects send them in bulk (COPY,
+multi-row INSERT). These methods are synchronous, except the cleaner's purge: Spark's Python
+workers are synchronous.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Engine, bindparam, delete, func, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    and_,
+    delete,
+    exists,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
 
-from txtasks.schema.tables import commits, tasks
-from txtasks.types import TaskState
+from txtasks.errors import TxtasksError
+from txtasks.schema.tables import commits, staged, tasks
+from txtasks.types import JSON_CONTENT_TYPE, TaskState
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
 
 STAGED = TaskState.STAGED.value
-#: Rows per statement when inserting, looking up or updating staged rows.
+#: Stage ids per statement when deleting the rows of attempts a commit was not given.
 CHUNK = 1000
 
+#: The columns of a staged batch (an Arrow table), in order.
+STAGED_COLUMNS = (
+    "write_key",
+    "stage_id",
+    "payload",
+    "priority",
+    "run_at",
+    "dedup_key",
+    "created_at",
+)
 
-def staged_key(stage_id: str, key: str) -> str:
-    """The dedup key a staged row carries until its commit."""
-    return f"{stage_id}/{key}"
+
+class StagedRowsMissing(TxtasksError):
+    """A commit found fewer staged rows than an attempt reported (they were purged as
+    abandoned, or the database lost them): nothing is published."""
+
+
+@dataclass(frozen=True)
+class StageTarget:
+    """What the commit adds to every staged row of a write."""
+
+    queue: str
+    task_name: str
+    max_attempts: int
+    #: Whether rows may carry dedup keys (the commit then applies them).
+    dedup: bool = False
 
 
 class SqlStaging:
@@ -40,49 +84,61 @@ class SqlStaging:
         @property
         def sync_engine(self) -> Engine: ...
 
-    def stage_insert_sync(self, rows: Iterable[tuple[Any, ...]]) -> int:
-        """Insert staged rows (tuples in `STAGED_COLUMNS` order) in one
-        transaction, `CHUNK` rows at a time. No ids are returned."""
+        async def in_transaction(
+            self, work: Callable[[AsyncConnection], Awaitable[int]]
+        ) -> int: ...
+
+    def stage_insert_sync(self, batches: Iterable[Any]) -> int:
+        """Insert staged rows (Arrow tables of `STAGED_COLUMNS`) in one transaction."""
         count = 0
         with self.sync_engine.begin() as conn:
-            for chunk in _chunks(rows):
-                self.stage_rows(conn, chunk)
-                count += len(chunk)
+            for batch in batches:
+                if batch.num_rows:
+                    self.stage_batch(conn, batch)
+                    count += batch.num_rows
         return count
 
-    def stage_rows(self, conn: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
-        """Insert one chunk of staged rows; dialects override with their bulk path."""
-        conn.execute(insert(tasks), [dict(zip(STAGED_COLUMNS, r, strict=True)) for r in rows])
+    def stage_batch(self, conn: Connection, batch: Any) -> None:
+        """Insert one Arrow table of staged rows; dialects override with their bulk path."""
+        conn.execute(insert(staged), batch.to_pylist())
 
     def stage_abort_sync(self, write_key: str) -> int:
-        """Delete every staged row of a write (all its stage ids start with `write_key.`)."""
+        """Delete every staged row of a write."""
         with self.sync_engine.begin() as conn:
-            return _delete_staged(conn, write_key, keep=())
+            return _delete_staged(conn, write_key)
 
     def stage_commit_sync(
-        self, commit_id: str, write_key: str, stage_ids: Sequence[str], *, now: datetime
+        self,
+        commit_id: str,
+        write_key: str,
+        stages: Mapping[str, int],
+        target: StageTarget,
+        *,
+        now: datetime,
     ) -> dict[str, int] | None:
-        """Make the rows of `stage_ids` claimable, once per `commit_id`, and delete the other
-        staged rows of the write (attempts that failed or lost a race).
+        """Make the rows of the attempts in `stages` (stage id -> rows it staged) claimable,
+        once per `commit_id`, and delete the write's other staged rows.
 
-        Returns how many tasks became claimable per queue, or None when `commit_id` was committed before (then
-        every staged row of the write is deleted: it repeats that commit).
+        Returns how many tasks became claimable per queue, or None when `commit_id` was
+        committed before (then every staged row of the write is deleted: it repeats that
+        commit). Raises `StagedRowsMissing`, publishing nothing, if an attempt's rows are
+        not all there.
         """
         try:
             with self.sync_engine.begin() as conn:
                 conn.execute(insert(commits).values(commit_id=commit_id, committed_at=now, tasks=0))
-                published = _publish(conn, list(stage_ids))
-                _delete_staged(conn, write_key, keep=stage_ids)
-                count = sum(published.values())
+                _check_and_drop_losers(conn, write_key, stages)
+                count = int(conn.execute(_stmt_publish(write_key, target)).rowcount)
+                _delete_staged(conn, write_key)
                 conn.execute(
                     update(commits).where(commits.c.commit_id == commit_id).values(tasks=count)
                 )
-                return published
+                return {target.queue: count} if count else {}
         except IntegrityError:
             if not self.commit_seen_sync(commit_id):
                 raise  # not a repeated commit: a real conflict
             with self.sync_engine.begin() as conn:
-                _delete_staged(conn, write_key, keep=())
+                _delete_staged(conn, write_key)
             return None
 
     def commit_seen_sync(self, commit_id: str) -> bool:
@@ -93,91 +149,101 @@ class SqlStaging:
             )
             return found.first() is not None
 
+    async def staged_purge_many(self, *, before: datetime, limit: int) -> int:
+        """Delete up to `limit` staged rows created before `before` (writes that never
+        committed): those of the staged table, and `staged` rows left in the hot table by
+        txtasks versions before the staged table."""
 
-#: The columns a staged row sets, in the order of the tuples `stage_insert_sync` takes.
-STAGED_COLUMNS = (
-    "queue",
-    "task_name",
-    "payload",
-    "content_type",
-    "state",
-    "priority",
-    "run_at",
-    "attempt",
-    "max_attempts",
-    "created_at",
-    "dedup_key",
-    "headers",
-    "expires_at",
-    "stage_id",
-)
+        async def work(conn: AsyncConnection) -> int:
+            done = await _purge(conn, tasks, before, limit, tasks.c.state == STAGED)
+            if done < limit:
+                done += await _purge(conn, staged, before, limit - done)
+            return done
+
+        return await self.in_transaction(work)
 
 
-def _chunks(rows: Iterable[tuple[Any, ...]]) -> Iterator[tuple[tuple[Any, ...], ...]]:
-    iterator = iter(rows)
-    while chunk := tuple(itertools.islice(iterator, CHUNK)):
-        yield chunk
+async def _purge(
+    conn: AsyncConnection, table: Any, before: datetime, limit: int, *where: Any
+) -> int:
+    pick = (
+        select(table.c.id)
+        .where(table.c.created_at < before, *where)
+        .order_by(table.c.id)
+        .limit(limit)
+    )
+    ids = list((await conn.execute(pick)).scalars())
+    if not ids:
+        return 0
+    return int((await conn.execute(delete(table).where(table.c.id.in_(ids), *where))).rowcount)
 
 
-def _delete_staged(conn: Connection, write_key: str, keep: Sequence[str]) -> int:
-    """Delete the staged rows of a write, except those of the stage ids in `keep`."""
-    query = delete(tasks).where(tasks.c.stage_id.like(f"{write_key}.%"), tasks.c.state == STAGED)
-    if keep:
-        query = query.where(tasks.c.stage_id.not_in(list(keep)))
-    return int(conn.execute(query).rowcount)
-
-
-def _publish(conn: Connection, stage_ids: list[str]) -> dict[str, int]:
-    """Turn the staged rows pending (dedup applied); how many per queue."""
-    counts: Counter[str] = Counter()
-    keyed: list[Any] = []
+def _delete_staged(conn: Connection, write_key: str, stage_ids: Sequence[str] | None = None) -> int:
+    """Delete the staged rows of a write (only those of `stage_ids`, if given)."""
+    query = delete(staged).where(staged.c.write_key == write_key)
+    if stage_ids is None:
+        return int(conn.execute(query).rowcount)
+    done = 0
     for start in range(0, len(stage_ids), CHUNK):
-        chunk = stage_ids[start : start + CHUNK]
-        mine = tasks.c.stage_id.in_(chunk) & (tasks.c.state == STAGED)
-        per_queue = select(tasks.c.queue, func.count()).where(mine).group_by(tasks.c.queue)
-        counts.update({queue: int(n) for queue, n in conn.execute(per_queue).all()})
-        with_keys = (
-            select(tasks.c.id, tasks.c.queue, tasks.c.dedup_key, tasks.c.stage_id)
-            .where(mine, tasks.c.dedup_key.is_not(None))
-            .order_by(tasks.c.id)
-            .with_for_update()
-        )
-        keyed.extend(conn.execute(with_keys).all())
-        conn.execute(
-            update(tasks)
-            .where(mine, tasks.c.dedup_key.is_(None))
-            .values(state=TaskState.PENDING.value, stage_id=None)
-        )
-    keys = {r.id: r.dedup_key[len(r.stage_id) + 1 :] for r in keyed}
-    drop = set(_duplicates(conn, keys))
-    if drop:
-        ordered = sorted(drop)
-        for start in range(0, len(ordered), CHUNK):
-            conn.execute(delete(tasks).where(tasks.c.id.in_(ordered[start : start + CHUNK])))
-        counts.subtract(Counter(r.queue for r in keyed if r.id in drop))
-    published = [{"b_id": i, "b_key": k} for i, k in keys.items() if i not in drop]
-    if published:
-        conn.execute(
-            update(tasks)
-            .where(tasks.c.id == bindparam("b_id"))
-            .values(state=TaskState.PENDING.value, stage_id=None, dedup_key=bindparam("b_key")),
-            published,
-        )
-    return {queue: n for queue, n in counts.items() if n > 0}
+        chunk = list(stage_ids[start : start + CHUNK])
+        done += int(conn.execute(query.where(staged.c.stage_id.in_(chunk))).rowcount)
+    return done
 
 
-def _duplicates(conn: Connection, keyed: dict[int, str]) -> list[int]:
-    """Staged rows (ids) whose key a live task holds, or an earlier staged row repeats."""
-    first: dict[str, int] = {}
-    drop = []
-    for task_id, key in sorted(keyed.items()):
-        if key in first:
-            drop.append(task_id)
-        else:
-            first[key] = task_id
-    keys = list(first)
-    for start in range(0, len(keys), CHUNK):
-        chunk = keys[start : start + CHUNK]
-        taken = conn.execute(select(tasks.c.dedup_key).where(tasks.c.dedup_key.in_(chunk)))
-        drop.extend(first[k] for k in taken.scalars())
-    return sorted(drop)
+def _check_and_drop_losers(conn: Connection, write_key: str, stages: Mapping[str, int]) -> None:
+    """Check every reported attempt's rows are all staged; delete the other attempts' rows."""
+    per_stage = (
+        select(staged.c.stage_id, func.count())
+        .where(staged.c.write_key == write_key)
+        .group_by(staged.c.stage_id)
+    )
+    found = {stage_id: int(n) for stage_id, n in conn.execute(per_stage).all()}
+    for stage_id, rows in stages.items():
+        if found.get(stage_id, 0) != rows:
+            raise StagedRowsMissing(
+                f"txtasks commit: attempt {stage_id} staged {rows} rows but "
+                f"{found.get(stage_id, 0)} are left (purged as abandoned by the cleaner's "
+                "archiver.staged_after, or lost by the database); nothing was published"
+            )
+    _delete_staged(conn, write_key, [s for s in found if s not in stages])
+
+
+def _stmt_publish(write_key: str, target: StageTarget) -> Any:
+    """INSERT ... SELECT of a write's staged rows into the hot table, as pending tasks."""
+    mine = staged.c.write_key == write_key
+    rows = select(
+        literal(target.queue, tasks.c.queue.type),
+        literal(target.task_name, tasks.c.task_name.type),
+        staged.c.payload,
+        literal(JSON_CONTENT_TYPE, tasks.c.content_type.type),
+        literal(TaskState.PENDING.value, tasks.c.state.type),
+        staged.c.priority,
+        staged.c.run_at,
+        literal(0, tasks.c.attempt.type),
+        literal(target.max_attempts, tasks.c.max_attempts.type),
+        staged.c.created_at,
+        staged.c.dedup_key,
+    ).where(mine)
+    if target.dedup:
+        first = (
+            select(func.min(staged.c.id))
+            .where(mine, staged.c.dedup_key.is_not(None))
+            .group_by(staged.c.dedup_key)
+        )
+        live = exists().where(tasks.c.dedup_key == staged.c.dedup_key)
+        rows = rows.where(or_(staged.c.dedup_key.is_(None), and_(staged.c.id.in_(first), ~live)))
+    columns = [
+        "queue",
+        "task_name",
+        "payload",
+        "content_type",
+        "state",
+        "priority",
+        "run_at",
+        "attempt",
+        "max_attempts",
+        "created_at",
+        "dedup_key",
+    ]
+    publish = insert(tasks).from_select(columns, rows.order_by(staged.c.id))
+    return publish.execution_options(preserve_rowcount=True)  # INSERT rowcount: not kept by default

@@ -164,6 +164,24 @@ periodic = Table(
     mysql_engine="InnoDB",
 )
 
+#: Rows staged by a staging writer (a Spark partition attempt), until its write commits: the
+#: commit copies them into the hot table with the write's queue, task name and attempts.
+staged = Table(
+    "txtasks_staged",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("write_key", String(32), nullable=False),
+    Column("stage_id", String(64), nullable=False),
+    Column("payload", Blob, nullable=False),
+    Column("priority", Integer, nullable=False),
+    Column("run_at", Timestamp, nullable=False),
+    Column("dedup_key", ExactString(255), nullable=True),
+    Column("created_at", Timestamp, nullable=False),
+    mysql_engine="InnoDB",
+    sqlite_autoincrement=True,
+)
+Index("ix_txtasks_staged_write", staged.c.write_key, staged.c.stage_id)
+
 #: Writes committed by a staging writer (Spark): a commit id is applied once.
 commits = Table(
     "txtasks_commits",

@@ -18,9 +18,9 @@ from txtasks.spark.datasource import (
     TxtasksDataSource,
     TxtasksStreamWriter,
     TxtasksWriter,
-    WriteOptions,
     register,
 )
+from txtasks.spark.options import WriteOptions
 
 __all__ = [
     "SOURCE_NAME",

@@ -1,0 +1,105 @@
+"""The Arrow path and the row path turn the same Spark data into the same staged rows, and
+awkward strings survive each database's bulk path byte for byte."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, select
+
+from tests.spark.test_spark_write import live_rows, staged_count, writer
+from txtasks.driver.urls import url_sync
+from txtasks.schema.tables import tasks
+
+AWKWARD = [
+    'quote " and backslash \\ and slash /',
+    "apostrophe ' and sql '' doubled",
+    "new\nline, tab\t, return\r, bell \x07, escape \x1b, unit \x1f",
+    "unicode é 漢字 🎉 \u2028",
+    "",
+    "\\x41 looks like bytea hex",
+]
+
+RICH_QUERY = """
+SELECT id AS n,
+       CASE WHEN id % 5 = 0 THEN NULL ELSE element_at(array({strings}), int(id % {count}) + 1) END AS s,
+       CASE WHEN id % 7 = 0 THEN NULL ELSE id * double(1.5) END AS d,
+       CAST(id AS float) / 3 AS f,
+       CAST(id * 1e15 AS double) AS big,
+       id % 2 = 0 AS b,
+       CAST(NULL AS string) AS nothing,
+       date_add(DATE'2026-01-01', int(id)) AS day,
+       TIMESTAMP'2026-01-01 12:00:00' + make_interval(0, 0, 0, 0, 0, 0, id) AS at,
+       TIMESTAMP_NTZ'2026-01-01 12:00:00' + make_interval(0, 0, 0, 0, 0, int(id), 0) AS local_at,
+       CAST(id / 7 AS decimal(10, 4)) AS money,
+       array(id, id + 1) AS pair,
+       map('k', CAST(id AS string), 'q"', NULL) AS tags,
+       named_struct('x', id, 'when', DATE'2026-01-01', 'items', array(double(1.5), double(2))) AS nested,
+       CAST(id % 3 AS int) AS rank
+  FROM range(40)
+"""
+
+
+def rich(spark: Any) -> Any:
+    strings = ", ".join("'{}'".format(s.replace("\\", "\\\\").replace("'", "\\'")) for s in AWKWARD)
+    return spark.sql(RICH_QUERY.format(strings=strings, count=len(AWKWARD)))
+
+
+def test_the_arrow_and_row_paths_stage_the_same_rows(spark: Any) -> None:
+    from txtasks.spark import WriteOptions
+    from txtasks.spark.encode import staged_from_arrow, staged_from_rows
+
+    df = rich(spark)
+    options = WriteOptions.parse(
+        {"url": "sqlite://", "task": "t", "dedup": "s", "priority": "rank", "run_at": "at"},
+        df.schema,
+    )
+    now = datetime(2030, 1, 1)
+    arrow = [staged_from_arrow(b, options, "w", "w.1", now) for b in df.toArrow().to_batches()]
+    by_arrow = [r for table in arrow for r in table.to_pylist()]
+    by_rows = staged_from_rows(df.collect(), options, "w", "w.1", now).to_pylist()
+
+    assert len(by_arrow) == len(by_rows) == 40
+    for ours, theirs in zip(by_arrow, by_rows, strict=True):
+        assert json.loads(ours.pop("payload")) == json.loads(theirs.pop("payload"))
+        assert ours == theirs
+    first = json.loads(
+        staged_from_arrow(df.toArrow().to_batches()[0], options, "w", "w.1", now)["payload"][1]
+        .as_py()
+        .decode()
+    )
+    assert first["big"] == 1e15 and isinstance(first["big"], float)
+    assert first["d"] == 1.5 and first["money"] == "0.1429" and first["day"] == "2026-01-02"
+    assert first["tags"] == {"k": "1", 'q"': None} and first["nested"]["items"] == [1.5, 2.0]
+    assert first["local_at"] == "2026-01-01T12:01:00"
+
+
+def test_awkward_strings_survive_the_database_bulk_path(spark: Any, database_url: str) -> None:
+    df = spark.createDataFrame([(s, i) for i, s in enumerate(AWKWARD)], "s STRING, i LONG")
+    writer(df, database_url, dedup="s").save()
+
+    rows = live_rows(database_url)
+    assert staged_count(database_url) == 0
+    assert sorted(r["dedup_key"] for r in rows) == sorted(AWKWARD)
+    assert sorted(json.loads(r["payload"])["s"] for r in rows) == sorted(AWKWARD)
+    engine = create_engine(url_sync(database_url))
+    try:
+        with engine.connect() as conn:
+            payloads = conn.execute(select(tasks.c.payload)).scalars().all()
+    finally:
+        engine.dispose()
+    expected = {
+        json.dumps({"s": s, "i": i}, ensure_ascii=False, separators=(",", ":")).encode()
+        for i, s in enumerate(AWKWARD)
+    }
+    assert set(payloads) == expected  # byte for byte what json.dumps writes
+
+
+def test_a_dedup_value_too_long_fails_the_write(spark: Any, database_url: str) -> None:
+    df = spark.createDataFrame([("x" * 256, 1)], "s STRING, i LONG")
+    with pytest.raises(Exception, match="is too long \\(at most 255 bytes\\)"):
+        writer(df, database_url, dedup="s").save()
+    assert live_rows(database_url) == [] and staged_count(database_url) == 0
