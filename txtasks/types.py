@@ -35,8 +35,12 @@ LIVE_STATES = frozenset(
     {TaskState.STAGED, TaskState.PENDING, TaskState.PROCESSING, TaskState.RETRYABLE}
 )
 READY_STATES = (TaskState.PENDING, TaskState.RETRYABLE)
-#: Each state by its stored value (a dict lookup is cheaper than calling the enum).
-STATES = {state.value: state for state in TaskState}
+#: What a claim reads back of each row, in order (`TaskRow.from_claim`).
+CLAIMED_COLUMNS = (
+    "id", "queue", "task_name", "payload", "content_type", "priority", "run_at", "attempt",
+    "max_attempts", "created_at", "dedup_key", "headers", "checkpoint", "last_error",
+    "expires_at", "stage_id",
+)  # fmt: skip
 FINISHED_STATES = frozenset(
     {TaskState.COMPLETED, TaskState.FAILED, TaskState.DISCARDED, TaskState.DEAD}
 )
@@ -122,17 +126,20 @@ class TaskRow:
         )
 
     @classmethod
-    def from_live(cls, values: Sequence[Any]) -> TaskRow:
-        """Build from a hot-table row's values in column order (`TASK_COLUMNS`): the claim's
-        fast path, without name lookups."""
-        (id_, queue, name, payload, content_type, state, priority, run_at, attempt,
-         max_attempts, created_at, dedup_key, headers, checkpoint, last_error, worker_id,
-         lease_expires_at, started_at, expires_at, stage_id) = values  # fmt: skip
+    def from_claim(
+        cls, values: Sequence[Any], worker_id: str, lease_until: datetime, now: datetime
+    ) -> TaskRow:
+        """Build a row just claimed by `worker_id` from its values in `CLAIMED_COLUMNS` order:
+        the claim's fast path, with no name lookups and without reading back what the claim
+        itself wrote (state, worker, lease, start)."""
+        (id_, queue, name, payload, content_type, priority, run_at, attempt, max_attempts,
+         created_at, dedup_key, headers, checkpoint, last_error, expires_at,
+         stage_id) = values  # fmt: skip
         return cls(
             id_, queue, name, payload if type(payload) is bytes else bytes(payload),
-            content_type, STATES[state], priority, run_at, attempt, max_attempts, created_at,
-            dedup_key, headers, checkpoint, last_error, worker_id, lease_expires_at,
-            started_at, expires_at, None, stage_id,
+            content_type, TaskState.PROCESSING, priority, run_at, attempt, max_attempts,
+            created_at, dedup_key, headers, checkpoint, last_error, worker_id, lease_until,
+            now, expires_at, None, stage_id,
         )  # fmt: skip
 
     @property

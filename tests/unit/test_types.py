@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from txtasks.schema.tables import TASK_COLUMNS
-from txtasks.types import TaskRow, TaskState
+from txtasks.types import CLAIMED_COLUMNS, TaskRow, TaskState
 
 
 def test_a_row_by_position_equals_the_row_by_name() -> None:
@@ -33,7 +33,11 @@ def test_a_row_by_position_equals_the_row_by_name() -> None:
         "stage_id": "s",
     }
     assert set(values) == set(TASK_COLUMNS)
-    by_position = TaskRow.from_live(tuple(values[c] for c in TASK_COLUMNS))
+    claimed = tuple(values[c] for c in CLAIMED_COLUMNS)
+    by_position = TaskRow.from_claim(claimed, "w", values["lease_expires_at"], values["started_at"])
     assert by_position == TaskRow.from_row(values)
+    assert set(TASK_COLUMNS) - set(CLAIMED_COLUMNS) == {
+        "state", "worker_id", "lease_expires_at", "started_at"
+    }  # fmt: skip
     assert by_position.state is TaskState.PROCESSING
     assert by_position.payload == b'{"a":1}' and type(by_position.payload) is bytes

@@ -17,7 +17,7 @@ from txtasks.driver.plan import Step
 from txtasks.driver.sql import TRANSIENT_RETRIES, SqlDriver, claim_order
 from txtasks.driver.sql_staging import STAGED_COLUMNS
 from txtasks.schema.tables import READY, TASK_COLUMNS, tasks
-from txtasks.types import NewTask, Outcome, TaskKey, TaskRow
+from txtasks.types import CLAIMED_COLUMNS, NewTask, Outcome, TaskKey, TaskRow
 
 #: SQLSTATEs worth a fresh transaction: serialization failure, deadlock.
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})
@@ -38,7 +38,7 @@ UPDATE txtasks_tasks SET state = 'processing', attempt = attempt + 1,
                         FOR UPDATE SKIP LOCKED) AS r
               ORDER BY r.priority DESC, r.run_at, r.id
               LIMIT $5)
-RETURNING {", ".join(TASK_COLUMNS)}
+RETURNING {", ".join(CLAIMED_COLUMNS)}
 """
 
 
@@ -178,7 +178,7 @@ class PostgresDriver(SqlDriver):
     ) -> list[TaskRow]:
         pool = await self.raw_pool()
         records = await pool.fetch(CLAIM_SQL, lease_until, worker_id, now, list(queues), limit)
-        rows = [TaskRow.from_live(r) for r in records]
+        rows = [TaskRow.from_claim(r, worker_id, lease_until, now) for r in records]
         rows.sort(key=claim_order)
         return rows
 
@@ -207,8 +207,9 @@ class PostgresDriver(SqlDriver):
                 archive_completed,
             )
             records = await self._raw_retrying("writes", FINISH_SQL, params)
-            done = {TaskKey(r[0], r[1]) for r in records}
-            stale.extend(o.key for o in finishing if o.key not in done)
+            if len(records) < len(finishing):  # some fenced off (keys are unique per batch)
+                done = {TaskKey(r[0], r[1]) for r in records}
+                stale.extend(o.key for o in finishing if o.key not in done)
         if others:
             result = await super().outcome_write_many(
                 others,

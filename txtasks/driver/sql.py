@@ -190,6 +190,12 @@ class SqlDriver(SqlAdmin, SqlStaging):
         """Insert new tasks, returning their ids in parameter order."""
         return insert(tasks).returning(tasks.c.id, sort_by_parameter_order=True)
 
+    @staticmethod
+    @functools.cache
+    def stmt_insert_one() -> Insert:
+        """Insert one new task, returning its id."""
+        return insert(tasks).returning(tasks.c.id)
+
     @classmethod
     def stmt_insert_dedup(cls) -> Insert:
         """Insert tasks that carry a dedup key, skipping keys already live (no error)."""
@@ -225,9 +231,13 @@ class SqlDriver(SqlAdmin, SqlStaging):
     def _insert_plain(
         cls, rows: Sequence[NewTask], todo: list[int], ids: list[int | None]
     ) -> Generator[Step, Result[Any], None]:
+        if cls.returning_insert and len(todo) == 1:  # one row: no executemany machinery,
+            values = {k: v for k, v in task_values(rows[todo[0]]).items() if v is not None}
+            result = yield cls.stmt_insert_one(), values  # and no unused NULL parameters
+            ids[todo[0]] = result.scalar_one()
+            return
         if cls.returning_insert:
-            values = [task_values(rows[i]) for i in todo]
-            result = yield cls.stmt_insert(), values if len(values) > 1 else values[0]
+            result = yield cls.stmt_insert(), [task_values(rows[i]) for i in todo]
             for i, new_id in zip(todo, result.scalars().all(), strict=True):
                 ids[i] = new_id
             return

@@ -4,6 +4,8 @@ as few index entries as it can.
 - The claim index is in claim order, (queue, priority DESC, run_at, id). Version 1 had
   (queue, state, priority, run_at): with two ready states the database read and sorted every
   ready row of a queue to find the first few.
+- The archive has one index besides its key, (state, finished_at), which every query of it
+  (dead letters, retention) reads; it had two.
 - Where the database has partial indexes (PostgreSQL, SQLite), the lease index holds only
   processing rows and the dedup index only rows with a key: an enqueue then adds two index
   entries instead of four, and a claim two instead of three.
@@ -47,3 +49,6 @@ def upgrade(op: Operations) -> None:
         postgresql_where=text(_KEYED),
         sqlite_where=text(_KEYED),
     )
+    op.drop_index("ix_txtasks_archive_queue", table_name="txtasks_archive")
+    op.drop_index("ix_txtasks_archive_finished", table_name="txtasks_archive")
+    op.create_index("ix_txtasks_archive_state", "txtasks_archive", ["state", "finished_at"])
