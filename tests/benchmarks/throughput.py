@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -468,41 +468,41 @@ async def burn_once(
             await procrastinate_drop(url)
 
 
-async def enqueue_single_txtasks(url: str, m: int) -> float:
-    """`aenqueue_tx` in an AsyncConnection transaction of the application's own, m times."""
+@contextlib.asynccontextmanager
+async def application(url: str) -> AsyncIterator[tuple[Any, Any, Any]]:
+    """An application's own AsyncEngine (SQLite set up as the docs say), an App on the same
+    database and its no-op task."""
     engine = create_async_engine(url_async(url))
     if url.startswith("sqlite"):
         sqlite_connection_setup(engine.sync_engine)
     app = type(apps.app)("throughput-enqueue", database_url=url)
     task = app.task(name=apps.TASK, queue=apps.QUEUE)(apps.noop.handler)
     try:
-        started = time.perf_counter()
-        for i in range(m):
-            async with engine.begin() as conn:
-                await task.aenqueue_tx(conn, {"n": i})
-        return m / (time.perf_counter() - started)
+        yield engine, app, task
     finally:
         await engine.dispose()
         await app.aclose()
 
 
+async def enqueue_single_txtasks(url: str, m: int) -> float:
+    """`aenqueue_tx` in an AsyncConnection transaction of the application's own, m times."""
+    async with application(url) as (engine, _app, task):
+        started = time.perf_counter()
+        for i in range(m):
+            async with engine.begin() as conn:
+                await task.aenqueue_tx(conn, {"n": i})
+        return m / (time.perf_counter() - started)
+
+
 async def enqueue_bulk_txtasks(url: str, n: int) -> float:
     """`aenqueue_many_tx` of CHUNK rows per application transaction, n rows in all."""
-    engine = create_async_engine(url_async(url))
-    if url.startswith("sqlite"):
-        sqlite_connection_setup(engine.sync_engine)
-    app = type(apps.app)("throughput-enqueue", database_url=url)
-    task = app.task(name=apps.TASK, queue=apps.QUEUE)(apps.noop.handler)
-    try:
+    async with application(url) as (engine, app, task):
         started = time.perf_counter()
         for start in range(0, n, CHUNK):
             rows = [task.new({"n": i}) for i in range(start, min(n, start + CHUNK))]
             async with engine.begin() as conn:
                 await app.aenqueue_many_tx(conn, rows)
         return n / (time.perf_counter() - started)
-    finally:
-        await engine.dispose()
-        await app.aclose()
 
 
 async def enqueue_single_raw(url: str, m: int) -> float:
