@@ -8,12 +8,14 @@ import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
+from typing import TYPE_CHECKING
 
-from alembic.migration import MigrationContext
-from alembic.operations import Operations
 from sqlalchemy import Connection, func, inspect, select
 
 from txtasks.schema import tables, versions
+
+if TYPE_CHECKING:  # alembic is imported only when migrating, not by every worker at start
+    from alembic.operations import Operations
 
 LOCK_NAME = "txtasks_migrate"
 
@@ -89,6 +91,9 @@ def migrate(conn: Connection, *, target: int | None = None) -> list[Migration]:
             for m in migrations_all()
             if m.version > current and (target is None or m.version <= target)
         ]
+        from alembic.migration import MigrationContext
+        from alembic.operations import Operations
+
         op = Operations(MigrationContext.configure(conn))
         for migration in todo:
             migration.upgrade(op)
@@ -100,6 +105,9 @@ def migrate(conn: Connection, *, target: int | None = None) -> list[Migration]:
 
 def migrate_sql(dialect_name: str, *, since: int = 0) -> str:
     """The SQL of every migration after `since`, for the given dialect, without a database."""
+    from alembic.migration import MigrationContext
+    from alembic.operations import Operations
+
     buffer = io.StringIO()
     context = MigrationContext.configure(
         dialect_name=dialect_name,

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from alembic.operations import Operations
+from typing import TYPE_CHECKING
+
 from sqlalchemy import BigInteger, Column, DateTime, Integer, LargeBinary, String, Text, text
 from sqlalchemy.dialects import mysql
+
+if TYPE_CHECKING:  # alembic is imported only when migrating
+    from alembic.operations import Operations
 
 VERSION = 1
 NAME = "initial"

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from alembic.operations import Operations
+from typing import TYPE_CHECKING
+
 from sqlalchemy import Column, DateTime, Integer, String, text
 from sqlalchemy.dialects import mysql
+
+if TYPE_CHECKING:  # alembic is imported only when migrating
+    from alembic.operations import Operations
 
 VERSION = 3
 NAME = "staging"

@@ -13,8 +13,12 @@ as few index entries as it can.
 
 from __future__ import annotations
 
-from alembic.operations import Operations
+from typing import TYPE_CHECKING
+
 from sqlalchemy import text
+
+if TYPE_CHECKING:  # alembic is imported only when migrating
+    from alembic.operations import Operations
 
 VERSION = 4
 NAME = "lean_indexes"

@@ -6,9 +6,13 @@ staging is cheap, and the commit inserts each row once instead of rewriting it i
 
 from __future__ import annotations
 
-from alembic.operations import Operations
+from typing import TYPE_CHECKING
+
 from sqlalchemy import BigInteger, Column, DateTime, Integer, LargeBinary, String
 from sqlalchemy.dialects import mysql
+
+if TYPE_CHECKING:  # alembic is imported only when migrating
+    from alembic.operations import Operations
 
 VERSION = 5
 NAME = "staged_table"
