@@ -13,7 +13,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities, WriteResult
-from txtasks.driver.plan import Step
+from txtasks.driver.plan import Step, task_values
 from txtasks.driver.sql import TRANSIENT_RETRIES, SqlDriver, claim_order
 from txtasks.driver.sql_staging import STAGED_COLUMNS
 from txtasks.schema.tables import READY, TASK_COLUMNS, tasks
@@ -245,20 +245,9 @@ class PostgresDriver(SqlDriver):
             return
         columns: dict[str, list[Any]] = {c: [] for c in _ARRAY_TYPES}
         for i in todo:
-            row = rows[i]
-            columns["queue"].append(row.queue)
-            columns["task_name"].append(row.task_name)
-            columns["payload"].append(row.payload)
-            columns["content_type"].append(row.content_type)
-            columns["state"].append(row.state.value)
-            columns["priority"].append(row.priority)
-            columns["run_at"].append(row.run_at)
-            columns["max_attempts"].append(row.max_attempts)
-            columns["created_at"].append(row.created_at)
-            columns["dedup_key"].append(row.dedup_key)
-            columns["headers"].append(row.headers)
-            columns["expires_at"].append(row.expires_at)
-            columns["stage_id"].append(row.stage_id)
+            values = task_values(rows[i])  # the one mapping of a task to its columns
+            for column, found in columns.items():
+                found.append(values[column])
         result = yield INSERT_ARRAYS, columns
         for i, new_id in zip(todo, result.scalars().all(), strict=True):
             ids[i] = new_id
