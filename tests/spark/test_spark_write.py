@@ -5,11 +5,13 @@ against every database: nothing claimable before the commit, everything after, e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,30 +72,20 @@ def writer(df: Any, url: str, **options: str) -> Any:
     return out.mode("append")
 
 
-# -- batch writes -------------------------------------------------------------------------------
-
-
-def test_a_write_becomes_claimable_at_commit_and_not_before(
-    spark: Any, database_url: str, tmp_path: Path
-) -> None:
-    from pyspark.sql import functions as F
-
-    from tests.spark.helpers import gated
-
-    gate = tmp_path / "gate"
-    gate_udf = F.udf(lambda v: gated(v, str(gate), ROWS - 1), "long", useArrow=False)
-    df = orders(spark).withColumn("order_id", gate_udf("order_id"))
-    seen: list[tuple[int, Counter[str]]] = []
+@contextlib.contextmanager
+def gate_opens_when_staged(
+    url: str, gate: Path, count: int, seen: list[Counter[str]] | None = None
+) -> Iterator[None]:
+    """While the block runs, open `gate` (touch the file) once `count` rows are staged,
+    recording in `seen` what a worker could claim at that moment."""
 
     def watch() -> None:
-        """While the last partition waits at its gate, the other three have staged their
-        rows: record what a worker could see then, and open the gate."""
         deadline = time.monotonic() + 90
         try:
             while time.monotonic() < deadline:
-                count = staged_count(database_url)
-                if count >= ROWS * 3 // 4:
-                    seen.append((count, state_counts(database_url)))
+                if staged_count(url) >= count:
+                    if seen is not None:
+                        seen.append(state_counts(url))
                     return
                 time.sleep(0.05)
         finally:
@@ -102,15 +94,39 @@ def test_a_write_becomes_claimable_at_commit_and_not_before(
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        writer(
-            df, database_url, dedup="order_id", priority="rank", payload="order_id,customer,amount"
-        ).save()
+        yield
     finally:
         gate.touch()
         watcher.join(100)
 
+
+def last_row_gated(spark: Any, gate: Path) -> Any:
+    """`orders`, whose last row waits (see `tests.spark.helpers.gated`) until `gate` opens:
+    with `gate_opens_when_staged`, the other three partitions have staged before it goes on."""
+    from pyspark.sql import functions as F
+
+    from tests.spark.helpers import gated
+
+    gate_udf = F.udf(lambda v: gated(v, str(gate), ROWS - 1), "long", useArrow=False)
+    return orders(spark).withColumn("order_id", gate_udf("order_id"))
+
+
+# -- batch writes -------------------------------------------------------------------------------
+
+
+def test_a_write_becomes_claimable_at_commit_and_not_before(
+    spark: Any, database_url: str, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    df = last_row_gated(spark, gate)
+    seen: list[Counter[str]] = []
+    with gate_opens_when_staged(database_url, gate, ROWS * 3 // 4, seen):
+        writer(
+            df, database_url, dedup="order_id", priority="rank", payload="order_id,customer,amount"
+        ).save()
+
     assert seen, "the staged rows were never seen"
-    assert seen[0][1] == {}  # rows staged, nothing in the tasks table yet
+    assert seen[0] == {}  # rows staged, nothing in the tasks table yet
     assert staged_count(database_url) == 0
     rows = live_rows(database_url)
     assert Counter(r["state"] for r in rows) == {"pending": ROWS}
@@ -142,27 +158,36 @@ def test_rerunning_a_job_with_its_dedup_column_or_commit_id_adds_nothing(
 
 
 def test_a_failing_partition_leaves_nothing_claimable_and_nothing_staged(
-    spark: Any, database_url: str
+    spark: Any, database_url: str, tmp_path: Path
 ) -> None:
     from pyspark.sql import functions as F
 
     from tests.spark.helpers import failing
 
     bad = F.udf(lambda v: failing(v, ROWS - 1), "long", useArrow=False)
-    df = orders(spark).withColumn("order_id", bad("order_id"))
-    with pytest.raises(Exception, match="row 39 is bad"):
+    gate = tmp_path / "gate"
+    df = last_row_gated(spark, gate).withColumn("order_id", bad("order_id"))
+    with (
+        gate_opens_when_staged(database_url, gate, ROWS * 3 // 4),
+        pytest.raises(Exception, match="row 39 is bad"),
+    ):
         writer(df, database_url).save()
     assert state_counts(database_url) == {}
     assert staged_count(database_url) == 0
 
 
 def test_a_value_json_cannot_hold_fails_the_write_and_publishes_nothing(
-    spark: Any, database_url: str
+    spark: Any, database_url: str, tmp_path: Path
 ) -> None:
-    df = orders(spark).selectExpr(
-        "order_id", "CASE WHEN order_id = 33 THEN double('NaN') ELSE amount END AS amount"
-    )
-    with pytest.raises(Exception, match="'amount': nan is not a JSON number"):
+    from pyspark.sql import functions as F
+
+    gate = tmp_path / "gate"
+    nan = F.expr("CASE WHEN order_id = 39 THEN double('NaN') ELSE amount END")
+    df = last_row_gated(spark, gate).select("order_id", nan.alias("amount"))
+    with (
+        gate_opens_when_staged(database_url, gate, ROWS * 3 // 4),
+        pytest.raises(Exception, match="'amount': nan is not a JSON number"),
+    ):
         writer(df, database_url).save()
     assert state_counts(database_url) == {}
     assert staged_count(database_url) == 0
