@@ -262,6 +262,63 @@ def test_a_commit_missing_staged_rows_publishes_nothing(database_url: str) -> No
     assert staged_count(database_url) == 0
 
 
+def test_an_attempt_that_stages_after_its_write_ended_stages_nothing(database_url: str) -> None:
+    """A speculative loser or an attempt Spark stopped waiting for may run on after the commit
+    or the abort: its staging rolls back instead of leaving rows no commit will take."""
+    from txtasks.driver.sql_staging import WriteClosed
+
+    aborted = two_column_writer(database_url)
+    aborted.abort([])
+    with pytest.raises(WriteClosed, match="committed or aborted already"):
+        aborted.write(batches(3))
+
+    committed = two_column_writer(database_url)
+    committed.commit([committed.write(batches(2))])
+    with pytest.raises(WriteClosed, match="this attempt's 4 rows were not staged"):
+        committed.write(batches(4))
+
+    assert staged_count(database_url) == 0
+    assert state_counts(database_url) == {"pending": 2}
+
+
+def test_an_abort_waits_for_an_attempt_that_is_committing_its_rows(database_url: str) -> None:
+    """An attempt that found its write open commits its rows; the abort, closing the write at
+    that moment, waits for it and then deletes them."""
+    from sqlalchemy import event
+
+    from txtasks.spark.datasource import _driver
+
+    if database_url.startswith("sqlite"):
+        pytest.skip("SQLite runs one writer at a time: an abort cannot overlap a staging")
+    write = two_column_writer(database_url)
+    engine = _driver(database_url).sync_engine
+    committing, go = threading.Event(), threading.Event()
+    stager: list[threading.Thread] = []
+
+    def hold(conn: Any) -> None:  # the attempt, about to commit, holds its lock on the write
+        if stager and threading.current_thread() is stager[0]:
+            committing.set()
+            go.wait(60)
+
+    staged_rows: list[int] = []
+    stager.append(threading.Thread(target=lambda: staged_rows.append(write.write(batches(3)).rows)))
+    aborter = threading.Thread(target=write.abort, args=([],))
+    event.listen(engine, "commit", hold)
+    try:
+        stager[0].start()
+        assert committing.wait(60)
+        aborter.start()
+        aborter.join(1.0)  # it cannot finish: the attempt holds the write open
+        assert aborter.is_alive()
+    finally:
+        go.set()
+        stager[0].join(60)
+        aborter.join(60)
+        event.remove(engine, "commit", hold)
+    assert staged_rows == [3]  # the attempt committed its rows...
+    assert staged_count(database_url) == 0  # ...and the abort deleted them
+
+
 def test_the_cleaner_purges_staged_rows_of_writes_that_never_committed(database_url: str) -> None:
     from datetime import timedelta
 

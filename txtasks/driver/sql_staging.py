@@ -9,6 +9,13 @@ rows are all there, deletes the rows of attempts it was not given, copies the re
 table as `pending` with one INSERT ... SELECT (dropping rows whose dedup key a live task holds,
 or that repeat a key within the write), and deletes the write's staged rows. Abort deletes them.
 
+A write is open from before its first attempt stages until its commit or abort: it has a row in
+`txtasks_writes`. Staging ends by reading that row under a shared lock, and rolls back if it is
+gone; the commit and the abort first delete it, in a transaction of their own, which waits for
+the stagers that hold the lock. So an attempt still running when its write ended (the loser of a
+speculative race, an attempt Spark stopped waiting for) stages nothing, and no staged row
+outlives its write.
+
 Staged rows arrive as Arrow tables (`STAGED_COLUMNS`): dialects send them in bulk (COPY,
 multi-row INSERT). These methods are synchronous, except the cleaner's purge: Spark's Python
 workers are synchronous.
@@ -38,7 +45,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from txtasks.errors import TxtasksError
-from txtasks.schema.tables import commits, staged, tasks
+from txtasks.schema.tables import commits, staged, tasks, writes
 from txtasks.types import JSON_CONTENT_TYPE, TaskState
 
 if TYPE_CHECKING:
@@ -65,6 +72,10 @@ class StagedRowsMissing(TxtasksError):
     abandoned, or the database lost them): nothing is published."""
 
 
+class WriteClosed(TxtasksError):
+    """A staging attempt found its write committed or aborted already: it staged nothing."""
+
+
 @dataclass(frozen=True)
 class StageTarget:
     """What the commit adds to every staged row of a write."""
@@ -88,22 +99,47 @@ class SqlStaging:
             self, work: Callable[[AsyncConnection], Awaitable[int]]
         ) -> int: ...
 
-    def stage_insert_sync(self, batches: Iterable[Any]) -> int:
-        """Insert staged rows (Arrow tables of `STAGED_COLUMNS`) in one transaction."""
+    def stage_open_sync(self, write_key: str, now: datetime) -> None:
+        """Open a write for staging (opening an open write changes nothing)."""
+        try:
+            with self.sync_engine.begin() as conn:
+                conn.execute(insert(writes).values(write_key=write_key, opened_at=now))
+        except IntegrityError:
+            pass  # open already: a re-run with the same commit id, a restarted stream
+
+    def stage_insert_sync(self, write_key: str, batches: Iterable[Any]) -> int:
+        """Insert staged rows (Arrow tables of `STAGED_COLUMNS`) in one transaction, which
+        commits only if the write is still open (else raises `WriteClosed`)."""
         count = 0
         with self.sync_engine.begin() as conn:
             for batch in batches:
                 if batch.num_rows:
                     self.stage_batch(conn, batch)
                     count += batch.num_rows
+            still_open = (
+                select(writes.c.write_key)
+                .where(writes.c.write_key == write_key)
+                .with_for_update(read=True)
+            )
+            if conn.execute(still_open).first() is None:
+                raise WriteClosed(
+                    f"staged write {write_key} was committed or aborted already: this attempt's "
+                    f"{count} rows were not staged"
+                )
         return count
 
     def stage_batch(self, conn: Connection, batch: Any) -> None:
         """Insert one Arrow table of staged rows; dialects override with their bulk path."""
         conn.execute(insert(staged), batch.to_pylist())
 
+    def stage_close_sync(self, write_key: str) -> None:
+        """Close a write: once this returns, no attempt stages under it any more."""
+        with self.sync_engine.begin() as conn:
+            conn.execute(delete(writes).where(writes.c.write_key == write_key))
+
     def stage_abort_sync(self, write_key: str) -> int:
-        """Delete every staged row of a write."""
+        """Close a write and delete every row it staged."""
+        self.stage_close_sync(write_key)
         with self.sync_engine.begin() as conn:
             return _delete_staged(conn, write_key)
 
@@ -122,8 +158,10 @@ class SqlStaging:
         Returns how many tasks became claimable per queue, or None when `commit_id` was
         committed before (then every staged row of the write is deleted: it repeats that
         commit). Raises `StagedRowsMissing`, publishing nothing, if an attempt's rows are
-        not all there.
+        not all there. The write is closed first (a stream opens it again for its next
+        micro-batch).
         """
+        self.stage_close_sync(write_key)
         try:
             with self.sync_engine.begin() as conn:
                 conn.execute(insert(commits).values(commit_id=commit_id, committed_at=now, tasks=0))

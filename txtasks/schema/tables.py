@@ -183,6 +183,16 @@ staged = Table(
 )
 Index("ix_txtasks_staged_write", staged.c.write_key, staged.c.stage_id)
 
+#: Staged writes in progress: staging commits only while its write's row is here (see
+#: `txtasks.driver.sql_staging`).
+writes = Table(
+    "txtasks_writes",
+    metadata,
+    Column("write_key", String(32), primary_key=True),
+    Column("opened_at", Timestamp, nullable=False),
+    mysql_engine="InnoDB",
+)
+
 #: Writes committed by a staging writer (Spark): a commit id is applied once.
 commits = Table(
     "txtasks_commits",

@@ -7,7 +7,8 @@ between them.
 
 Writers take Arrow record batches (`DataSourceArrowWriter`; streams from PySpark 4.1 on, Spark
 rows before): see `txtasks.spark.encode`. Each partition attempt stages its rows in one
-transaction under a fresh `stage_id` and the write's key (`txtasks.driver.sql_staging`).
+transaction under a fresh `stage_id` and the write's key (`txtasks.driver.sql_staging`),
+while the write is open: the writer opens it on the driver, the commit and the abort close it.
 
 Exactly once: Spark hands the commit one message per partition, from the attempt that
 succeeded (its stage id and row count), so the commit publishes exactly those attempts' rows,
@@ -116,7 +117,7 @@ def _stage(options: WriteOptions, key: str, encode: Encoder) -> StagedMessage:
     context = TaskContext.get()
     partition = context.partitionId() if context is not None else 0
     stage_id = f"{key}.{uuid.uuid4().hex[:24]}"
-    count = _driver(options.url).stage_insert_sync(encode(key, stage_id, utcnow()))
+    count = _driver(options.url).stage_insert_sync(key, encode(key, stage_id, utcnow()))
     return StagedMessage(stage_id, partition, count)
 
 
@@ -148,6 +149,7 @@ class TxtasksWriter(DataSourceArrowWriter):
         self.options = options
         self.commit_id = options.commit_id or f"write:{uuid.uuid4().hex}"
         self.key = write_key(self.commit_id)
+        _driver(options.url).stage_open_sync(self.key, utcnow())
 
     def write(self, iterator: Iterator[Any]) -> StagedMessage:
         return _stage(self.options, self.key, arrow_encoder(self.options, iterator))
@@ -165,6 +167,7 @@ class TxtasksStreamWriter(StreamWriterBase):  # type: ignore[misc]
     def __init__(self, options: WriteOptions) -> None:
         self.options = options
         self.key = write_key(f"stream:{options.stream_id}")
+        _driver(options.url).stage_open_sync(self.key, utcnow())
 
     def write(self, iterator: Iterator[Any]) -> StagedMessage:
         encoder = arrow_encoder if STREAM_ARROW else row_encoder
@@ -173,6 +176,7 @@ class TxtasksStreamWriter(StreamWriterBase):  # type: ignore[misc]
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         commit_id = f"stream:{self.options.stream_id}:{batchId}"
         _commit(self.options, self.key, commit_id, messages)
+        _driver(self.options.url).stage_open_sync(self.key, utcnow())  # the next micro-batch
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _driver(self.options.url).stage_abort_sync(self.key)
