@@ -377,7 +377,7 @@ class App:
             raise ConfigurationError(f"enqueue: priority must be an integer, got {priority!r}")
         data, content_type = payload_encode(payload, limit=self.max_payload_bytes)
         return NewTask(
-            queue=check_queue_name(queue or options.queue),
+            queue=options.queue if queue is None else check_queue_name(queue),
             task_name=options.name,
             payload=data,
             content_type=content_type,

@@ -294,7 +294,9 @@ async def test_enqueue_and_own_write_share_the_transaction(
     calls = Calls()
     task = app.task(name="conformance.record")(calls)
     rows = [task.new({"bulk": i}) for i in range(3)]
-    steps = [Write("a"), Enqueue(task, "one"), Write("b"), EnqueueMany(app, rows), Write("c")]
+    # the bulk enqueue comes first: it opens the transaction (on asyncpg it sends its rows with
+    # COPY, on the same connection), and must still commit or roll back with the rest
+    steps = [EnqueueMany(app, rows), Write("a"), Enqueue(task, "one"), Write("b"), Write("c")]
     await run_tx(database_url, flavour, steps, commit=commit)
 
     names, ids = order_names(database_url), task_ids(database_url)

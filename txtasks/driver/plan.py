@@ -6,8 +6,9 @@ A dialect driver builds the plan (`SqlDriver.enqueue_plan`); the same plan runs 
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
 
 from sqlalchemy import Connection, Executable, Result
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -15,7 +16,22 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from txtasks.types import NewTask
 
 #: One step of an enqueue: a statement and its parameters (a list means executemany).
-Step = tuple[Executable, Sequence[Mapping[str, Any]] | Mapping[str, Any] | None]
+Statement = tuple[Executable, Sequence[Mapping[str, Any]] | Mapping[str, Any] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class CopyRows:
+    """A step that loads `records` (tuples of `columns`) into `table` with COPY, where the
+    connection's driver can (asyncpg), in the caller's transaction; elsewhere the statement
+    `fallback` builds runs instead. Its result is not read (the plan sends None)."""
+
+    table: str
+    columns: tuple[str, ...]
+    records: list[tuple[Any, ...]]
+    fallback: Callable[[], Statement]
+
+
+Step = Statement | CopyRows
 #: A generator of steps that receives each step's result and returns the new ids.
 Plan = Generator[Step, Result[Any], list[int]]
 
@@ -25,7 +41,7 @@ def plan_run_sync(executor: Connection | Any, plan: Plan) -> list[int]:
     try:
         step = next(plan)
         while True:
-            stmt, params = step
+            stmt, params = step.fallback() if isinstance(step, CopyRows) else step
             step = plan.send(executor.execute(stmt, params))
     except StopIteration as stop:
         return list(stop.value)
@@ -36,10 +52,25 @@ async def plan_run_async(executor: AsyncConnection | Any, plan: Plan) -> list[in
     try:
         step = next(plan)
         while True:
-            stmt, params = step
+            if isinstance(step, CopyRows) and await _copy_async(executor, step):
+                step = plan.send(cast(Any, None))
+                continue
+            stmt, params = step.fallback() if isinstance(step, CopyRows) else step
             step = plan.send(await executor.execute(stmt, params))
     except StopIteration as stop:
         return list(stop.value)
+
+
+async def _copy_async(executor: AsyncConnection | Any, step: CopyRows) -> bool:
+    """COPY on the asyncpg connection under `executor`, inside its transaction (which an
+    earlier step of the plan began); False when the driver is not asyncpg."""
+    connection = executor if isinstance(executor, AsyncConnection) else await executor.connection()
+    raw: Any = (await connection.get_raw_connection()).driver_connection
+    copy = getattr(raw, "copy_records_to_table", None)
+    if copy is None:
+        return False
+    await copy(step.table, records=step.records, columns=step.columns)
+    return True
 
 
 def task_values(row: NewTask) -> dict[str, Any]:

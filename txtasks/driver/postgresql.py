@@ -13,7 +13,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities, WriteResult
-from txtasks.driver.plan import Step, task_values
+from txtasks.driver.plan import CopyRows, Statement, Step
 from txtasks.driver.sql import TRANSIENT_RETRIES, SqlDriver, claim_order
 from txtasks.driver.sql_staging import STAGED_COLUMNS
 from txtasks.schema.tables import READY, TASK_COLUMNS, tasks
@@ -71,8 +71,9 @@ WITH o AS (
 SELECT id, attempt FROM done
 """
 
-#: Inserted columns with the array type each travels in (`INSERT_ARRAYS`).
+#: The columns of a bulk enqueue, with the array type each travels in when COPY is not at hand.
 _ARRAY_TYPES = {
+    "id": "bigint[]",
     "queue": "varchar[]",
     "task_name": "varchar[]",
     "payload": "bytea[]",
@@ -80,6 +81,7 @@ _ARRAY_TYPES = {
     "state": "varchar[]",
     "priority": "int[]",
     "run_at": "timestamp[]",
+    "attempt": "int[]",
     "max_attempts": "int[]",
     "created_at": "timestamp[]",
     "dedup_key": "varchar[]",
@@ -87,22 +89,42 @@ _ARRAY_TYPES = {
     "expires_at": "timestamp[]",
     "stage_id": "varchar[]",
 }
-_ARRAY_COLUMNS = ", ".join(_ARRAY_TYPES)
-#: Many new tasks in one statement of one array per column: the ids are drawn in the CTE, so
-#: each is paired with its row's position for certain.
+BULK_COLUMNS = tuple(_ARRAY_TYPES)
+#: Ids for a bulk enqueue, drawn before its rows are sent.
+DRAW_IDS = text("SELECT array_agg(nextval('txtasks_tasks_id_seq')) FROM generate_series(1, :n)")
+#: A bulk enqueue as one statement of one array per column (where COPY is not at hand).
 INSERT_ARRAYS = text(
-    f"""
-WITH r AS (
-  SELECT nextval('txtasks_tasks_id_seq') AS id, n.*
-    FROM unnest({", ".join(f"CAST(:{c} AS {t})" for c, t in _ARRAY_TYPES.items())})
-         WITH ORDINALITY AS n({_ARRAY_COLUMNS}, ord)
-), inserted AS (
-  INSERT INTO txtasks_tasks (id, attempt, {_ARRAY_COLUMNS})
-  SELECT id, 0, {_ARRAY_COLUMNS} FROM r
+    "INSERT INTO txtasks_tasks ({}) SELECT * FROM unnest({})".format(
+        ", ".join(BULK_COLUMNS), ", ".join(f"CAST(:{c} AS {t})" for c, t in _ARRAY_TYPES.items())
+    )
 )
-SELECT id FROM r ORDER BY ord
-"""
-)
+
+
+def _bulk_record(new_id: int, row: NewTask) -> tuple[Any, ...]:
+    """A new task as a record of `BULK_COLUMNS`."""
+    return (
+        new_id,
+        row.queue,
+        row.task_name,
+        row.payload,
+        row.content_type,
+        row.state.value,
+        row.priority,
+        row.run_at,
+        0,
+        row.max_attempts,
+        row.created_at,
+        row.dedup_key,
+        row.headers,
+        row.expires_at,
+        row.stage_id,
+    )
+
+
+def _bulk_arrays(records: list[tuple[Any, ...]]) -> Statement:
+    """`INSERT_ARRAYS` of the records."""
+    columns = zip(*records, strict=True)
+    return INSERT_ARRAYS, {c: list(v) for c, v in zip(BULK_COLUMNS, columns, strict=True)}
 
 
 #: Staged rows go in with COPY, as CSV that Arrow writes: no per-row work in Python.
@@ -238,18 +260,16 @@ class PostgresDriver(SqlDriver):
     def _insert_plain(
         cls, rows: Sequence[NewTask], todo: list[int], ids: list[int | None]
     ) -> Generator[Step, Result[Any], None]:
-        """Several rows: one statement of arrays (no per-row SQL, parameters or RETURNING
-        sentinels); one row: the plain INSERT."""
+        """Several rows: ids drawn in one statement, then the rows sent with COPY (or one
+        statement of arrays); one row: the plain INSERT."""
         if len(todo) == 1:
             yield from super()._insert_plain(rows, todo, ids)
             return
-        columns: dict[str, list[Any]] = {c: [] for c in _ARRAY_TYPES}
-        for i in todo:
-            values = task_values(rows[i])  # the one mapping of a task to its columns
-            for column, found in columns.items():
-                found.append(values[column])
-        result = yield INSERT_ARRAYS, columns
-        for i, new_id in zip(todo, result.scalars().all(), strict=True):
+        drawn = yield DRAW_IDS, {"n": len(todo)}
+        new_ids = sorted(drawn.scalar_one())
+        records = [_bulk_record(n, rows[i]) for n, i in zip(new_ids, todo, strict=True)]
+        yield CopyRows("txtasks_tasks", BULK_COLUMNS, records, lambda: _bulk_arrays(records))
+        for i, new_id in zip(todo, new_ids, strict=True):
             ids[i] = new_id
 
     @classmethod
