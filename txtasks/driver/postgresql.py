@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Generator, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
@@ -14,7 +13,7 @@ from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities, WriteResult
 from txtasks.driver.plan import CopyRows, Statement, Step
-from txtasks.driver.sql import TRANSIENT_RETRIES, SqlDriver, claim_order
+from txtasks.driver.sql import SqlDriver, claim_order
 from txtasks.driver.sql_staging import STAGED_COLUMNS
 from txtasks.schema.tables import READY, TASK_COLUMNS, tasks
 from txtasks.types import CLAIMED_COLUMNS, NewTask, Outcome, TaskKey, TaskRow
@@ -247,14 +246,7 @@ class PostgresDriver(SqlDriver):
         """One autocommit statement on a raw pool, again after a deadlock or serialization
         failure."""
         pool = await self.raw_pool(purpose)
-        for attempt in range(TRANSIENT_RETRIES):
-            try:
-                return list(await pool.fetch(sql, *params))
-            except Exception as exc:
-                if attempt + 1 == TRANSIENT_RETRIES or not self.error_is_transient(exc):
-                    raise
-                await asyncio.sleep(random.uniform(0, 0.01 * 2**attempt))
-        raise AssertionError("unreachable")
+        return await self.retrying(lambda: pool.fetch(sql, *params))
 
     @classmethod
     def _insert_plain(

@@ -164,16 +164,24 @@ class SqlDriver(SqlAdmin, SqlStaging):
 
     async def in_transaction(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
         """Run `work` in a transaction, retrying it when the database reports a deadlock."""
+
+        async def once() -> T:
+            async with self.engine.begin() as conn:
+                return await work(conn)
+
+        return await self.retrying(once)
+
+    async def retrying(self, once: Callable[[], Awaitable[T]]) -> T:
+        """`once()`, again (after a short random pause) when it fails with a deadlock or a
+        serialization failure, up to `TRANSIENT_RETRIES` times in all."""
         for attempt in range(TRANSIENT_RETRIES):
             try:
-                async with self.engine.begin() as conn:
-                    return await work(conn)
-            except DBAPIError as exc:
-                if (
-                    attempt + 1 == TRANSIENT_RETRIES
-                    or exc.orig is None
-                    or not self.error_is_transient(exc.orig)
-                ):
+                return await once()
+            except Exception as exc:
+                orig = exc.orig if isinstance(exc, DBAPIError) else exc
+                if attempt + 1 == TRANSIENT_RETRIES or orig is None:
+                    raise
+                if not self.error_is_transient(orig):
                     raise
                 await asyncio.sleep(random.uniform(0, 0.01 * 2**attempt))
         raise AssertionError("unreachable")
