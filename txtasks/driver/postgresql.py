@@ -212,8 +212,9 @@ class PostgresDriver(SqlDriver):
         worker_id: str | None = None,
         expired_before: datetime | None = None,
     ) -> WriteResult:
-        """Finishing outcomes in one statement; retries and releases the generic way."""
-        finishing = sorted((o for o in outcomes if o.kind.finishes), key=lambda o: o.key.id)
+        """Finishing outcomes in one statement (it locks their rows in id order); retries and
+        releases the generic way."""
+        finishing = [o for o in outcomes if o.kind.finishes]
         others = [o for o in outcomes if not o.kind.finishes]
         stale: list[TaskKey] = []
         if finishing:
