@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine, Result, event, insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities
+from txtasks.driver.plan import Step, task_values
 from txtasks.driver.sql import SqlDriver
 from txtasks.schema.tables import tasks
+from txtasks.types import NewTask
 
 log = logging.getLogger("txtasks.sqlite")
 BUSY_TIMEOUT_MS = 30_000
@@ -70,6 +72,21 @@ class SQLiteDriver(SqlDriver):
 
     def engine_setup(self, engine: Engine) -> None:
         sqlite_connection_setup(engine)
+
+    @classmethod
+    def _insert_plain(
+        cls, rows: Sequence[NewTask], todo: list[int], ids: list[int | None]
+    ) -> Generator[Step, Result[Any], None]:
+        """Several rows: multi-row INSERTs, each `RETURNING id`. Asking SQLAlchemy for the ids
+        in parameter order would send one row per statement here; instead, as the table is
+        AUTOINCREMENT and the rows of a transaction go in one after another, in order, under
+        its write lock, the returned ids sorted are in parameter order."""
+        if len(todo) == 1:
+            yield from super()._insert_plain(rows, todo, ids)
+            return
+        result = yield insert(tasks).returning(tasks.c.id), [task_values(rows[i]) for i in todo]
+        for i, new_id in zip(todo, sorted(result.scalars().all()), strict=True):
+            ids[i] = new_id
 
     @classmethod
     def stmt_insert_dedup(cls) -> Insert:
