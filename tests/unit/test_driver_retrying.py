@@ -66,3 +66,11 @@ async def test_retries_end_with_the_last_failure(driver: PostgresDriver) -> None
     with pytest.raises(PgError, match="40P01"):
         await driver.retrying(once)
     assert len(calls) == TRANSIENT_RETRIES
+
+
+def test_mysql_tells_deadlocks_from_anything_else() -> None:
+    from txtasks.driver.mysql import MySQLDriver
+
+    assert MySQLDriver.error_is_transient(Exception(1213, "Deadlock found"))
+    assert not MySQLDriver.error_is_transient(Exception(1062, "Duplicate entry"))
+    assert not MySQLDriver.error_is_transient(ValueError(["not", "a", "code"]))

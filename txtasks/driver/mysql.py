@@ -102,7 +102,7 @@ class MySQLDriver(SqlDriver):
     @classmethod
     def error_is_transient(cls, exc: BaseException) -> bool:
         args: tuple[Any, ...] = getattr(exc, "args", ())
-        return bool(args) and args[0] in TRANSIENT_ERRNOS
+        return bool(args) and isinstance(args[0], int) and args[0] in TRANSIENT_ERRNOS
 
     @classmethod
     @functools.cache
