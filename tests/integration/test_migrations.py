@@ -11,7 +11,13 @@ from sqlalchemy import create_engine, inspect
 
 from tests.conftest import reset_schema
 from txtasks.driver.urls import backend_name, url_sync
-from txtasks.schema.migrate import latest_version, migrate, migrate_sql, schema_version
+from txtasks.schema.migrate import (
+    latest_version,
+    migrate,
+    migrate_sql,
+    migrations_all,
+    schema_version,
+)
 from txtasks.schema.tables import metadata
 
 
@@ -51,6 +57,33 @@ def test_schema_version_and_second_run_is_a_no_op(database_url: str) -> None:
         }
     finally:
         engine.dispose()
+
+
+#: Migrations already shipped: a database records (version, name) as it applies them, so these
+#: never change number or meaning; new ones come after.
+SHIPPED = [(1, "initial"), (2, "periodic"), (3, "staging"), (4, "staged_table")]
+
+
+def test_shipped_migrations_keep_their_numbers() -> None:
+    assert [(m.version, m.name) for m in migrations_all()][: len(SHIPPED)] == SHIPPED
+
+
+@pytest.mark.parametrize("start", range(1, len(SHIPPED) + 1))
+def test_a_database_at_a_shipped_version_upgrades_to_the_declared_schema(
+    database_url: str, start: int
+) -> None:
+    engine = create_engine(url_sync(database_url))
+    try:
+        with engine.begin() as conn:
+            metadata.drop_all(conn)
+        with engine.begin() as conn:
+            migrate(conn, target=start)
+        with engine.begin() as conn:
+            applied = [m.version for m in migrate(conn)]
+            assert applied == list(range(start + 1, latest_version() + 1))
+    finally:
+        engine.dispose()
+    assert schema_diff(database_url) == []
 
 
 def test_printed_sql_builds_the_same_schema(database_url: str) -> None:

@@ -14,7 +14,7 @@ from sqlalchemy.dialects import mysql
 if TYPE_CHECKING:  # alembic is imported only when migrating
     from alembic.operations import Operations
 
-VERSION = 5
+VERSION = 4
 NAME = "staged_table"
 
 _ID = BigInteger().with_variant(Integer(), "sqlite")

@@ -20,7 +20,7 @@ from sqlalchemy import text
 if TYPE_CHECKING:  # alembic is imported only when migrating
     from alembic.operations import Operations
 
-VERSION = 4
+VERSION = 5
 NAME = "lean_indexes"
 
 _READY = "state IN ('pending', 'retryable')"
