@@ -1,4 +1,5 @@
-"""Rows from the database become the same TaskRow by name and by position."""
+"""Rows from the database become the same TaskRow by name and by position; a new task gives
+the same column values by name (`task_values`) and by position (PostgreSQL's bulk records)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,20 @@ def test_a_row_by_position_equals_the_row_by_name() -> None:
     }  # fmt: skip
     assert by_position.state is TaskState.PROCESSING
     assert by_position.payload == b'{"a":1}' and type(by_position.payload) is bytes
+
+
+def test_a_bulk_record_holds_the_task_values_in_bulk_column_order() -> None:
+    from txtasks.driver.plan import task_values
+    from txtasks.driver.postgresql import BULK_COLUMNS, _bulk_record
+    from txtasks.types import NewTask
+
+    t0 = datetime(2026, 1, 2, 3, 4, 5, 6)
+    row = NewTask(
+        queue="q", task_name="send", payload=b"{}", content_type="application/json",
+        priority=3, run_at=t0, max_attempts=5, created_at=t0 - timedelta(seconds=1),
+        dedup_key="k", headers='{"h":"v"}', expires_at=t0 + timedelta(seconds=4),
+        state=TaskState.STAGED, stage_id="s",
+    )  # fmt: skip
+    values = task_values(row)
+    assert ("id", *values) == BULK_COLUMNS
+    assert _bulk_record(7, row) == (7, *values.values())
