@@ -11,7 +11,6 @@ from txtasks.types import BYTES_CONTENT_TYPE, JSON_CONTENT_TYPE
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 #: One encoder for every payload (json.dumps with options builds a new one per call).
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-_DECODER = json.JSONDecoder()
 
 
 def payload_encode(payload: Any, *, limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> tuple[bytes, str]:
@@ -38,7 +37,7 @@ def payload_decode(data: bytes, content_type: str) -> Any:
     if content_type != JSON_CONTENT_TYPE:
         raise PayloadError(f"unknown payload content type {content_type!r}")
     try:
-        return _DECODER.decode(data.decode("utf-8"))
+        return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise PayloadError(f"payload is not valid JSON: {exc}") from exc
 
