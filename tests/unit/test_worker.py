@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 from datetime import timedelta
 from typing import Any
@@ -213,6 +214,56 @@ async def test_never_more_tasks_at_once_than_slots() -> None:
     assert stats.outcomes == {"completed": 10}
 
 
+async def test_a_waiting_handler_does_not_hold_up_the_rows_claimed_with_it() -> None:
+    """Five rows claimed in one batch: the first handler waits until the last one has run."""
+    app = new_app()
+    last_ran = asyncio.Event()
+
+    @app.task(name="chain")
+    async def chain(payload: int) -> None:
+        if payload == 0:
+            await last_ran.wait()
+        elif payload == 4:
+            last_ran.set()
+
+    await app.aenqueue_many([chain.new(i) for i in range(5)])
+    stats = await asyncio.wait_for(run_until_empty(app, concurrency=5), 5)
+    assert stats.outcomes == {"completed": 5}
+
+
+async def test_handlers_that_never_wait_share_a_runner() -> None:
+    app = new_app()
+    runners: set[Any] = set()
+
+    @app.task(name="quick")
+    async def quick(payload: int) -> None:
+        runners.add(asyncio.current_task())
+
+    await app.aenqueue_many([quick.new(i) for i in range(50)])
+    stats = await run_until_empty(app, concurrency=10)
+    assert stats.outcomes == {"completed": 50}
+    # not an asyncio task per handler: one runner, and at most one woken in case a handler waited
+    assert 1 <= len(runners) <= 2
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+async def test_every_handler_starts_in_the_workers_context(concurrency: int) -> None:
+    """A context variable one handler sets and never resets is not seen by the next one."""
+    app = new_app()
+    var: contextvars.ContextVar[int] = contextvars.ContextVar("txtasks_test_var")
+    seen: list[int | None] = []
+
+    @app.task(name="set_var")
+    async def set_var(payload: int) -> None:
+        seen.append(var.get(None))
+        var.set(payload)
+
+    await app.aenqueue_many([set_var.new(i) for i in range(6)])
+    stats = await run_until_empty(app, concurrency=concurrency)
+    assert stats.outcomes == {"completed": 6}
+    assert seen == [None] * 6
+
+
 async def test_graceful_stop_lets_in_flight_tasks_finish() -> None:
     app = new_app()
     started = asyncio.Event()
@@ -274,7 +325,7 @@ async def test_tasks_stopped_before_their_first_step_are_handed_back() -> None:
     stats = await asyncio.wait_for(worker.run(), 5)
     assert [states(app)[i] for i in ids] == [("pending", 0)] * 5
     assert stats.outcomes == {"pending": 5}
-    assert not worker._inflight
+    assert not worker._held
 
 
 async def test_heartbeat_extends_leases_of_running_tasks() -> None:

@@ -2,21 +2,26 @@
 
 One claimer per worker fetches as many rows as there are free slots in one statement; a
 heartbeat extends every held lease in one statement; outcomes are flushed in batches.
+
+Handlers run on at most `concurrency` runners: long-lived asyncio tasks that take claimed rows
+one after the other. A runner about to call a handler while more rows wait wakes another one,
+so a handler that waits never holds up the rows behind it, and handlers that finish without
+waiting cost no asyncio task each. Every handler starts in the worker's own context: a runner
+whose handler left a context variable set retires, and a fresh one takes the next row.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
 import inspect
 import logging
 import os
 import random
 import socket
-import sys
 import time
 import uuid
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -42,12 +47,6 @@ from txtasks.worker.context import TaskContext
 from txtasks.worker.outcomes import OutcomeBuffer, event_wait
 
 log = logging.getLogger("txtasks.worker")
-
-if sys.version_info >= (3, 12):
-    #: Run a task's first step at once: a handler that never waits costs no loop round trip.
-    spawn: Any = functools.partial(asyncio.Task, eager_start=True)
-else:
-    spawn = asyncio.create_task
 
 CLAIM_ERROR_BACKOFF_MAX = 5.0
 
@@ -153,7 +152,17 @@ class Worker:
         if not self.queues:
             raise ConfigurationError("worker: no queues to serve (register a task or pass queues)")
         self.stats = WorkerStats()
-        self._inflight: dict[TaskKey, asyncio.Task[None]] = {}
+        #: Claimed attempts not finished yet: waiting for a runner, or running.
+        self._held: set[TaskKey] = set()
+        #: Claimed rows no runner has taken yet, in claim order.
+        self._ready: deque[tuple[TaskRow, TaskKey]] = deque()
+        self._runners: set[asyncio.Task[None]] = set()
+        #: Runners with nothing to do, each waiting on its future.
+        self._idle: deque[asyncio.Future[None]] = deque()
+        #: A runner was woken (or created) and has not looked at the ready rows yet.
+        self._waking = False
+        #: The context every handler starts in (a copy of the one `run()` was called in).
+        self._base_context = contextvars.copy_context()
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
@@ -186,8 +195,9 @@ class Worker:
         self._wake.set()
         if now:
             self._force = True
-            for task in self._inflight.values():
-                task.cancel()
+            self._ready.clear()  # never started: handed back at shutdown
+            for runner in self._runners:
+                runner.cancel()
 
     def wake(self, queue: str | None = None) -> None:
         """Claim now instead of at the next poll (a wake-up arrived)."""
@@ -204,6 +214,7 @@ class Worker:
     async def run(self) -> WorkerStats:
         """Run until stopped (or, in burst mode, until the queues are empty)."""
         await self.driver.open()
+        self._base_context = contextvars.copy_context()
         self._threads = ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="txtasks")
         flusher = asyncio.create_task(self._outcomes.run(), name="txtasks-flush")
         heartbeat = asyncio.create_task(self._heartbeat(), name="txtasks-heartbeat")
@@ -227,7 +238,7 @@ class Worker:
     async def _claim_loop(self) -> None:
         backoff = 0.0
         while not self._stopping.is_set():
-            free = self.config.concurrency - len(self._inflight)
+            free = self.config.concurrency - len(self._held)
             if free <= 0:
                 self._slot_free.clear()
                 await self._wait(self._slot_free, None)
@@ -251,6 +262,7 @@ class Worker:
             self._traced = tracing.enabled()  # read once a batch: it is not free
             for row in rows:
                 self._start(row)
+            self._dispatch()
             if rows:
                 await asyncio.sleep(0)  # let the handlers start before the next claim goes out
                 continue
@@ -285,7 +297,7 @@ class Worker:
 
     async def _drained(self) -> bool:
         """Burst mode: nothing in flight, outcomes written, nothing due soon in the queues."""
-        if self._inflight:
+        if self._held:
             return False
         await self._outcomes.flush()
         now = self.app.clock()
@@ -307,12 +319,54 @@ class Worker:
     # -- running ------------------------------------------------------------------------------
 
     def _start(self, row: TaskRow) -> None:
+        """Hold a claimed row until a runner takes it (`_dispatch` wakes one)."""
         if self.metrics is not None:
             self.metrics.task_claimed(row.queue, row.task_name)
         key = TaskKey(row.id, row.attempt)
-        task = spawn(self._execute(row, key))
-        if not task.done():  # an eager start (Python 3.12+) may have run it to the end
-            self._inflight[key] = task
+        self._held.add(key)
+        self._ready.append((row, key))
+
+    def _dispatch(self) -> None:
+        """Rows are ready: make sure a runner will look at them, unless one already will."""
+        if self._waking or not self._ready:
+            return
+        while self._idle:
+            waiter = self._idle.popleft()
+            if not waiter.done():  # not a runner cancelled while idle
+                waiter.set_result(None)
+                self._waking = True
+                return
+        if len(self._runners) < self.config.concurrency:
+            # in the worker's context, not in that of the handler that may be calling this
+            runner = self._base_context.run(
+                asyncio.ensure_future, self._run_rows(), loop=asyncio.get_running_loop()
+            )
+            self._runners.add(runner)
+            runner.add_done_callback(self._runners.discard)
+            self._waking = True
+        # else every runner is busy: the first to finish takes the row
+
+    async def _run_rows(self) -> None:
+        """A runner: take ready rows one by one; between them wait, idle, for more."""
+        clean = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        while True:
+            self._waking = False
+            while self._ready:
+                row, key = self._ready.popleft()
+                self._dispatch()  # in case this handler waits: the next row needs a runner
+                try:
+                    await self._execute(row, key)
+                except Exception:  # _execute records every outcome; never lose the runner
+                    log.exception("task %d: runner failed", key.id)
+                if contextvars.copy_context() != clean:
+                    # the handler left a context variable set: the next handler must not see it
+                    self._runners.discard(asyncio.current_task())
+                    self._dispatch()
+                    return
+            waiter = loop.create_future()
+            self._idle.append(waiter)
+            await waiter
 
     async def _execute(self, row: TaskRow, key: TaskKey) -> None:
         started = time.perf_counter() if self.metrics is not None else 0.0
@@ -339,7 +393,7 @@ class Worker:
 
     def _finished(self, key: TaskKey) -> None:
         """The slot is free; the outcome is in the buffer (its lease still extended there)."""
-        self._inflight.pop(key, None)
+        self._held.discard(key)
         self._slot_free.set()
 
     async def _attempt(self, row: TaskRow, key: TaskKey) -> Outcome:
@@ -470,7 +524,7 @@ class Worker:
         """Extend every held lease (running, or finished but not yet written) in one statement."""
         while not await event_wait(self._beat_stop, self.config.heartbeat_interval):
             async with self._outcomes.lock:  # no flush may finish rows while we extend them
-                keys = [*self._inflight, *self._outcomes.keys()]
+                keys = [*self._held, *self._outcomes.keys()]
                 if keys:
                     await self._leases_extend(keys)
 
@@ -490,20 +544,23 @@ class Worker:
     # -- shutdown -----------------------------------------------------------------------------
 
     async def _shutdown(self) -> None:
-        """Let in-flight tasks finish within the grace period, then hand the rest back."""
-        if not self._inflight:
-            return
-        tasks = list(self._inflight.values())
-        grace = 0.0 if self._force else self.config.shutdown_grace
-        log.info("waiting up to %.1fs for %d task(s)", grace, len(tasks))
-        if grace > 0:
-            await asyncio.wait(tasks, timeout=grace)
-        late = [t for t in tasks if not t.done()]
-        for task in late:
-            task.cancel()
+        """Let held tasks finish within the grace period, then hand the rest back."""
+        if self._held:
+            grace = 0.0 if self._force else self.config.shutdown_grace
+            log.info("waiting up to %.1fs for %d task(s)", grace, len(self._held))
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + grace
+            while self._held and not self._force and (left := deadline - loop.time()) > 0:
+                self._slot_free.clear()
+                await event_wait(self._slot_free, left)
+        self._ready.clear()  # not started in time: handed back below
+        late = len(self._held)
+        runners = list(self._runners)
+        for runner in runners:
+            runner.cancel()
+        await asyncio.gather(*runners, return_exceptions=True)
         if late:
-            await asyncio.gather(*late, return_exceptions=True)
-            log.warning("%d task(s) did not finish in time and were handed back", len(late))
-        for key in list(self._inflight):  # cancelled before their first step: never started
+            log.warning("%d task(s) did not finish in time and were handed back", late)
+        for key in list(self._held):  # cancelled before a runner took them: never started
             self._outcomes.add(Outcome(key, OutcomeKind.RELEASE, error="worker shut down"))
             self._finished(key)
