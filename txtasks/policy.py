@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import traceback
 from dataclasses import dataclass
@@ -47,7 +46,7 @@ def sanitized(outcome: Outcome) -> Outcome:
     """The outcome with a storable error text."""
     if outcome.error is None:
         return outcome
-    return dataclasses.replace(outcome, error=clean_text(outcome.error))
+    return outcome._replace(error=clean_text(outcome.error))
 
 
 def error_text(exc: BaseException) -> str:

@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class TaskState(str, enum.Enum):
@@ -72,9 +72,12 @@ class NewTask:
     stage_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class TaskRow:
-    """A task as stored: in the hot table (live) or the archive (finished)."""
+class TaskRow(NamedTuple):
+    """A task as stored: in the hot table (live) or the archive (finished).
+
+    A named tuple, like `TaskKey` and `Outcome`: immutable, and built in a fraction of the time
+    a frozen dataclass takes, which the worker pays for every claimed task.
+    """
 
     id: int
     queue: str
@@ -148,8 +151,7 @@ class TaskRow:
         return TaskKey(self.id, self.attempt)
 
 
-@dataclass(frozen=True, slots=True)
-class TaskKey:
+class TaskKey(NamedTuple):
     """One claimed attempt of one task: every outcome write is fenced on both."""
 
     id: int
@@ -169,16 +171,16 @@ class OutcomeKind(str, enum.Enum):
     @property
     def finishes(self) -> bool:
         """True when the row leaves the hot table for the archive."""
-        return self in FINISHING
+        return self._value_ in _FINISHING_VALUES
 
 
 FINISHING = frozenset(
     {OutcomeKind.COMPLETE, OutcomeKind.FAIL, OutcomeKind.DISCARD, OutcomeKind.DEAD}
 )
+_FINISHING_VALUES = frozenset(k.value for k in FINISHING)  # str hashing, not Enum.__hash__
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(NamedTuple):
     """The result of one attempt, buffered by the worker and flushed in batches."""
 
     key: TaskKey

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import dataclasses
 import importlib
 import importlib.util
 import logging
@@ -223,7 +222,7 @@ def json_default(value: Any) -> Any:
 
 def task_json(row: TaskRow) -> dict[str, Any]:
     """A task for `--json` output: the payload decoded when it is JSON."""
-    data = dataclasses.asdict(row)
+    data = row._asdict()
     if row.content_type == JSON_CONTENT_TYPE:
         try:
             data["payload"] = payload_decode(row.payload, row.content_type)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Sequence
-from dataclasses import replace
 from datetime import datetime
 from typing import ClassVar
 
@@ -101,8 +100,7 @@ class MemoryDriver:
             )[:limit]
             claimed = []
             for row in ready:
-                new = replace(
-                    row,
+                new = row._replace(
                     state=TaskState.PROCESSING,
                     attempt=row.attempt + 1,
                     lease_expires_at=lease_until,
@@ -151,8 +149,7 @@ class MemoryDriver:
         if kind.finishes:
             del self.live[row.id]
             if kind is not OutcomeKind.COMPLETE or archive:
-                self.archived[row.id] = replace(
-                    row,
+                self.archived[row.id] = row._replace(
                     state=TaskState(kind.value),
                     last_error=outcome.error or row.last_error,
                     lease_expires_at=None,
@@ -160,8 +157,7 @@ class MemoryDriver:
                 )
         elif kind is OutcomeKind.RETRY:
             assert outcome.run_at is not None
-            self.live[row.id] = replace(
-                row,
+            self.live[row.id] = row._replace(
                 state=TaskState.RETRYABLE,
                 run_at=outcome.run_at,
                 last_error=outcome.error,
@@ -170,8 +166,7 @@ class MemoryDriver:
                 worker_id=None,
             )
         else:
-            self.live[row.id] = replace(
-                row,
+            self.live[row.id] = row._replace(
                 state=TaskState.PENDING,
                 attempt=row.attempt - 1,
                 lease_expires_at=None,
@@ -186,7 +181,7 @@ class MemoryDriver:
             for key in keys:
                 row = self._current(key, worker_id)
                 if row is not None:
-                    self.live[key.id] = replace(row, lease_expires_at=lease_until)
+                    self.live[key.id] = row._replace(lease_expires_at=lease_until)
                     count += 1
         return count
 
@@ -255,8 +250,7 @@ class MemoryDriver:
             chosen = [dead[i] for i in picked]
             for row in chosen:
                 del self.archived[row.id]
-                self.live[row.id] = replace(
-                    row,
+                self.live[row.id] = row._replace(
                     state=TaskState.PENDING,
                     attempt=0,
                     run_at=now,
@@ -305,7 +299,7 @@ class MemoryDriver:
             done = sorted(i for i, r in self.live.items() if r.state in FINISHED_STATES)[:limit]
             for task_id in done:
                 row = self.live.pop(task_id)
-                self.archived[task_id] = replace(row, lease_expires_at=None, finished_at=now)
+                self.archived[task_id] = row._replace(lease_expires_at=None, finished_at=now)
         return len(done)
 
     async def staged_purge_many(self, *, before: datetime, limit: int) -> int:

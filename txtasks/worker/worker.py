@@ -49,6 +49,9 @@ from txtasks.worker.outcomes import OutcomeBuffer, event_wait
 log = logging.getLogger("txtasks.worker")
 
 CLAIM_ERROR_BACKOFF_MAX = 5.0
+#: Enum members read once: `Enum.MEMBER` is a slow lookup, paid for every task otherwise.
+_COMPLETE = OutcomeKind.COMPLETE
+_MANUAL = AckPolicy.MANUAL
 
 
 @dataclass(frozen=True)
@@ -119,8 +122,10 @@ class WorkerStats:
     overruns: int = 0
 
     def count(self, outcomes: Sequence[Outcome], stale: Sequence[TaskKey]) -> None:
+        counts = self.outcomes
         for outcome in outcomes:
-            self.outcomes[outcome.kind.value] = self.outcomes.get(outcome.kind.value, 0) + 1
+            kind = outcome.kind._value_  # a plain attribute, unlike the `value` property
+            counts[kind] = counts.get(kind, 0) + 1
         self.stale += len(stale)
 
 
@@ -434,8 +439,8 @@ class Worker:
                 max_attempts=row.max_attempts,
                 checkpoint=ctx.new_checkpoint,
             )
-        if ctx.decision is None and task.policy.ack_policy is not AckPolicy.MANUAL:
-            return Outcome(key, OutcomeKind.COMPLETE)  # the common case, without more calls
+        if ctx.decision is None and task.policy.ack_policy is not _MANUAL:
+            return Outcome(key, _COMPLETE)  # the common case, without more calls
         return self._decided(ctx) or self._returned(ctx)
 
     async def _traced_call(self, task: Task, payload: Any, ctx: TaskContext) -> None:
