@@ -1,7 +1,9 @@
+import json
+
 import pytest
 
 from txtasks import PayloadError
-from txtasks.payload import headers_encode, payload_decode, payload_encode
+from txtasks.payload import headers_encode, json_decode, payload_decode, payload_encode
 from txtasks.types import BYTES_CONTENT_TYPE, JSON_CONTENT_TYPE
 
 
@@ -34,6 +36,27 @@ def test_undecodable_payload() -> None:
         payload_decode(b"{nope", JSON_CONTENT_TYPE)
     with pytest.raises(PayloadError, match="content type"):
         payload_decode(b"x", "application/pickle")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "null", "1", "-2.5e3", '"x"', '{"a":[1,{"b":null}]}', "[]",  # as txtasks writes them
+        ' {"a": 1}', '{"a": 1}\n', "\t[1, 2] ", "\ufeff{}",  # whitespace, a BOM
+        "{nope", "[1] [2]", "1 x", "", "   ", "NaN", "[1,]", '"unterminated',  # not JSON
+    ],
+)  # fmt: skip
+def test_json_decode_is_json_loads(text: str) -> None:
+    """The same value as json.loads, or the same error."""
+    try:
+        expected: object = json.loads(text)
+    except ValueError as exc:
+        with pytest.raises(type(exc)) as raised:
+            json_decode(text)
+        assert str(raised.value) == str(exc)
+    else:
+        decoded = json_decode(text)
+        assert repr(decoded) == repr(expected)  # NaN too
 
 
 def test_headers_must_be_strings() -> None:
