@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, event, make_url, text
 from tests.conftest import BACKENDS, reset_schema, server_url
 from txtasks.clock import utcnow
 from txtasks.driver import driver_for_url
-from txtasks.driver.postgresql import CLAIM_SQL
+from txtasks.driver.postgresql import CLAIM_SQL, FINISH_SQL
 from txtasks.driver.sql import SqlDriver
 from txtasks.driver.urls import url_sync
 from txtasks.types import NewTask
@@ -104,3 +104,54 @@ async def test_a_claim_reads_only_the_rows_it_takes(backlog: Any) -> None:
     else:
         assert [r["key"] for r in explained] == ["ix_txtasks_tasks_claim"], explained
         assert "filesort" not in (explained[0]["Extra"] or ""), explained
+
+
+async def test_finishing_outcomes_looks_up_each_row_whatever_the_statistics_say(
+    request: pytest.FixtureRequest, tmp_path: Any
+) -> None:
+    """Statistics taken while no task was processing (the usual moment for an ANALYZE of a
+    queue with a backlog) must not turn finishing a batch into comparing every row with
+    every outcome."""
+    import asyncpg
+
+    url = server_url(request, "postgresql", tmp_path)
+    reset_schema(url)
+    dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    conn = await asyncpg.connect(dsn, server_settings={"plan_cache_mode": "force_custom_plan"})
+    try:
+        now = utcnow()
+        driver = driver_for_url(url)
+        new = NewTask("q", "t", b"null", "application/json", 0, now, 3, now)
+        await driver.task_insert_many([new] * 5000)
+        await driver.close()
+        await conn.execute("ANALYZE txtasks_tasks")  # every row pending
+        claimed = await conn.fetch(CLAIM_SQL, now + timedelta(minutes=1), "w", now, ["q"], 500)
+        args = (
+            ",".join(str(r["id"]) for r in claimed),
+            ",".join(str(r["attempt"]) for r in claimed),
+            ",".join("completed" for _ in claimed),
+            None,
+            "w",
+            None,
+            now,
+            True,
+        )
+        finish = conn.transaction()  # EXPLAIN ANALYZE runs it: roll it back
+        await finish.start()
+        plan = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + FINISH_SQL, *args)
+        await finish.rollback()
+    finally:
+        await conn.close()
+    tree = nodes((plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"])
+    assert len(claimed) == 500 and tree[0]["Actual Rows"] == 500
+    compared = sum(n.get("Rows Removed by Join Filter", 0) for n in tree)
+    scans = [n for n in tree if n.get("Relation Name") == "txtasks_tasks"]
+    read = [
+        (n["Node Type"], n.get("Index Name"), n["Actual Loops"], n.get("Rows Removed by Filter"))
+        for n in scans
+    ]
+    assert compared == 0, f"{compared} rows compared and dropped: {read}"
+    # a scan repeated per outcome must find its one row by the primary key, reading no other
+    looped = [n for n in scans if n["Actual Loops"] > 1]
+    assert all(n.get("Index Name") == "txtasks_tasks_pkey" for n in looped), read
+    assert all(n.get("Rows Removed by Filter", 0) <= 1 for n in looped), read

@@ -13,7 +13,7 @@ from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities, WriteResult
 from txtasks.driver.plan import CopyRows, Statement, Step
-from txtasks.driver.sql import SqlDriver, claim_order
+from txtasks.driver.sql import SqlDriver
 from txtasks.driver.sql_staging import STAGED_COLUMNS
 from txtasks.schema.tables import READY, TASK_COLUMNS, tasks
 from txtasks.types import CLAIMED_COLUMNS, NewTask, Outcome, TaskKey, TaskRow
@@ -27,6 +27,7 @@ TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})
 #: on its own along the claim index (an index scan cannot merge several queues in order), at
 #: most `limit` rows each; the first `limit` of those in claim order are taken.
 CLAIM_SQL = f"""
+WITH claimed AS (
 UPDATE txtasks_tasks SET state = 'processing', attempt = attempt + 1,
        lease_expires_at = $1, worker_id = $2, started_at = $3
  WHERE id IN (SELECT r.id FROM unnest($4::varchar[]) AS q(name),
@@ -38,26 +39,37 @@ UPDATE txtasks_tasks SET state = 'processing', attempt = attempt + 1,
               ORDER BY r.priority DESC, r.run_at, r.id
               LIMIT $5)
 RETURNING {", ".join(CLAIMED_COLUMNS)}
+)
+SELECT * FROM claimed ORDER BY priority DESC, run_at, id
 """
 
 
 _ARCHIVED = [c for c in TASK_COLUMNS if c not in ("state", "lease_expires_at", "last_error")]
 
 #: Finishing outcomes (completed, failed, discarded, dead) in one autocommit statement: lock the
-#: still-current attempts in id order (the fence: id, attempt, processing, held by worker $5
-#: unless NULL, lease expired before $6 unless NULL), delete them from the hot table and copy
-#: them into the archive with their final state (completed ones only when $8).
+#: outcomes' rows in id order and keep the still-current attempts (the fence: id, attempt,
+#: processing, held by worker $5 unless NULL, lease expired before $6 unless NULL), delete them
+#: from the hot table and copy them into the archive with their final state (completed ones
+#: only when $8). Each outcome finds its row by the primary key whatever the statistics say (a
+#: join planned from stale ones compared every row with every outcome); `OFFSET 0` keeps the
+#: fence out of the lookup, so that no partial index stands in for the primary key, and a row
+#: that fails the fence is only locked for the moment of the statement. Ids, attempts and
+#: states travel as comma-separated text (asyncpg checks every element of an array parameter
+#: in Python); errors as an array, or NULL when the batch has none.
 FINISH_SQL = f"""
 WITH o AS (
-  SELECT * FROM unnest($1::bigint[], $2::int[], $3::varchar[], $4::text[])
+  SELECT * FROM unnest(string_to_array($1, ',')::bigint[], string_to_array($2, ',')::int[],
+                       string_to_array($3, ',')::varchar[], coalesce($4::text[], '{{}}'))
            AS o(id, attempt, final_state, error)
+   ORDER BY id
 ), locked AS (
-  SELECT t.id, o.final_state, o.error FROM txtasks_tasks t JOIN o ON t.id = o.id
-   WHERE t.id = ANY($1) AND t.attempt = o.attempt AND t.state = 'processing'
+  SELECT t.id, o.final_state, o.error
+    FROM o CROSS JOIN LATERAL (
+      SELECT t.id, t.attempt, t.state, t.worker_id, t.lease_expires_at
+        FROM txtasks_tasks t WHERE t.id = o.id OFFSET 0 FOR UPDATE OF t) AS t
+   WHERE t.attempt = o.attempt AND t.state = 'processing'
      AND ($5::varchar IS NULL OR t.worker_id = $5)
      AND ($6::timestamp IS NULL OR t.lease_expires_at < $6)
-   ORDER BY t.id
-   FOR UPDATE OF t
 ), done AS (
   DELETE FROM txtasks_tasks t USING locked l WHERE t.id = l.id
   RETURNING t.*, l.final_state, l.error
@@ -199,9 +211,7 @@ class PostgresDriver(SqlDriver):
     ) -> list[TaskRow]:
         pool = await self.raw_pool()
         records = await pool.fetch(CLAIM_SQL, lease_until, worker_id, now, list(queues), limit)
-        rows = [TaskRow.from_claim(r, worker_id, lease_until, now) for r in records]
-        rows.sort(key=claim_order)
-        return rows
+        return [TaskRow.from_claim(r, worker_id, lease_until, now) for r in records]
 
     async def outcome_write_many(
         self,
@@ -218,11 +228,12 @@ class PostgresDriver(SqlDriver):
         others = [o for o in outcomes if not o.kind.finishes]
         stale: list[TaskKey] = []
         if finishing:
+            errors = [o.error for o in finishing]
             params = (
-                [o.key.id for o in finishing],
-                [o.key.attempt for o in finishing],
-                [o.kind.value for o in finishing],
-                [o.error for o in finishing],
+                ",".join([str(o.key.id) for o in finishing]),
+                ",".join([str(o.key.attempt) for o in finishing]),
+                ",".join([o.kind for o in finishing]),  # str members: their values
+                errors if any(e is not None for e in errors) else None,
                 worker_id,
                 expired_before,
                 now,
