@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import shlex
 import statistics
 import sys
@@ -81,18 +82,23 @@ class FirstStarts(asyncio.DatagramProtocol):
     def __init__(self) -> None:
         self.run = ""
         self.starts: list[float] = []
+        #: CPU seconds each process had used by its first task (start-up, imports).
+        self.startup_cpu: list[float] = []
         self.port = 0
 
     def new_run(self) -> str:
         self.run = uuid.uuid4().hex[:12]
         self.starts = []
+        self.startup_cpu = []
         return self.run
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
-        run, _, started = data.decode(errors="replace").partition(" ")
+        run, *values = data.decode(errors="replace").split(" ")
         if run == self.run:
-            with contextlib.suppress(ValueError):
-                self.starts.append(float(started))
+            with contextlib.suppress(ValueError, IndexError):
+                started, cpu = float(values[0]), float(values[1])
+                self.starts.append(started)
+                self.startup_cpu.append(cpu)
 
 
 async def open_first_starts() -> tuple[FirstStarts, asyncio.DatagramTransport]:
@@ -106,8 +112,11 @@ async def open_first_starts() -> tuple[FirstStarts, asyncio.DatagramTransport]:
 
 async def run_processes(
     argvs: Sequence[list[str]], env: dict[str, str], log_dir: Path, timeout: float
-) -> float:
-    """Start every process at once; the monotonic time the last one exited (0 exits only)."""
+) -> tuple[float, float]:
+    """Start every process at once; the monotonic time the last one exited (0 exits only) and
+    the CPU seconds (user and system) the processes used in all."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_before = used.ru_utime + used.ru_stime
     logs = [log_dir / f"worker-{uuid.uuid4().hex[:6]}.log" for _ in argvs]
     processes = []
     for argv, path in zip(argvs, logs, strict=True):
@@ -125,11 +134,13 @@ async def run_processes(
                 process.kill()
         raise RuntimeError(f"workers did not drain the queue in {timeout:.0f}s") from None
     ended = time.monotonic()
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)  # the exited processes, reaped above
+    cpu = used.ru_utime + used.ru_stime - cpu_before
     for code, path in zip(codes, logs, strict=True):
         if code != 0:
             tail = "\n".join(path.read_text(errors="replace").splitlines()[-20:])
             raise RuntimeError(f"a worker exited with {code}; its log ({path}):\n{tail}")
-    return ended
+    return ended, cpu
 
 
 # -- the cases ------------------------------------------------------------------------------------
@@ -418,6 +429,8 @@ class Series:
     n: int = 0
     rates: list[float] = field(default_factory=list)
     costs: list[tuple[float, float, float]] = field(default_factory=list)
+    #: CPU microseconds per task of the worker processes, start-up left out.
+    cpus: list[float] = field(default_factory=list)
     error: str | None = None
 
     @property
@@ -432,7 +445,7 @@ async def burn_once(
     log_dir: Path,
     timeout: float,
     wrap: Callable[[int, list[str]], list[str]] | None = None,
-) -> tuple[float, tuple[float, float, float] | None]:
+) -> tuple[float, tuple[float, float, float] | None, float | None]:
     if case.system == "pgqueuer":
         await pgqueuer_preload(url, case.n)
     elif case.system == "procrastinate":
@@ -448,10 +461,16 @@ async def burn_once(
         argvs = case.argvs(url)
         if wrap is not None:
             argvs = [wrap(i, argv) for i, argv in enumerate(argvs)]
-        ended = await run_processes(argvs, env, log_dir, timeout)
+        ended, cpu = await run_processes(argvs, env, log_dir, timeout)
         if not starts.starts:
             raise RuntimeError("no worker reported a first task")
         seconds = ended - min(starts.starts)
+        # every process reports its start-up; one that never ran a task was all start-up
+        cpu_us = (
+            (cpu - sum(starts.startup_cpu)) / case.n * 1e6
+            if len(starts.starts) == len(argvs)
+            else None
+        )
         problem = await left_over(case, url)
         if problem:
             raise RuntimeError(problem)
@@ -460,7 +479,7 @@ async def burn_once(
             await asyncio.sleep(1.0)  # backends flush their statistics as they exit
             after = pg_counters(url)
             cost = tuple((a - b) / case.n for a, b in zip(after, before, strict=True))
-        return case.n / seconds, cost  # type: ignore[return-value]
+        return case.n / seconds, cost, cpu_us  # type: ignore[return-value]
     finally:
         if case.system == "pgqueuer":
             await pgqueuer_uninstall(url)
@@ -657,22 +676,23 @@ def report(
 ) -> str:
     lines = ["## Burn-down (tasks/s, median of runs)", ""]
     lines += [
-        "| backend | system | N | runs | tasks/s median | min-max | commits/task | rows written/task | WAL bytes/task |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| backend | system | N | runs | tasks/s median | min-max | worker CPU us/task | commits/task | rows written/task | WAL bytes/task |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in series.values():
         if "/enqueue/" in s.key:
             continue
         if s.error:
-            lines.append(f"| {LABELS[s.backend]} | {s.label} | | | failed: {s.error} | | | | |")
+            lines.append(f"| {LABELS[s.backend]} | {s.label} | | | failed: {s.error} | | | | | |")
             continue
         cost = ["-", "-", "-"]
         if s.costs:
             cost = [f"{statistics.median(c[i] for c in s.costs):.2f}" for i in range(2)]
             cost.append(f"{statistics.median(c[2] for c in s.costs):,.0f}")
+        cpu = f"{statistics.median(s.cpus):.1f}" if s.cpus else "-"
         lines.append(
             f"| {LABELS[s.backend]} | {s.label} | {s.n:,} | {len(s.rates)} | "
-            f"{fmt_rate(s.median)} | {fmt_range(s.rates)} | {' | '.join(cost)} |"
+            f"{fmt_rate(s.median)} | {fmt_range(s.rates)} | {cpu} | {' | '.join(cost)} |"
         )
     lines += ["", "## Enqueue (tasks/s, median of runs)", ""]
     lines += [
@@ -863,7 +883,7 @@ async def profile_case(args: argparse.Namespace, urls: dict[str, str]) -> str:
 
     starts, transport = await open_first_starts()
     try:
-        rate, _ = await burn_once(case, urls[case.backend], starts, log_dir, args.timeout, wrap)
+        rate, _, _ = await burn_once(case, urls[case.backend], starts, log_dir, args.timeout, wrap)
     finally:
         transport.close()
         tables_drop(urls[case.backend])
@@ -953,7 +973,7 @@ async def amain(args: argparse.Namespace, urls: dict[str, str], argv: Sequence[s
                     f"[run {run + 1}/{args.runs}] {LABELS[case.backend]}: {case.label}, N={case.n:,}"
                 )
                 try:
-                    rate, cost = await burn_once(
+                    rate, cost, cpu_us = await burn_once(
                         case, urls[case.backend], starts, log_dir, args.timeout
                     )
                 except Exception as exc:  # one failed case must not end the others
@@ -963,6 +983,8 @@ async def amain(args: argparse.Namespace, urls: dict[str, str], argv: Sequence[s
                 s.rates.append(rate)
                 if cost is not None:
                     s.costs.append(cost)
+                if cpu_us is not None:
+                    s.cpus.append(cpu_us)
                 log(f"  {rate:,.0f} tasks/s")
             for e in enqueues:
                 s = series[e.key]

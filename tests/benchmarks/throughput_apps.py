@@ -7,9 +7,10 @@ the raw SQL limit, each with a no-op handler.
   public API, stopping once its queue is empty (PGQueuer's `drain` mode, procrastinate's
   `wait=False`, the raw loop when a claim comes back empty).
 
-Every process sends one UDP datagram (`run first-start-monotonic`) when its first handler
-starts, to `TXTASKS_BENCH_REPORT` (host:port), so the benchmark can take the first start
-across processes as the start of the burn-down and leave process start-up out of it.
+Every process sends one UDP datagram (`run first-start-monotonic cpu-seconds-so-far`) when its
+first handler starts, to `TXTASKS_BENCH_REPORT` (host:port), so the benchmark can take the
+first start across processes as the start of the burn-down and leave process start-up out of
+it, in time and in CPU.
 `CLOCK_MONOTONIC` is one clock for the whole machine on Linux.
 """
 
@@ -56,12 +57,13 @@ class FirstStart:
             return
         self.pending = False
         started = time.monotonic()
+        cpu = time.process_time()  # start-up's CPU, left out of the CPU per task
         spec = os.environ.get(ENV_REPORT)
         if not spec:
             return
         host, _, port = spec.rpartition(":")
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            text = f"{os.environ.get(ENV_RUN, '-')} {started!r}"
+            text = f"{os.environ.get(ENV_RUN, '-')} {started!r} {cpu!r}"
             sock.sendto(text.encode(), (host, int(port)))
 
 
