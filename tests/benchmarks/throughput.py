@@ -822,7 +822,8 @@ def draw_chart(series: dict[str, Series], path: Path) -> None:
 PROFILE_RULES = [
     ("claim: the UPDATE ... RETURNING round trip and decoding the rows", "task_claim_many"),
     ("outcomes: building and writing the batches", "OutcomeBuffer"),
-    ("per task: creating the asyncio task", "Worker._start"),
+    ("per task: queuing the claimed row and waking a runner", "Worker._start"),
+    ("per task: queuing the claimed row and waking a runner", "Worker._dispatch"),
     ("per task: decoding, context, the handler call, the outcome", "Worker._execute"),
     ("per task: the handler itself (no-op)", "throughput_apps.py"),
     ("event loop: socket I/O and asyncpg's protocol (C code, no Python frames)", "Runner.run"),
