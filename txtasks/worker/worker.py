@@ -342,8 +342,9 @@ class Worker:
                 self._waking = True
                 return
         if len(self._runners) < self.config.concurrency:
-            # in the worker's context, not in that of the handler that may be calling this
-            runner = self._base_context.run(
+            # in the worker's context, not in that of the handler that may be calling this (a
+            # copy: with an eager task factory the runner may dispatch before this returns)
+            runner = self._base_context.copy().run(
                 asyncio.ensure_future, self._run_rows(), loop=asyncio.get_running_loop()
             )
             self._runners.add(runner)
