@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Callable
 
 from txtasks.clock import Clock
 from txtasks.driver import Driver, WriteResult
-from txtasks.policy import clean_text, error_text
+from txtasks.faults import Outage, describe, refused_value
+from txtasks.policy import clean_text
 from txtasks.types import Outcome, OutcomeKind, TaskKey
 
 log = logging.getLogger("txtasks.worker")
@@ -34,8 +36,10 @@ async def event_wait(event: asyncio.Event, timeout: float | None) -> bool:
 class OutcomeBuffer:
     """Buffers outcomes and flushes them in one driver call every `interval` seconds.
 
-    A failed flush (database down) keeps the outcomes and tries again with backoff; the writes
-    are fenced, so an outcome whose lease was lost meanwhile is dropped safely by the database.
+    A failed flush keeps the outcomes and tries again with backoff, for as long as it takes: a
+    lost connection, a timeout or a deadlock is never an outcome. Only a value the database
+    refuses (`refused_value`) dead-letters that one task, with the reason. The writes are
+    fenced, so an outcome whose lease was lost meanwhile is dropped safely by the database.
     """
 
     def __init__(
@@ -57,10 +61,13 @@ class OutcomeBuffer:
         self.worker_id = worker_id
         self.on_written = on_written
         self._pending: list[Outcome] = []
+        #: Attempts whose write failed without an answer: it may have been stored all the same.
+        self._in_doubt: set[TaskKey] = set()
         self._ready = asyncio.Event()
         self._full = asyncio.Event()
         self.lock = asyncio.Lock()
         self._closing = False
+        self.outage = Outage(log, "writing outcomes")
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -89,8 +96,8 @@ class OutcomeBuffer:
                 backoff = 0.0
             except Exception as exc:
                 backoff = min(MAX_BACKOFF, max(0.05, backoff * 2))
-                log.warning("outcome flush failed, retrying in %.2fs: %s", backoff, exc)
-                await asyncio.sleep(backoff)
+                self.outage.failed(exc, retry_in=backoff)
+                await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
 
     def stop(self) -> None:
         """End `run()` after the flush under way, if any; `drain()` writes the rest."""
@@ -102,50 +109,78 @@ class OutcomeBuffer:
         """Write everything buffered now, batch by batch; raise if the database fails."""
         async with self.lock:  # one writer: a batch is removed only once it is written
             await self._flush_locked()
+        self.outage.ok()
 
     async def _flush_locked(self) -> None:
         while self._pending:
             batch = self._pending[: self.max_batch]
             try:
                 result = await self._write(batch)
-            except Exception:
-                if len(batch) == 1:
+            except Exception as exc:
+                if len(batch) == 1 or not refused_value(exc):
                     raise
-                result = await self._write_each(batch)  # find the one the database refuses
-            del self._pending[: len(batch)]
-            if result.stale:
-                log.warning(
-                    "%d outcome(s) fenced off: the lease was lost and the task re-claimed: %s",
-                    len(result.stale),
-                    ", ".join(f"{k.id}#{k.attempt}" for k in result.stale[:10]),
-                )
-            if self.on_written is not None:
-                self.on_written(batch, result.stale)
+                await self._write_each(batch)  # find the one the database refuses
+                continue
+            self._written(batch, result)
         self._ready.clear()
         self._full.clear()
 
     async def _write(self, batch: list[Outcome]) -> WriteResult:
-        return await self.driver.outcome_write_many(
-            batch,
-            now=self.clock(),
-            archive_completed=self.archive_completed,
-            worker_id=self.worker_id,
-        )
+        """One driver call; an error other than a refused value leaves the batch in doubt."""
+        try:
+            return await self.driver.outcome_write_many(
+                batch,
+                now=self.clock(),
+                archive_completed=self.archive_completed,
+                worker_id=self.worker_id,
+            )
+        except Exception as exc:
+            if not refused_value(exc):
+                self._in_doubt.update(o.key for o in batch)
+            raise
 
-    async def _write_each(self, batch: list[Outcome]) -> WriteResult:
-        """Write one by one. An outcome the database refuses (not the database being away:
-        then its replacement fails too, and this raises) is dead-lettered in its place."""
-        applied, stale = 0, list[TaskKey]()
+    def _written(self, batch: list[Outcome], result: WriteResult) -> None:
+        """The batch is stored (or fenced off): it leaves the front of the buffer."""
+        del self._pending[: len(batch)]
+        if result.stale:
+            self._report_stale(result.stale)
+        if self._in_doubt:
+            self._in_doubt.difference_update(o.key for o in batch)
+        if self.on_written is not None:
+            self.on_written(batch, result.stale)
+
+    def _report_stale(self, stale: tuple[TaskKey, ...]) -> None:
+        doubt = [k for k in stale if k in self._in_doubt]
+        fenced = [k for k in stale if k not in self._in_doubt]
+        if doubt:
+            log.info(
+                "%d outcome(s) were no longer held when written again: the earlier write, "
+                "whose answer was lost, had stored them, or the lease ran out meanwhile: %s",
+                len(doubt),
+                keys_text(doubt),
+            )
+        if fenced:
+            log.warning(
+                "%d outcome(s) fenced off: the lease was lost and the task re-claimed: %s",
+                len(fenced),
+                keys_text(fenced),
+            )
+
+    async def _write_each(self, batch: list[Outcome]) -> None:
+        """Write one by one, each leaving the buffer once stored. An outcome whose value the
+        database refuses is dead-lettered in its place, with the reason; any other error
+        (the database being away) raises and keeps the rest buffered."""
         for outcome in batch:
             try:
                 result = await self._write([outcome])
             except Exception as exc:
-                reason = clean_text(f"its outcome could not be stored: {error_text(exc)}")
+                if not refused_value(exc):
+                    raise
+                reason = clean_text(f"its outcome could not be stored: {describe(exc)}")
                 log.error("task %d: %s", outcome.key.id, reason)
-                result = await self._write([Outcome(outcome.key, OutcomeKind.DEAD, error=reason)])
-            applied += result.applied
-            stale.extend(result.stale)
-        return WriteResult(applied, tuple(stale))
+                dead = Outcome(outcome.key, OutcomeKind.DEAD, error=reason)
+                result = await self._write([dead])
+            self._written([outcome], result)
 
     async def drain(self, *, attempts: int = 20, give_up: Callable[[], bool] | None = None) -> bool:
         """Flush at shutdown, retrying a while if the database is away. True when empty.
@@ -159,9 +194,15 @@ class OutcomeBuffer:
                 return True
             except Exception as exc:
                 if attempt + 1 == attempts or (give_up is not None and give_up()):
-                    log.error("%d outcome(s) not written: %s", len(self._pending), exc)
+                    log.error("%d outcome(s) not written: %s", len(self._pending), describe(exc))
                     break
-                log.warning("final outcome flush failed (%s); retrying in %.2fs", exc, delay)
+                self.outage.failed(exc, retry_in=delay)
                 await asyncio.sleep(delay)
                 delay = min(MAX_BACKOFF, delay * 2)
         return not self._pending
+
+
+def keys_text(keys: list[TaskKey], most: int = 10) -> str:
+    """Up to `most` attempts as id#attempt."""
+    more = f" and {len(keys) - most} more" if len(keys) > most else ""
+    return ", ".join(f"{k.id}#{k.attempt}" for k in keys[:most]) + more
