@@ -13,6 +13,7 @@ from datetime import timedelta
 from types import MappingProxyType
 
 from cleaner.sweep import Sweep, SweepConfig, SweepResult
+from txtasks._checks import MAX_SECONDS
 from txtasks.app import check_queue_name
 from txtasks.clock import seconds
 from txtasks.errors import ConfigurationError
@@ -40,10 +41,10 @@ class Keep:
                 value = seconds(value)
             except (TypeError, ValueError):
                 value = -1.0
-            if not value >= 0:
+            if not 0 <= value <= MAX_SECONDS:
                 raise ConfigurationError(
-                    f"retention {f.name}: expected seconds >= 0, a timedelta or None, "
-                    f"got {getattr(self, f.name)!r}"
+                    f"retention {f.name}: expected seconds >= 0 (100 years at most), a timedelta "
+                    f"or None, got {getattr(self, f.name)!r}"
                 )
             object.__setattr__(self, f.name, value)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
+from txtasks._checks import check_finite_fields
 from txtasks.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ class SweepConfig:
     batch_size: int = 1000
 
     def __post_init__(self) -> None:
+        check_finite_fields(self)  # the fields of every sweep's config, NaN and infinities out
         name = type(self).__name__
         if not 0 < self.interval <= MAX_INTERVAL:
             raise ConfigurationError(

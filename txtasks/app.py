@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, overload
 
+from txtasks._checks import check_number
 from txtasks.clock import Clock, as_utc, seconds, utcnow
 from txtasks.driver import Driver, driver_for_url
 from txtasks.enqueue import (
@@ -64,16 +65,13 @@ class TaskOptions:
         if not self.name or len(self.name) > 255:
             raise ConfigurationError(f"task name: {self.name!r} must be 1-255 characters")
         check_queue_name(self.queue, setting=f"task {self.name}: queue")
-        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
-            raise ConfigurationError(
-                f"task {self.name}: max_attempts must be an integer >= 1, got {self.max_attempts!r}"
-            )
+        where = f"task {self.name}"
+        check_number(f"{where}: max_attempts", self.max_attempts, minimum=1, integer=True)
         for setting in ("timeout", "deadline"):
             value = getattr(self, setting)
-            if value is not None and value <= 0:
-                raise ConfigurationError(f"task {self.name}: {setting} must be > 0, got {value!r}")
-        if not isinstance(self.priority, int):
-            raise ConfigurationError(f"task {self.name}: priority must be an integer")
+            if value is not None:
+                check_number(f"{where}: {setting}", value, above=0)
+        check_number(f"{where}: priority", self.priority, maximum=None, integer=True)
 
     @property
     def retry_policy(self) -> RetryPolicy:
@@ -172,8 +170,7 @@ class App:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         clock: Clock = utcnow,
     ) -> None:
-        if max_payload_bytes <= 0:
-            raise ConfigurationError(f"max_payload_bytes must be > 0, got {max_payload_bytes!r}")
+        check_number("max_payload_bytes", max_payload_bytes, minimum=1, maximum=None, integer=True)
         self.name = name
         self.database_url = database_url
         self.broker_url = broker_url
@@ -359,9 +356,7 @@ class App:
         now = self.clock()
         when = now
         if delay is not None:
-            wait = seconds(delay)
-            if wait < 0:
-                raise ConfigurationError(f"enqueue: delay must be >= 0, got {wait!r}")
+            wait = check_number("enqueue: delay", seconds(delay), minimum=0)
             when = now + timedelta(seconds=wait)
         elif run_at is not None:
             when = as_utc(run_at)
@@ -373,8 +368,8 @@ class App:
             raise ConfigurationError(
                 f"enqueue: dedup_key must be 1-255 bytes of UTF-8 without NUL, got {dedup_key!r}"
             )
-        if priority is not None and not isinstance(priority, int):
-            raise ConfigurationError(f"enqueue: priority must be an integer, got {priority!r}")
+        if priority is not None:
+            check_number("enqueue: priority", priority, maximum=None, integer=True)
         data, content_type = payload_encode(payload, limit=self.max_payload_bytes)
         return NewTask(
             queue=options.queue if queue is None else check_queue_name(queue),

@@ -14,6 +14,7 @@ from typing import Any
 
 from apscheduler.triggers.cron import CronTrigger
 
+from txtasks._checks import check_number
 from txtasks.clock import as_utc, seconds
 from txtasks.errors import ConfigurationError
 
@@ -63,8 +64,7 @@ class Schedule:
             if not (math.isfinite(self.every) and self.every > 0):
                 raise ConfigurationError(f"{where}: every must be > 0 seconds, got {self.every!r}")
             object.__setattr__(self, "every", float(self.every))
-        if self.misfire_grace < 0:
-            raise ConfigurationError(f"{where}: misfire_grace must be >= 0")
+        check_number(f"{where}: misfire_grace", self.misfire_grace, minimum=0)
         try:
             object.__setattr__(self, "catch_up", CatchUp(self.catch_up))
         except ValueError:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from txtasks._checks import check_number
 from txtasks.errors import ConfigurationError
 
 
@@ -18,8 +19,7 @@ class RetryStrategy(Protocol):
 
 
 def _non_negative(name: str, value: float) -> None:
-    if value < 0:
-        raise ConfigurationError(f"retry strategy: {name} must be >= 0, got {value!r}")
+    check_number(f"retry strategy: {name}", value, minimum=0)
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,7 @@ class Exponential:
     def __post_init__(self) -> None:
         for name in ("base", "cap"):
             _non_negative(name, getattr(self, name))
-        if self.factor < 1:
-            raise ConfigurationError(f"retry strategy: factor must be >= 1, got {self.factor!r}")
+        check_number("retry strategy: factor", self.factor, minimum=1, maximum=None)
 
     def delay(self, attempt: int) -> float:
         exponent = min(max(0, attempt - 1), 64)

@@ -79,7 +79,7 @@ def test_the_spec_changes_when_the_schedule_does() -> None:
         ({"cron": "61 * * * *"}, "cron '61 * * * *'"),
         ({"cron": "* * * * *", "timezone": "Mars/Olympus"}, "cron"),
         ({"every": 5, "catch_up": "sometimes"}, "catch_up 'sometimes' is not one of"),
-        ({"every": 5, "misfire_grace": -1}, "misfire_grace must be >= 0"),
+        ({"every": 5, "misfire_grace": -1}, "misfire_grace must be a finite number >= 0"),
     ],
 )
 def test_bad_schedules_name_what_is_wrong(options: dict[str, object], message: str) -> None:

@@ -29,6 +29,7 @@ from datetime import timedelta
 from typing import Any
 
 from txtasks import tracing
+from txtasks._checks import check_number
 from txtasks.app import App, Task, check_queue_name
 from txtasks.driver import Driver
 from txtasks.errors import ConfigurationError, PayloadError
@@ -83,21 +84,19 @@ class WorkerConfig:
     worker_id: str | None = None
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise ConfigurationError(f"concurrency must be >= 1, got {self.concurrency!r}")
+        check_number("concurrency", self.concurrency, minimum=1, maximum=None, integer=True)
+        check_number("flush_batch", self.flush_batch, minimum=1, maximum=None, integer=True)
         for name in ("lease", "poll_interval", "flush_interval"):
-            if getattr(self, name) <= 0:
-                raise ConfigurationError(f"{name} must be > 0, got {getattr(self, name)!r}")
+            check_number(name, getattr(self, name), above=0)
         for name in ("shutdown_grace", "burst_horizon"):
-            if getattr(self, name) < 0:
-                raise ConfigurationError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        if self.heartbeat is not None and not 0 < self.heartbeat < self.lease:
-            raise ConfigurationError(
-                f"heartbeat must be > 0 and shorter than the lease ({self.lease}s), "
-                f"got {self.heartbeat!r}"
-            )
-        if self.flush_batch < 1:
-            raise ConfigurationError(f"flush_batch must be >= 1, got {self.flush_batch!r}")
+            check_number(name, getattr(self, name), minimum=0)
+        if self.heartbeat is not None:
+            check_number("heartbeat", self.heartbeat, above=0)
+            if not self.heartbeat < self.lease:
+                raise ConfigurationError(
+                    f"heartbeat must be shorter than the lease ({self.lease}s), "
+                    f"got {self.heartbeat!r}"
+                )
         for queue in self.queues or ():
             check_queue_name(queue, setting="queues")
         if self.worker_id is not None and not 0 < len(self.worker_id) <= 128:
