@@ -24,8 +24,13 @@ def payload_encode(payload: Any, *, limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> t
     else:
         try:
             text = _ENCODER.encode(payload)
-        except (TypeError, ValueError) as exc:
-            raise PayloadError(f"payload is not JSON-serialisable: {exc}") from exc
+        except RecursionError as exc:
+            raise PayloadError(
+                "payload is not JSON-serialisable: nested too deeply (or it contains itself)"
+            ) from exc
+        except Exception as exc:  # TypeError, ValueError (NaN), OverflowError, a bad __iter__...
+            detail = str(exc) or type(exc).__name__
+            raise PayloadError(f"payload is not JSON-serialisable: {detail}") from exc
         data, content_type = text.encode("utf-8"), JSON_CONTENT_TYPE
     if len(data) > limit:
         raise PayloadError(
@@ -42,7 +47,9 @@ def payload_decode(data: bytes, content_type: str) -> Any:
         raise PayloadError(f"unknown payload content type {content_type!r}")
     try:
         return json_decode(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+    except RecursionError as exc:
+        raise PayloadError("payload is not valid JSON: nested too deeply to decode") from exc
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise PayloadError(f"payload is not valid JSON: {exc}") from exc
 
 
@@ -71,7 +78,11 @@ def headers_encode(headers: dict[str, str] | None) -> str | None:
 
 
 def headers_decode(text: str | None) -> dict[str, str]:
+    """Stored headers; a ValueError (PayloadError among them) when they are not JSON."""
     if not text:
         return {}
-    value = json.loads(text)
+    try:
+        value = json.loads(text)
+    except RecursionError as exc:
+        raise PayloadError("headers are not valid JSON: nested too deeply to decode") from exc
     return value if isinstance(value, dict) else {}

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import enum
+import linecache
 import traceback
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from types import FrameType
 
 from txtasks.clock import seconds
 from txtasks.errors import Drop, Reject, Retry
@@ -13,6 +15,8 @@ from txtasks.retry import RetryStrategy
 from txtasks.types import Outcome, OutcomeKind, TaskKey
 
 MAX_ERROR_CHARS = 4000
+#: Frames of the stack an error text shows (the innermost).
+MAX_ERROR_FRAMES = 5
 
 
 class AckPolicy(str, enum.Enum):
@@ -50,11 +54,19 @@ def sanitized(outcome: Outcome) -> Outcome:
 
 
 def error_text(exc: BaseException) -> str:
-    """A readable, bounded description of an exception for the `last_error` column."""
+    """A readable, bounded description of an exception for the `last_error` column: its
+    message, then where it was raised (the last frames, by module name: never a file path)."""
     text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-    if exc.__traceback__ is not None:
-        text += "\n" + "".join(traceback.format_tb(exc.__traceback__)[-5:])
+    frames = list(traceback.walk_tb(exc.__traceback__))[-MAX_ERROR_FRAMES:]
+    text += "".join(_frame_line(frame, line) for frame, line in frames)
     return text[:MAX_ERROR_CHARS]
+
+
+def _frame_line(frame: FrameType, line: int) -> str:
+    """`  at module.function line N: source`, without the file's path."""
+    module = frame.f_globals.get("__name__", "?")
+    source = linecache.getline(frame.f_code.co_filename, line, frame.f_globals).strip()
+    return f"\n  at {module}.{frame.f_code.co_name} line {line}{': ' if source else ''}{source}"
 
 
 def outcome_after_failure(

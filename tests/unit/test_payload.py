@@ -63,3 +63,41 @@ def test_headers_must_be_strings() -> None:
     assert headers_encode({"trace": "abc"}) == '{"trace":"abc"}'
     with pytest.raises(PayloadError, match="headers"):
         headers_encode({"n": 1})  # type: ignore[dict-item]
+
+
+def nested(depth: int) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def cyclic() -> object:
+    value: list[object] = []
+    value.append(value)
+    return value
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        (nested(100_000), "nested too deeply"),
+        (cyclic(), "Circular reference"),
+        ({"big": 10**5000}, "not JSON-serialisable"),  # int -> str conversion limit
+        (float("inf"), "Out of range float"),
+        ({("a",): 1}, "keys must be"),
+    ],
+    ids=["deep", "cyclic", "huge int", "infinity", "tuple key"],
+)
+def test_every_encoding_error_is_a_payload_error(value: object, words: str) -> None:
+    with pytest.raises(PayloadError, match="not JSON-serialisable") as info:
+        payload_encode(value)
+    assert words in str(info.value)
+
+
+def test_deeply_nested_stored_payload_is_a_decode_error() -> None:
+    data = b"[" * 100_000 + b"]" * 100_000
+    with pytest.raises(PayloadError, match="not valid JSON: nested too deeply"):
+        payload_decode(data, JSON_CONTENT_TYPE)
+    with pytest.raises(PayloadError, match="nested too deeply"):
+        payload_decode(b" " + data, JSON_CONTENT_TYPE)  # the json.loads path

@@ -168,6 +168,33 @@ async def test_bad_rows_are_dead_lettered_and_the_worker_goes_on() -> None:
     assert "cannot decode payload" in errors[ids[1]]
 
 
+async def test_dead_letter_reasons_hold_no_file_paths() -> None:
+    app = new_app()
+
+    @app.task(name="good", max_attempts=1)
+    def good(payload: object) -> None:
+        raise ValueError("the handler failed")
+
+    driver: MemoryDriver = app.driver  # type: ignore[assignment]
+    now = app.clock()
+    deep = b"[" * 100_000 + b"]" * 100_000
+    nested = NewTask("default", "good", deep, JSON_CONTENT_TYPE, 0, now, 3, now)
+    ids = await driver.task_insert_many([nested, good.new(1)])
+    await run_until_empty(app)
+    errors = {r.id: r.last_error or "" for r in finished(app, "dead")}
+    assert (
+        errors[ids[0]]
+        == "cannot decode payload: payload is not valid JSON: nested too deeply to decode"
+    )
+    raised = errors[ids[1]].splitlines()
+    assert raised[0] == "ValueError: the handler failed"
+    assert raised[-1] == "(attempt 1 of 1)"
+    assert raised[-2].startswith(f"  at {__name__}.good line ")  # where, by module name
+    assert raised[-2].endswith('raise ValueError("the handler failed")')
+    for error in errors.values():
+        assert "/" not in error and ".py" not in error, error
+
+
 async def test_expired_deadline_is_dead_lettered_without_running() -> None:
     ran: list[int] = []
     clock = {"now": None}
