@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
+import re
 import threading
 from datetime import timedelta
 from typing import Any
@@ -520,3 +522,55 @@ async def test_deadline_counts_from_when_the_task_is_due() -> None:
     task = app.task(name="late", deadline=10)(lambda payload: None)
     row = task.new(None, delay=20)
     assert row.expires_at is not None and row.expires_at - row.run_at == timedelta(seconds=10)
+
+
+async def test_each_failed_attempt_is_logged_once_and_the_dead_letter_at_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = new_app()
+
+    @app.task(name="flaky", max_attempts=3, retry=0)
+    async def flaky(payload: None) -> None:
+        raise ConnectionError("the mail server hung up")
+
+    @app.task(name="fine")
+    async def fine(payload: None) -> None: ...
+
+    task_id = await flaky.aenqueue()
+    await fine.aenqueue()
+    caplog.set_level(logging.INFO, logger="txtasks.worker")
+    await run_until_empty(app)
+    failures = [r for r in caplog.records if "failed:" in r.getMessage()]
+    assert [(r.levelname, r.attempt) for r in failures] == [  # type: ignore[attr-defined]
+        ("WARNING", 1),
+        ("WARNING", 2),
+        ("ERROR", 3),
+    ]
+    first, _, dead = (r.getMessage() for r in failures)
+    assert re.fullmatch(
+        rf"task {task_id} flaky attempt 1/3 failed: ConnectionError: the mail server hung up; "
+        r"retry at \d{4}-\d\d-\d\dT[\d:.]+Z \(in 0\.0s\)",
+        first,
+    ), first
+    assert dead == (
+        f"task {task_id} flaky attempt 3/3 failed: ConnectionError: the mail server hung up; "
+        "dead-lettered"
+    )
+    assert {r.task_id for r in failures} == {task_id}  # type: ignore[attr-defined]
+    assert failures[0].retry_at.endswith("Z")  # type: ignore[attr-defined]
+    assert failures[2].outcome == "dead"  # type: ignore[attr-defined]
+
+
+async def test_drops_and_rejects_say_what_happens_next(caplog: pytest.LogCaptureFixture) -> None:
+    app = new_app()
+
+    @app.task(name="choosy")
+    async def choosy(payload: str) -> None:
+        raise Drop("not for us") if payload == "drop" else Reject("refused")
+
+    await choosy.aenqueue("drop")
+    await choosy.aenqueue("reject")
+    with caplog.at_level(logging.WARNING, logger="txtasks.worker"):
+        await run_until_empty(app)
+    lines = sorted((r.levelname, r.getMessage().split(": ", 1)[1]) for r in caplog.records)
+    assert lines == [("ERROR", "refused; dead-lettered"), ("WARNING", "not for us; discarded")]

@@ -50,6 +50,15 @@ from txtasks.worker.outcomes import OutcomeBuffer, event_wait
 log = logging.getLogger("txtasks.worker")
 
 CLAIM_ERROR_BACKOFF_MAX = 5.0
+#: What the log line of a failed attempt says happens next, by outcome (a retry: its time).
+FAILURE_NEXT = {
+    OutcomeKind.DEAD: "dead-lettered",
+    OutcomeKind.DISCARD: "discarded",
+    OutcomeKind.FAIL: "failed for good",
+    OutcomeKind.COMPLETE: "completed anyway (ack_policy complete)",
+}
+#: The longest error a log line shows (the task row keeps the whole text).
+LOGGED_ERROR_CHARS = 300
 #: Enum members read once: `Enum.MEMBER` is a slow lookup, paid for every task otherwise.
 _COMPLETE = OutcomeKind.COMPLETE
 _MANUAL = AckPolicy.MANUAL
@@ -126,6 +135,12 @@ class WorkerStats:
             kind = outcome.kind._value_  # a plain attribute, unlike the `value` property
             counts[kind] = counts.get(kind, 0) + 1
         self.stale += len(stale)
+
+
+def first_line(error: str | None) -> str:
+    """The first line of an error text, bounded, for a log line."""
+    line = (error or "no reason given").strip().partition("\n")[0]
+    return line if len(line) <= LOGGED_ERROR_CHARS else line[:LOGGED_ERROR_CHARS] + "..."
 
 
 def default_worker_id() -> str:
@@ -386,6 +401,8 @@ class Worker:
             raise
         except Exception as exc:  # deciding the outcome failed: never leave the row behind
             outcome = Outcome(key, OutcomeKind.DEAD, error=f"outcome failed: {error_text(exc)}")
+        if outcome.kind is not _COMPLETE or outcome.error is not None:
+            self._log_failure(row, outcome)
         if self.metrics is not None:
             seconds = time.perf_counter() - started
             self.metrics.task_finished(row.queue, row.task_name, outcome.kind.value, seconds)
@@ -395,6 +412,33 @@ class Worker:
                 await asyncio.wait({overrun})
         self._outcomes.add(outcome if outcome.error is None else sanitized(outcome))
         self._finished(key)
+
+    def _log_failure(self, row: TaskRow, outcome: Outcome) -> None:
+        """One line for an attempt that failed: WARNING, or ERROR when it is dead-lettered."""
+        kind = outcome.kind
+        what = FAILURE_NEXT.get(kind, kind.value)
+        fields: dict[str, Any] = {
+            "task_id": row.id,
+            "task_name": row.task_name,
+            "attempt": row.attempt,
+            "max_attempts": row.max_attempts,
+            "outcome": kind.value,
+        }
+        if kind is OutcomeKind.RETRY and outcome.run_at is not None:
+            wait = (outcome.run_at - self.app.clock()).total_seconds()
+            fields["retry_at"] = f"{outcome.run_at.isoformat(timespec='milliseconds')}Z"
+            what = f"retry at {fields['retry_at']} (in {max(0.0, wait):.1f}s)"
+        log.log(
+            logging.ERROR if kind is OutcomeKind.DEAD else logging.WARNING,
+            "task %d %s attempt %d/%d failed: %s; %s",
+            row.id,
+            row.task_name,
+            row.attempt,
+            row.max_attempts,
+            first_line(outcome.error),
+            what,
+            extra=fields,
+        )
 
     def _finished(self, key: TaskKey) -> None:
         """The slot is free; the outcome is in the buffer (its lease still extended there)."""
