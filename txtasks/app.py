@@ -12,6 +12,7 @@ from typing import Any, overload
 from txtasks._checks import check_number
 from txtasks.clock import Clock, as_utc, seconds, utcnow
 from txtasks.driver import Driver, driver_for_url
+from txtasks.driver.timeouts import Timeouts
 from txtasks.enqueue import (
     AsyncExecutor,
     SyncExecutor,
@@ -169,6 +170,7 @@ class App:
         default_queue: str = DEFAULT_QUEUE,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         clock: Clock = utcnow,
+        timeouts: Timeouts | None = None,
     ) -> None:
         check_number("max_payload_bytes", max_payload_bytes, minimum=1, maximum=None, integer=True)
         self.name = name
@@ -179,6 +181,8 @@ class App:
         self.max_payload_bytes = max_payload_bytes
         self.clock = clock
         self._driver = driver
+        #: Database timeouts of the driver made from `database_url` (txtasks.driver.timeouts).
+        self.timeouts = timeouts
         self._tasks: dict[str, Task] = {}
         self._schedules: dict[str, Schedule] = {}
 
@@ -483,7 +487,7 @@ class App:
                     f"database_url: not set; pass App(database_url=...), --database-url, "
                     f"or set {ENV_DATABASE_URL}"
                 )
-            self._driver = driver_for_url(url)
+            self._driver = driver_for_url(url, timeouts=self.timeouts)
         return self._driver
 
     def resolve_broker_url(self, override: str | None = None) -> str | None:

@@ -60,6 +60,9 @@ class Driver(Protocol):
     async def migrate(self) -> list[int]:
         """Apply pending schema migrations; return the versions applied."""
 
+    async def ping(self) -> None:
+        """One cheap round trip to the database (readiness probes); raises if it fails."""
+
     async def task_insert_many(self, rows: Sequence[NewTask]) -> list[int]:
         """Insert in one transaction of the driver's own; a dedup hit returns the existing id."""
 

@@ -44,6 +44,9 @@ class MemoryDriver:
     async def migrate(self) -> list[int]:
         return []
 
+    async def ping(self) -> None:
+        """Always reachable: it lives in this process."""
+
     # -- enqueue ------------------------------------------------------------------------------
 
     def task_insert_many_sync(self, rows: Sequence[NewTask]) -> list[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -79,6 +80,15 @@ class MySQLDriver(SqlDriver):
     capabilities: ClassVar[Capabilities] = Capabilities("mysql")
     returning_insert: ClassVar[bool] = False
     returning_dedup: ClassVar[bool] = False
+
+    def connect_args(self, sync: bool) -> dict[str, Any]:
+        """Connect timeout; pymysql also bounds each read and write of its blocking socket.
+        Keepalives are set on the socket by `engine_setup`."""
+        t = self.timeouts
+        args: dict[str, Any] = {"connect_timeout": max(1, math.ceil(t.connect))}
+        if sync and t.command is not None:
+            args.update(read_timeout=t.command, write_timeout=t.command)
+        return args
 
     @classmethod
     def plan_class(cls, dialect: Dialect) -> type[SqlDriver]:

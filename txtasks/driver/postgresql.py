@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Generator, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
@@ -15,6 +16,7 @@ from txtasks.driver.base import Capabilities, WriteResult
 from txtasks.driver.plan import CopyRows, Statement, Step
 from txtasks.driver.sql import SqlDriver
 from txtasks.driver.sql_staging import STAGED_COLUMNS
+from txtasks.driver.timeouts import Watchdog, keepalive_set, socket_of
 from txtasks.schema.tables import READY, TASK_COLUMNS, tasks
 from txtasks.types import CLAIMED_COLUMNS, NewTask, Outcome, TaskKey, TaskRow
 
@@ -173,6 +175,32 @@ class PostgresDriver(SqlDriver):
         super().__init__(*args, **kwargs)
         self._pools: dict[str, tuple[asyncio.AbstractEventLoop, Any]] = {}
 
+    def server_settings(self) -> dict[str, str]:
+        """The server's side of the bounds: it ends a session left idle in a transaction (its
+        client gone) and probes idle clients, so locks of a vanished worker are freed."""
+        t = self.timeouts
+        settings = {
+            "tcp_keepalives_idle": str(int(t.keepalive_idle)),
+            "tcp_keepalives_interval": str(int(t.keepalive_interval)),
+            "tcp_keepalives_count": str(t.keepalive_count),
+        }
+        if t.command is not None:
+            settings["idle_in_transaction_session_timeout"] = str(int(t.command * 1000))
+        return settings
+
+    def connect_args(self, sync: bool) -> dict[str, Any]:
+        t = self.timeouts
+        if not sync:  # asyncpg; keepalives are set on the socket by engine_setup
+            return {"timeout": t.connect, "server_settings": self.server_settings()}
+        return {  # psycopg: libpq's own parameters
+            "connect_timeout": max(1, math.ceil(t.connect)),
+            "keepalives": 1,
+            "keepalives_idle": max(1, int(t.keepalive_idle)),
+            "keepalives_interval": max(1, int(t.keepalive_interval)),
+            "keepalives_count": t.keepalive_count,
+            "tcp_user_timeout": int(t.dead_after * 1000),
+        }
+
     async def raw_pool(self, purpose: str = "claims") -> Any:
         """asyncpg connections outside SQLAlchemy (one pool per purpose and event loop):
         "claims" without waiting for the WAL flush, "writes" with the server's setting."""
@@ -189,9 +217,26 @@ class PostgresDriver(SqlDriver):
                 if purpose == "claims"
                 else {"plan_cache_mode": "force_custom_plan"}
             )
-            pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2, server_settings=settings)
+            pool = await asyncpg.create_pool(
+                dsn,
+                min_size=1,
+                max_size=2,
+                timeout=self.timeouts.connect,
+                server_settings={**self.server_settings(), **settings},
+                init=self._raw_init,
+            )
             self._pools[purpose] = held = (loop, pool)
         return held[1]
+
+    async def _raw_init(self, connection: Any) -> None:
+        keepalive_set(socket_of(connection), self.timeouts)
+
+    async def raw_fetch(self, purpose: str, sql: str, *params: Any) -> list[Any]:
+        """One autocommit statement on a raw pool, bounded by the command timeout."""
+        pool = await self.raw_pool(purpose)
+        async with pool.acquire(timeout=self.timeouts.connect) as connection:
+            with Watchdog(self.timeouts.command, connection.terminate).armed():
+                return await connection.fetch(sql, *params)  # type: ignore[no-any-return]
 
     async def close(self) -> None:
         pools, self._pools = self._pools, {}
@@ -209,8 +254,9 @@ class PostgresDriver(SqlDriver):
         lease_until: datetime,
         worker_id: str,
     ) -> list[TaskRow]:
-        pool = await self.raw_pool()
-        records = await pool.fetch(CLAIM_SQL, lease_until, worker_id, now, list(queues), limit)
+        records = await self.raw_fetch(
+            "claims", CLAIM_SQL, lease_until, worker_id, now, list(queues), limit
+        )
         return [TaskRow.from_claim(r, worker_id, lease_until, now) for r in records]
 
     async def outcome_write_many(
@@ -257,8 +303,7 @@ class PostgresDriver(SqlDriver):
     async def _raw_retrying(self, purpose: str, sql: str, params: Sequence[Any]) -> list[Any]:
         """One autocommit statement on a raw pool, again after a deadlock or serialization
         failure."""
-        pool = await self.raw_pool(purpose)
-        return await self.retrying(lambda: pool.fetch(sql, *params))
+        return await self.retrying(lambda: self.raw_fetch(purpose, sql, *params))
 
     @classmethod
     def _insert_plain(

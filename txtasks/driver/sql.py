@@ -7,9 +7,10 @@ does better. Each statement is a small named builder; each driver method one sho
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import random
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, ClassVar, TypeVar
 
@@ -22,6 +23,7 @@ from sqlalchemy import (
     bindparam,
     create_engine,
     delete,
+    event,
     func,
     insert,
     literal,
@@ -38,6 +40,7 @@ from txtasks.driver.base import Capabilities, WriteResult
 from txtasks.driver.plan import Plan, Step, plan_run_async, plan_run_sync, task_values
 from txtasks.driver.sql_admin import SqlAdmin
 from txtasks.driver.sql_staging import SqlStaging
+from txtasks.driver.timeouts import Timeouts, Watchdog, keepalive_set, socket_of
 from txtasks.driver.urls import url_async, url_parse, url_sync
 from txtasks.errors import SchemaError
 from txtasks.schema import migrate as schema_migrate
@@ -103,8 +106,10 @@ class SqlDriver(SqlAdmin, SqlStaging):
         *,
         engine: AsyncEngine | None = None,
         engine_options: Mapping[str, Any] | None = None,
+        timeouts: Timeouts | None = None,
     ) -> None:
-        self.url = url_parse(url)
+        #: Bounds of every operation (connect, command, keepalives): see txtasks.driver.timeouts.
+        self.timeouts, self.url = Timeouts.resolve(url_parse(url), timeouts)
         self._engine = engine
         self._sync_engine: Engine | None = None
         self._engine_options = dict(engine_options or {})
@@ -119,25 +124,74 @@ class SqlDriver(SqlAdmin, SqlStaging):
         """
         return {**self._engine_options}
 
+    def connect_args(self, sync: bool) -> dict[str, Any]:
+        """The DB-API driver's connect arguments carrying `self.timeouts`; dialects add theirs."""
+        return {}
+
+    def _options(self, sync: bool) -> dict[str, Any]:
+        options = self.engine_options()
+        options["connect_args"] = {**self.connect_args(sync), **options.get("connect_args", {})}
+        return options
+
     def engine_setup(self, engine: Engine) -> None:
-        """Hook to install connection events (SQLite pragmas)."""
+        """Install connection events: TCP keepalives on every new connection's socket."""
+        timeouts = self.timeouts
+
+        @event.listens_for(engine, "connect")
+        def _keepalive(dbapi_connection: Any, _record: Any) -> None:
+            raw = getattr(dbapi_connection, "driver_connection", dbapi_connection)
+            keepalive_set(socket_of(raw), timeouts)
 
     @property
     def engine(self) -> AsyncEngine:
         if self._engine is None:
-            self._engine = create_async_engine(url_async(self.url), **self.engine_options())
+            self._engine = create_async_engine(url_async(self.url), **self._options(sync=False))
             self.engine_setup(self._engine.sync_engine)
         return self._engine
 
     @property
     def sync_engine(self) -> Engine:
         if self._sync_engine is None:
-            self._sync_engine = create_engine(url_sync(self.url), **self.engine_options())
+            self._sync_engine = create_engine(url_sync(self.url), **self._options(sync=True))
             self.engine_setup(self._sync_engine)
         return self._sync_engine
 
+    @staticmethod
+    def connection_cut(driver_connection: Any) -> None:
+        """Close a connection's socket at once, whatever it is waiting for."""
+        terminate = getattr(driver_connection, "terminate", None)  # asyncpg
+        (terminate or driver_connection.close)()  # aiomysql: close() is the abrupt one
+
+    @contextlib.asynccontextmanager
+    async def connect(self, *, bounded: bool = True) -> AsyncIterator[AsyncConnection]:
+        """A pooled connection whose whole use, its return to the pool included, takes at most
+        the command timeout (unless `bounded` is False): past it the socket is cut and the
+        block raises `DatabaseTimeout`."""
+        conn = await self.engine.connect()
+        limit = self.timeouts.command if bounded else None
+        watchdog = Watchdog(limit, lambda: self.connection_cut(raw))
+        try:
+            raw = (await conn.get_raw_connection()).driver_connection
+            with watchdog.armed():
+                try:
+                    yield conn
+                finally:
+                    if watchdog.fired:
+                        await conn.invalidate()
+                    await conn.close()
+        finally:
+            if not conn.closed:  # cancelled before the close above ran
+                await conn.invalidate()
+                await conn.close()
+
+    @contextlib.asynccontextmanager
+    async def begin(self, *, bounded: bool = True) -> AsyncIterator[AsyncConnection]:
+        """`connect()` in a transaction, committed at the end of the block."""
+        async with self.connect(bounded=bounded) as conn, conn.begin():
+            yield conn
+
     async def open(self) -> None:
-        async with self.engine.connect() as conn:
+        async with self.connect() as conn:
             version = await conn.run_sync(schema_migrate.schema_version)
         latest = schema_migrate.latest_version()
         if version < latest:
@@ -153,7 +207,7 @@ class SqlDriver(SqlAdmin, SqlStaging):
             self._sync_engine.dispose()
 
     async def migrate(self) -> list[int]:
-        async with self.engine.begin() as conn:
+        async with self.begin(bounded=False) as conn:  # DDL on big tables may take a while
             applied = await conn.run_sync(schema_migrate.migrate)
         return [m.version for m in applied]
 
@@ -166,7 +220,7 @@ class SqlDriver(SqlAdmin, SqlStaging):
         """Run `work` in a transaction, retrying it when the database reports a deadlock."""
 
         async def once() -> T:
-            async with self.engine.begin() as conn:
+            async with self.begin() as conn:
                 return await work(conn)
 
         return await self.retrying(once)

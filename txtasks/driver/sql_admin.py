@@ -6,6 +6,7 @@ cleaner's sweeps run (expired leases, stale ready rows, archiving, retention, pe
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -22,7 +23,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from txtasks.driver.base import requeue_choice
 from txtasks.schema.tables import IS_READY, TASK_COLUMNS, Timestamp, archive, periodic, tasks
@@ -44,8 +45,13 @@ class SqlAdmin:
 
     if TYPE_CHECKING:
 
-        @property
-        def engine(self) -> AsyncEngine: ...
+        def connect(
+            self, *, bounded: bool = True
+        ) -> contextlib.AbstractAsyncContextManager[AsyncConnection]: ...
+
+        def begin(
+            self, *, bounded: bool = True
+        ) -> contextlib.AbstractAsyncContextManager[AsyncConnection]: ...
 
         async def in_transaction(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T: ...
 
@@ -59,6 +65,11 @@ class SqlAdmin:
 
     # -- inspection ---------------------------------------------------------------------------
 
+    async def ping(self) -> None:
+        """`SELECT 1` on a pooled connection, bounded by the command timeout."""
+        async with self.connect() as conn:
+            await conn.execute(select(literal(1)))
+
     async def live_count(
         self, queues: Sequence[str] | None, *, now: datetime, due_before: datetime
     ) -> int:
@@ -67,11 +78,11 @@ class SqlAdmin:
         stmt = select(func.count()).select_from(tasks).where(ready | running)
         if queues is not None:
             stmt = stmt.where(tasks.c.queue.in_(queues))
-        async with self.engine.connect() as conn:
+        async with self.connect() as conn:
             return int((await conn.execute(stmt)).scalar_one())
 
     async def task_get(self, task_id: int) -> TaskRow | None:
-        async with self.engine.connect() as conn:
+        async with self.connect() as conn:
             for table in (tasks, archive):
                 row = (await conn.execute(select(table).where(table.c.id == task_id))).mappings()
                 found = row.first()
@@ -81,7 +92,7 @@ class SqlAdmin:
 
     async def queue_stats(self, *, now: datetime, archived: bool = True) -> list[QueueStats]:
         stats: dict[str, QueueStats] = {}
-        async with self.engine.connect() as conn:
+        async with self.connect() as conn:
             for table in (tasks, archive) if archived else (tasks,):
                 counts = select(table.c.queue, table.c.state, func.count()).group_by(
                     table.c.queue, table.c.state
@@ -114,13 +125,13 @@ class SqlAdmin:
             .order_by(archive.c.finished_at.desc(), archive.c.id.desc())
             .limit(limit)
         )
-        async with self.engine.connect() as conn:
+        async with self.connect() as conn:
             return [TaskRow.from_row(r) for r in (await conn.execute(stmt)).mappings().all()]
 
     async def dead_requeue(
         self, ids: Sequence[int] | None = None, *, queue: str | None = None, now: datetime
     ) -> list[int]:
-        async with self.engine.begin() as conn:
+        async with self.begin() as conn:
             dead = select(archive.c.id, archive.c.dedup_key).where(*self._dead_where(ids, queue))
             rows = (await conn.execute(dead.with_for_update())).all()
             keys = [r.dedup_key for r in rows if r.dedup_key]
@@ -148,7 +159,7 @@ class SqlAdmin:
     async def dead_purge(
         self, ids: Sequence[int] | None = None, *, queue: str | None = None
     ) -> int:
-        async with self.engine.begin() as conn:
+        async with self.begin() as conn:
             result = await conn.execute(delete(archive).where(*self._dead_where(ids, queue)))
         return int(result.rowcount)
 
@@ -161,7 +172,7 @@ class SqlAdmin:
             .order_by(tasks.c.lease_expires_at, tasks.c.id)
             .limit(limit)
         )
-        async with self.engine.connect() as conn:
+        async with self.connect() as conn:
             return [TaskRow.from_row(r) for r in (await conn.execute(stmt)).mappings().all()]
 
     # -- cleaner: re-announce -----------------------------------------------------------------
@@ -173,7 +184,7 @@ class SqlAdmin:
             .order_by(tasks.c.priority.desc(), tasks.c.run_at, tasks.c.id)
             .limit(limit)
         )
-        async with self.engine.connect() as conn:
+        async with self.connect() as conn:
             return [int(i) for i in (await conn.execute(stmt)).scalars().all()]
 
     # -- cleaner: archive and retention -------------------------------------------------------
@@ -232,7 +243,7 @@ class SqlAdmin:
     # -- cleaner: periodic --------------------------------------------------------------------
 
     async def periodic_list(self) -> dict[str, PeriodicRow]:
-        async with self.engine.connect() as conn:
+        async with self.connect() as conn:
             rows = (await conn.execute(select(periodic))).mappings().all()
         return {r["name"]: PeriodicRow.from_row(r) for r in rows}
 

@@ -73,6 +73,11 @@ class SQLiteDriver(SqlDriver):
     def engine_setup(self, engine: Engine) -> None:
         sqlite_connection_setup(engine)
 
+    @staticmethod
+    def connection_cut(driver_connection: Any) -> None:
+        """Nothing to cut: a local file never half-opens; a wait for the write lock ends at
+        the busy timeout."""
+
     @classmethod
     def _insert_plain(
         cls, rows: Sequence[NewTask], todo: list[int], ids: list[int | None]

@@ -1,0 +1,52 @@
+"""Where the database timeouts come from, and what is refused."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from txtasks.driver import driver_for_url
+from txtasks.driver.timeouts import Timeouts
+from txtasks.errors import ConfigurationError
+
+URL = make_url("postgresql://app:pw@db/app?connect_timeout=3&command_timeout=60&sslmode=require")
+
+
+def test_url_parameters_are_read_and_taken_out_of_the_url() -> None:
+    timeouts, url = Timeouts.resolve(URL, env={})
+    assert (timeouts.connect, timeouts.command) == (3.0, 60.0)
+    assert dict(url.query) == {"sslmode": "require"}  # the drivers never see txtasks' own
+
+
+def test_given_timeouts_win_over_the_url_and_the_environment_over_both() -> None:
+    given = Timeouts(connect=7, command=None)
+    assert Timeouts.resolve(URL, given, env={})[0] == given
+    env = {"TXTASKS_DB_COMMAND_TIMEOUT": "12.5", "TXTASKS_DB_KEEPALIVE_IDLE": "4"}
+    timeouts = Timeouts.resolve(URL, given, env=env)[0]
+    assert (timeouts.connect, timeouts.command, timeouts.keepalive_idle) == (7, 12.5, 4.0)
+    assert Timeouts.resolve(URL, env={"TXTASKS_DB_COMMAND_TIMEOUT": "off"})[0].command is None
+
+
+def test_defaults_notice_a_dead_connection_within_thirty_seconds() -> None:
+    timeouts = Timeouts()
+    assert timeouts.command is not None and timeouts.command <= 30
+    assert timeouts.dead_after <= 30
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "soon"])
+def test_a_bad_value_is_refused_naming_the_setting(value: str) -> None:
+    with pytest.raises(ConfigurationError, match=r"timeouts\.connect"):
+        Timeouts.resolve(make_url(f"sqlite:///x.db?connect_timeout={value}"), env={})
+    with pytest.raises(ConfigurationError, match=r"timeouts\.keepalive_idle"):
+        Timeouts.resolve(URL, env={"TXTASKS_DB_KEEPALIVE_IDLE": value})
+
+
+def test_a_driver_carries_its_timeouts_to_the_database_drivers() -> None:
+    driver = driver_for_url(str(URL), timeouts=Timeouts(connect=2.5, command=9))
+    assert driver.connect_args(sync=False)["timeout"] == 2.5
+    settings = driver.connect_args(sync=False)["server_settings"]
+    assert settings["idle_in_transaction_session_timeout"] == "9000"
+    assert driver.connect_args(sync=True)["connect_timeout"] == 3
+    mysql = driver_for_url("mysql://app:pw@db/app?command_timeout=20")
+    assert mysql.connect_args(sync=True)["read_timeout"] == 20.0
+    assert "command_timeout" not in mysql.url.query
