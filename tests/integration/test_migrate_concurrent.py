@@ -173,3 +173,25 @@ async def test_a_migrate_that_cannot_get_the_lock_says_so(
     finally:
         await driver.close()
         holder.dispose()
+
+
+@pytest.mark.postgresql
+def test_the_lock_wait_outlasts_a_shorter_statement_timeout(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session's statement_timeout (txtasks sets one) does not cut the wait short."""
+    monkeypatch.setattr(schema_migrate, "LOCK_WAIT", 1)
+    holder = create_engine(url_sync(postgres_url))
+    bounded = create_engine(
+        url_sync(postgres_url), connect_args={"options": "-c statement_timeout=200"}
+    )
+    try:
+        with holder.connect() as held, bounded.begin() as conn:
+            held.exec_driver_sql(HOLD_LOCK["postgresql"])
+            started = time.monotonic()
+            with pytest.raises(SchemaError, match="for more than 1 s"):
+                migrate(conn)
+            assert time.monotonic() - started > 0.9
+    finally:
+        holder.dispose()
+        bounded.dispose()

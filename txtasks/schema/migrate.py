@@ -77,17 +77,30 @@ def _record(op: Operations, migration: Migration) -> None:
 
 @contextmanager
 def _postgresql_lock(conn: Connection) -> Iterator[None]:
-    """A transaction-level advisory lock, waited for up to LOCK_WAIT seconds: the commit (or
-    rollback) of the migrating transaction releases it."""
-    conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{LOCK_WAIT}s'")
+    """A transaction-level advisory lock, waited for up to LOCK_WAIT seconds (whatever the
+    session's statement_timeout): the commit (or rollback) of the migrating transaction
+    releases it."""
+    saved = conn.execute(
+        text("SELECT current_setting('lock_timeout'), current_setting('statement_timeout')")
+    ).one()
+    _postgresql_timeouts(conn, f"{LOCK_WAIT}s", "0")
     try:
         conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock(hashtext('{LOCK_NAME}'))")
     except DBAPIError as exc:
         if _sqlstate(exc) == LOCK_NOT_AVAILABLE:
             raise _lock_timeout() from None
         raise
-    conn.exec_driver_sql("SET LOCAL lock_timeout = DEFAULT")
+    _postgresql_timeouts(conn, *saved)
     yield
+
+
+def _postgresql_timeouts(conn: Connection, lock: str, statement: str) -> None:
+    """Set lock_timeout and statement_timeout for the rest of the transaction."""
+    query = text(
+        "SELECT set_config('lock_timeout', :lock, true), "
+        "set_config('statement_timeout', :statement, true)"
+    )
+    conn.execute(query, {"lock": lock, "statement": statement})
 
 
 @contextmanager
