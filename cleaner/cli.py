@@ -18,6 +18,9 @@ from txtasks.cli.common import (
     Command,
     broker_url_option,
     database_url_option,
+    friendly_errors,
+    health_host_option,
+    health_port_option,
     json_default,
     load_app,
     load_object,
@@ -55,16 +58,8 @@ SWEEP_NAMES = click.Choice(list(SWEEPS))
 @click.option("--only", multiple=True, type=SWEEP_NAMES, help="Run only these sweeps.")
 @click.option("--skip", multiple=True, type=SWEEP_NAMES, help="Do not run these sweeps.")
 @click.option("--once", is_flag=True, help="One pass of each sweep, print the results, exit.")
-@click.option(
-    "--health-port",
-    type=click.IntRange(min=0, max=65535),
-    envvar="TXTASKS_HEALTH_PORT",
-    show_envvar=True,
-    help="Serve /livez and /readyz on this port (0: any free port).",
-)
-@click.option(
-    "--health-host", help="Address the health endpoint listens on (default: 0.0.0.0, all)."
-)
+@health_port_option
+@health_host_option
 @click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
@@ -109,11 +104,12 @@ def cleaner(
         metrics = Metrics()
         metrics.serve(metrics_port)
     daemon = Cleaner(app, config, metrics=metrics)
-    if once:
-        results = run_async(lambda: _once(daemon))
-        click.echo(json.dumps(results, indent=2, default=json_default))
-        sys.exit(0 if all(r is not None for r in results.values()) else 1)
-    run_async(lambda: _serve(daemon))
+    with friendly_errors(app.resolve_database_url(database_url)):
+        if once:
+            results = run_async(lambda: _once(daemon))
+            click.echo(json.dumps(results, indent=2, default=json_default))
+            sys.exit(0 if all(r is not None for r in results.values()) else 1)
+        run_async(lambda: _serve(daemon))
 
 
 def config_from(

@@ -66,6 +66,6 @@ def _as_float(value: Any, kind: Any) -> float:
 def _wanted(integer: bool, minimum: float | None, above: float | None, top: float | None) -> str:
     bounds = [f">= {minimum:g}" if minimum is not None else ""]
     bounds.append(f"> {above:g}" if above is not None else "")
-    bounds.append(f"<= {top:g}" if top is not None else "")
+    bounds.append(f"<= {top:.10g}" if top is not None else "")
     text = " and ".join(b for b in bounds if b)
     return f"{'an integer' if integer else 'a finite number'}{' ' + text if text else ''}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
 
@@ -11,6 +12,14 @@ class TxtasksError(Exception):
 
 class ConfigurationError(TxtasksError, ValueError):
     """A setting is invalid; the message names the setting."""
+
+
+def cannot_listen(
+    what: str, host: str, port: int, setting: str, exc: OSError
+) -> ConfigurationError:
+    """The error of a server that cannot listen: it names the port and the setting."""
+    reason = os.strerror(exc.errno) if exc.errno else str(exc) or type(exc).__name__
+    return ConfigurationError(f"{setting} {port}: cannot serve {what} on {host}:{port}: {reason}")
 
 
 class PayloadError(TxtasksError, ValueError):

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from txtasks.errors import cannot_listen
 from txtasks.types import QueueStats
 from txtasks.wakeup import WakeupStats
 
@@ -125,7 +126,10 @@ class Metrics:
 
     def serve(self, port: int, host: str = "0.0.0.0") -> int:
         """Serve /metrics on `port` (0: any free port); returns the port."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        try:
+            server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:  # the port is taken, or the address is not this host's
+            raise cannot_listen("metrics", host, port, "--metrics-port", exc) from exc
         self._port = int(server.server_address[1])
         log.info("metrics on http://%s:%d/metrics", host, self._port)
         return self._port

@@ -9,6 +9,7 @@ import importlib
 import importlib.util
 import logging
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime
@@ -16,10 +17,12 @@ from typing import Any, TypeVar
 
 import click
 from pythonjsonlogger.json import JsonFormatter
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
 from txtasks.app import ENV_BROKER_URL, ENV_DATABASE_URL, App
 from txtasks.driver import Driver, driver_for_url
+from txtasks.driver.urls import url_safe
 from txtasks.errors import ConfigurationError, PayloadError, TxtasksError
 from txtasks.payload import headers_decode, payload_decode
 from txtasks.types import JSON_CONTENT_TYPE, TaskRow
@@ -67,19 +70,20 @@ def load_object(spec: str) -> Any:
         raise click.BadParameter(f"{spec!r}: module {module_name!r} has no {attribute!r}") from None
 
 
-def driver_from(url: str | None, app: App | None = None) -> Driver:
-    """The driver for the flag/env URL, else the app's own setting."""
+def resolve_url(url: str | None, app: App | None = None) -> str:
+    """The flag/env URL, else the app's own setting; an error when neither is set."""
     resolved = url or (app.resolve_database_url() if app is not None else None)
     if not resolved:
         raise ConfigurationError(
             f"database_url: not set; pass --database-url or set {ENV_DATABASE_URL}"
         )
-    return driver_for_url(resolved)
+    return resolved
 
 
 def with_driver(url: str | None, call: Callable[[Driver], Awaitable[T]]) -> T:
     """Open a driver for the URL, run one call with it, close it."""
-    driver = driver_from(url)
+    resolved = resolve_url(url)
+    driver = driver_for_url(resolved)
 
     async def go() -> T:
         try:
@@ -88,7 +92,8 @@ def with_driver(url: str | None, call: Callable[[Driver], Awaitable[T]]) -> T:
         finally:
             await driver.close()
 
-    return run_async(go)
+    with friendly_errors(resolved):
+        return run_async(go)
 
 
 def run_async(make: Callable[[], Awaitable[T]], *, loop: str = "asyncio") -> T:
@@ -122,26 +127,65 @@ loop_option = click.option(
 )
 
 
-def error_message(exc: BaseException) -> str | None:
-    """A one-line message for errors a user can fix, None for a bug (shown as a traceback)."""
+#: Optional modules -> the extra that installs them.
+EXTRAS = {
+    "asyncpg": "postgres",
+    "psycopg": "postgres",
+    "aiomysql": "mysql",
+    "pymysql": "mysql",
+    "aio_pika": "rabbitmq",
+    "aiormq": "rabbitmq",
+    "uvloop": "fast",
+    "opentelemetry": "otel",
+    "pyspark": "spark",
+    "pyarrow": "spark",
+}
+#: A database error about a table that is not there: the table's name in group 1.
+MISSING_TABLE = re.compile(
+    r"""relation "(\w+)" does not exist|Table '(?:\w+\.)?(\w+)' doesn't exist|no such table: (\w+)"""
+)
+
+
+def error_message(exc: BaseException, url: str | URL | None = None) -> str | None:
+    """A one-line message for errors a user can fix, None for a bug (shown as a traceback).
+    With the database `url`, a connection error names it (its password hidden)."""
     if isinstance(exc, TxtasksError):
         return str(exc)
+    if isinstance(exc, ImportError) and (exc.name or "").partition(".")[0] in EXTRAS:
+        module = (exc.name or "").partition(".")[0]
+        return f'{module} is not installed: pip install "txtasks[{EXTRAS[module]}]"'
     if isinstance(exc, DBAPIError):
-        detail = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
-        return f"database error: {detail}"
+        return database_message(exc, url)
     if isinstance(exc, OSError):
-        return f"cannot connect: {exc}"
+        where = f" to {url_safe(url)}" if url is not None else ""
+        return f"cannot connect{where}: {exc.strerror or exc}"
     return None
 
 
+def database_message(exc: DBAPIError, url: str | URL | None) -> str:
+    """One line for a database error: the connection that failed, the table that is missing,
+    or the driver's first line (never the statement or its parameters)."""
+    lines = str(exc.orig).strip().splitlines() if exc.orig is not None else []
+    detail = lines[0] if lines else type(exc).__name__
+    missing = MISSING_TABLE.search(detail)
+    if missing:
+        table = next(name for name in missing.groups() if name)
+        return f"table {table} missing: run txtasks migrate"
+    if exc.statement is None or exc.connection_invalidated:  # connecting failed, or the link
+        where = f" to {url_safe(url)}" if url is not None else ""
+        return f"cannot connect{where}: {detail}"
+    return f"database error: {detail}"
+
+
 @contextlib.contextmanager
-def friendly_errors() -> Iterator[None]:
-    """A bad setting or an unreachable database becomes a one-line message, not a trace."""
+def friendly_errors(url: str | URL | None = None) -> Iterator[None]:
+    """A bad setting, a missing extra or an unreachable database becomes a one-line message,
+    not a trace; with `url`, connection errors name the database."""
     try:
         yield
-    except (TxtasksError, DBAPIError, OSError) as exc:
-        message = error_message(exc)
-        if message is None:  # pragma: no cover - OSError subclasses all have a message
+    except (TxtasksError, DBAPIError, OSError, ImportError) as exc:
+        message = error_message(exc, url)
+        if message is None:  # an ImportError of anything but an optional dependency: a bug
             raise
         raise click.ClickException(message) from exc
 
@@ -175,6 +219,17 @@ metrics_port_option = click.option(
     envvar="TXTASKS_METRICS_PORT",
     show_envvar=True,
     help="Serve Prometheus metrics on this port at /metrics (0: any free port).",
+)
+
+health_port_option = click.option(
+    "--health-port",
+    type=click.IntRange(min=0, max=65535),
+    envvar="TXTASKS_HEALTH_PORT",
+    show_envvar=True,
+    help="Serve /livez and /readyz on this port (0: any free port).",
+)
+health_host_option = click.option(
+    "--health-host", help="Address the health endpoint listens on (default: 0.0.0.0, all)."
 )
 
 log_level_option = click.option(

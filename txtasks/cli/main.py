@@ -21,7 +21,9 @@ from txtasks.cli.common import (
     Commands,
     broker_url_option,
     database_url_option,
-    driver_from,
+    friendly_errors,
+    health_host_option,
+    health_port_option,
     json_default,
     load_app,
     log_format_option,
@@ -30,6 +32,7 @@ from txtasks.cli.common import (
     loop_choice,
     loop_option,
     metrics_port_option,
+    resolve_url,
     run_async,
     task_json,
     with_driver,
@@ -80,7 +83,8 @@ def migrate(database_url: str | None, print_sql: bool, dialect: str | None, sinc
             raise click.UsageError("--sql needs --dialect or --database-url")
         click.echo(schema_migrate.migrate_sql(name, since=since), nl=False)
         return
-    driver = driver_from(database_url)
+    url = resolve_url(database_url)
+    driver = driver_for_url(url)
 
     async def go() -> list[int]:
         try:
@@ -88,7 +92,8 @@ def migrate(database_url: str | None, print_sql: bool, dialect: str | None, sinc
         finally:
             await driver.close()
 
-    applied = run_async(go)
+    with friendly_errors(url):
+        applied = run_async(go)
     latest = schema_migrate.latest_version()
     if applied:
         click.echo(f"applied migrations {', '.join(map(str, applied))}; schema at version {latest}")
@@ -157,6 +162,8 @@ def migrate(database_url: str | None, print_sql: bool, dialect: str | None, sinc
 )
 @loop_option
 @metrics_port_option
+@health_port_option
+@health_host_option
 @log_level_option
 @log_format_option
 def worker(
@@ -168,6 +175,7 @@ def worker(
     log_level: str,
     log_format: str,
     metrics_port: int | None,
+    health_host: str | None,
     **settings: Any,
 ) -> None:
     """Run the tasks of APP (module:attribute). SIGTERM/SIGINT stop it gracefully."""
@@ -175,6 +183,8 @@ def worker(
     event_loop = loop_choice(loop)
     app = load_app(app_spec)
     try:
+        if health_host is not None:
+            settings["health_host"] = health_host
         config = WorkerConfig(queues=queues or None, **settings)
         if database_url:  # the flag or TXTASKS_DATABASE_URL; else the app's own setting
             app.use_driver(driver_for_url(database_url))
@@ -208,7 +218,8 @@ def worker(
         finally:
             await app.aclose()
 
-    run_async(go, loop=event_loop)
+    with friendly_errors(app.resolve_database_url(database_url)):
+        run_async(go, loop=event_loop)
     if runner.threads_alive:  # a sync handler ignored the grace period; do not hang on it
         logging.shutdown()
         os._exit(0)
@@ -351,26 +362,21 @@ def enqueue(
         value = json.loads(payload)
     except ValueError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="PAYLOAD") from exc
-    url = database_url or app.resolve_database_url()
-    if not url:
-        raise click.UsageError(
-            "database_url: not set; pass --database-url or set TXTASKS_DATABASE_URL"
-        )
+    url = resolve_url(database_url, app)
     from sqlalchemy import create_engine
 
-    engine = create_engine(url_sync(url))
-    try:
-        if broker_url:
-            app.use_notifier(notifier_for_url(broker_url))
-        with engine.begin() as conn:
-            task_id = app.enqueue_tx(
-                conn, task_name, value, **{k: v for k, v in options.items() if v is not None}
-            )
-    except Exception as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        engine.dispose()
-        run_async(app.aclose)  # publishes the wake-up before exiting
+    with friendly_errors(url):
+        engine = create_engine(url_sync(url))
+        try:
+            if broker_url:
+                app.use_notifier(notifier_for_url(broker_url))
+            with engine.begin() as conn:
+                task_id = app.enqueue_tx(
+                    conn, task_name, value, **{k: v for k, v in options.items() if v is not None}
+                )
+        finally:
+            engine.dispose()
+            run_async(app.aclose)  # publishes the wake-up before exiting
     click.echo(task_id)
 
 

@@ -33,6 +33,7 @@ from txtasks._checks import check_number
 from txtasks.app import App, Task, check_queue_name
 from txtasks.driver import Driver
 from txtasks.errors import ConfigurationError, PayloadError
+from txtasks.health import HealthServer, Pulse
 from txtasks.metrics import Metrics
 from txtasks.payload import headers_decode, payload_decode
 from txtasks.policy import (
@@ -59,6 +60,8 @@ FAILURE_NEXT = {
 }
 #: The longest error a log line shows (the task row keeps the whole text).
 LOGGED_ERROR_CHARS = 300
+#: Seconds /readyz waits for the database's answer.
+READY_TIMEOUT = 3.0
 #: Enum members read once: `Enum.MEMBER` is a slow lookup, paid for every task otherwise.
 _COMPLETE = OutcomeKind.COMPLETE
 _MANUAL = AckPolicy.MANUAL
@@ -91,6 +94,13 @@ class WorkerConfig:
     burst_horizon: float = 10.0
     #: Identifies this worker in the task rows; default host:pid:random.
     worker_id: str | None = None
+    #: Serve /livez and /readyz on this port (0: any free port); None: no HTTP endpoint.
+    health_port: int | None = None
+    #: Address the health endpoint listens on.
+    health_host: str = "0.0.0.0"
+    #: Seconds a loop (claims, heartbeat and with it the outcome flusher) may overrun its
+    #: interval, stuck in a database call, before /livez fails.
+    stall_after: float = 60.0
 
     def __post_init__(self) -> None:
         check_number("concurrency", self.concurrency, minimum=1, maximum=None, integer=True)
@@ -99,6 +109,9 @@ class WorkerConfig:
             check_number(name, getattr(self, name), above=0)
         for name in ("shutdown_grace", "burst_horizon"):
             check_number(name, getattr(self, name), minimum=0)
+        check_number("stall_after", self.stall_after, above=0)
+        if self.health_port is not None:
+            check_number("health_port", self.health_port, minimum=0, maximum=65535, integer=True)
         if self.heartbeat is not None:
             check_number("heartbeat", self.heartbeat, above=0)
             if not self.heartbeat < self.lease:
@@ -193,6 +206,14 @@ class Worker:
         self._threads: ThreadPoolExecutor | None = None
         #: Sync handlers still running in their thread after their timeout (by task id).
         self._overrun: dict[TaskKey, asyncio.Future[Any]] = {}
+        #: When the claim loop and the heartbeat last turned (liveness).
+        self._pulses = {"claimer": Pulse(), "heartbeat": Pulse()}
+        self._loops: list[asyncio.Task[None]] = []
+        self.health_server: HealthServer | None = None
+        if self.config.health_port is not None:
+            self.health_server = HealthServer(
+                self.health, self.config.health_host, self.config.health_port, logger=log
+            )
         self._outcomes = OutcomeBuffer(
             self.driver,
             app.clock,
@@ -237,11 +258,16 @@ class Worker:
         self._threads = ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="txtasks")
         flusher = asyncio.create_task(self._outcomes.run(), name="txtasks-flush")
         heartbeat = asyncio.create_task(self._heartbeat(), name="txtasks-heartbeat")
+        self._loops = [flusher, heartbeat]
         log.info("worker %s serving %s", self.worker_id, ", ".join(self.queues))
         try:
+            if self.health_server is not None:
+                await self.health_server.start()
             await self.notifier.subscribe(self.queues, self.wake)
             await self._claim_loop()
         finally:
+            if self.health_server is not None:
+                await self.health_server.stop()
             await self.notifier.unsubscribe()  # a stopped worker must not take wake-ups
             await self._shutdown()
             self._beat_stop.set()
@@ -256,11 +282,13 @@ class Worker:
 
     async def _claim_loop(self) -> None:
         backoff = 0.0
+        pulse = self._pulses["claimer"]
         while not self._stopping.is_set():
+            pulse.beat()
             free = self.config.concurrency - len(self._held)
             if free <= 0:
                 self._slot_free.clear()
-                await self._wait(self._slot_free, None)
+                await self._wait(self._slot_free, self.config.poll_interval)  # turn meanwhile
                 continue
             self._wake.clear()
             try:
@@ -571,11 +599,13 @@ class Worker:
 
     async def _heartbeat(self) -> None:
         """Extend every held lease (running, or finished but not yet written) in one statement."""
+        pulse = self._pulses["heartbeat"]
         while not await event_wait(self._beat_stop, self.config.heartbeat_interval):
             async with self._outcomes.lock:  # no flush may finish rows while we extend them
                 keys = [*self._held, *self._outcomes.keys()]
                 if keys:
                     await self._leases_extend(keys)
+            pulse.beat()  # after the lock: a flush stuck holding it stops the heartbeat too
 
     async def _leases_extend(self, keys: list[TaskKey]) -> None:
         until = self.app.clock() + timedelta(seconds=self.config.lease)
@@ -589,6 +619,42 @@ class Worker:
         if held < len(keys):
             lost = len(keys) - held
             log.warning("%d of %d leases were lost (rescued elsewhere)", lost, len(keys))
+
+    # -- health -------------------------------------------------------------------------------
+
+    def liveness(self) -> dict[str, Any]:
+        """`live`: the claim loop and the heartbeat (which waits for any flush under way) each
+        turned within their interval plus `stall_after`, and no loop has ended."""
+        now = time.monotonic()
+        bounds = {
+            "claimer": self.config.poll_interval * 1.1,
+            "heartbeat": self.config.heartbeat_interval,
+        }
+        ages = {name: round(pulse.age(now), 3) for name, pulse in self._pulses.items()}
+        stuck = [name for name, age in ages.items() if age > bounds[name] + self.config.stall_after]
+        if self._stopping.is_set():  # the claim loop has ended on purpose
+            stuck = [name for name in stuck if name != "claimer"]
+        ended = [loop.get_name() for loop in self._loops if loop.done()]
+        return {
+            "live": bool(self._loops) and not stuck and not ended,
+            "seconds_since_turned": ages,
+            "stuck": stuck + ended,
+        }
+
+    async def health(self, probe: str = "ready") -> dict[str, Any]:
+        """The report of the health endpoint: `liveness()`, and for readiness a round trip to
+        the database (`ready`: live, not stopping, and the database answered in time)."""
+        report = self.liveness()
+        if probe != "ready":
+            return report
+        try:
+            await asyncio.wait_for(self.driver.ping(), READY_TIMEOUT)
+            report["database"] = "ok"
+        except Exception as exc:  # the database is unreachable, or too slow to answer
+            report["database"] = first_line(str(exc) or type(exc).__name__)
+        ready = report["live"] and report["database"] == "ok" and not self._stopping.is_set()
+        report["ready"] = ready
+        return report
 
     # -- shutdown -----------------------------------------------------------------------------
 

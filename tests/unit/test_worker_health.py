@@ -1,0 +1,139 @@
+"""The worker's health endpoint: /livez while its loops turn, /readyz while the database answers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from typing import Any
+
+import pytest
+
+from tests.unit.test_cleaner import http_get
+from txtasks import App, MemoryDriver, Worker, WorkerConfig
+from txtasks.errors import ConfigurationError
+from txtasks.health import HealthServer
+
+FAST = {"poll_interval": 0.01, "flush_interval": 0.001, "health_host": "127.0.0.1"}
+
+
+class Switchable(MemoryDriver):
+    """A driver whose database can go away (pings and claims fail) or hang (claims never end)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+        self.hang = asyncio.Event()
+        self.claims = 0
+
+    async def ping(self) -> None:
+        if self.down:
+            raise ConnectionRefusedError("connection refused")
+
+    async def task_claim_many(self, *args: Any, **kwargs: Any) -> Any:
+        self.claims += 1
+        if self.hang.is_set():
+            await asyncio.Event().wait()  # a database call that never returns
+        if self.down:
+            raise ConnectionRefusedError("connection refused")
+        return await super().task_claim_many(*args, **kwargs)
+
+
+def new_worker(driver: MemoryDriver, **config: Any) -> Worker:
+    app = App(driver=driver)
+    app.task(name="t")(lambda payload: None)
+    return Worker(app, WorkerConfig(**{**FAST, **config}))
+
+
+async def wait_for(predicate: Any, timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():  # noqa: ASYNC110 - polls state owned by another task
+            await asyncio.sleep(0.005)
+
+
+async def test_livez_and_readyz_answer_while_the_worker_runs_and_the_database_answers() -> None:
+    driver = Switchable()
+    worker = new_worker(driver, health_port=0)
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(worker.idle.wait(), 5)
+        port = worker.health_server.port  # type: ignore[union-attr]
+        for path in ("/livez", "/readyz", "/healthz"):
+            status, body = await http_get(port, path)
+            assert status == 200, (path, body)
+        report = json.loads(body)
+        assert set(report["seconds_since_turned"]) == {"claimer", "heartbeat"}
+
+        driver.down = True  # the database goes away: not ready, still live (restarting would
+        status, body = await http_get(port, "/readyz")  # not bring it back)
+        assert status == 503 and json.loads(body)["database"] == "connection refused"
+        assert (await http_get(port, "/livez"))[0] == 200
+
+        driver.down = False
+        assert (await http_get(port, "/readyz"))[0] == 200
+    finally:
+        worker.stop()
+        await asyncio.wait_for(running, 5)
+    assert worker.health_server._server is None  # type: ignore[union-attr]
+
+
+async def test_a_claim_stuck_in_the_database_fails_livez_within_its_bound() -> None:
+    driver = Switchable()
+    worker = new_worker(driver, stall_after=0.2)
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(worker.idle.wait(), 5)
+        assert worker.liveness()["live"] is True
+        driver.hang.set()
+        claims = driver.claims
+
+        await wait_for(lambda: driver.claims > claims and not worker.liveness()["live"])
+        assert worker.liveness()["stuck"] == ["claimer"]
+        assert (await worker.health("ready"))["ready"] is False
+    finally:
+        worker.stop(now=True)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+
+
+async def test_a_worker_whose_slots_are_all_busy_stays_live() -> None:
+    driver = Switchable()
+    app = App(driver=driver)
+    release = asyncio.Event()
+
+    @app.task(name="long")
+    async def long(payload: None) -> None:
+        await release.wait()
+
+    await long.aenqueue()
+    worker = Worker(app, WorkerConfig(concurrency=1, stall_after=0.05, **FAST))
+    running = asyncio.create_task(worker.run())
+    try:
+        await wait_for(lambda: worker.stats.started == 1)
+        await asyncio.sleep(0.3)  # six times the bound: a loop waiting for a slot still turns
+        assert worker.liveness()["live"] is True
+    finally:
+        release.set()
+        worker.stop()
+        await asyncio.wait_for(running, 5)
+
+
+async def test_a_health_port_in_use_is_an_error_naming_the_port() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = HealthServer(lambda probe: {"live": True}, "127.0.0.1", port)
+        with pytest.raises(ConfigurationError) as info:
+            await server.start()
+    assert str(info.value) == (
+        f"--health-port {port}: cannot serve health checks on 127.0.0.1:{port}: "
+        "Address already in use"
+    )
+
+
+@pytest.mark.parametrize("port", [-1, 65536, float("nan")])
+def test_a_bad_health_port_is_refused(port: float) -> None:
+    with pytest.raises(ConfigurationError, match="health_port"):
+        WorkerConfig(health_port=port)  # type: ignore[arg-type]
