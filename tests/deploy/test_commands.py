@@ -108,7 +108,7 @@ def test_command_values_are_valid(command: Command, clean_env: pytest.MonkeyPatc
 
 def test_unknown_options_fail(clean_env: pytest.MonkeyPatch) -> None:
     """The checks above do catch a mistake."""
-    result = CliRunner().invoke(cli_main, ["worker", "x:app", "--health-port", "1", "--help"])
+    result = CliRunner().invoke(cli_main, ["worker", "x:app", "--helth-port", "1", "--help"])
     assert result.exit_code != 0
     result = CliRunner().invoke(cli_main, ["wrker", "x:app", "--help"])
     assert result.exit_code != 0

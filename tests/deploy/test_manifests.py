@@ -118,6 +118,10 @@ def test_compose_has_no_dependency_cycle() -> None:
         visit(name, ())
 
 
+#: The txtasks processes that serve a health endpoint.
+WATCHED = ("worker", "cleaner")
+
+
 def option(argv: list[str], name: str) -> str:
     assert name in argv, f"{argv}: no {name}"
     return argv[argv.index(name) + 1]
@@ -125,9 +129,11 @@ def option(argv: list[str], name: str) -> str:
 
 def test_compose_healthchecks_probe_the_right_ports() -> None:
     found = services()
-    cleaner = found["cleaner"]
-    port = option(cleaner["command"], "--health-port")
-    assert f"127.0.0.1:{port}/readyz" in " ".join(cleaner["healthcheck"]["test"])
+    probed = [name for name in found if found[name].get("command", [None])[0] in WATCHED]
+    assert probed == ["worker-1", "worker-2", "cleaner"]
+    for name in probed:
+        port = option(found[name]["command"], "--health-port")
+        assert f"127.0.0.1:{port}/readyz" in " ".join(found[name]["healthcheck"]["test"]), name
     webapp = found["webapp"]
     port = option(webapp["command"], "--port")
     assert f"127.0.0.1:{port}/healthz" in " ".join(webapp["healthcheck"]["test"])
@@ -228,28 +234,27 @@ def by_name(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["name"]: c for c in containers(spec)}
 
 
-def test_worker_pod_has_a_cleaner_sidecar_with_probes() -> None:
+def test_worker_pod_probes_the_worker_and_its_cleaner_sidecar() -> None:
     [deployment] = objects("Deployment").values()
     spec = deployment["spec"]["template"]["spec"]
     found = by_name(spec)
     worker, cleaner = found["worker"], found["cleaner"]
     assert worker["args"][0] == "worker" and cleaner["args"][0] == "cleaner"
     assert worker["args"][1] == cleaner["args"][1], "the cleaner loads another app"
-    # The worker serves metrics only, no health endpoint: no probe may point at it.
-    assert not {"livenessProbe", "readinessProbe", "startupProbe"} & set(worker)
-    assert [p["containerPort"] for p in worker["ports"]] == [
-        int(option(worker["args"], "--metrics-port"))
-    ]
-    port = int(option(cleaner["args"], "--health-port"))
-    declared = {p["name"]: p["containerPort"] for p in cleaner["ports"]}
-    assert declared == {
-        "health": port,
-        "cleaner-metrics": int(option(cleaner["args"], "--metrics-port")),
-    }
-    for probe, path in (("livenessProbe", "/livez"), ("readinessProbe", "/readyz")):
-        get = cleaner[probe]["httpGet"]
-        assert get["path"] == path
-        assert get["port"] in (port, "health")
+    assert "startupProbe" not in worker and "startupProbe" not in cleaner
+    for container, health, metrics in (
+        (worker, "worker-health", "metrics"),
+        (cleaner, "health", "cleaner-metrics"),
+    ):
+        port = int(option(container["args"], "--health-port"))
+        declared = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert declared == {health: port, metrics: int(option(container["args"], "--metrics-port"))}
+        for probe, path in (("livenessProbe", "/livez"), ("readinessProbe", "/readyz")):
+            get = container[probe]["httpGet"]
+            assert get["path"] == path
+            assert get["port"] in (port, health)
+    # one network namespace: the two containers' ports must differ
+    assert len({p["containerPort"] for c in (worker, cleaner) for p in c["ports"]}) == 4
 
 
 def test_worker_pod_outlives_the_shutdown_grace() -> None:

@@ -15,6 +15,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,17 @@ def local(argv: list[str], **replace: str) -> list[str]:
     return argv
 
 
+def health_address(proc: Proc, everyone: list[Proc]) -> str:
+    """The base URL of the health endpoint a process logged."""
+    pattern = re.compile(r"health checks on http://([\d.]+):(\d+)/livez")
+    found = wait_until(lambda: pattern.search(proc.stderr), "a health address", watch=everyone)
+    return f"http://{found[1]}:{found[2]}"
+
+
+def answers(url: str) -> bool:
+    return http("GET", url)[0] == 200
+
+
 def test_compose_topology_ships_every_order(
     empty_database: str, broker: str | None, db: Engine, procs: Processes
 ) -> None:
@@ -165,7 +177,14 @@ def test_compose_topology_ships_every_order(
     # Without wake-ups the workers poll; quickly, so the test does not wait for them.
     polling = ["--poll-interval", "5" if broker else "0.05"]
     workers = [
-        procs.start(*local(command_of(name), shutdown_grace="5"), *polling, *wakeups, url=url)
+        procs.start(
+            *local(command_of(name), shutdown_grace="5", health_port="0"),
+            "--health-host",
+            "127.0.0.1",
+            *polling,
+            *wakeups,
+            url=url,
+        )
         for name in ("worker-1", "worker-2")
     ]
     cleaner_args = local(command_of("cleaner"), health_port="0")
@@ -180,6 +199,10 @@ def test_compose_topology_ships_every_order(
     assert found is not None
     health = f"http://{found[1]}:{found[2]}"
     wait_until(lambda: http("GET", f"{health}/readyz")[0] == 200, "/readyz", watch=everyone)
+    for worker in workers:  # each worker's own endpoint: live, and ready (the database answers)
+        probe = health_address(worker, everyone)
+        wait_until(partial(answers, f"{probe}/readyz"), "a worker's /readyz", watch=everyone)
+        assert answers(f"{probe}/livez")
     wait_until(lambda: http("GET", f"{base}/healthz")[0] == 200, "the web app", watch=everyone)
 
     assert http("POST", f"{base}/orders", {"item": "", "quantity": 0})[0] == 422
