@@ -8,6 +8,11 @@ take them without acks. Nothing in RabbitMQ is state: delays and retries live in
 Publishing runs on a background thread with its own event loop, so sync and async callers alike
 hand a hint over in microseconds and never wait for the broker: a slow or absent broker means
 hints are buffered (bounded), then dropped and counted, never raised into the application.
+
+A broker that is away: publishers and subscribers reconnect by one policy (`RECONNECT_BACKOFF`,
+exponential with full jitter, capped at 3 s) on plain connections (aio-pika's robust connection
+retries at a fixed interval and logs each attempt), and each connection logs the outage twice:
+a WARNING when it goes, an INFO when it is back.
 """
 
 from __future__ import annotations
@@ -16,16 +21,18 @@ import asyncio
 import contextlib
 import logging
 import os
-import random
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
 import aio_pika
 import aiormq
-from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
+from yarl import URL
 
+from txtasks.retry import Exponential, RetryStrategy
 from txtasks.wakeup.base import (
     MAX_IDS,
     WakeupCallback,
@@ -43,9 +50,19 @@ QUEUE_PREFIX = "txtasks.wakeup."
 MESSAGE_TTL_MS = 60_000
 #: A queue nobody consumes keeps at most this many hints (the oldest are dropped).
 MAX_QUEUE_LENGTH = 10_000
-RECONNECT_INTERVAL = 1.0
 PROPERTIES = aiormq.spec.Basic.Properties(content_type="application/json", delivery_mode=1)
-MAX_BACKOFF = 30.0
+#: The wait before connection attempt n+1 after n failures in a row, for publishers and
+#: subscribers alike: exponential from 0.1 s, capped at 3 s, with full jitter. A connection that
+#: works starts it over. Pass another `RetryStrategy` as `AmqpNotifier(reconnect=...)`.
+RECONNECT_BACKOFF = Exponential(base=0.1, cap=3.0)
+#: Bound of one subscriber connection attempt: TCP, AMQP handshake, declarations, consume.
+CONNECT_TIMEOUT = 5.0
+#: aiormq's lines about each failed or lost connection: txtasks logs the outage once instead.
+PER_ATTEMPT_LINES = (
+    "error when creating transport",
+    "Cancelling cause reader exited abnormally",
+    "Unexpected connection close from remote",
+)
 
 
 def amqp_queue_name(queue: str) -> str:
@@ -83,61 +100,128 @@ def _merge(pending: dict[str, list[int]], queue: str, ids: Sequence[int]) -> Non
     known.extend(ids[: max(0, MAX_IDS - len(known))])
 
 
-class _Once:
-    """Log a failure once until the next success, so an outage is not a log flood."""
+def safe_url(url: str) -> str:
+    """The broker URL for logs: its password masked."""
+    parsed = URL(url)
+    return str(parsed.with_password("******")) if parsed.password else url
 
-    def __init__(self, what: str) -> None:
+
+def describe(exc: BaseException) -> str:
+    """One line naming an error: its type, and its text when it has one."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class _PerAttemptLines(logging.Filter):
+    """Turns aiormq's line per failed connection into DEBUG: txtasks logs the outage once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno <= logging.DEBUG or not str(record.msg).startswith(PER_ATTEMPT_LINES):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+def quiet_library_loggers() -> None:
+    """Install the filter on aiormq's connection logger (once)."""
+    logger = logging.getLogger("aiormq.connection")
+    if not any(isinstance(f, _PerAttemptLines) for f in logger.filters):
+        logger.addFilter(_PerAttemptLines())
+
+
+quiet_library_loggers()
+
+
+class _Outage:
+    """The broker as one connection sees it: one WARNING when lost, one INFO when back, and the
+    wait before each attempt in between (DEBUG lines only)."""
+
+    def __init__(self, what: str, url: str, reconnect: RetryStrategy) -> None:
         self.what = what
-        self.failing = False
+        self.broker = safe_url(url)
+        self.reconnect = reconnect
+        self.failures = 0
+        self._since = 0.0
 
-    def failed(self, exc: BaseException) -> None:
-        if not self.failing:
-            log.warning("%s: %s (working on by polling; will retry)", self.what, exc)
-        self.failing = True
+    def failed(self, exc: BaseException) -> float:
+        """Count a failed or lost connection; the seconds to wait before the next attempt."""
+        self.failures += 1
+        delay = self.reconnect.delay(self.failures)
+        if self.failures == 1:
+            self._since = time.monotonic()
+            log.warning(
+                "%s: broker %s unavailable: %s (workers poll meanwhile; reconnecting with backoff)",
+                self.what,
+                self.broker,
+                describe(exc),
+            )
+        else:
+            log.debug(
+                "%s: attempt %d failed (%s), next in %.2fs",
+                self.what,
+                self.failures,
+                describe(exc),
+                delay,
+            )
+        return delay
 
     def ok(self) -> None:
-        if self.failing:
-            log.info("%s: back", self.what)
-        self.failing = False
+        if self.failures:
+            took = time.monotonic() - self._since
+            log.info("%s: broker %s back after %.1fs", self.what, self.broker, took)
+        self.failures = 0
 
 
 class _PublishLink:
-    """The publisher's connection: opened lazily, retried with backoff, declared queues cached."""
+    """The publisher's connection: opened lazily, reopened with backoff, declared queues cached."""
 
-    def __init__(self, url: str, timeout: float, health: _Once) -> None:
+    def __init__(self, url: str, timeout: float, reconnect: RetryStrategy) -> None:
         self.url = url
         self.timeout = timeout
-        self.health = health
-        self.connection: AbstractRobustConnection | None = None
+        self.outage = _Outage("wake-up publisher", url, reconnect)
+        self.connection: AbstractConnection | None = None
         self._channel: Any = None
         self._exchange: Any = None
         self.declared: set[str] = set()
-        self.backoff = 0.0
         self.retry_at = 0.0
 
     async def exchange(self) -> Any:
-        """The exchange to publish to, or None while the broker is unreachable."""
+        """The exchange to publish to, or None while waiting to retry an unavailable broker."""
         if self._exchange is not None:
             return self._exchange
-        loop = asyncio.get_running_loop()
-        if loop.time() < self.retry_at:
+        if asyncio.get_running_loop().time() < self.retry_at:
             return None
+        await self.close()  # what is left of a lost connection
         try:
-            self.connection = await aio_pika.connect_robust(
-                self.url, timeout=self.timeout, reconnect_interval=RECONNECT_INTERVAL
-            )
-            self._channel = await self.connection.channel(publisher_confirms=False)
-            self._exchange = await self._channel.declare_exchange(
-                EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True
-            )
-            self.declared.clear()
-            self.backoff = 0.0
+            await self._open()
+            self.outage.ok()
         except Exception as exc:
-            await self.close()
-            self.backoff = min(MAX_BACKOFF, max(0.5, self.backoff * 2))
-            self.retry_at = loop.time() + self.backoff * random.uniform(0.5, 1.0)
-            self.health.failed(exc)
+            await self.failed(exc)
         return self._exchange
+
+    async def _open(self) -> None:
+        self.connection = await aio_pika.connect(self.url, timeout=self.timeout)
+        self.connection.close_callbacks.add(self._lost)
+        self._channel = await within(
+            self.connection.channel(publisher_confirms=False), self.timeout
+        )
+        self._exchange = await within(
+            self._channel.declare_exchange(EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True),
+            self.timeout,
+        )
+        self.declared.clear()
+
+    def _lost(self, connection: Any, exc: BaseException | None = None) -> None:
+        """The broker closed the connection (or it broke): reconnect at the next hint."""
+        if connection is self.connection and self._exchange is not None:
+            self._exchange = None
+            lost = exc if isinstance(exc, Exception) else ConnectionError("connection closed")
+            self.retry_at = asyncio.get_running_loop().time() + self.outage.failed(lost)
+
+    async def failed(self, exc: BaseException) -> None:
+        """Drop the connection; the next attempt waits for the backoff."""
+        await self.close()
+        self.retry_at = asyncio.get_running_loop().time() + self.outage.failed(exc)
 
     async def publish(self, queue: str, ids: list[int]) -> None:
         """One message; handed to the connection's writer without waiting for the drain."""
@@ -159,14 +243,14 @@ class _PublishLink:
         if await self.exchange() is None:
             stats.dropped += len(batch)
             return
-        for queue, ids in batch.items():
+        for sent, (queue, ids) in enumerate(batch.items()):
             try:
                 await self.publish(queue, ids)
-                stats.published += 1
-                self.health.ok()
             except Exception as exc:
-                stats.dropped += 1
-                self.health.failed(exc)
+                stats.dropped += len(batch) - sent
+                await self.failed(exc)
+                return
+            stats.published += 1
 
     async def close(self) -> None:
         connection, self.connection, self._exchange = self.connection, None, None
@@ -179,10 +263,18 @@ class _PublishLink:
 class LoopPublisher:
     """Publishes on the committing code's own event loop: no thread hop for async callers."""
 
-    def __init__(self, url: str, stats: WakeupStats, *, max_pending: int, timeout: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        stats: WakeupStats,
+        *,
+        max_pending: int,
+        timeout: float,
+        reconnect: RetryStrategy = RECONNECT_BACKOFF,
+    ) -> None:
         self.stats = stats
         self.max_pending = max_pending
-        self.link = _PublishLink(url, timeout, _Once("wake-up publisher"))
+        self.link = _PublishLink(url, timeout, reconnect)
         self._pending: dict[str, list[int]] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -218,11 +310,13 @@ class AmqpPublisher:
         *,
         max_pending: int = 10_000,
         publish_timeout: float = 1.0,
+        reconnect: RetryStrategy = RECONNECT_BACKOFF,
     ) -> None:
         self.url = url
         self.stats = stats
         self.max_pending = max_pending
         self.publish_timeout = publish_timeout
+        self.reconnect = reconnect
         self._lock = threading.Lock()
         self._pending: dict[str, list[int]] = {}
         self._pending_count = 0
@@ -231,7 +325,6 @@ class AmqpPublisher:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._closing = False
-        self._health = _Once("wake-up publisher")
 
     def notify(self, queue: str, ids: Sequence[int]) -> None:
         with self._lock:
@@ -294,7 +387,7 @@ class AmqpPublisher:
     async def _run(self) -> None:
         """Publish whatever is pending whenever notified; after close, publish the rest, then end."""
         assert self._ready is not None
-        link = _PublishLink(self.url, self.publish_timeout, self._health)
+        link = _PublishLink(self.url, self.publish_timeout, self.reconnect)
         try:
             while True:
                 await self._ready.wait()
@@ -321,14 +414,21 @@ class AmqpPublisher:
 
 
 class AmqpSubscriber:
-    """Consumes the wake-up queues of a worker on the worker's own event loop."""
+    """Consumes the wake-up queues of a worker on the worker's own event loop.
 
-    def __init__(self, url: str, stats: WakeupStats) -> None:
+    It connects, consumes until the connection is lost, waits for the backoff and connects again,
+    until closed. `stats.connected` is True while it consumes.
+    """
+
+    def __init__(
+        self, url: str, stats: WakeupStats, reconnect: RetryStrategy = RECONNECT_BACKOFF
+    ) -> None:
         self.url = url
         self.stats = stats
+        self.reconnect = reconnect
         self._task: asyncio.Task[None] | None = None
-        self._connection: AbstractRobustConnection | None = None
-        self._health = _Once("wake-up subscriber")
+        self._connection: AbstractConnection | None = None
+        self._outage = _Outage("wake-up subscriber", url, reconnect)
         self._closing = False
 
     async def start(self, queues: Sequence[str], on_wakeup: WakeupCallback) -> None:
@@ -350,55 +450,57 @@ class AmqpSubscriber:
         return handle
 
     async def _run(self, wanted: frozenset[str], on_wakeup: WakeupCallback) -> None:
-        backoff = 0.0
         while not self._closing:
-            try:
-                connection = await aio_pika.connect_robust(
-                    self.url, reconnect_interval=RECONNECT_INTERVAL
-                )
-            except Exception as exc:
-                self._health.failed(exc)
-                backoff = min(MAX_BACKOFF, max(0.5, backoff * 2))
-                await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
-                continue
-            self._connection = connection
-            try:
-                channel = await connection.channel()
-                await channel.set_qos(prefetch_count=100)
-                handler = self._on_message(wanted, on_wakeup)
-                for queue in sorted(wanted):
-                    amqp_queue = await declare(channel, queue)
-                    await amqp_queue.consume(handler, no_ack=True)
-            except Exception as exc:
-                if self._closing:
-                    return
-                self._health.failed(exc)
-                with contextlib.suppress(Exception):
-                    await connection.close()
-                self._connection = None
-                await asyncio.sleep(RECONNECT_INTERVAL)
-                continue
-            self._health.ok()
-            connection.reconnect_callbacks.add(self._reconnected)
-            connection.close_callbacks.add(self._lost)
+            error = await self._consume_until_lost(wanted, on_wakeup)
+            if self._closing:
+                return
+            await asyncio.sleep(self._outage.failed(error))
+
+    async def _consume_until_lost(
+        self, wanted: frozenset[str], on_wakeup: WakeupCallback
+    ) -> BaseException:
+        """Connect and consume until the connection or channel closes; what ended it."""
+        lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        try:
+            await within(self._consume(wanted, on_wakeup, lost), CONNECT_TIMEOUT)
+            self._outage.ok()
             self.stats.connected = True
-            await asyncio.Future()  # the robust connection reconnects by itself from here on
+            return await lost
+        except Exception as exc:
+            return exc
+        finally:
+            self.stats.connected = False
+            await self._disconnect()
 
-    def _reconnected(self, *_: Any) -> None:
-        self.stats.connected = True
-        self._health.ok()
+    async def _consume(
+        self,
+        wanted: frozenset[str],
+        on_wakeup: WakeupCallback,
+        lost: asyncio.Future[BaseException],
+    ) -> None:
+        def closed(_sender: Any, exc: BaseException | None = None) -> None:
+            if not lost.done():
+                lost.set_result(exc if isinstance(exc, Exception) else ConnectionError("closed"))
 
-    def _lost(self, _connection: Any, exc: BaseException | None = None) -> None:
-        self.stats.connected = False
-        if exc is not None and not isinstance(exc, asyncio.CancelledError) and not self._closing:
-            self._health.failed(exc)
+        self._connection = connection = await aio_pika.connect(self.url)
+        connection.close_callbacks.add(closed)
+        channel = await connection.channel()
+        channel.close_callbacks.add(closed)
+        await channel.set_qos(prefetch_count=100)
+        handler = self._on_message(wanted, on_wakeup)
+        for queue in sorted(wanted):
+            amqp_queue = await declare(channel, queue)
+            await amqp_queue.consume(handler, no_ack=True)
+
+    async def _disconnect(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await connection.close()
 
     async def close(self) -> None:
         self._closing = True
-        connection, self._connection = self._connection, None
-        if connection is not None:  # first, so a setup under way fails instead of being cut
-            with contextlib.suppress(Exception):
-                await connection.close()
+        await self._disconnect()  # first, so a setup under way fails instead of being cut
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -409,19 +511,29 @@ class AmqpNotifier:
     """Wake-ups through RabbitMQ: a publisher for enqueuers and a subscriber for workers."""
 
     def __init__(
-        self, url: str, *, max_pending: int = 10_000, publish_timeout: float = 1.0
+        self,
+        url: str,
+        *,
+        max_pending: int = 10_000,
+        publish_timeout: float = 1.0,
+        reconnect: RetryStrategy = RECONNECT_BACKOFF,
     ) -> None:
         self.url = url
         self.stats = WakeupStats()
         self.max_pending = max_pending
         self.publish_timeout = publish_timeout
+        self.reconnect = reconnect
         self.publisher = AmqpPublisher(
-            url, self.stats, max_pending=max_pending, publish_timeout=publish_timeout
+            url,
+            self.stats,
+            max_pending=max_pending,
+            publish_timeout=publish_timeout,
+            reconnect=reconnect,
         )
         self.loop_publishers: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, LoopPublisher
         ] = weakref.WeakKeyDictionary()
-        self.subscriber = AmqpSubscriber(url, self.stats)
+        self.subscriber = AmqpSubscriber(url, self.stats, reconnect)
 
     def notify(self, queue: str, ids: Sequence[int] = ()) -> None:
         """From a thread running an event loop, publish on that loop; else on the thread."""
@@ -437,7 +549,11 @@ class AmqpNotifier:
             for old in [other for other in self.loop_publishers if other.is_closed()]:
                 del self.loop_publishers[old]  # loops gone (asyncio.run per call)
             publisher = self.loop_publishers[loop] = LoopPublisher(
-                self.url, self.stats, max_pending=self.max_pending, timeout=self.publish_timeout
+                self.url,
+                self.stats,
+                max_pending=self.max_pending,
+                timeout=self.publish_timeout,
+                reconnect=self.reconnect,
             )
         publisher.notify(queue, ids)
 

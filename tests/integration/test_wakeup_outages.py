@@ -1,0 +1,143 @@
+"""Broker outages: wake-ups resume within 5 s of the broker's return, and the log stays short.
+
+Publisher and subscriber both reach the real RabbitMQ through a TCP proxy. `refuse()` takes the
+broker away (open connections are cut, new ones refused) and `accept()` brings it back; the
+outages last several retry cycles, so a backoff that is not capped, or a line logged per retry,
+fails the test. A wake-up counts as delivered when the worker acts on it (its poll is 30 s away).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.integration.test_wakeups import (
+    RESUME_BOUND,
+    SLOW_POLL,
+    Harness,
+    RunningWorker,
+    broker_log,
+    new_queue,
+    until,
+)
+from tests.tcp_proxy import TcpProxy
+from txtasks.wakeup.amqp import AmqpNotifier
+
+pytestmark = [
+    pytest.mark.rabbitmq,
+    pytest.mark.parametrize("database_url", ["sqlite"], indirect=True),
+]
+
+#: Longer than every backoff step up to the cap together (0.1 + 0.2 + ... + 3 s), twice over.
+LONG_OUTAGE = 12.0
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[contextlib.AsyncExitStack]:
+    async with contextlib.AsyncExitStack() as exit_stack:
+        yield exit_stack
+
+
+@pytest.fixture
+async def proxy(amqp_url: str, stack: contextlib.AsyncExitStack) -> TcpProxy:
+    broker = await TcpProxy.for_url(amqp_url)
+    stack.push_async_callback(broker.close)
+    return broker
+
+
+async def setup(
+    stack: contextlib.AsyncExitStack, database_url: str, url: str, label: str
+) -> tuple[Harness, RunningWorker, AmqpNotifier]:
+    """An app publishing to `url`, and a worker with a notifier of its own consuming from it."""
+    h = await Harness.create(stack, database_url, url, new_queue(label))
+    subscriber = await h.subscriber(url)
+    worker = await h.worker(poll=SLOW_POLL, notifier=subscriber)
+    await until(lambda: worker.claims.calls >= 1, "the worker's first claim")
+    return h, worker, subscriber
+
+
+async def enqueue_for(h: Harness, seconds: float) -> None:
+    """The application keeps committing tasks (so keeps handing hints to its publisher)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while loop.time() < deadline:
+        await h.enqueue("during the outage")
+        await asyncio.sleep(0.25)
+
+
+async def time_to_wakeup(h: Harness, worker: RunningWorker) -> float:
+    """Seconds until the worker acts on a new wake-up, while the app commits every 0.1 s."""
+    loop = asyncio.get_running_loop()
+    start, before = loop.time(), worker.stats.wakeups
+    while worker.stats.wakeups == before:
+        if loop.time() - start > 3 * RESUME_BOUND:
+            raise AssertionError(f"no wake-up within {3 * RESUME_BOUND}s of the broker's return")
+        await h.enqueue("probe")
+        await asyncio.sleep(0.1)
+    return loop.time() - start
+
+
+def assert_one_line_per_state_change(caplog: pytest.LogCaptureFixture, url: str) -> None:
+    """One WARNING per connection when the broker went, one INFO when it came back; no more."""
+    lines = broker_log(caplog)
+    shown = "\n".join(" ".join(line) for line in lines)
+    went = sorted(text.split(":")[0] for level, _, text in lines if level != "INFO")
+    back = sorted(text.split(":")[0] for level, _, text in lines if level == "INFO")
+    assert went == ["wake-up publisher", "wake-up subscriber"], shown
+    assert back == ["wake-up publisher", "wake-up subscriber"], shown
+    assert {logger for _, logger, _ in lines} == {"txtasks.wakeup"}, shown
+    address = url.rpartition("@")[2].rstrip("/")
+    for _, _, text in lines:
+        assert address in text, shown  # names the broker ...
+        assert ":app@" not in text, shown  # ... without its password
+
+
+async def test_wakeups_resume_within_the_bound_after_outages_of_any_length(
+    database_url: str,
+    amqp_url: str,
+    proxy: TcpProxy,
+    stack: contextlib.AsyncExitStack,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    url = proxy.url_for(amqp_url)
+    h, worker, _ = await setup(stack, database_url, url, "outages")
+    await time_to_wakeup(h, worker)  # wake-ups work before the first outage
+
+    caplog.set_level(logging.INFO)
+    measured = []
+    for seconds in (2.0, LONG_OUTAGE, 1.0):
+        caplog.clear()
+        await proxy.refuse()
+        await enqueue_for(h, seconds)
+        await proxy.accept()
+        measured.append(await time_to_wakeup(h, worker))
+        await until(lambda: len(broker_log(caplog)) >= 4, "both connections log their return")
+        assert_one_line_per_state_change(caplog, url)
+    assert max(measured) <= RESUME_BOUND, f"wake-ups resumed after {measured} s"
+    assert not worker.running.done()
+
+
+async def test_wakeups_resume_within_the_bound_when_the_broker_was_away_at_start(
+    database_url: str,
+    amqp_url: str,
+    proxy: TcpProxy,
+    stack: contextlib.AsyncExitStack,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    await proxy.refuse()
+    url = proxy.url_for(amqp_url)
+    h, worker, subscriber = await setup(stack, database_url, url, "late")
+    await enqueue_for(h, LONG_OUTAGE)
+    assert worker.stats.wakeups == 0
+    assert (h.app.notifier.stats.published, subscriber.stats.connected) == (0, False)
+
+    await proxy.accept()
+    took = await time_to_wakeup(h, worker)
+    assert took <= RESUME_BOUND, f"wake-ups resumed {took:.1f} s after the broker came back"
+    await until(lambda: len(broker_log(caplog)) >= 4, "both connections log their return")
+    assert_one_line_per_state_change(caplog, url)
