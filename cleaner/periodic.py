@@ -3,9 +3,11 @@
 Each schedule has a row in `txtasks_periodic` holding its next fire time. A pass that finds
 that time due moves it on with a conditional UPDATE (`WHERE next_fire_at = <what it read>`)
 and inserts the fire's tasks in the same transaction. Of several cleaners only one UPDATE
-matches; the others change nothing. A cleaner that was down finds the stored time in the
-past and applies the schedule's catch-up rule (all, latest, or skip). A changed schedule
-starts over from the next fire time after now.
+matches; the others change nothing. Every fire time still on time is enqueued, a batch per
+transaction, however many came due since the previous pass: on time is at most the schedule's
+`misfire_grace` late, and never less than ON_TIME_INTERVALS intervals between passes. Only the
+older fire times, missed while no cleaner ran, follow the schedule's catch-up rule (all, latest,
+or skip). A changed schedule starts over from the next fire time after now.
 """
 
 from __future__ import annotations
@@ -14,9 +16,14 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 
-from cleaner.sweep import Sweep, SweepConfig, SweepResult
+from cleaner.sweep import MAX_BATCHES, Sweep, SweepConfig, SweepResult
 from txtasks.periodic import Schedule
 from txtasks.types import NewTask, PeriodicRow
+
+#: A fire time at most this many intervals (between passes) late is on time, whatever the
+#: schedule's misfire_grace: cleaners passing about every interval, jittered or slowed down,
+#: enqueue every fire time, and only longer gaps leave fires to the catch-up rule.
+ON_TIME_INTERVALS = 5
 
 
 @dataclass(frozen=True)
@@ -79,15 +86,38 @@ class Periodic(Sweep[PeriodicConfig, PeriodicResult]):
         return ids is not None
 
     async def _fire(self, schedule: Schedule, row: PeriodicRow, now: datetime) -> list[int] | None:
-        """Enqueue the due fire times; [] when none is due, None when another cleaner won."""
-        times, following = schedule.due(row.next_fire_at, now)
-        if following == row.next_fire_at:
-            return []
+        """Enqueue the due fire times, a batch at a time until none on time is left; the ids
+        ([] when none was due), or None when another cleaner moved the schedule first."""
+        on_time = ON_TIME_INTERVALS * self.config.interval
+        expected, ids = row.next_fire_at, list[int]()
+        for _ in range(MAX_BATCHES):
+            times, following = schedule.due(expected, now, on_time=on_time)
+            if following == expected:
+                break
+            batch = await self._advance(schedule, expected, following, times, now)
+            if batch is None:
+                return ids or None
+            ids += batch
+            if following > now or following < schedule.on_time_from(now, on_time):
+                break  # all done, or missed fires the next passes catch up (catch_up="all")
+            expected = following
+        return ids
+
+    async def _advance(
+        self,
+        schedule: Schedule,
+        expected: datetime,
+        following: datetime,
+        times: list[datetime],
+        now: datetime,
+    ) -> list[int] | None:
+        """Move the schedule from `expected` to `following` and enqueue `times`, in one
+        transaction; their ids, or None when another cleaner moved it first."""
         fires = [self._task(schedule, t) for t in times]
         ids = await self.driver.periodic_advance(
             schedule.name,
             schedule=schedule.spec,
-            expected=row.next_fire_at,
+            expected=expected,
             next_fire_at=following,
             fires=fires,
             now=now,

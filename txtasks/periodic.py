@@ -19,7 +19,7 @@ from txtasks.clock import as_utc, seconds
 from txtasks.errors import ConfigurationError
 
 EPOCH = datetime(1970, 1, 1)
-#: Fire times the sweep enqueues at most per schedule and sweep (catch-up "all").
+#: Fire times enqueued at most per transaction; and per pass, of those missed (catch-up "all").
 MAX_FIRES_PER_SWEEP = 100
 ONE_MICROSECOND = timedelta(microseconds=1)
 LOOKBACK_WINDOWS = tuple(
@@ -28,11 +28,11 @@ LOOKBACK_WINDOWS = tuple(
 
 
 class CatchUp(str, enum.Enum):
-    """What to do with fire times missed while no cleaner ran."""
+    """What to do with fire times missed while no cleaner ran (the ones no longer on time)."""
 
     ALL = "all"  # enqueue every missed fire time (at most MAX_FIRES_PER_SWEEP per sweep)
     LATEST = "latest"  # enqueue the latest missed fire time once
-    SKIP = "skip"  # enqueue none of them; carry on from the next fire time
+    SKIP = "skip"  # enqueue none of them
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,9 @@ class Schedule:
     """When to enqueue a task: a cron expression (in `timezone`) or a fixed interval.
 
     Interval fire times are multiples of the interval since the Unix epoch, so every cleaner
-    computes the same ones. `catch_up` decides what happens to fires missed while no cleaner ran;
-    a fire no more than `misfire_grace` seconds late is on time.
+    computes the same ones. A fire time no more than `misfire_grace` seconds late (or, when
+    that is longer, than what the cleaner's passes cover) is on time: it is enqueued, once.
+    `catch_up` decides what happens to the older ones, missed while no cleaner ran.
     """
 
     name: str
@@ -97,30 +98,40 @@ class Schedule:
         fire = self._trigger.get_next_fire_time(None, start)
         return datetime.max if fire is None else as_utc(fire)
 
-    def due(self, first: datetime, now: datetime) -> tuple[list[datetime], datetime]:
+    def on_time_from(self, now: datetime, on_time: float = 0.0) -> datetime:
+        """The oldest fire time still on time at `now`: at most `misfire_grace` seconds late,
+        or `on_time` seconds (what the cleaner's passes cover) when that is longer."""
+        return now - timedelta(seconds=max(self.misfire_grace, on_time))
+
+    def due(
+        self, first: datetime, now: datetime, *, on_time: float = 0.0
+    ) -> tuple[list[datetime], datetime]:
         """Fire times to enqueue now, given the first not yet enqueued, and the next one after.
 
-        `first` is the stored next fire time; when it is later than `now` nothing is due.
+        Every fire time that is on time (see `on_time_from`) is enqueued, whatever `catch_up`
+        says; the older ones were missed while no cleaner ran, and `catch_up` decides. At most
+        MAX_FIRES_PER_SWEEP at a time: the next one after is then still due at `now`. When
+        `first` is later than `now`, nothing is due.
         """
         if first > now:
             return [], first
-        missed = [first]
-        while len(missed) < MAX_FIRES_PER_SWEEP:
-            later = self.next_after(missed[-1])
-            if later > now:
-                break
-            missed.append(later)
-        following = self.next_after(missed[-1])
-        if self.catch_up is CatchUp.ALL:
-            return missed, following
-        latest = missed[-1]
-        if following <= now:  # more than MAX_FIRES_PER_SWEEP behind: jump to the present
-            latest = self._latest_before(now)
-            following = self.next_after(latest)
-        on_time = (now - latest).total_seconds() <= self.misfire_grace
-        if self.catch_up is CatchUp.SKIP and not on_time:
-            return [], following
-        return [latest], following
+        horizon = self.on_time_from(now, on_time)
+        missed: list[datetime] = []
+        start = first
+        if first < horizon and self.catch_up is not CatchUp.ALL:
+            start = self.next_after(horizon - ONE_MICROSECOND)
+            if self.catch_up is CatchUp.LATEST:
+                missed = [max(first, self._latest_before(horizon - ONE_MICROSECOND))]
+        times = missed + self._between(start, now, MAX_FIRES_PER_SWEEP - len(missed))
+        return times, self.next_after(times[-1]) if times else start
+
+    def _between(self, start: datetime, now: datetime, limit: int) -> list[datetime]:
+        """The fire times from `start` (one of them) to `now`, at most `limit`."""
+        times: list[datetime] = []
+        while start <= now and len(times) < limit:
+            times.append(start)
+            start = self.next_after(start)
+        return times
 
     def _latest_before(self, now: datetime) -> datetime:
         """The last fire time at or before `now` (for a schedule far behind)."""

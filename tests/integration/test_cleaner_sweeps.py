@@ -306,7 +306,8 @@ async def test_fires_missed_while_no_cleaner_ran(
     app = periodic_app(driver, clock, catch_up=catch_up, misfire_grace=2)
     assert (await Periodic(app, PeriodicConfig()).run_once()).registered == 1
 
-    clock.now = datetime(2030, 1, 1, 0, 1, 25)  # down from 0:35 to 1:25: 0:40 ... 1:20 missed
+    # Down from 0:35 to 1:27: 0:40 ... 1:20 missed (more than five 1 s intervals late)
+    clock.now = datetime(2030, 1, 1, 0, 1, 27)
     restarted = Periodic(
         periodic_app(driver, clock, catch_up=catch_up, misfire_grace=2), PeriodicConfig()
     )

@@ -38,13 +38,26 @@ def test_cron_fire_times_in_utc_and_in_a_time_zone() -> None:
     assert paris.next_after(datetime(2030, 7, 2)) == datetime(2030, 7, 2, 7)  # CEST = UTC+2
 
 
-def test_due_fire_times_per_catch_up_rule() -> None:
-    # stored next fire 0:10, now 0:55: 10, 20, 30, 40, 50 are due; 60 is next
-    assert every(10, catch_up="all").due(t(10), t(55)) == (
-        [t(10), t(20), t(30), t(40), t(50)],
-        t(60),
-    )
-    assert every(10, catch_up="latest").due(t(10), t(55)) == ([t(50)], t(60))
+@pytest.mark.parametrize("catch_up", ["latest", "skip", "all"])
+def test_every_fire_time_on_time_is_due_whatever_the_catch_up_rule(catch_up: str) -> None:
+    # Passes 1.4 s apart on an every-second schedule: two fire times came due since the last.
+    schedule = every(1, catch_up=catch_up)
+    assert schedule.due(t(2), t(3.8)) == ([t(2), t(3)], t(4))
+    # On time is at most misfire_grace late, or what the cleaner's passes cover if longer.
+    tight = every(1, catch_up=catch_up, misfire_grace=0)
+    assert tight.due(t(2), t(3.8), on_time=5) == ([t(2), t(3)], t(4))
+    assert tight.on_time_from(t(10), on_time=5) == t(5)
+    assert every(1, misfire_grace=7).on_time_from(t(10), on_time=5) == t(3)
+
+
+def test_fire_times_missed_follow_the_catch_up_rule() -> None:
+    # stored next fire 0:10, now 0:55, on time from 0:40: 10, 20, 30 missed; 40, 50 on time
+    def due(catch_up: str) -> tuple[list[datetime], datetime]:
+        return every(10, catch_up=catch_up, misfire_grace=15).due(t(10), t(55))
+
+    assert due("all") == ([t(10), t(20), t(30), t(40), t(50)], t(60))
+    assert due("latest") == ([t(30), t(40), t(50)], t(60))
+    assert due("skip") == ([t(40), t(50)], t(60))
     assert every(10, catch_up="skip", misfire_grace=2).due(t(10), t(55)) == ([], t(60))
     assert every(10, catch_up="skip", misfire_grace=2).due(t(50), t(51)) == ([t(50)], t(60))
     assert every(10).due(t(60), t(55)) == ([], t(60))  # nothing due yet
@@ -54,13 +67,16 @@ def test_far_behind_schedules_catch_up_in_bounded_steps() -> None:
     behind = t(10 * MAX_FIRES_PER_SWEEP * 3 + 5)
     fires, following = every(10, catch_up="all").due(t(10), behind)
     assert len(fires) == MAX_FIRES_PER_SWEEP and following == fires[-1] + timedelta(seconds=10)
-    assert every(10, catch_up="latest").due(t(10), behind) == (
+    assert every(10, catch_up="latest", misfire_grace=0).due(t(10), behind) == (
         [t(10 * MAX_FIRES_PER_SWEEP * 3)],
         t(10 * MAX_FIRES_PER_SWEEP * 3 + 10),
     )
-    cron = Schedule("s", "task", cron="* * * * *")  # every minute, 3 days behind
+    cron = Schedule("s", "task", cron="* * * * *", misfire_grace=0)  # every minute, 3 days behind
     fires, following = cron.due(datetime(2030, 1, 1), datetime(2030, 1, 4, 0, 0, 30))
     assert (fires, following) == ([datetime(2030, 1, 4)], datetime(2030, 1, 4, 0, 1))
+    # More fire times on time than one batch: the first batch, and the next one still due.
+    fires, following = every(0.1, catch_up="skip").due(t(0), t(59))
+    assert (len(fires), fires[-1], following) == (MAX_FIRES_PER_SWEEP, t(9.9), t(10))
 
 
 def test_the_spec_changes_when_the_schedule_does() -> None:
