@@ -368,6 +368,9 @@ BAD_SETTINGS = {
     "rescuer.interval=soon": ("rescuer.interval", "soon"),
     "nosuchsweep.interval=1": ("nosuchsweep",),
     "retention.keep.completed=-5": ("completed",),
+    "rescuer.grace=inf": ("grace", "inf"),
+    "reannouncer.after=nan": ("after", "nan"),
+    "retention.keep.dead=inf": ("dead", "inf"),
 }
 
 

@@ -275,6 +275,38 @@ BAD_INPUT: dict[str, tuple[list[str], str | None, str]] = {
     "nothing to requeue": (["dlq", "requeue"], EMPTY_SQLITE, "--all"),
     "no url": (["status"], None, "TXTASKS_DATABASE_URL"),
     "unreachable database": (["status"], UNREACHABLE, "127.0.0.1"),
+    "nan lease": (["worker", APP_SPEC, "--lease", "nan"], EMPTY_SQLITE, "lease must be a finite"),
+    "infinite lease": (["worker", APP_SPEC, "--lease", "inf"], EMPTY_SQLITE, "got inf"),
+    "nan burst horizon": (
+        ["worker", APP_SPEC, "--burst", "--burst-horizon", "nan"],
+        EMPTY_SQLITE,
+        "burst_horizon must be a finite number",
+    ),
+    "deep payload": (
+        ["enqueue", APP_SPEC, "acc.record", "[" * 20_000 + "]" * 20_000],
+        EMPTY_SQLITE,
+        "PAYLOAD",
+    ),
+    "unmigrated enqueue": (
+        ["enqueue", APP_SPEC, "acc.record", "{}"],
+        EMPTY_SQLITE,
+        "Error: table txtasks_tasks missing: run txtasks migrate",
+    ),
+    "unreachable enqueue": (
+        ["enqueue", APP_SPEC, "acc.record", "{}"],
+        UNREACHABLE,
+        "Error: cannot connect to postgresql://app:***@127.0.0.1:1/appdb: ",
+    ),
+}
+#: Cases whose whole output is that one line (the others may add a usage hint).
+ONE_LINE = {
+    "nan lease",
+    "infinite lease",
+    "nan burst horizon",
+    "unmigrated enqueue",
+    "unreachable enqueue",
+    "unmigrated status",
+    "unreachable database",
 }
 
 
@@ -297,6 +329,8 @@ def test_bad_input_is_a_clear_error(bad_input_results: dict[str, Result], case: 
     assert result.returncode != 0
     assert message in result.stderr
     assert "Traceback" not in result.stderr, f"a crash, not an error message:\n{result.stderr}"
+    if case in ONE_LINE:
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 # -- demo ---------------------------------------------------------------------------------------

@@ -362,6 +362,8 @@ def enqueue(
         value = json.loads(payload)
     except ValueError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="PAYLOAD") from exc
+    except RecursionError as exc:
+        raise click.BadParameter("nested too deeply to decode", param_hint="PAYLOAD") from exc
     url = resolve_url(database_url, app)
     from sqlalchemy import create_engine
 
