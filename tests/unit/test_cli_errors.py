@@ -83,3 +83,11 @@ def test_nan_and_infinite_worker_settings_are_refused_at_start(
     url = f"sqlite:///{tmp_path / 'db.sqlite3'}"
     line = one_line_error("worker", APP, "--burst", "--database-url", url, flag, value)
     assert line.startswith(f"Error: {setting} must be a finite number") and line.endswith(value)
+
+
+@pytest.mark.parametrize("flag", ["--rollback", "--flaky", "--poison"])
+def test_demo_shares_refuse_nan(flag: str) -> None:
+    result = CliRunner().invoke(main, ["demo", flag, "nan"])
+    assert result.exit_code == 2
+    name = flag.removeprefix("--")
+    assert f"Invalid value for '{flag}': {name} must be a finite number" in result.output

@@ -20,6 +20,7 @@ from pythonjsonlogger.json import JsonFormatter
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
+from txtasks._checks import check_number
 from txtasks.app import ENV_BROKER_URL, ENV_DATABASE_URL, App
 from txtasks.driver import Driver, driver_for_url
 from txtasks.driver.urls import url_safe
@@ -28,6 +29,23 @@ from txtasks.payload import headers_decode, payload_decode
 from txtasks.types import JSON_CONTENT_TYPE, TaskRow
 
 T = TypeVar("T")
+
+
+class Share(click.FloatRange):
+    """A fraction from 0 to 1; NaN, which passes click's bounds, is refused."""
+
+    name = "share"
+
+    def __init__(self) -> None:
+        super().__init__(0, 1)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        try:
+            return check_number(param.name if param else "value", number, minimum=0, maximum=1)
+        except ConfigurationError as exc:
+            self.fail(str(exc), param, ctx)
+
 
 database_url_option = click.option(
     "--database-url",

@@ -20,7 +20,7 @@ from rich.table import Table
 from sqlalchemy import Engine, create_engine, delete, func, select
 
 from txtasks.app import ENV_BROKER_URL, ENV_DATABASE_URL
-from txtasks.cli.common import broker_url_option
+from txtasks.cli.common import Share, broker_url_option
 from txtasks.cli.demo_app import MAX_ATTEMPTS, QUEUE, app, effects, metadata, orders
 from txtasks.driver.sqlite import sqlite_connection_setup
 from txtasks.driver.urls import backend_name, url_safe, url_sync
@@ -237,21 +237,21 @@ def _verify(engine: Engine, plan: Plan) -> list[tuple[str, bool, str]]:
 )
 @click.option(
     "--rollback",
-    type=click.FloatRange(0, 1),
+    type=Share(),
     default=0.1,
     show_default=True,
     help="Share of transactions rolled back.",
 )
 @click.option(
     "--flaky",
-    type=click.FloatRange(0, 1),
+    type=Share(),
     default=0.05,
     show_default=True,
     help="Share of tasks failing once.",
 )
 @click.option(
     "--poison",
-    type=click.FloatRange(0, 1),
+    type=Share(),
     default=0.01,
     show_default=True,
     help="Share of tasks always failing.",
