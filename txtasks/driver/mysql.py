@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from sqlalchemy import Connection, Executable, bindparam, select, update
+from sqlalchemy import JSON, Connection, Executable, String, bindparam, select, text, update
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -16,8 +16,15 @@ from sqlalchemy.sql.dml import Insert
 from txtasks.driver.base import Capabilities
 from txtasks.driver.sql import SqlDriver
 from txtasks.driver.sql_staging import STAGED_COLUMNS
-from txtasks.schema.tables import tasks
+from txtasks.schema.tables import Timestamp, tasks
 from txtasks.types import TaskRow, TaskState
+
+#: A JSON array of ids, or of [id, attempt] pairs, as a table: joined to the tasks table by
+#: STRAIGHT_JOIN, each row is then found by its primary key (MariaDB 10.6+, MySQL 8).
+IDS_TABLE = "JSON_TABLE(:ids, '$[*]' COLUMNS (id BIGINT PATH '$')) AS v"
+KEYS_TABLE = (
+    "JSON_TABLE(:keys, '$[*]' COLUMNS (id BIGINT PATH '$[0]', attempt INT PATH '$[1]')) AS k"
+)
 
 #: Deadlock found; lock wait timeout exceeded.
 TRANSIENT_ERRNOS = frozenset({1213, 1205})
@@ -81,6 +88,12 @@ class MySQLDriver(SqlDriver):
     returning_insert: ClassVar[bool] = False
     returning_dedup: ClassVar[bool] = False
 
+    def engine_options(self) -> dict[str, Any]:
+        """READ COMMITTED: the worker's and cleaner's statements lock only the rows they
+        take, never the gaps between them (REPEATABLE READ's next-key locks would stall, and
+        deadlock, the application's INSERTs of new tasks)."""
+        return {"isolation_level": "READ COMMITTED", **super().engine_options()}
+
     def connect_args(self, sync: bool) -> dict[str, Any]:
         """Connect timeout; pymysql also bounds each read and write of its blocking socket.
         Keepalives are set on the socket by `engine_setup`."""
@@ -113,6 +126,34 @@ class MySQLDriver(SqlDriver):
     def error_is_transient(cls, exc: BaseException) -> bool:
         args: tuple[Any, ...] = getattr(exc, "args", ())
         return bool(args) and isinstance(args[0], int) and args[0] in TRANSIENT_ERRNOS
+
+    @staticmethod
+    @functools.cache
+    def stmt_lock_keys() -> Executable:
+        """Lock the rows of still-current attempts, each found by its primary key. (On a small
+        table the optimizer scans instead, and a scan locks, and waits for, every row it
+        passes: other workers' rows, and the application's new ones.)"""
+        return text(
+            f"SELECT t.id, t.attempt FROM {KEYS_TABLE} STRAIGHT_JOIN txtasks_tasks AS t "
+            "ON t.id = k.id AND t.attempt = k.attempt "
+            "WHERE t.state = :processing "
+            "AND (:fence_worker IS NULL OR t.worker_id = :fence_worker) "
+            "AND (:fence_expired IS NULL OR t.lease_expires_at < :fence_expired) "
+            "ORDER BY t.id FOR UPDATE"
+        ).bindparams(
+            bindparam("keys", type_=JSON),
+            bindparam("processing", TaskState.PROCESSING.value, type_=String),
+            bindparam("fence_worker", type_=String),
+            bindparam("fence_expired", type_=Timestamp),
+        )
+
+    @staticmethod
+    @functools.cache
+    def stmt_delete() -> Executable:
+        """Remove rows `ids`, each found by its primary key (see `stmt_lock_keys`)."""
+        return text(
+            f"DELETE t FROM {IDS_TABLE} STRAIGHT_JOIN txtasks_tasks AS t ON t.id = v.id"
+        ).bindparams(bindparam("ids", type_=JSON))
 
     @classmethod
     @functools.cache

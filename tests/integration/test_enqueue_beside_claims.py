@@ -1,0 +1,96 @@
+"""The application's enqueue never fails or blocks because workers are claiming: its own
+transactions, each a business row and a task, all commit while several workers claim."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Column, Integer, MetaData, Table, func, insert, select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from tests.conftest import BACKENDS, reset_schema, server_url
+from txtasks import App, Worker, WorkerConfig
+from txtasks.driver import driver_for_url
+from txtasks.driver.sqlite import sqlite_connection_setup
+from txtasks.driver.urls import url_async
+
+CLIENTS = 6
+TRANSACTIONS = 40  # per client
+WORKERS = 3
+
+metadata = MetaData()
+orders = Table("chaos_orders", metadata, Column("id", Integer, primary_key=True))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_claims_never_fail_an_application_transaction(
+    request: pytest.FixtureRequest, backend: str, tmp_path: Path
+) -> None:
+    url = server_url(request, backend, tmp_path)
+    reset_schema(url)
+    engine = create_async_engine(url_async(url), pool_size=CLIENTS)
+    if backend == "sqlite":
+        sqlite_connection_setup(engine.sync_engine)
+    async with engine.begin() as conn:
+        await conn.run_sync(metadata.drop_all)
+        await conn.run_sync(metadata.create_all)
+
+    app = App("beside", database_url=url)
+    done: list[int] = []
+
+    @app.task(name="ship", queue="orders")
+    async def ship(payload: int) -> None:
+        done.append(payload)
+
+    async def enqueue_in(conn: AsyncConnection, n: int) -> None:
+        """A task, the business row, another task: workers claim between the statements."""
+        await ship.aenqueue_tx(conn, 2 * n - 1)
+        await conn.execute(insert(orders).values(id=n))
+        await ship.aenqueue_tx(conn, 2 * n)
+
+    failures: list[BaseException] = []
+
+    async def client(c: int) -> None:
+        for t in range(TRANSACTIONS):
+            try:
+                async with engine.begin() as conn:
+                    await enqueue_in(conn, c * TRANSACTIONS + t + 1)
+            except Exception as exc:  # the application's transaction failed: the defect
+                failures.append(exc)
+
+    deadlocks = await innodb_deadlocks(engine)
+    config = WorkerConfig(concurrency=4, poll_interval=0.005, flush_interval=0.001)
+    workers = [
+        Worker(app, config, driver=driver_for_url(url), notifier=None) for _ in range(WORKERS)
+    ]
+    running = [asyncio.create_task(w.run()) for w in workers]
+    try:
+        async with asyncio.timeout(90):
+            await asyncio.gather(*(client(c) for c in range(CLIENTS)))
+            async with engine.connect() as conn:
+                committed = (await conn.execute(select(func.count()).select_from(orders))).scalar()
+            while len(done) < 2 * (committed or 0):  # noqa: ASYNC110 - the workers finish them
+                await asyncio.sleep(0.01)
+    finally:
+        for w in workers:
+            w.stop()
+        await asyncio.gather(*running, return_exceptions=True)
+        for w in workers:
+            await w.driver.close()
+        await app.aclose()
+    assert [f"{type(e).__name__}: {e}"[:300] for e in failures] == []
+    # nor one between the workers' own transactions: every statement locks only its rows
+    assert await innodb_deadlocks(engine) == deadlocks
+    assert sorted(done) == list(range(1, 2 * CLIENTS * TRANSACTIONS + 1))
+    await engine.dispose()
+
+
+async def innodb_deadlocks(engine: AsyncEngine) -> int:
+    """Deadlocks InnoDB detected since the server started (0 on other databases)."""
+    if engine.dialect.name != "mysql":
+        return 0
+    async with engine.connect() as conn:
+        row = (await conn.exec_driver_sql("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")).one()
+    return int(row[1])
