@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 from typing import Any
 
 import pytest
 from sqlalchemy.exc import DataError, InterfaceError, OperationalError
 
-from txtasks import App, MemoryDriver, Reject
+from txtasks import App, MemoryDriver, Reject, Worker, WorkerConfig
 from txtasks.faults import Outage, refused_value
 from txtasks.testing import finished, run_until_empty
 
@@ -124,3 +126,39 @@ def test_an_outage_is_logged_once_when_lost_and_once_when_back(
     assert [level for level, _ in lines] == ["WARNING", "INFO", "WARNING"]
     assert "Connection refused" in lines[0][1] and "50 failure(s)" in lines[1][1]
     assert lines[2][1] == "claiming failed: TimeoutError"  # never an empty text
+
+
+class DownDriver(MemoryDriver):
+    """Claims work; every outcome write fails: the database went away after the claims."""
+
+    async def outcome_write_many(self, outcomes: Any, **kwargs: Any) -> Any:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+
+async def test_a_stopping_worker_gives_up_on_an_absent_database_within_its_bound(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = App(driver=DownDriver())
+
+    @app.task(name="work")
+    async def work(payload: int) -> None: ...
+
+    await app.aenqueue_many([work.new(i) for i in range(3)])
+    worker = Worker(app, WorkerConfig(poll_interval=0.01, flush_interval=0.001))
+    worker._outcomes.drain = functools.partial(  # type: ignore[method-assign]
+        worker._outcomes.drain, within=0.3
+    )
+    running = asyncio.create_task(worker.run())
+    async with asyncio.timeout(5):
+        while worker.stats.started < 3:  # noqa: ASYNC110 - the claims run in the worker
+            await asyncio.sleep(0.005)
+        worker.stop()
+        stats = await running
+    assert stats.outcomes == {}  # nothing written, and nothing dead-lettered by the outage
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [
+        "3 outcome(s) not written, their tasks will be rescued when their leases expire: "
+        "[Errno 111] Connection refused"
+    ]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1  # the outage, once

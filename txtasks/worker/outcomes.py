@@ -16,6 +16,8 @@ from txtasks.types import Outcome, OutcomeKind, TaskKey
 log = logging.getLogger("txtasks.worker")
 
 MAX_BACKOFF = 5.0
+#: Seconds a stopping worker keeps retrying to write its last outcomes while the database is away.
+DRAIN_SECONDS = 10.0
 
 
 async def event_wait(event: asyncio.Event, timeout: float | None) -> bool:
@@ -182,24 +184,34 @@ class OutcomeBuffer:
                 result = await self._write([dead])
             self._written([outcome], result)
 
-    async def drain(self, *, attempts: int = 20, give_up: Callable[[], bool] | None = None) -> bool:
-        """Flush at shutdown, retrying a while if the database is away. True when empty.
+    async def drain(
+        self, *, within: float = DRAIN_SECONDS, give_up: Callable[[], bool] | None = None
+    ) -> bool:
+        """Flush at shutdown, retrying for `within` seconds if the database is away (each try
+        is bounded by the driver's command timeout). True when empty.
 
         `give_up()` turning true (a second stop signal) ends the retries early.
         """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
         delay = 0.05
-        for attempt in range(attempts):
+        while True:
             try:
                 await self.flush()
                 return True
             except Exception as exc:
-                if attempt + 1 == attempts or (give_up is not None and give_up()):
-                    log.error("%d outcome(s) not written: %s", len(self._pending), describe(exc))
-                    break
+                left = deadline - loop.time()
+                if left <= 0 or (give_up is not None and give_up()):
+                    log.error(
+                        "%d outcome(s) not written, their tasks will be rescued when their "
+                        "leases expire: %s",
+                        len(self._pending),
+                        describe(exc),
+                    )
+                    return False
                 self.outage.failed(exc, retry_in=delay)
-                await asyncio.sleep(delay)
+                await asyncio.sleep(min(delay, left))
                 delay = min(MAX_BACKOFF, delay * 2)
-        return not self._pending
 
 
 def keys_text(keys: list[TaskKey], most: int = 10) -> str:

@@ -33,6 +33,7 @@ from txtasks._checks import check_number
 from txtasks.app import App, Task, check_queue_name
 from txtasks.driver import Driver
 from txtasks.errors import ConfigurationError, PayloadError
+from txtasks.faults import Outage
 from txtasks.health import HealthServer, Pulse
 from txtasks.metrics import Metrics
 from txtasks.payload import headers_decode, payload_decode
@@ -196,6 +197,9 @@ class Worker:
         #: The context every handler starts in (a copy of the one `run()` was called in).
         self._base_context = contextvars.copy_context()
         self._stopping = asyncio.Event()
+        #: Database outages as seen by the claims and the heartbeat: logged once each.
+        self._claim_outage = Outage(log, "claiming tasks")
+        self._beat_outage = Outage(log, "extending leases")
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
         self._beat_stop = asyncio.Event()
@@ -294,11 +298,12 @@ class Worker:
             try:
                 rows = await self._claim(free)
                 backoff = 0.0
+                self._claim_outage.ok()
             except Exception as exc:
                 self.stats.claim_errors += 1
                 backoff = min(CLAIM_ERROR_BACKOFF_MAX, max(0.1, backoff * 2))
-                log.warning("claim failed, retrying in %.1fs: %s", backoff, exc)
-                await self._wait(self._stopping, backoff)
+                self._claim_outage.failed(exc, retry_in=backoff)
+                await self._wait(self._stopping, backoff * random.uniform(0.5, 1.0))
                 continue
             if self._stopping.is_set():  # a stop arrived during the claim: hand the rows back
                 for row in rows:
@@ -339,7 +344,7 @@ class Worker:
         try:
             return await self._drained()
         except Exception as exc:
-            log.warning("burst check failed, retrying: %s", exc)
+            self._claim_outage.failed(exc)
             return False
 
     async def _drained(self) -> bool:
@@ -613,8 +618,9 @@ class Worker:
             held = await self.driver.lease_extend_many(
                 keys, lease_until=until, worker_id=self.worker_id
             )
+            self._beat_outage.ok()
         except Exception as exc:
-            log.warning("heartbeat failed: %s", exc)
+            self._beat_outage.failed(exc)
             return
         if held < len(keys):
             lost = len(keys) - held
