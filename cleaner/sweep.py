@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from txtasks._checks import check_finite_fields
 from txtasks.errors import ConfigurationError
+from txtasks.faults import describe
 
 if TYPE_CHECKING:
     from apscheduler.job import Job
@@ -77,6 +78,8 @@ class SweepState:
 
     passes: int = 0
     failures: int = 0
+    #: Passes failed in a row: an outage is logged at its first failed pass and at its end.
+    failing: int = 0
     last_started: float | None = None  # time.monotonic()
     last_finished: float | None = None
     last_ok: bool | None = None
@@ -174,15 +177,21 @@ class Sweep(abc.ABC, Generic[C, R]):
                 result = await self.run_once()
             except Exception as exc:
                 state.failures += 1
-                state.last_ok, state.last_error = False, f"{type(exc).__name__}: {exc}"
-                log.warning("sweep=%s ok=false error=%r", self.name, state.last_error)
+                state.failing += 1
+                state.last_ok, state.last_error = False, f"{type(exc).__name__}: {describe(exc)}"
+                level = logging.WARNING if state.failing == 1 else logging.DEBUG
+                log.log(level, "sweep=%s ok=false error=%r", self.name, state.last_error)
                 if self.metrics is not None:
                     self.metrics.sweep_passed(self.name, False, None)
                 return None
             finally:
                 state.passes += 1
                 state.last_finished = time.monotonic()
-            state.last_ok, state.last_error = True, None
+            if state.failing:
+                log.info(
+                    "sweep=%s ok=true again after %d failed pass(es)", self.name, state.failing
+                )
+            state.last_ok, state.last_error, state.failing = True, None, 0
             state.last_result = result.fields()
             if self.metrics is not None:
                 changes = state.last_result if result.busy else None

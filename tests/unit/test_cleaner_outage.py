@@ -1,0 +1,47 @@
+"""A database outage seen by the cleaner is logged once when it starts and once when it ends."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+import pytest
+
+from cleaner import Cleaner, CleanerConfig
+from txtasks import App, MemoryDriver
+
+
+class Outage(MemoryDriver):
+    """The expired-lease query fails `down` times (the database is away), then works."""
+
+    def __init__(self, down: int) -> None:
+        super().__init__()
+        self.down = down
+
+    async def lease_expired_list(self, *, now: datetime, limit: int) -> list:  # type: ignore[type-arg]
+        if self.down:
+            self.down -= 1
+            raise ConnectionRefusedError(111, "Connection refused")
+        return await super().lease_expired_list(now=now, limit=limit)
+
+
+async def test_an_outage_is_two_lines_however_many_passes_fail(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = App("t", driver=Outage(down=6))
+    cleaner = Cleaner(app, CleanerConfig(reannouncer=None))
+    with caplog.at_level(logging.INFO, logger="cleaner"):
+        for _ in range(8):
+            await cleaner.run_once()
+    lines = [
+        (r.levelname, r.getMessage())
+        for r in caplog.records
+        if r.getMessage().startswith("sweep=rescuer") and r.levelno >= logging.INFO
+    ]
+    assert lines[0] == (
+        "WARNING",
+        "sweep=rescuer ok=false error='ConnectionRefusedError: [Errno 111] Connection refused'",
+    )
+    assert [line for line in lines if line[0] == "WARNING"] == lines[:1]
+    assert ("INFO", "sweep=rescuer ok=true again after 6 failed pass(es)") in lines
+    assert cleaner.sweeps["rescuer"].state.failures == 6
