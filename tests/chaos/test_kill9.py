@@ -1,0 +1,55 @@
+"""Workers killed with SIGKILL over and over while the application enqueues: nothing committed
+is lost, nothing rolled back runs, re-runs stay within the tasks in flight at the kills."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.conftest import url_of
+from tests.chaos.harness import Chaos
+
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(120)]
+
+ORDERS = 1500
+WORKERS = 3
+KILLS = 6
+#: Short leases: the cleaner rescues a dead worker's tasks within about a second or two.
+LEASE = 2.0
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        pytest.param("postgresql", marks=pytest.mark.postgresql),
+        pytest.param("mysql", marks=pytest.mark.mysql),
+    ],
+)
+def test_kill9_loop_loses_nothing(
+    backend: str,
+    chaos: Callable[..., Chaos],
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+) -> None:
+    h = chaos(url_of(request, backend, tmp_path))
+    rng = random.Random(12)
+    workers = [h.worker(lease=LEASE) for _ in range(WORKERS)]
+    h.cleaner(rescue_every=0.3)
+    enqueuer = h.enqueuer(ORDERS, pause=0.005, max_ms=50)
+    kills: list[int] = []
+    for _ in range(KILLS):
+        time.sleep(rng.uniform(1.0, 2.0))  # the fault schedule, not a wait for state
+        victim = workers.pop(rng.randrange(len(workers)))
+        kills.append(h.kill9(victim))
+        workers.append(h.worker(lease=LEASE))
+    settled = h.settle(45, enqueuers=[enqueuer])
+    report = h.report()
+    took = h.stop_all()
+    print(
+        f"{backend}: {report.summary()}; in flight at kills {kills}; settled {settled}; stop {took}"
+    )
+    h.check(report, max_reruns=h.in_flight_at_kills)
