@@ -56,7 +56,10 @@ def sanitized(outcome: Outcome) -> Outcome:
 def error_text(exc: BaseException) -> str:
     """A readable, bounded description of an exception for the `last_error` column: its
     message, then where it was raised (the last frames, by module name: never a file path)."""
-    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    if isinstance(exc, SyntaxError):  # its standard text starts with the file's path
+        text = f"{type(exc).__name__}: {exc.msg} (line {exc.lineno})"
+    else:
+        text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     frames = list(traceback.walk_tb(exc.__traceback__))[-MAX_ERROR_FRAMES:]
     text += "".join(_frame_line(frame, line) for frame, line in frames)
     return text[:MAX_ERROR_CHARS]

@@ -66,3 +66,23 @@ def test_ack_policy_decides_other_exceptions(ack: AckPolicy, kind: OutcomeKind) 
     outcome = outcome_for_exception(TaskKey(1, 1), policy(ack), KeyError("k"), now=NOW)
     assert outcome.kind is kind
     assert "KeyError" in (outcome.error or "")
+
+
+INSTALLED_FILE = "/opt/app/lib/python3.11/site-packages/shop/tasks.py"
+
+
+def test_error_text_names_no_file_path() -> None:
+    from txtasks.policy import error_text
+
+    try:
+        compile("def broken(:\n", INSTALLED_FILE, "exec")
+    except SyntaxError as exc:
+        syntax = error_text(exc)
+    try:
+        raise ValueError("bad value")
+    except ValueError as exc:
+        value = error_text(exc)
+    assert syntax.splitlines()[0] == "SyntaxError: invalid syntax (line 1)"
+    assert value.startswith("ValueError: bad value\n  at tests.unit.test_policy.")
+    assert "raise ValueError" in value
+    assert "/" not in syntax + value and ".py" not in syntax + value
