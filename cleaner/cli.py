@@ -28,6 +28,7 @@ from txtasks.cli.common import (
     logging_setup,
     metrics_port_option,
     run_async,
+    timeout_options,
 )
 from txtasks.driver import driver_for_url
 from txtasks.errors import ConfigurationError
@@ -41,6 +42,7 @@ SWEEP_NAMES = click.Choice(list(SWEEPS))
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("app_spec", metavar="APP")
 @database_url_option
+@timeout_options
 @broker_url_option
 @click.option(
     "--config",
@@ -96,7 +98,7 @@ def cleaner(
     if health_host is not None:
         config = dataclasses.replace(config, health_host=health_host)
     if database_url:
-        app.use_driver(driver_for_url(database_url))
+        app.use_driver(driver_for_url(database_url, timeouts=app.timeouts))
     if broker_url:
         app.use_notifier(notifier_for_url(broker_url))
     metrics = None

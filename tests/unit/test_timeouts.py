@@ -50,3 +50,20 @@ def test_a_driver_carries_its_timeouts_to_the_database_drivers() -> None:
     mysql = driver_for_url("mysql://app:pw@db/app?command_timeout=20")
     assert mysql.connect_args(sync=True)["read_timeout"] == 20.0
     assert "command_timeout" not in mysql.url.query
+
+
+def test_the_worker_flags_reach_every_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from txtasks.cli.main import main
+
+    monkeypatch.setenv("TXTASKS_DB_COMMAND_TIMEOUT", "30")  # restored after the test
+    runner = CliRunner()
+    bad = runner.invoke(main, ["worker", "x:app", "--db-command-timeout", "inf"])
+    assert bad.exit_code == 2
+    assert "--db-command-timeout" in bad.output and "finite number" in bad.output
+    # a valid flag is stored where every driver made afterwards reads it
+    with monkeypatch.context() as patched:
+        patched.setattr("txtasks.cli.common.load_app", lambda spec: 1 / 0)
+        runner.invoke(main, ["worker", "x:app", "--db-command-timeout", "7.5"])
+        assert driver_for_url("sqlite:///x.db").timeouts.command == 7.5

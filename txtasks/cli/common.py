@@ -23,6 +23,7 @@ from sqlalchemy.exc import DBAPIError
 from txtasks._checks import check_number
 from txtasks.app import ENV_BROKER_URL, ENV_DATABASE_URL, App
 from txtasks.driver import Driver, driver_for_url
+from txtasks.driver.timeouts import ENV_VARS, Timeouts
 from txtasks.driver.urls import url_safe
 from txtasks.errors import ConfigurationError, PayloadError, TxtasksError
 from txtasks.payload import headers_decode, payload_decode
@@ -61,6 +62,49 @@ broker_url_option = click.option(
     show_envvar=True,
     help="amqp://... RabbitMQ for wake-ups (overrides the app's setting); none: polling only.",
 )
+
+
+def _timeout_setting(variable: str) -> Callable[[click.Context, click.Parameter, Any], None]:
+    """A click callback putting a timeout flag where every driver reads it: the environment."""
+
+    def store(_ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+        if value is None:
+            return
+        try:
+            Timeouts().replace({ENV_VARS[variable]: value})
+        except ConfigurationError as exc:
+            raise click.BadParameter(str(exc), param=param) from None
+        os.environ[variable] = value
+
+    return store
+
+
+def timeout_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--db-connect-timeout and --db-command-timeout (see txtasks.driver.timeouts)."""
+    for flag, variable, text in (
+        (
+            "--db-command-timeout",
+            "TXTASKS_DB_COMMAND_TIMEOUT",
+            "Seconds any database "
+            "operation may take before its connection is dropped [default: 30; 0: unbounded].",
+        ),
+        (
+            "--db-connect-timeout",
+            "TXTASKS_DB_CONNECT_TIMEOUT",
+            "Seconds to open a database connection [default: 10].",
+        ),
+    ):
+        command = click.option(
+            flag,
+            envvar=variable,
+            show_envvar=True,
+            expose_value=False,
+            is_eager=True,
+            metavar="SECONDS",
+            callback=_timeout_setting(variable),
+            help=text,
+        )(command)
+    return command
 
 
 def load_app(spec: str) -> App:

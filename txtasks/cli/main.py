@@ -35,6 +35,7 @@ from txtasks.cli.common import (
     resolve_url,
     run_async,
     task_json,
+    timeout_options,
     with_driver,
 )
 from txtasks.clock import utcnow
@@ -107,6 +108,7 @@ def migrate(database_url: str | None, print_sql: bool, dialect: str | None, sinc
 @main.command()
 @click.argument("app_spec", metavar="APP")
 @database_url_option
+@timeout_options
 @broker_url_option
 @click.option(
     "-q",
@@ -187,7 +189,7 @@ def worker(
             settings["health_host"] = health_host
         config = WorkerConfig(queues=queues or None, **settings)
         if database_url:  # the flag or TXTASKS_DATABASE_URL; else the app's own setting
-            app.use_driver(driver_for_url(database_url))
+            app.use_driver(driver_for_url(database_url, timeouts=app.timeouts))
         if broker_url:
             app.use_notifier(notifier_for_url(broker_url))
         metrics = None
