@@ -6,6 +6,7 @@ every outcome fenced on the attempt that ran it.
 
 from txtasks.app import App, Task, TaskOptions
 from txtasks.driver import MemoryDriver
+from txtasks.driver.timeouts import DatabaseTimeout, Timeouts
 from txtasks.errors import (
     ConfigurationError,
     Drop,
@@ -29,6 +30,7 @@ __all__ = [
     "ConfigurationError",
     "Constant",
     "Custom",
+    "DatabaseTimeout",
     "Drop",
     "Exponential",
     "Linear",
@@ -44,6 +46,7 @@ __all__ = [
     "TaskOptions",
     "TaskRow",
     "TaskState",
+    "Timeouts",
     "TxtasksError",
     "UnknownTaskError",
     "Worker",
