@@ -70,12 +70,19 @@ async def enqueue_for(h: Harness, seconds: float) -> None:
 
 
 async def time_to_wakeup(h: Harness, worker: RunningWorker) -> float:
-    """Seconds until the worker acts on a new wake-up, while the app commits every 0.1 s."""
+    """Seconds until a hint published from now on wakes the worker; the app commits every 0.1 s.
+
+    Hints queued in RabbitMQ before (while the worker was away) do not count: the publisher
+    must be back too. A wake-up is seen up to 0.1 s late, so this errs on the long side.
+    """
     loop = asyncio.get_running_loop()
-    start, before = loop.time(), worker.stats.wakeups
-    while worker.stats.wakeups == before:
+    start, published = loop.time(), h.app.notifier.stats.published
+    wakeups: int | None = None  # the worker's count when the first new hint went out
+    while wakeups is None or worker.stats.wakeups == wakeups:
         if loop.time() - start > 3 * RESUME_BOUND:
             raise AssertionError(f"no wake-up within {3 * RESUME_BOUND}s of the broker's return")
+        if wakeups is None and h.app.notifier.stats.published > published:
+            wakeups = worker.stats.wakeups
         await h.enqueue("probe")
         await asyncio.sleep(0.1)
     return loop.time() - start
@@ -141,3 +148,31 @@ async def test_wakeups_resume_within_the_bound_when_the_broker_was_away_at_start
     assert took <= RESUME_BOUND, f"wake-ups resumed {took:.1f} s after the broker came back"
     await until(lambda: len(broker_log(caplog)) >= 4, "both connections log their return")
     assert_one_line_per_state_change(caplog, url)
+
+
+async def test_a_flapping_network_is_one_outage_in_the_log(
+    database_url: str,
+    amqp_url: str,
+    proxy: TcpProxy,
+    stack: contextlib.AsyncExitStack,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Connections cut every 0.5 s for 6 s: one WARNING and one INFO per connection, in all."""
+    url = proxy.url_for(amqp_url)
+    h, worker, subscriber = await setup(stack, database_url, url, "flap")
+    await time_to_wakeup(h, worker)
+    caplog.set_level(logging.INFO)
+
+    accepted = proxy.accepted
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 6.0
+    while loop.time() < deadline:
+        proxy.drop_all()
+        await enqueue_for(h, 0.5)  # reconnecting in between, some of the time
+    assert proxy.accepted > accepted + 2, "the connections came back between the cuts"
+
+    took = await time_to_wakeup(h, worker)
+    assert took <= RESUME_BOUND
+    await until(lambda: len(broker_log(caplog)) >= 4, "both connections log their return")
+    assert_one_line_per_state_change(caplog, url)
+    assert subscriber.stats.connected

@@ -141,3 +141,22 @@ def test_the_reconnect_backoff_is_a_setting_of_the_notifier() -> None:
     assert notifier.subscriber.reconnect == Constant(0.5)
     assert notifier.publisher.reconnect == Constant(0.5)
     assert AmqpNotifier("amqp://app:app@127.0.0.1:1/").subscriber.reconnect is RECONNECT_BACKOFF
+
+
+def test_aiormq_lines_per_connection_are_debug_and_its_other_lines_stay(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    aiormq_log = logging.getLogger("aiormq.connection")
+    caplog.set_level(logging.INFO)
+    aiormq_log.error("error when creating transport: %r", ConnectionRefusedError(111))
+    aiormq_log.warning("Connection %r was blocked by: %r", "conn", "low on memory")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "Connection 'conn' was blocked by: 'low on memory'")
+    ]
+
+    caplog.clear()
+    caplog.set_level(logging.DEBUG, logger="aiormq.connection")  # asked for: shown, as DEBUG
+    aiormq_log.error("Unexpected connection close from remote %r", "broker")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("DEBUG", "Unexpected connection close from remote 'broker'")
+    ]

@@ -57,6 +57,9 @@ PROPERTIES = aiormq.spec.Basic.Properties(content_type="application/json", deliv
 RECONNECT_BACKOFF = Exponential(base=0.1, cap=3.0)
 #: Bound of one subscriber connection attempt: TCP, AMQP handshake, declarations, consume.
 CONNECT_TIMEOUT = 5.0
+#: A new connection ends an outage (logged back, backoff reset) once it has lasted this long,
+#: so a flapping network is one outage, not two log lines per flap.
+STABLE_AFTER = 3.0
 #: aiormq's lines about each failed or lost connection: txtasks logs the outage once instead.
 PER_ATTEMPT_LINES = (
     "error when creating transport",
@@ -142,9 +145,11 @@ class _Outage:
         self.reconnect = reconnect
         self.failures = 0
         self._since = 0.0
+        self._stable: asyncio.TimerHandle | None = None
 
     def failed(self, exc: BaseException) -> float:
         """Count a failed or lost connection; the seconds to wait before the next attempt."""
+        self.stop()
         self.failures += 1
         delay = self.reconnect.delay(self.failures)
         if self.failures == 1:
@@ -165,9 +170,18 @@ class _Outage:
             )
         return delay
 
-    def ok(self) -> None:
+    def connected(self) -> None:
+        """A connection works: the outage is over if it lasts `STABLE_AFTER` (see `failed`)."""
+        took = time.monotonic() - self._since
+        self._stable = asyncio.get_running_loop().call_later(STABLE_AFTER, self._over, took)
+
+    def stop(self) -> None:
+        """The connection is gone, or closed on purpose: it never counts as stable."""
+        if self._stable is not None:
+            self._stable.cancel()
+
+    def _over(self, took: float) -> None:
         if self.failures:
-            took = time.monotonic() - self._since
             log.info("%s: broker %s back after %.1fs", self.what, self.broker, took)
         self.failures = 0
 
@@ -194,7 +208,7 @@ class _PublishLink:
         await self.close()  # what is left of a lost connection
         try:
             await self._open()
-            self.outage.ok()
+            self.outage.connected()
         except Exception as exc:
             await self.failed(exc)
         return self._exchange
@@ -253,6 +267,7 @@ class _PublishLink:
             stats.published += 1
 
     async def close(self) -> None:
+        self.outage.stop()
         connection, self.connection, self._exchange = self.connection, None, None
         self._channel = None
         if connection is not None:
@@ -463,7 +478,7 @@ class AmqpSubscriber:
         lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
         try:
             await within(self._consume(wanted, on_wakeup, lost), CONNECT_TIMEOUT)
-            self._outage.ok()
+            self._outage.connected()
             self.stats.connected = True
             return await lost
         except Exception as exc:
@@ -500,6 +515,7 @@ class AmqpSubscriber:
 
     async def close(self) -> None:
         self._closing = True
+        self._outage.stop()
         await self._disconnect()  # first, so a setup under way fails instead of being cut
         if self._task is not None:
             self._task.cancel()
