@@ -15,6 +15,7 @@ Faults (each can be undone with `restore()`, which also ends a flap):
                                                 # include_new: connections made meanwhile too
     proxy.blackhole(include_new=False, duration=5)   # only the open ones, for 5 s
     proxy.flap((0.3, 1.5), duration=15)         # reset every 0.3-1.5 s (random) for 15 s
+    proxy.flap((0.3, 1.5), 5, down=True)        # the same, and nothing moves in between
     proxy.freeze()                              # the open connections stall for good (half-open:
                                                 # neither side learns); new connections work
     proxy.restore()                             # bytes flow again (frozen connections stay frozen)
@@ -179,23 +180,28 @@ class TcpProxy:
             link.flowing.clear()
         return len(self._links)
 
-    def flap(self, period_range: tuple[float, float], duration: float) -> asyncio.Task[int]:
+    def flap(
+        self, period_range: tuple[float, float], duration: float, *, down: bool = False
+    ) -> asyncio.Task[int]:
         """Reset every connection at random intervals in `period_range` seconds, for `duration`
-        seconds. The task's result is how many resets happened."""
+        seconds. The task's result is how many resets happened.
+
+        down: also carry nothing in between (a blackhole of every connection, new ones too, that
+        ends with the flap): a network that is down and resets connections as it goes.
+        """
         low, high = period_range
         if not 0 < low <= high or not duration > 0:
             raise ValueError(f"flap({period_range!r}, {duration!r}): need 0 < low <= high, > 0")
-        return self._spawn(self._flap(low, high, duration))
+        if down:
+            self.blackhole(include_new=True)
+        return self._spawn(self._flap(low, high, duration, down))
 
     def restore(self) -> None:
         """End blackholes and flaps: bytes flow again (frozen connections stay frozen)."""
         for task in list(self._faults):
             if task is not asyncio.current_task():
                 task.cancel()
-        self._blackhole_new = False
-        for link in self._links:
-            if not link.frozen:
-                link.flowing.set()
+        self._unblock()
 
     async def close(self) -> None:
         """Stop listening, drop every connection and end every task the proxy started."""
@@ -209,6 +215,12 @@ class TcpProxy:
         await asyncio.gather(*handlers, return_exceptions=True)
 
     # -- inside -----------------------------------------------------------------------------
+
+    def _unblock(self) -> None:
+        self._blackhole_new = False
+        for link in self._links:
+            if not link.frozen:
+                link.flowing.set()
 
     def _abort_links(self, rst: bool) -> int:
         links, self._links = self._links, set()
@@ -227,15 +239,19 @@ class TcpProxy:
         await asyncio.sleep(seconds)
         self.restore()
 
-    async def _flap(self, low: float, high: float, duration: float) -> int:
+    async def _flap(self, low: float, high: float, duration: float, down: bool) -> int:
         loop = asyncio.get_running_loop()
         end = loop.time() + duration
         count = 0
-        while (left := end - loop.time()) > 0:
-            await asyncio.sleep(min(random.uniform(low, high), left))
-            if loop.time() < end:
-                self.reset()
-                count += 1
+        try:
+            while (left := end - loop.time()) > 0:
+                await asyncio.sleep(min(random.uniform(low, high), left))
+                if loop.time() < end:
+                    self.reset()
+                    count += 1
+        finally:
+            if down:
+                self._unblock()
         return count
 
     async def _settle(self) -> None:
@@ -369,12 +385,12 @@ class ProxyThread:
         self._call(self.proxy.restore)
 
     def flap(
-        self, period_range: tuple[float, float], duration: float
+        self, period_range: tuple[float, float], duration: float, *, down: bool = False
     ) -> concurrent.futures.Future[int]:
         """Starts flapping; the future's result is how many resets happened."""
 
         async def flapping() -> int:
-            return await self.proxy.flap(period_range, duration)
+            return await self.proxy.flap(period_range, duration, down=down)
 
         return asyncio.run_coroutine_threadsafe(flapping(), self._loop)
 

@@ -48,13 +48,13 @@ from tests.chaos.app import (
 )
 from txtasks.schema.tables import archive, tasks
 from txtasks.schema.tables import metadata as txtasks_metadata
+from txtasks.worker.outcomes import DRAIN_SECONDS
 
 REPO = Path(__file__).resolve().parents[2]
 APP_SPEC = "tests.chaos.app:app"
 
-#: Bounds on every database operation of the processes under test (issue item 2). The library
-#: is getting these settings (TXTASKS_DB_* environment variables, or the same as query
-#: parameters of the URL); until it has them they are ignored and nothing is bounded.
+#: Bounds on every database operation of the processes under test (TXTASKS_DB_* environment
+#: variables): shorter than the defaults, so that a stall is noticed within a scenario's time.
 DB_CONNECT_TIMEOUT = 3.0
 DB_COMMAND_TIMEOUT = 5.0
 DB_KEEPALIVE_IDLE = 3.0
@@ -63,9 +63,10 @@ DB_TIMEOUT_ENV = {
     "TXTASKS_DB_COMMAND_TIMEOUT": str(DB_COMMAND_TIMEOUT),
     "TXTASKS_DB_KEEPALIVE_IDLE": str(DB_KEEPALIVE_IDLE),
 }
-#: Seconds a process may take to exit after SIGTERM beyond its grace period: one bounded
-#: database operation, and the time to start/stop Python.
-STOP_BOUND = DB_COMMAND_TIMEOUT + 5.0
+#: Seconds a process may take to exit after SIGTERM beyond its grace period: the retries of
+#: its last outcome writes, the last of them bounded by the command timeout, and the time to
+#: stop Python.
+STOP_BOUND = DRAIN_SECONDS + DB_COMMAND_TIMEOUT + 5.0
 #: The worker's --shutdown-grace in the suite.
 GRACE = 3.0
 
@@ -322,6 +323,11 @@ class Chaos:
         """Runs recorded so far (a cheap measure of progress)."""
         with self.engine.connect() as conn:
             return int(conn.execute(select(func.count()).select_from(runs)).scalar_one())
+
+    def progress(self, runs: int) -> Callable[[], bool]:
+        """A probe: true once `runs` more runs are recorded than now."""
+        target = self.finished_count() + runs
+        return lambda: self.finished_count() >= target
 
     def settled(self) -> bool:
         """No task of the suite is live and every committed order has one finished."""

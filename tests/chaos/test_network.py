@@ -29,6 +29,11 @@ BACKENDS = [
 WORKERS = 3
 FLAP_PERIOD = (0.3, 1.5)
 FLAP_SECONDS = 15.0
+#: Down spells of the network (resets, nothing moving in between), each followed by an up spell
+#: in which at least some work must get done.
+DOWN_SPELLS = 3
+DOWN_SECONDS = 4.0
+UP_SECONDS = 5.0
 #: After the network heals: time for everything left to finish.
 SETTLE = 30.0
 #: A freeze must be noticed within the command timeout; then a few seconds to catch up.
@@ -54,6 +59,31 @@ def test_flapping_network_dead_letters_nothing(
         took = h.stop_all()
     print(f"{backend} flap: {report.summary()}; {resets} resets; settled {settled}; stop {took}")
     h.expect(resets >= FLAP_SECONDS / FLAP_PERIOD[1], f"only {resets} resets")
+    h.check(report)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_network_down_that_resets_connections_dead_letters_nothing(
+    backend: str, chaos: Callable[..., Chaos], request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Down spells that reset the connections every 0.3-1.5 s, nothing moving in between, then
+    up again: every write under way fails, several in a row (the case of issue item 1, where
+    the second failure of an outcome was taken as the database refusing it)."""
+    h = chaos(url_of(request, backend, tmp_path))
+    with ProxyThread.for_url(h.url) as proxy:
+        faulty = proxy.url_for(h.url)
+        workers = [h.worker(faulty, concurrency=16) for _ in range(WORKERS)]
+        h.cleaner(faulty)
+        enqueuer = h.enqueuer(1500, threads=2, pause=0.01, max_ms=50)
+        h.wait_until(lambda: h.finished_count() >= 100, 20, watch=workers)  # all serving
+        resets = 0
+        for _ in range(DOWN_SPELLS):  # tasks finish while it is down: outcomes pile up
+            resets += proxy.flap(FLAP_PERIOD, DOWN_SECONDS, down=True).result(DOWN_SECONDS + 10)
+            h.wait_until(h.progress(50), UP_SECONDS, watch=workers)
+        settled = h.settle(SETTLE, enqueuers=[enqueuer])
+        report = h.report()
+        took = h.stop_all()
+    print(f"{backend} down spells: {report.summary()}; {resets} resets; settled {settled}; {took}")
     h.check(report)
 
 

@@ -154,3 +154,15 @@ def test_refuse_and_accept_still_work(proxy: ProxyThread) -> None:
     assert roundtrip(sock, b"") == b""  # the open one was dropped
     proxy.accept()
     assert roundtrip(connect(proxy)) == b"ping"
+
+
+def test_a_down_flap_carries_nothing_between_resets_then_recovers(proxy: ProxyThread) -> None:
+    old = connect(proxy)
+    assert roundtrip(old) == b"ping"
+    flapping = proxy.flap((0.2, 0.3), duration=0.8, down=True)
+    new = connect(proxy)
+    new.sendall(b"held")
+    with pytest.raises(ConnectionResetError):
+        new.recv(4096)  # nothing came back before the next reset
+    assert flapping.result(timeout=WAIT) >= 2
+    assert roundtrip(connect(proxy)) == b"ping"  # up again
