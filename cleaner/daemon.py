@@ -28,6 +28,8 @@ from cleaner.retention import Retention, RetentionConfig
 from cleaner.stats import Stats, StatsConfig
 from cleaner.sweep import Sweep, SweepResult
 from txtasks.app import App
+from txtasks.driver.urls import url_safe
+from txtasks.faults import open_when_reachable
 from txtasks.metrics import Metrics
 
 log = logging.getLogger("cleaner")
@@ -88,25 +90,38 @@ class Cleaner:
             )
         self._stopping = asyncio.Event()
         self._started_at: float | None = None
+        #: Waiting at start for the database to answer.
+        self._connecting = False
 
     async def start(self) -> None:
-        """Open the database and schedule every sweep (the first passes run at once)."""
-        if self._scheduler is not None:
+        """Open the database and schedule every sweep (the first passes run at once). While
+        the database cannot be reached, wait for it (live, not ready) until it answers or the
+        cleaner is stopped."""
+        if self._scheduler is not None or self._connecting:
             return
-        await self.app.driver.open()
+        if self.health_server is not None:
+            await self.health_server.start()
+        self._connecting = True
+        try:
+            url = getattr(self.app.driver, "url", None)
+            what = f"connecting to {url_safe(url) if url is not None else 'the database'}"
+            if not await open_when_reachable(self.app.driver.open, log, what, self._stopping):
+                return
+        finally:
+            self._connecting = False
         self._scheduler = AsyncIOScheduler(timezone=timezone.utc)
         self._scheduler.start()
         self._started_at = time.monotonic()
         for sweep in self.sweeps.values():
             sweep.start(self._scheduler)
-        if self.health_server is not None:
-            await self.health_server.start()
         log.info("cleaner started: %s", ", ".join(self.sweeps) or "no sweeps")
 
     async def stop(self) -> None:
         """Schedule no more passes and wait for those under way."""
         self._stopping.set()
         if self._scheduler is None:
+            if self.health_server is not None:
+                await self.health_server.stop()
             return
         scheduler, self._scheduler = self._scheduler, None
         for sweep in self.sweeps.values():
@@ -139,6 +154,8 @@ class Cleaner:
     def health(self) -> dict[str, Any]:
         """`live`: every sweep finished a pass recently (ok or not): the daemon is not stuck.
         `ready`: live, and every sweep's last pass succeeded (the database is reachable)."""
+        if self._connecting:  # waiting for the database: a restart would not bring it
+            return {"live": True, "ready": False, "connecting": True, "sweeps": {}}
         now = time.monotonic()
         sweeps = {}
         live = self._scheduler is not None and self._scheduler.running

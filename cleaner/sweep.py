@@ -132,16 +132,24 @@ class Sweep(abc.ABC, Generic[C, R]):
         if self._job is not None:
             return
         self._job = scheduler.add_job(
-            self.tick,
+            self._scheduled,
             "interval",
             seconds=self.config.interval,
             jitter=self.config.interval * 0.1,
             id=f"txtasks-{self.name}",
             next_run_time=datetime.now(timezone.utc),
-            max_instances=1,
+            max_instances=2,  # the second returns at once: see _scheduled
             coalesce=True,
             misfire_grace_time=None,
         )
+
+    async def _scheduled(self) -> None:
+        """A pass, unless one is still under way (a slow or stalled database): then this turn
+        is skipped quietly, instead of the scheduler warning about it at every interval."""
+        if self._lock.locked():
+            log.debug("sweep=%s skipped a turn: the last pass is still under way", self.name)
+            return
+        await self.tick()
 
     def stop(self) -> None:
         """Schedule no more passes (a pass under way finishes; see `idle()`)."""

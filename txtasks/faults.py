@@ -8,8 +8,11 @@ one when it ends.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 import time
+from collections.abc import Awaitable, Callable
 
 #: SQLSTATE classes about the values of a statement: data exception, integrity violation.
 REFUSED_SQLSTATE_CLASSES = ("22", "23")
@@ -50,6 +53,62 @@ def refused_value(exc: BaseException) -> bool:
         if type(cause) in (ValueError, TypeError, OverflowError):
             return True  # raised in Python before anything reached the database
     return False
+
+
+#: SQLSTATE classes of a server that cannot take the connection now: connection exceptions,
+#: and operator intervention (shutting down, starting up, too many connections).
+UNREACHABLE_SQLSTATE_PREFIXES = ("08", "57P", "53300")
+#: MySQL/MariaDB client and server errors of the same kind: can't connect (2002, 2003), server
+#: gone or connection lost (2006, 2013, 2055), too many connections (1040), shutting down (1053).
+UNREACHABLE_MYSQL_ERRNOS = frozenset({1040, 1053, 2002, 2003, 2006, 2013, 2055})
+
+
+def unreachable(exc: BaseException) -> bool:
+    """True when the database could not be reached or lost the connection: it is down,
+    starting, full, or the network failed. False for a refused login, an unknown database, a
+    missing table or a schema to migrate: waiting does not mend those."""
+    for cause in _causes(exc):
+        if isinstance(cause, (OSError, TimeoutError, ConnectionError)):
+            return True
+        sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+        if isinstance(sqlstate, str) and sqlstate.startswith(UNREACHABLE_SQLSTATE_PREFIXES):
+            return True
+        args = getattr(cause, "args", ())
+        if args and isinstance(args[0], int) and args[0] in UNREACHABLE_MYSQL_ERRNOS:
+            return True
+        if type(cause).__name__ in ("ConnectionDoesNotExistError", "InterfaceError"):
+            return True  # asyncpg: closed under an operation; DB-API: the link is gone
+    return False
+
+
+async def open_when_reachable(
+    open_: Callable[[], Awaitable[None]],
+    logger: logging.Logger,
+    what: str,
+    stopping: asyncio.Event,
+    *,
+    cap: float = 5.0,
+) -> bool:
+    """`open_()` until it works, waiting with capped, jittered backoff while the database is
+    unreachable (logged once when it starts failing, once when it works). Any other error
+    raises. False when `stopping` was set first."""
+    outage = Outage(logger, what)
+    delay = 0.1
+    while True:
+        try:
+            await open_()
+        except Exception as exc:
+            if not unreachable(exc):
+                raise
+            outage.failed(exc, retry_in=delay)
+            try:
+                await asyncio.wait_for(stopping.wait(), delay * random.uniform(0.5, 1.0))
+                return False
+            except asyncio.TimeoutError:
+                delay = min(cap, delay * 2)
+            continue
+        outage.ok()
+        return True
 
 
 class Outage:

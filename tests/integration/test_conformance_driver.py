@@ -12,10 +12,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from tests.integration.conftest import another
 from txtasks.driver import Driver, MemoryDriver
 from txtasks.payload import payload_encode
+from txtasks.schema.tables import tasks
 from txtasks.types import NewTask, Outcome, OutcomeKind, QueueStats, TaskKey, TaskRow, TaskState
 
 T0 = datetime(2030, 1, 2, 3, 4, 5, 678901)
@@ -235,6 +237,27 @@ async def test_stale_lease_extension_changes_nothing(driver: Driver) -> None:
     # extending to the lease it already has still counts the lease as held
     assert await driver.lease_extend_many([current], lease_until=at(600)) == 1
     assert await driver.lease_extend_many([], lease_until=at(700)) == 0
+
+
+async def test_lease_extension_leaves_out_rows_locked_elsewhere_without_waiting(
+    driver: Driver,
+) -> None:
+    """A row another transaction has locked (an outcome write finishing it, or a session whose
+    client vanished) is left out of the heartbeat, not waited for: waiting would let every
+    other lease run out meanwhile. It still counts as held."""
+    if isinstance(driver, MemoryDriver) or not driver.capabilities.concurrent_claims:
+        pytest.skip("no row locks held by another transaction to wait for")
+    await driver.task_insert_many([new(), new()])
+    locked, free = [row.key for row in await claim(driver)]
+    sql: Any = driver
+    async with sql.engine.connect() as conn, conn.begin():
+        await conn.execute(select(tasks.c.id).where(tasks.c.id == locked.id).with_for_update())
+        held = await asyncio.wait_for(
+            driver.lease_extend_many([locked, free], lease_until=at(500), worker_id="w1"), 10
+        )
+        assert held == 2
+    assert (await get(driver, free.id)).lease_expires_at == at(500)
+    assert (await get(driver, locked.id)).lease_expires_at == T0 + LEASE  # left out
 
 
 async def test_outcomes_and_leases_are_fenced_on_the_claiming_worker(driver: Driver) -> None:

@@ -4,6 +4,7 @@ command timeout and replaced; every connection carries TCP keepalives."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 from collections.abc import AsyncIterator
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import bindparam, select, text
 
 from tests.conftest import reset_schema, server_url
 from tests.tcp_proxy import TcpProxy, target_of
@@ -19,6 +21,7 @@ from txtasks import App, MemoryDriver
 from txtasks.clock import utcnow
 from txtasks.driver import SqlDriver, driver_for_url
 from txtasks.driver.timeouts import DatabaseTimeout, Timeouts, socket_of
+from txtasks.schema.tables import tasks
 from txtasks.types import NewTask
 
 SERVERS = [
@@ -82,6 +85,67 @@ async def test_a_frozen_connection_is_cut_and_replaced(proxied: Any) -> None:
                 continue
         assert claimed == 1  # task 3; task 2's insert never committed
         assert proxy.accepted > 1  # the stalled connections were replaced
+
+
+async def test_after_a_cut_the_pools_other_stalled_connections_are_replaced_unused(
+    proxied: Any,
+) -> None:
+    """Connections that went through the same network stalled with the one that was cut: each
+    is replaced at its next checkout instead of costing its own command timeout."""
+    driver, proxy = proxied
+    async with asyncio.timeout(BOUND):
+        await driver.open()
+        await driver.task_insert_many([new_task(1)])
+        assert await claim(driver) == 1
+        async with contextlib.AsyncExitStack() as stack:  # three connections in the pool
+            for _ in range(3):
+                conn = await stack.enter_async_context(driver.connect())
+                await conn.execute(text("SELECT 1"))
+        assert proxy.freeze() >= 3
+        with pytest.raises(DatabaseTimeout):
+            await driver.task_insert_many([new_task(2)])
+        for n in range(3, 8):  # each would check a stalled connection out first
+            await driver.task_insert_many([new_task(n)])
+        assert await claim(driver) == 5  # the claims' own pool too
+
+
+async def test_closing_a_driver_whose_connections_stalled_ends(proxied: Any) -> None:
+    """A worker's exit closes its pools: a stalled connection never answers the goodbye."""
+    driver, proxy = proxied
+    await driver.open()
+    await driver.task_insert_many([new_task(1)])
+    assert await claim(driver) == 1  # every pool holds a connection
+    assert proxy.freeze() > 0
+    async with asyncio.timeout(BOUND):
+        await driver.close()
+
+
+@pytest.mark.parametrize("backend", SERVERS)
+async def test_the_server_ends_a_stalled_session_and_frees_its_row_locks(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A session whose client stalled inside a transaction (the network froze after its
+    SELECT ... FOR UPDATE) is ended by the server after the command timeout, so the rows it
+    locked do not wait for it forever (PostgreSQL's idle_in_transaction_session_timeout,
+    MariaDB's idle_transaction_timeout)."""
+    url = server_url(request, backend, tmp_path)
+    reset_schema(url)
+    proxy = await TcpProxy.start(*target_of(url))
+    stalled = driver_for_url(proxy.url_for(url), timeouts=Timeouts(connect=5, command=COMMAND))
+    direct = driver_for_url(url, timeouts=Timeouts(connect=5, command=BOUND))
+    lock = select(tasks.c.id).where(tasks.c.id == bindparam("id")).with_for_update()
+    try:
+        [task_id] = await direct.task_insert_many([new_task(1)])
+        async with stalled.connect() as conn:  # its client side is cut after COMMAND
+            await conn.execute(lock, {"id": task_id})
+            assert proxy.freeze() == 1
+            async with direct.begin() as other:  # waits for the server to end the session
+                found = (await other.execute(lock, {"id": task_id})).scalar_one()
+        assert found == task_id
+    finally:
+        await stalled.close()
+        await direct.close()
+        await proxy.close()
 
 
 async def test_every_connection_has_tcp_keepalives(proxied: Any) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import datetime
 
 import pytest
 
 from cleaner import Cleaner, CleanerConfig
+from cleaner.rescuer import RescuerConfig
 from txtasks import App, MemoryDriver
 
 
@@ -45,3 +47,47 @@ async def test_an_outage_is_two_lines_however_many_passes_fail(
     assert [line for line in lines if line[0] == "WARNING"] == lines[:1]
     assert ("INFO", "sweep=rescuer ok=true again after 6 failed pass(es)") in lines
     assert cleaner.sweeps["rescuer"].state.failures == 6
+
+
+class Stalled(MemoryDriver):
+    """The expired-lease query hangs until `released` (a stalled connection)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = asyncio.Event()
+        self.calls = 0
+
+    async def lease_expired_list(self, *, now: datetime, limit: int) -> list:  # type: ignore[type-arg]
+        self.calls += 1
+        await self.released.wait()
+        return await super().lease_expired_list(now=now, limit=limit)
+
+
+async def test_turns_skipped_behind_a_stalled_pass_are_not_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    driver = Stalled()
+    config = CleanerConfig(
+        rescuer=RescuerConfig(interval=0.02), reannouncer=None, archiver=None, retention=None
+    )
+    cleaner = Cleaner(App("t", driver=driver), config)
+    skipped = [0]
+    sweep = cleaner.sweeps["rescuer"]
+    original = sweep._scheduled
+
+    async def counted() -> None:
+        if sweep._lock.locked():
+            skipped[0] += 1
+        await original()
+
+    sweep._scheduled = counted  # type: ignore[method-assign]
+    with caplog.at_level(logging.DEBUG):
+        await cleaner.start()
+        async with asyncio.timeout(5):
+            while skipped[0] < 10:  # noqa: ASYNC110 - turns the scheduler fires
+                await asyncio.sleep(0.01)
+        driver.released.set()
+        await cleaner.stop()
+    assert driver.calls == 1  # one pass under way at a time
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warned == []

@@ -62,7 +62,7 @@ async def test_livez_and_readyz_answer_while_the_worker_runs_and_the_database_an
             status, body = await http_get(port, path)
             assert status == 200, (path, body)
         report = json.loads(body)
-        assert set(report["seconds_since_turned"]) == {"claimer", "heartbeat"}
+        assert set(report["seconds_since_turned"]) == {"claimer", "heartbeat", "outcomes"}
 
         driver.down = True  # the database goes away: not ready, still live (restarting would
         status, body = await http_get(port, "/readyz")  # not bring it back)
@@ -95,6 +95,45 @@ async def test_a_claim_stuck_in_the_database_fails_livez_within_its_bound() -> N
         running.cancel()
         with pytest.raises(asyncio.CancelledError):
             await running
+
+
+class StuckWrites(Switchable):
+    """Outcome writes that hang until `released` (a frozen connection); lease extensions go on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = asyncio.Event()
+        self.extended: list[int] = []
+
+    async def outcome_write_many(self, *args: Any, **kwargs: Any) -> Any:
+        await self.released.wait()
+        return await super().outcome_write_many(*args, **kwargs)
+
+    async def lease_extend_many(self, keys: Any, **kwargs: Any) -> int:
+        self.extended.append(len(keys))
+        return await super().lease_extend_many(keys, **kwargs)
+
+
+async def test_a_stuck_outcome_write_neither_stops_the_heartbeat_nor_passes_livez() -> None:
+    driver = StuckWrites()
+    app = App(driver=driver)
+    app.task(name="t")(lambda payload: None)
+    await app.tasks["t"].aenqueue(None)
+    worker = Worker(app, WorkerConfig(heartbeat=0.02, stall_after=0.2, **FAST))
+    running = asyncio.create_task(worker.run())
+    try:
+        await wait_for(lambda: worker.stats.started == 1)
+        beats = len(driver.extended)
+        # the heartbeat goes on extending the lease of the task whose outcome waits
+        await wait_for(lambda: len(driver.extended) >= beats + 3)
+        assert driver.extended[-1] == 1
+        await wait_for(lambda: not worker.liveness()["live"])
+        assert worker.liveness()["stuck"] == ["outcomes"]
+    finally:
+        driver.released.set()
+        worker.stop()
+        stats = await asyncio.wait_for(running, 5)
+    assert stats.outcomes == {"completed": 1}
 
 
 async def test_a_worker_whose_slots_are_all_busy_stays_live() -> None:

@@ -96,7 +96,9 @@ class Driver(Protocol):
     async def lease_extend_many(
         self, keys: Sequence[TaskKey], *, lease_until: datetime, worker_id: str | None = None
     ) -> int:
-        """Push the leases of in-flight attempts forward (the heartbeat), fenced likewise."""
+        """Push the leases of in-flight attempts forward (the heartbeat), fenced likewise,
+        leaving out (not waiting for) rows another transaction has locked. Returns how many of
+        `keys` are still this worker's attempts, extended or left out; the rest were lost."""
 
     async def live_count(
         self, queues: Sequence[str] | None, *, now: datetime, due_before: datetime

@@ -7,7 +7,18 @@ import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, Connection, Executable, String, bindparam, select, text, update
+from sqlalchemy import (
+    JSON,
+    Connection,
+    Engine,
+    Executable,
+    String,
+    bindparam,
+    event,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -103,6 +114,34 @@ class MySQLDriver(SqlDriver):
             args.update(read_timeout=t.command, write_timeout=t.command)
         return args
 
+    def session_settings(self, mariadb: bool) -> dict[str, int]:
+        """The server's side of the bounds: a lock wait ends within the command timeout, and
+        MariaDB ends a session left idle in a transaction (its client gone) as long after, so
+        the rows a vanished or stalled worker had locked are freed. (MySQL has no such setting:
+        its `wait_timeout` applies to every idle connection.)"""
+        command = self.timeouts.command
+        if command is None:
+            return {}
+        seconds = max(1, math.ceil(command))
+        settings = {"innodb_lock_wait_timeout": seconds}
+        if mariadb:
+            settings["idle_transaction_timeout"] = seconds
+        return settings
+
+    def engine_setup(self, engine: Engine) -> None:
+        super().engine_setup(engine)
+
+        @event.listens_for(engine, "connect")
+        def _session(dbapi_connection: Any, _record: Any) -> None:
+            raw = getattr(dbapi_connection, "driver_connection", dbapi_connection)
+            mariadb = "mariadb" in str(getattr(raw, "server_version", "")).lower()
+            settings = self.session_settings(mariadb)
+            if settings:
+                cursor = dbapi_connection.cursor()
+                assignments = ", ".join(f"SESSION {k} = {v:d}" for k, v in settings.items())
+                cursor.execute(f"SET {assignments}")
+                cursor.close()
+
     @classmethod
     def plan_class(cls, dialect: Dialect) -> type[SqlDriver]:
         return MariaDBDriver if getattr(dialect, "is_mariadb", False) else MySQLDriver
@@ -129,17 +168,18 @@ class MySQLDriver(SqlDriver):
 
     @staticmethod
     @functools.cache
-    def stmt_lock_keys() -> Executable:
+    def stmt_lock_keys(skip_locked: bool = False) -> Executable:
         """Lock the rows of still-current attempts, each found by its primary key. (On a small
         table the optimizer scans instead, and a scan locks, and waits for, every row it
         passes: other workers' rows, and the application's new ones.)"""
+        skip = " SKIP LOCKED" if skip_locked else ""
         return text(
             f"SELECT t.id, t.attempt FROM {KEYS_TABLE} STRAIGHT_JOIN txtasks_tasks AS t "
             "ON t.id = k.id AND t.attempt = k.attempt "
             "WHERE t.state = :processing "
             "AND (:fence_worker IS NULL OR t.worker_id = :fence_worker) "
             "AND (:fence_expired IS NULL OR t.lease_expires_at < :fence_expired) "
-            "ORDER BY t.id FOR UPDATE"
+            f"ORDER BY t.id FOR UPDATE{skip}"
         ).bindparams(
             bindparam("keys", type_=JSON),
             bindparam("processing", TaskState.PROCESSING.value, type_=String),

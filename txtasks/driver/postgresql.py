@@ -14,7 +14,7 @@ from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities, WriteResult
 from txtasks.driver.plan import CopyRows, Statement, Step
-from txtasks.driver.sql import SqlDriver
+from txtasks.driver.sql import CLOSE_WITHIN, SqlDriver
 from txtasks.driver.sql_staging import STAGED_COLUMNS
 from txtasks.driver.timeouts import Watchdog, keepalive_set, socket_of
 from txtasks.schema.tables import READY, TASK_COLUMNS, tasks
@@ -234,15 +234,31 @@ class PostgresDriver(SqlDriver):
     async def raw_fetch(self, purpose: str, sql: str, *params: Any) -> list[Any]:
         """One autocommit statement on a raw pool, bounded by the command timeout."""
         pool = await self.raw_pool(purpose)
-        async with pool.acquire(timeout=self.timeouts.connect) as connection:
-            with Watchdog(self.timeouts.command, connection.terminate).armed():
-                return await connection.fetch(sql, *params)  # type: ignore[no-any-return]
+        watchdog = Watchdog(self.timeouts.command, lambda: connection.terminate())
+        try:
+            async with pool.acquire(timeout=self.timeouts.connect) as connection:
+                with watchdog.armed():
+                    return await connection.fetch(sql, *params)  # type: ignore[no-any-return]
+        finally:
+            if watchdog.fired:
+                await self.stale_pool()
+
+    async def stale_pool(self) -> None:
+        """Also the raw pools' connections: replaced at their next acquire."""
+        await super().stale_pool()
+        loop = asyncio.get_running_loop()
+        for pool_loop, pool in list(self._pools.values()):
+            if pool_loop is loop:
+                await pool.expire_connections()
 
     async def close(self) -> None:
         pools, self._pools = self._pools, {}
         for loop, pool in pools.values():
             if loop is asyncio.get_running_loop():
-                await pool.close()
+                try:
+                    await asyncio.wait_for(pool.close(), CLOSE_WITHIN)
+                except asyncio.TimeoutError:
+                    pool.terminate()  # stalled connections: closed without a goodbye
         await super().close()
 
     async def task_claim_many(

@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, ClassVar, TypeVar
@@ -32,7 +34,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import URL, Dialect
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.sql.dml import Insert
 
@@ -91,6 +93,10 @@ def keys_param(
     }
 
 
+#: Seconds closing a driver waits for each pool's connections to close politely.
+CLOSE_WITHIN = 2.0
+
+
 class SqlDriver(SqlAdmin, SqlStaging):
     """A task store on a SQL database through SQLAlchemy's asyncio engine."""
 
@@ -113,6 +119,9 @@ class SqlDriver(SqlAdmin, SqlStaging):
         self._engine = engine
         self._sync_engine: Engine | None = None
         self._engine_options = dict(engine_options or {})
+        #: Pooled connections opened before this moment (`time.monotonic()`) are replaced at
+        #: their next checkout: set when a connection had to be cut (see `stale_pool`).
+        self._stale_before = -math.inf
 
     # -- connections --------------------------------------------------------------------------
 
@@ -134,13 +143,26 @@ class SqlDriver(SqlAdmin, SqlStaging):
         return options
 
     def engine_setup(self, engine: Engine) -> None:
-        """Install connection events: TCP keepalives on every new connection's socket."""
+        """Install connection events: TCP keepalives on every new connection's socket, and
+        the replacement of connections opened before a cut (`stale_pool`)."""
         timeouts = self.timeouts
 
         @event.listens_for(engine, "connect")
-        def _keepalive(dbapi_connection: Any, _record: Any) -> None:
+        def _keepalive(dbapi_connection: Any, record: Any) -> None:
+            record.info["opened"] = time.monotonic()
             raw = getattr(dbapi_connection, "driver_connection", dbapi_connection)
             keepalive_set(socket_of(raw), timeouts)
+
+        @event.listens_for(engine, "checkout")
+        def _fresh(_dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+            if record.info.get("opened", -math.inf) < self._stale_before:
+                raise DisconnectionError("opened before a connection was cut: replaced")
+
+    async def stale_pool(self) -> None:
+        """A connection had to be cut: the others in the pool, opened before it, likely went
+        through the same network and stalled too. Each is replaced at its next checkout
+        instead of costing its own command timeout."""
+        self._stale_before = time.monotonic()
 
     @property
     def engine(self) -> AsyncEngine:
@@ -178,6 +200,7 @@ class SqlDriver(SqlAdmin, SqlStaging):
                 finally:
                     if watchdog.fired:
                         await conn.invalidate()
+                        await self.stale_pool()
                     await conn.close()
         finally:
             if not conn.closed:  # cancelled before the close above ran
@@ -201,8 +224,13 @@ class SqlDriver(SqlAdmin, SqlStaging):
             )
 
     async def close(self) -> None:
+        """Close the pooled connections politely, or drop them after `CLOSE_WITHIN` seconds
+        (a stalled connection would never answer the goodbye)."""
         if self._engine is not None:
-            await self._engine.dispose()
+            try:
+                await asyncio.wait_for(self._engine.dispose(), CLOSE_WITHIN)
+            except asyncio.TimeoutError:
+                await self._engine.dispose(close=False)  # the sockets close with the objects
         if self._sync_engine is not None:
             self._sync_engine.dispose()
 
@@ -455,13 +483,14 @@ class SqlDriver(SqlAdmin, SqlStaging):
 
     @staticmethod
     @functools.cache
-    def stmt_lock_keys() -> Executable:
-        """Lock the rows of still-current attempts, in id order."""
+    def stmt_lock_keys(skip_locked: bool = False) -> Executable:
+        """Lock the rows of still-current attempts, in id order; with `skip_locked`, leaving out
+        the rows another transaction holds instead of waiting for them."""
         return (
             select(tasks.c.id, tasks.c.attempt)
             .where(keys_match())
             .order_by(tasks.c.id)
-            .with_for_update()
+            .with_for_update(skip_locked=skip_locked)
         )
 
     async def _locked_keys(
@@ -574,22 +603,39 @@ class SqlDriver(SqlAdmin, SqlStaging):
 
     @staticmethod
     @functools.cache
-    def stmt_lease_extend() -> Executable:
-        """Push the leases of attempts `keys` to `lease_until`."""
+    def stmt_count_keys() -> Executable:
+        """How many of the attempts `keys` are still current (a plain read: no lock)."""
+        return select(func.count()).select_from(tasks).where(keys_match())
+
+    @staticmethod
+    @functools.cache
+    def stmt_lease_set() -> Executable:
+        """Push the leases of rows `ids` (locked by the caller) to `lease_until`."""
         return (
             update(tasks)
-            .where(keys_match())
+            .where(tasks.c.id.in_(bindparam("ids", expanding=True)))
             .values(lease_expires_at=bindparam("lease_until", type_=Timestamp))
         )
 
     async def lease_extend_many(
         self, keys: Sequence[TaskKey], *, lease_until: datetime, worker_id: str | None = None
     ) -> int:
+        """Rows another transaction holds are left out, not waited for: an outcome write is
+        finishing them, a rescuer taking them (their lease is over anyway), or a session whose
+        client vanished holds them until the server ends it. Waiting would let every other
+        lease of the worker run out meanwhile."""
         if not keys:
             return 0
-        params = {**keys_param(keys, worker_id), "lease_until": lease_until}
+        params = keys_param(keys, worker_id)
 
         async def work(conn: AsyncConnection) -> int:
-            return int((await conn.execute(self.stmt_lease_extend(), params)).rowcount)
+            rows = await conn.execute(self.stmt_lock_keys(skip_locked=True), params)
+            ids = [row[0] for row in rows]
+            if ids:
+                await conn.execute(self.stmt_lease_set(), {"ids": ids, "lease_until": lease_until})
+            if len(ids) == len(keys):
+                return len(ids)
+            held = await conn.execute(self.stmt_count_keys(), params)  # a read: never waits
+            return int(held.scalar_one())
 
         return await self.in_transaction(work)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable
 
 from txtasks.clock import Clock
@@ -70,6 +71,8 @@ class OutcomeBuffer:
         self.lock = asyncio.Lock()
         self._closing = False
         self.outage = Outage(log, "writing outcomes")
+        #: When the flush under way started (`time.monotonic()`), None between flushes.
+        self.flushing_since: float | None = None
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -110,7 +113,11 @@ class OutcomeBuffer:
     async def flush(self) -> None:
         """Write everything buffered now, batch by batch; raise if the database fails."""
         async with self.lock:  # one writer: a batch is removed only once it is written
-            await self._flush_locked()
+            self.flushing_since = time.monotonic()
+            try:
+                await self._flush_locked()
+            finally:
+                self.flushing_since = None
         self.outage.ok()
 
     async def _flush_locked(self) -> None:

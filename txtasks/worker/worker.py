@@ -32,8 +32,9 @@ from txtasks import tracing
 from txtasks._checks import check_number
 from txtasks.app import App, Task, check_queue_name
 from txtasks.driver import Driver
+from txtasks.driver.urls import url_safe
 from txtasks.errors import ConfigurationError, PayloadError
-from txtasks.faults import Outage
+from txtasks.faults import Outage, open_when_reachable
 from txtasks.health import HealthServer, Pulse
 from txtasks.metrics import Metrics
 from txtasks.payload import headers_decode, payload_decode
@@ -99,8 +100,8 @@ class WorkerConfig:
     health_port: int | None = None
     #: Address the health endpoint listens on.
     health_host: str = "0.0.0.0"
-    #: Seconds a loop (claims, heartbeat and with it the outcome flusher) may overrun its
-    #: interval, stuck in a database call, before /livez fails.
+    #: Seconds a loop (claims, heartbeat, outcome writes) may overrun its interval, stuck in
+    #: a database call, before /livez fails.
     stall_after: float = 60.0
 
     def __post_init__(self) -> None:
@@ -213,6 +214,8 @@ class Worker:
         #: When the claim loop and the heartbeat last turned (liveness).
         self._pulses = {"claimer": Pulse(), "heartbeat": Pulse()}
         self._loops: list[asyncio.Task[None]] = []
+        #: Waiting at start for the database to answer.
+        self._connecting = False
         self.health_server: HealthServer | None = None
         if self.config.health_port is not None:
             self.health_server = HealthServer(
@@ -256,8 +259,31 @@ class Worker:
         )
 
     async def run(self) -> WorkerStats:
-        """Run until stopped (or, in burst mode, until the queues are empty)."""
-        await self.driver.open()
+        """Run until stopped (or, in burst mode, until the queues are empty). While the database
+        cannot be reached at start, wait for it (a burst fails at once instead)."""
+        if self.health_server is not None:
+            await self.health_server.start()  # live while it waits for the database
+        try:
+            if not await self._open():
+                log.info("worker %s stopped before the database answered", self.worker_id)
+                return self.stats
+            return await self._serve()
+        finally:
+            if self.health_server is not None:
+                await self.health_server.stop()
+
+    async def _open(self) -> bool:
+        if self.config.burst:
+            await self.driver.open()
+            return True
+        self._connecting = True
+        try:
+            what = f"connecting to {self._database}"
+            return await open_when_reachable(self.driver.open, log, what, self._stopping)
+        finally:
+            self._connecting = False
+
+    async def _serve(self) -> WorkerStats:
         self._base_context = contextvars.copy_context()
         self._threads = ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="txtasks")
         flusher = asyncio.create_task(self._outcomes.run(), name="txtasks-flush")
@@ -265,13 +291,9 @@ class Worker:
         self._loops = [flusher, heartbeat]
         log.info("worker %s serving %s", self.worker_id, ", ".join(self.queues))
         try:
-            if self.health_server is not None:
-                await self.health_server.start()
             await self.notifier.subscribe(self.queues, self.wake)
             await self._claim_loop()
         finally:
-            if self.health_server is not None:
-                await self.health_server.stop()
             await self.notifier.unsubscribe()  # a stopped worker must not take wake-ups
             await self._shutdown()
             self._beat_stop.set()
@@ -281,6 +303,11 @@ class Worker:
             self._threads.shutdown(wait=False, cancel_futures=True)
         log.info("worker %s stopped: %s", self.worker_id, self.stats)
         return self.stats
+
+    @property
+    def _database(self) -> str:
+        url = getattr(self.driver, "url", None)
+        return url_safe(url) if url is not None else "the database"
 
     # -- claiming -----------------------------------------------------------------------------
 
@@ -606,11 +633,11 @@ class Worker:
         """Extend every held lease (running, or finished but not yet written) in one statement."""
         pulse = self._pulses["heartbeat"]
         while not await event_wait(self._beat_stop, self.config.heartbeat_interval):
-            async with self._outcomes.lock:  # no flush may finish rows while we extend them
-                keys = [*self._held, *self._outcomes.keys()]
-                if keys:
-                    await self._leases_extend(keys)
-            pulse.beat()  # after the lock: a flush stuck holding it stops the heartbeat too
+            # never waits for a flush: rows an outcome write has locked are left out
+            keys = [*self._held, *self._outcomes.keys()]
+            if keys:
+                await self._leases_extend(keys)
+            pulse.beat()
 
     async def _leases_extend(self, keys: list[TaskKey]) -> None:
         until = self.app.clock() + timedelta(seconds=self.config.lease)
@@ -622,21 +649,30 @@ class Worker:
         except Exception as exc:
             self._beat_outage.failed(exc)
             return
-        if held < len(keys):
-            lost = len(keys) - held
-            log.warning("%d of %d leases were lost (rescued elsewhere)", lost, len(keys))
+        if held < len(keys):  # some may have been written meanwhile: count those still ours
+            pending = set(self._outcomes.keys())
+            lost = sum(1 for k in keys if k in self._held or k in pending) - held
+            if lost > 0:
+                log.warning("%d of %d leases were lost (rescued elsewhere)", lost, len(keys))
 
     # -- health -------------------------------------------------------------------------------
 
     def liveness(self) -> dict[str, Any]:
-        """`live`: the claim loop and the heartbeat (which waits for any flush under way) each
-        turned within their interval plus `stall_after`, and no loop has ended."""
+        """`live`: the claim loop and the heartbeat each turned within their interval plus
+        `stall_after`, no outcome write has been under way longer than the heartbeat interval
+        plus `stall_after`, and no loop has ended. Waiting for the database at start is live:
+        a restart would not bring it."""
+        if self._connecting:
+            return {"live": True, "connecting": True, "seconds_since_turned": {}, "stuck": []}
         now = time.monotonic()
         bounds = {
             "claimer": self.config.poll_interval * 1.1,
             "heartbeat": self.config.heartbeat_interval,
+            "outcomes": self.config.heartbeat_interval,
         }
         ages = {name: round(pulse.age(now), 3) for name, pulse in self._pulses.items()}
+        flushing = self._outcomes.flushing_since
+        ages["outcomes"] = round(now - flushing, 3) if flushing is not None else 0.0
         stuck = [name for name, age in ages.items() if age > bounds[name] + self.config.stall_after]
         if self._stopping.is_set():  # the claim loop has ended on purpose
             stuck = [name for name in stuck if name != "claimer"]
