@@ -7,15 +7,13 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from txtasks._checks import check_number
 from txtasks.clock import Clock, as_utc, seconds, utcnow
 from txtasks.driver import Driver, driver_for_url
 from txtasks.driver.timeouts import Timeouts
 from txtasks.enqueue import (
-    AsyncExecutor,
-    SyncExecutor,
     ainsert_many_tx,
     async_sync_connection,
     insert_many_tx,
@@ -30,6 +28,9 @@ from txtasks.tracing import headers_with_trace
 from txtasks.types import QUEUE_NAME_RE, NewTask, TaskState
 from txtasks.wakeup import Notifier, NullNotifier, notifier_for_url, wakeup_after_commit
 from txtasks.wakeup.commit import PendingWakeups
+
+if TYPE_CHECKING:
+    from txtasks.enqueue import AsyncExecutor, SyncExecutor
 
 DEFAULT_QUEUE = "default"
 DEFAULT_MAX_ATTEMPTS = 5

@@ -7,31 +7,53 @@ they will run.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from sqlalchemy import Connection
-from sqlalchemy.engine import Dialect
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-from sqlalchemy.orm import Session
 
 from txtasks.driver import sql_driver_class
 from txtasks.driver.plan import plan_run_async, plan_run_sync
 from txtasks.errors import ConfigurationError
 from txtasks.types import NewTask
 
-SyncExecutor = Connection | Session
-AsyncExecutor = AsyncConnection | AsyncSession
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Dialect
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+    from sqlalchemy.orm import Session
+
+    SyncExecutor: TypeAlias = Connection | Session
+    AsyncExecutor: TypeAlias = AsyncConnection | AsyncSession
+
+
+def _is(executor: Any, module: str, *names: str) -> bool:
+    """isinstance against SQLAlchemy classes that are loaded: an object of a class whose module
+    was never imported cannot be one (so neither the ORM nor asyncio support is imported)."""
+    loaded = sys.modules.get(module)
+    if loaded is None:
+        return False
+    return isinstance(executor, tuple(getattr(loaded, name) for name in names))
+
+
+def _is_async(executor: Any) -> bool:
+    return _is(executor, "sqlalchemy.ext.asyncio", "AsyncConnection", "AsyncSession")
+
+
+def _is_sync(executor: Any) -> bool:
+    return isinstance(executor, Connection) or _is(executor, "sqlalchemy.orm", "Session")
 
 
 def executor_dialect(executor: SyncExecutor | AsyncExecutor) -> Dialect:
     """The SQL dialect behind any of the four SQLAlchemy flavours."""
-    if isinstance(executor, Connection | AsyncConnection):
-        return executor.dialect
-    if isinstance(executor, AsyncSession):
-        return executor.sync_session.get_bind().dialect
-    if isinstance(executor, Session):
-        return executor.get_bind().dialect
+    if isinstance(executor, Connection) or _is(
+        executor, "sqlalchemy.ext.asyncio", "AsyncConnection"
+    ):
+        return executor.dialect  # type: ignore[union-attr]
+    if _is(executor, "sqlalchemy.ext.asyncio", "AsyncSession"):
+        return executor.sync_session.get_bind().dialect  # type: ignore[union-attr]
+    if _is(executor, "sqlalchemy.orm", "Session"):
+        return executor.get_bind().dialect  # type: ignore[union-attr]
     raise ConfigurationError(
         "enqueue: expected a SQLAlchemy Connection, Session, AsyncConnection or AsyncSession, "
         f"got {type(executor).__name__}"
@@ -45,20 +67,20 @@ def sync_connection(executor: SyncExecutor) -> Connection:
 
 async def async_sync_connection(executor: AsyncExecutor) -> Connection:
     """The sync Connection under an AsyncConnection or AsyncSession."""
-    if isinstance(executor, AsyncConnection):
-        return executor.sync_connection  # type: ignore[return-value]
+    if _is(executor, "sqlalchemy.ext.asyncio", "AsyncConnection"):
+        return executor.sync_connection  # type: ignore[union-attr,return-value]
     return (await executor.connection()).sync_connection  # type: ignore[return-value]
 
 
 def _check_sync(executor: Any) -> None:
-    if isinstance(executor, AsyncConnection | AsyncSession):
+    if _is_async(executor):
         raise ConfigurationError(
             f"enqueue_tx: {type(executor).__name__} is asynchronous; use `await aenqueue_tx(...)`"
         )
 
 
 def _check_async(executor: Any) -> None:
-    if isinstance(executor, Connection | Session):
+    if _is_sync(executor):
         raise ConfigurationError(
             f"aenqueue_tx: {type(executor).__name__} is synchronous; use `enqueue_tx(...)`"
         )

@@ -10,13 +10,14 @@ import enum
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
-
-from apscheduler.triggers.cron import CronTrigger
+from typing import TYPE_CHECKING, Any
 
 from txtasks._checks import check_number
 from txtasks.clock import as_utc, seconds
 from txtasks.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from apscheduler.triggers.cron import CronTrigger
 
 EPOCH = datetime(1970, 1, 1)
 #: Fire times enqueued at most per transaction; and per pass, of those missed (catch-up "all").
@@ -75,6 +76,8 @@ class Schedule:
             ) from None
         if self.cron is not None:
             try:
+                from apscheduler.triggers.cron import CronTrigger  # on first use: not at import
+
                 trigger = CronTrigger.from_crontab(crontab(self.cron), timezone=self.timezone)
             except Exception as exc:  # ValueError, or an unknown time zone
                 raise ConfigurationError(f"{where}: cron {self.cron!r}: {exc}") from None

@@ -10,18 +10,26 @@ module does nothing.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
-
-try:
-    from opentelemetry import propagate, trace
-    from opentelemetry.trace import SpanKind, Status, StatusCode
-except ImportError:  # the otel extra is not installed
-    propagate = None  # type: ignore[assignment]
-    trace = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from txtasks.types import TaskRow
+
+
+def _api() -> tuple[ModuleType, ModuleType] | None:
+    """OpenTelemetry's `trace` and `propagate`, if the application imported the API: a tracer
+    provider can only have been set by code that did. Nothing is imported otherwise."""
+    if "opentelemetry.trace" not in sys.modules:
+        return None
+    try:
+        from opentelemetry import propagate, trace
+    except ImportError:  # pragma: no cover - a partial install
+        return None
+    return trace, propagate
+
 
 TRACER = "txtasks"
 #: The headers W3C Trace Context uses; a caller's own values win.
@@ -34,8 +42,10 @@ def enabled() -> bool:
     Asked per task: the API keeps the global provider in `_TRACER_PROVIDER` (None until set);
     reading it costs nothing, unlike `get_tracer_provider()`.
     """
-    if trace is None:
+    api = _api()
+    if api is None:
         return False
+    trace = api[0]
     provider = getattr(trace, "_TRACER_PROVIDER", _UNKNOWN)
     if provider is _UNKNOWN:  # an API without that attribute: ask it properly
         provider = trace.get_tracer_provider()
@@ -50,10 +60,11 @@ _UNKNOWN = object()
 
 def headers_with_trace(headers: dict[str, str] | None) -> dict[str, str] | None:
     """`headers` plus the current trace context, when there is one to carry."""
-    if propagate is None or not enabled():
+    api = _api()
+    if api is None or not enabled():
         return headers
     carrier: dict[str, str] = {}
-    propagate.inject(carrier)
+    api[1].inject(carrier)
     if not carrier:
         return headers
     return {**carrier, **(headers or {})}
@@ -62,9 +73,13 @@ def headers_with_trace(headers: dict[str, str] | None) -> dict[str, str] | None:
 @contextlib.contextmanager
 def attempt_span(row: TaskRow, headers: dict[str, str]) -> Iterator[Any]:
     """A span around one attempt, a child of the enqueuer's span when the task carries one."""
-    if trace is None or propagate is None:
+    api = _api()
+    if api is None:
         yield None
         return
+    trace, propagate = api
+    from opentelemetry.trace import SpanKind
+
     parent = propagate.extract(headers)
     tracer = trace.get_tracer(TRACER)
     with tracer.start_as_current_span(
@@ -87,7 +102,9 @@ def attempt_span(row: TaskRow, headers: dict[str, str]) -> Iterator[Any]:
 
 def span_failed(span: Any, exc: BaseException) -> None:
     """Mark the attempt's span failed with the handler's exception."""
-    if span is None or trace is None:
+    if span is None:
         return
+    from opentelemetry.trace import Status, StatusCode
+
     span.record_exception(exc)
     span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))

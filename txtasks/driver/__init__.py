@@ -1,42 +1,68 @@
-"""Drivers: where tasks are stored. `driver_for_url` picks the SQL driver for a URL."""
+"""Drivers: where tasks are stored. `driver_for_url` picks the SQL driver for a URL.
+
+The SQL drivers are imported when first used (`driver_for_url`, or an attribute of this
+package): `import txtasks` loads no database dialect it does not need.
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
-from sqlalchemy.engine import URL, Dialect
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from txtasks.driver.base import Capabilities, Driver, WriteResult
 from txtasks.driver.memory import MemoryDriver
-from txtasks.driver.mysql import MariaDBDriver, MySQLDriver
-from txtasks.driver.postgresql import PostgresDriver
-from txtasks.driver.sql import SqlDriver
-from txtasks.driver.sqlite import SQLiteDriver
 from txtasks.driver.urls import backend_name
 from txtasks.errors import ConfigurationError
 
-BY_BACKEND: dict[str, type[SqlDriver]] = {
-    "postgresql": PostgresDriver,
-    "mysql": MySQLDriver,
-    "mariadb": MariaDBDriver,
-    "sqlite": SQLiteDriver,
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL, Dialect
+
+    from txtasks.driver.mysql import MariaDBDriver, MySQLDriver
+    from txtasks.driver.postgresql import PostgresDriver
+    from txtasks.driver.sql import SqlDriver
+    from txtasks.driver.sqlite import SQLiteDriver
+
+#: Each backend's driver class, as (module, class name).
+BY_BACKEND: dict[str, tuple[str, str]] = {
+    "postgresql": ("txtasks.driver.postgresql", "PostgresDriver"),
+    "mysql": ("txtasks.driver.mysql", "MySQLDriver"),
+    "mariadb": ("txtasks.driver.mysql", "MariaDBDriver"),
+    "sqlite": ("txtasks.driver.sqlite", "SQLiteDriver"),
 }
+#: The other names this package serves on first use.
+LAZY: dict[str, tuple[str, str]] = {
+    **{cls: (module, cls) for module, cls in BY_BACKEND.values()},
+    "SqlDriver": ("txtasks.driver.sql", "SqlDriver"),
+}
+
+
+def driver_class(backend: str) -> type[SqlDriver]:
+    """The driver class of a backend name (postgresql, mysql, mariadb, sqlite)."""
+    module, name = BY_BACKEND[backend]
+    cls: type[SqlDriver] = getattr(importlib.import_module(module), name)
+    return cls
 
 
 def sql_driver_class(dialect: Dialect) -> type[SqlDriver]:
     """The SQL knowledge for a connection's dialect (MariaDB told apart from MySQL)."""
-    try:
-        return BY_BACKEND[dialect.name].plan_class(dialect)
-    except KeyError:
+    if dialect.name not in BY_BACKEND:
         raise ConfigurationError(
             f"connection: unsupported database dialect {dialect.name!r}; "
             "txtasks supports postgresql, mysql/mariadb and sqlite"
-        ) from None
+        )
+    return driver_class(dialect.name).plan_class(dialect)
 
 
 def driver_for_url(url: str | URL, **options: Any) -> SqlDriver:
     """A driver for a database URL (postgresql://, mysql://, sqlite:///path)."""
-    return BY_BACKEND[backend_name(url)](url, **options)
+    return driver_class(backend_name(url))(url, **options)
+
+
+def __getattr__(name: str) -> Any:
+    if name in LAZY:
+        module, attr = LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
@@ -49,6 +75,7 @@ __all__ = [
     "SQLiteDriver",
     "SqlDriver",
     "WriteResult",
+    "driver_class",
     "driver_for_url",
     "sql_driver_class",
 ]

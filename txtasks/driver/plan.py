@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Connection, Executable, Result
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from txtasks.types import NewTask
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 #: One step of an enqueue: a statement and its parameters (a list means executemany).
 Statement = tuple[Executable, Sequence[Mapping[str, Any]] | Mapping[str, Any] | None]
@@ -64,6 +66,8 @@ async def plan_run_async(executor: AsyncConnection | Any, plan: Plan) -> list[in
 async def _copy_async(executor: AsyncConnection | Any, step: CopyRows) -> bool:
     """COPY on the asyncpg connection under `executor`, inside its transaction (which an
     earlier step of the plan began); False when the driver is not asyncpg."""
+    from sqlalchemy.ext.asyncio import AsyncConnection  # loaded: the executor is async
+
     connection = executor if isinstance(executor, AsyncConnection) else await executor.connection()
     raw: Any = (await connection.get_raw_connection()).driver_connection
     copy = getattr(raw, "copy_records_to_table", None)

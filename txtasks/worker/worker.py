@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from txtasks import tracing
 from txtasks._checks import check_number
@@ -36,7 +36,6 @@ from txtasks.driver.urls import url_safe
 from txtasks.errors import ConfigurationError, PayloadError
 from txtasks.faults import Outage, open_when_reachable
 from txtasks.health import HealthServer, Pulse
-from txtasks.metrics import Metrics
 from txtasks.payload import headers_decode, payload_decode
 from txtasks.policy import (
     AckPolicy,
@@ -49,6 +48,9 @@ from txtasks.types import Outcome, OutcomeKind, TaskKey, TaskRow
 from txtasks.wakeup import Notifier
 from txtasks.worker.context import TaskContext
 from txtasks.worker.outcomes import OutcomeBuffer, event_wait
+
+if TYPE_CHECKING:
+    from txtasks.metrics import Metrics
 
 log = logging.getLogger("txtasks.worker")
 
