@@ -34,8 +34,10 @@ def commands(
     """`txtasks`, `txtasks migrate`, ..., `txtasks dlq list`: every visible command."""
     yield " ".join(path)
     if isinstance(command, click.Group):
-        for name, sub in sorted(command.commands.items()):
-            if not sub.hidden:
+        ctx = click.Context(command)
+        for name in command.list_commands(ctx):  # lazily imported commands too
+            sub = command.get_command(ctx, name)
+            if sub is not None and not sub.hidden:
                 yield from commands(sub, (*path, name))
 
 

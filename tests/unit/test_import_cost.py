@@ -53,3 +53,7 @@ def test_a_driver_is_loaded_when_a_url_asks_for_it() -> None:
     modules = loaded_after(code)
     assert "txtasks.driver.sqlite" in modules
     assert "txtasks.driver.postgresql" not in modules and "asyncpg" not in modules
+
+
+def test_the_library_cli_imports_the_cleaner_sidecar_only_to_run_or_list_it() -> None:
+    assert not any(m.startswith("cleaner") for m in loaded_after("import txtasks.cli.main"))

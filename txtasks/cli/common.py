@@ -13,7 +13,7 @@ import re
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import click
 from pythonjsonlogger.json import JsonFormatter
@@ -253,7 +253,22 @@ def friendly_errors(url: str | URL | None = None) -> Iterator[None]:
 
 
 class Commands(click.Group):
-    """The `txtasks` group, reporting errors with `friendly_errors`."""
+    """The `txtasks` group, reporting errors with `friendly_errors`. Commands of other packages
+    (`lazy`: name -> "module:attribute") are imported only when they run or are listed."""
+
+    lazy: ClassVar[dict[str, str]] = {"cleaner": "cleaner.cli:cleaner"}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        command = super().get_command(ctx, name)
+        if command is None and name in self.lazy:
+            module, _, attribute = self.lazy[name].partition(":")
+            command = getattr(importlib.import_module(module), attribute)
+            command.context_settings.setdefault("help_option_names", ["-h", "--help"])
+            self.add_command(command, name)
+        return command
 
     def invoke(self, ctx: click.Context) -> Any:
         with friendly_errors():

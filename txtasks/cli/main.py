@@ -15,7 +15,6 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from cleaner.cli import cleaner as cleaner_command
 from txtasks import __version__
 from txtasks.cli.common import (
     Commands,
@@ -392,15 +391,6 @@ def _register_demo() -> None:
 
 _register_demo()
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
-
-
-# -- cleaner -----------------------------------------------------------------------------------
-
-main.add_command(cleaner_command, "cleaner")
-
-
 def _help_options(command: click.Command) -> None:
     """Give every command `-h` as well as `--help`, also when it runs on its own."""
     command.context_settings.setdefault("help_option_names", ["-h", "--help"])
@@ -409,3 +399,7 @@ def _help_options(command: click.Command) -> None:
 
 
 _help_options(main)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
