@@ -46,8 +46,9 @@ def split(command: Command) -> tuple[list[str], click.Command, list[str]]:
     path = ["txtasks"]
     while isinstance(cmd, click.Group) and args and not args[0].startswith("-"):
         name = args.pop(0)
-        assert name in cmd.commands, f"{command}: no command {name!r}"
-        cmd = cmd.commands[name]
+        found = cmd.get_command(click.Context(cmd), name)  # lazily imported ones too
+        assert found is not None, f"{command}: no command {name!r}"
+        cmd = found
         path.append(name)
     return path, cmd, args
 

@@ -391,6 +391,7 @@ def _register_demo() -> None:
 
 _register_demo()
 
+
 def _help_options(command: click.Command) -> None:
     """Give every command `-h` as well as `--help`, also when it runs on its own."""
     command.context_settings.setdefault("help_option_names", ["-h", "--help"])
