@@ -5,8 +5,9 @@ every outcome fenced on the attempt that ran it.
 """
 
 from txtasks.app import App, Task, TaskOptions
-from txtasks.driver import MemoryDriver
+from txtasks.driver import MemoryDriver, driver_for_url
 from txtasks.driver.timeouts import DatabaseTimeout, Timeouts
+from txtasks.engines import create_async_engine, create_engine, migrate
 from txtasks.errors import (
     ConfigurationError,
     Drop,
@@ -53,4 +54,8 @@ __all__ = [
     "WorkerConfig",
     "WorkerStats",
     "__version__",
+    "create_async_engine",
+    "create_engine",
+    "driver_for_url",
+    "migrate",
 ]

@@ -510,6 +510,12 @@ class App:
         """Store tasks with this driver from now on (the CLI and tests use it)."""
         self._driver = driver
 
+    async def amigrate(self) -> list[int]:
+        """Create or upgrade txtasks' tables where this app stores tasks, as `txtasks migrate`
+        does; return the schema versions applied (none when up to date, or with a
+        `MemoryDriver`). Sync code uses `txtasks.migrate(url)`."""
+        return await self.driver.migrate()
+
     async def aclose(self) -> None:
         """Close the driver's connections and the notifier's."""
         if self._notifier is not None:
