@@ -15,6 +15,7 @@ from datetime import timedelta
 
 from cleaner.sweep import Sweep, SweepConfig, SweepResult
 from txtasks.errors import ConfigurationError
+from txtasks.spark.staging import purge_abandoned
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,6 @@ class Archiver(Sweep[ArchiverConfig, ArchiveResult]):
         )
         before = self.app.clock() - timedelta(seconds=self.config.staged_after)
         abandoned = await self.batches(
-            lambda limit: driver.staged_purge_many(before=before, limit=limit)
+            lambda limit: purge_abandoned(driver, before=before, limit=limit)
         )
         return ArchiveResult(archived=archived, abandoned=abandoned)

@@ -251,7 +251,7 @@ def test_a_commit_missing_staged_rows_publishes_nothing(database_url: str) -> No
     the commit: a partial write never becomes claimable."""
     from dataclasses import replace
 
-    from txtasks.driver.sql_staging import StagedRowsMissing
+    from txtasks.spark.staging import StagedRowsMissing
 
     write = two_column_writer(database_url)
     message = write.write(batches(5))
@@ -265,7 +265,7 @@ def test_a_commit_missing_staged_rows_publishes_nothing(database_url: str) -> No
 def test_an_attempt_that_stages_after_its_write_ended_stages_nothing(database_url: str) -> None:
     """A speculative loser or an attempt Spark stopped waiting for may run on after the commit
     or the abort: its staging rolls back instead of leaving rows no commit will take."""
-    from txtasks.driver.sql_staging import WriteClosed
+    from txtasks.spark.staging import WriteClosed
 
     aborted = two_column_writer(database_url)
     aborted.abort([])
@@ -324,6 +324,7 @@ def test_the_cleaner_purges_staged_rows_of_writes_that_never_committed(database_
 
     from txtasks.clock import utcnow
     from txtasks.driver import driver_for_url
+    from txtasks.spark.staging import purge_abandoned
 
     write = two_column_writer(database_url)
     write.write(batches(3))
@@ -332,7 +333,7 @@ def test_the_cleaner_purges_staged_rows_of_writes_that_never_committed(database_
         before = utcnow() - timedelta(seconds=age)
         driver = driver_for_url(database_url)
         try:
-            return [await driver.staged_purge_many(before=before, limit=2) for _ in range(3)]
+            return [await purge_abandoned(driver, before=before, limit=2) for _ in range(3)]
         finally:
             await driver.close()
 

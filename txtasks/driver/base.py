@@ -139,10 +139,6 @@ class Driver(Protocol):
     async def finished_archive_many(self, *, now: datetime, limit: int) -> int:
         """Move up to `limit` rows in a finished state from the hot table to the archive."""
 
-    async def staged_purge_many(self, *, before: datetime, limit: int) -> int:
-        """Delete up to `limit` staged rows created before `before` (writes that never
-        committed or aborted)."""
-
     async def archive_purge_many(
         self,
         *,

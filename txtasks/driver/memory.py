@@ -305,17 +305,6 @@ class MemoryDriver:
                 self.archived[task_id] = row._replace(lease_expires_at=None, finished_at=now)
         return len(done)
 
-    async def staged_purge_many(self, *, before: datetime, limit: int) -> int:
-        with self._lock:
-            stale = sorted(
-                i
-                for i, r in self.live.items()
-                if r.state is TaskState.STAGED and r.created_at < before
-            )[:limit]
-            for task_id in stale:
-                del self.live[task_id]
-        return len(stale)
-
     async def archive_purge_many(
         self,
         *,

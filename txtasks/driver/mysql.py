@@ -9,7 +9,6 @@ from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
-    Connection,
     Engine,
     Executable,
     String,
@@ -26,7 +25,6 @@ from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities
 from txtasks.driver.sql import SqlDriver
-from txtasks.driver.sql_staging import STAGED_COLUMNS
 from txtasks.schema.tables import Timestamp, tasks
 from txtasks.types import TaskRow, TaskState
 
@@ -41,59 +39,8 @@ KEYS_TABLE = (
 TRANSIENT_ERRNOS = frozenset({1213, 1205})
 
 
-#: Staged rows go in as multi-row INSERTs whose values Arrow writes as SQL literals.
-INSERT_STAGED = "INSERT INTO txtasks_staged ({}) VALUES ".format(", ".join(STAGED_COLUMNS))
-#: The most bytes of row literals per INSERT statement (under the default max_allowed_packet).
-STATEMENT_BYTES = 4 * 1024 * 1024
-#: PyMySQL's SERVER_STATUS_NO_BACKSLASH_ESCAPES bit.
-NO_BACKSLASH_ESCAPES = 512
-
-
-def staged_values(batch: Any, backslash_escapes: bool = True) -> list[str]:
-    """An Arrow table of staged rows as the VALUES lists of INSERT statements: strings quoted
-    and escaped as PyMySQL does, NULL for nulls, every value built column-wise by Arrow."""
-    import pyarrow as pa  # type: ignore[import-untyped]
-    import pyarrow.compute as pc  # type: ignore[import-untyped]
-
-    text_type = pa.large_string()
-    quote, comma, empty = (pa.scalar(c, text_type) for c in ("'", ",", ""))
-    parts: list[Any] = [pa.scalar("(", text_type)]
-    for name in STAGED_COLUMNS:
-        column = batch.column(name)
-        text = column.cast(text_type)
-        if not pa.types.is_integer(column.type):
-            if backslash_escapes:
-                for char, escaped in (("\\", "\\\\"), ("'", "\\'"), ("\0", "\\0")):
-                    text = pc.replace_substring(text, char, escaped)
-            else:
-                text = pc.replace_substring(text, "'", "''")
-            text = pc.binary_join_element_wise(quote, text, quote, empty)
-        parts += [text.fill_null("NULL"), comma]
-    parts[-1] = pa.scalar(")", text_type)
-    rows = pc.binary_join_element_wise(*parts, empty)
-    if isinstance(rows, pa.ChunkedArray):
-        rows = rows.combine_chunks()
-    longest = pc.max(pc.binary_length(rows)).as_py() or 1
-    step = max(1, STATEMENT_BYTES // (longest + 1))
-    statements = []
-    for start in range(0, len(rows), step):
-        bounds = pa.array([start, min(start + step, len(rows))], pa.int64())
-        statements.append(
-            pc.binary_join(pa.LargeListArray.from_arrays(bounds, rows), comma)[0].as_py()
-        )
-    return statements
-
-
 class MySQLDriver(SqlDriver):
     """MySQL 8 and MariaDB through aiomysql (async) and pymysql (sync)."""
-
-    def stage_batch(self, conn: Connection, batch: Any) -> None:
-        """Multi-row INSERTs of literals built by Arrow, sent without per-value escaping."""
-        raw: Any = conn.connection.driver_connection
-        backslash = not getattr(raw, "server_status", 0) & NO_BACKSLASH_ESCAPES
-        with raw.cursor() as cursor:
-            for values in staged_values(batch, backslash):
-                cursor.execute(INSERT_STAGED + values)
 
     capabilities: ClassVar[Capabilities] = Capabilities("mysql")
     returning_insert: ClassVar[bool] = False

@@ -8,14 +8,13 @@ from collections.abc import Generator, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import Connection, Result, text
+from sqlalchemy import Result, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities, WriteResult
 from txtasks.driver.plan import CopyRows, Statement, Step
 from txtasks.driver.sql import CLOSE_WITHIN, SqlDriver
-from txtasks.driver.sql_staging import STAGED_COLUMNS
 from txtasks.driver.timeouts import Watchdog, keepalive_set, socket_of
 from txtasks.schema.tables import READY, TASK_COLUMNS, tasks
 from txtasks.types import CLAIMED_COLUMNS, NewTask, Outcome, TaskKey, TaskRow
@@ -138,25 +137,6 @@ def _bulk_arrays(records: list[tuple[Any, ...]]) -> Statement:
     """`INSERT_ARRAYS` of the records."""
     columns = zip(*records, strict=True)
     return INSERT_ARRAYS, {c: list(v) for c, v in zip(BULK_COLUMNS, columns, strict=True)}
-
-
-#: Staged rows go in with COPY, as CSV that Arrow writes: no per-row work in Python.
-COPY_STAGED = "COPY txtasks_staged ({}) FROM STDIN (FORMAT csv)".format(", ".join(STAGED_COLUMNS))
-
-
-def staged_csv(batch: Any) -> bytes:
-    """An Arrow table of staged rows as COPY CSV. Payloads are `bytea` in escape format:
-    their bytes as they are, backslashes doubled (a JSON object never starts with `\\x`)."""
-    import pyarrow as pa  # type: ignore[import-untyped]
-    import pyarrow.compute as pc  # type: ignore[import-untyped]
-    import pyarrow.csv as pa_csv  # type: ignore[import-untyped]
-
-    where = batch.schema.get_field_index("payload")
-    text = pc.replace_substring(batch.column(where).cast(pa.large_string()), "\\", "\\\\")
-    out = pa.BufferOutputStream()
-    options = pa_csv.WriteOptions(include_header=False, quoting_style="all_valid")
-    pa_csv.write_csv(batch.set_column(where, "payload", text), out, options)
-    return bytes(out.getvalue())
 
 
 class PostgresDriver(SqlDriver):
@@ -346,16 +326,6 @@ class PostgresDriver(SqlDriver):
             )
             .returning(tasks.c.id, tasks.c.dedup_key)
         )
-
-    def stage_batch(self, conn: Connection, batch: Any) -> None:
-        """COPY through psycopg; other DB-API drivers take the generic path."""
-        raw: Any = conn.connection.driver_connection
-        with raw.cursor() as cursor:
-            if not hasattr(cursor, "copy"):  # not psycopg 3
-                super().stage_batch(conn, batch)
-                return
-            with cursor.copy(COPY_STAGED) as copy:
-                copy.write(staged_csv(batch))
 
     @classmethod
     def error_is_transient(cls, exc: BaseException) -> bool:

@@ -41,7 +41,6 @@ from sqlalchemy.sql.dml import Insert
 from txtasks.driver.base import Capabilities, WriteResult
 from txtasks.driver.plan import Plan, Step, plan_run_async, plan_run_sync, task_values
 from txtasks.driver.sql_admin import SqlAdmin
-from txtasks.driver.sql_staging import SqlStaging
 from txtasks.driver.timeouts import Timeouts, Watchdog, keepalive_set, socket_of
 from txtasks.driver.urls import url_async, url_parse, url_sync
 from txtasks.errors import SchemaError
@@ -97,7 +96,7 @@ def keys_param(
 CLOSE_WITHIN = 2.0
 
 
-class SqlDriver(SqlAdmin, SqlStaging):
+class SqlDriver(SqlAdmin):
     """A task store on a SQL database through SQLAlchemy's asyncio engine."""
 
     capabilities: ClassVar[Capabilities] = Capabilities("sql")

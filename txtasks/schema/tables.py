@@ -184,7 +184,7 @@ staged = Table(
 Index("ix_txtasks_staged_write", staged.c.write_key, staged.c.stage_id)
 
 #: Staged writes in progress: staging commits only while its write's row is here (see
-#: `txtasks.driver.sql_staging`).
+#: `txtasks.spark.staging`).
 writes = Table(
     "txtasks_writes",
     metadata,

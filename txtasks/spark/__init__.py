@@ -13,14 +13,38 @@ them. Streaming queries use the same source (`df.writeStream.format("txtasks")`)
 once per micro-batch. Needs `pip install "txtasks[spark]"`.
 """
 
-from txtasks.spark.datasource import (
-    SOURCE_NAME,
-    TxtasksDataSource,
-    TxtasksStreamWriter,
-    TxtasksWriter,
-    register,
-)
-from txtasks.spark.options import WriteOptions
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from txtasks.spark.datasource import (
+        SOURCE_NAME,
+        TxtasksDataSource,
+        TxtasksStreamWriter,
+        TxtasksWriter,
+        register,
+    )
+    from txtasks.spark.options import WriteOptions
+
+#: The public names, by module: loaded (with PySpark) when first used, so that the staging
+#: layer (`txtasks.spark.staging`, which the cleaner uses) imports without PySpark.
+LAZY = {
+    "SOURCE_NAME": "txtasks.spark.datasource",
+    "TxtasksDataSource": "txtasks.spark.datasource",
+    "TxtasksStreamWriter": "txtasks.spark.datasource",
+    "TxtasksWriter": "txtasks.spark.datasource",
+    "register": "txtasks.spark.datasource",
+    "WriteOptions": "txtasks.spark.options",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in LAZY:
+        return getattr(importlib.import_module(LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "SOURCE_NAME",

@@ -7,7 +7,7 @@ between them.
 
 Writers take Arrow record batches (`DataSourceArrowWriter`; streams from PySpark 4.1 on, Spark
 rows before): see `txtasks.spark.encode`. Each partition attempt stages its rows in one
-transaction under a fresh `stage_id` and the write's key (`txtasks.driver.sql_staging`),
+transaction under a fresh `stage_id` and the write's key (`txtasks.spark.staging`),
 while the write is open: the writer opens it on the driver, the commit and the abort close it.
 
 Exactly once: Spark hands the commit one message per partition, from the attempt that
@@ -41,10 +41,10 @@ from pyspark.sql.types import StructType
 
 from txtasks.clock import utcnow
 from txtasks.driver import SqlDriver, driver_for_url
-from txtasks.driver.sql_staging import StageTarget
 from txtasks.errors import ConfigurationError
 from txtasks.spark.encode import staged_from_arrow, staged_from_rows
 from txtasks.spark.options import WAKEUP_TIMEOUT, WriteOptions
+from txtasks.spark.staging import SqlStaging, StageTarget, staging_for
 from txtasks.wakeup import WakeupStats
 
 #: PySpark 4.1+ hands streaming micro-batches over as Arrow record batches too; 4.0 as rows.
@@ -77,6 +77,11 @@ def _driver(url: str) -> SqlDriver:
     if driver is None:
         driver = _drivers[url] = driver_for_url(url)
     return driver
+
+
+def _staging(url: str) -> SqlStaging:
+    """The staging of the database at `url`, on this process's driver for it."""
+    return staging_for(_driver(url))
 
 
 @dataclass
@@ -117,7 +122,7 @@ def _stage(options: WriteOptions, key: str, encode: Encoder) -> StagedMessage:
     context = TaskContext.get()
     partition = context.partitionId() if context is not None else 0
     stage_id = f"{key}.{uuid.uuid4().hex[:24]}"
-    count = _driver(options.url).stage_insert_sync(key, encode(key, stage_id, utcnow()))
+    count = _staging(options.url).stage(key, encode(key, stage_id, utcnow()))
     return StagedMessage(stage_id, partition, count)
 
 
@@ -126,7 +131,7 @@ def _commit(options: WriteOptions, key: str, commit_id: str, messages: list[Any]
     target = StageTarget(
         options.queue, options.task, options.max_attempts, dedup=options.dedup is not None
     )
-    published = _driver(options.url).stage_commit_sync(commit_id, key, stages, target, now=utcnow())
+    published = _staging(options.url).commit(commit_id, key, stages, target, now=utcnow())
     if published and options.broker_url:
         _wake(options.broker_url, published)
 
@@ -149,7 +154,7 @@ class TxtasksWriter(DataSourceArrowWriter):
         self.options = options
         self.commit_id = options.commit_id or f"write:{uuid.uuid4().hex}"
         self.key = write_key(self.commit_id)
-        _driver(options.url).stage_open_sync(self.key, utcnow())
+        _staging(options.url).open(self.key, utcnow())
 
     def write(self, iterator: Iterator[Any]) -> StagedMessage:
         return _stage(self.options, self.key, arrow_encoder(self.options, iterator))
@@ -158,7 +163,7 @@ class TxtasksWriter(DataSourceArrowWriter):
         _commit(self.options, self.key, self.commit_id, messages)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        _driver(self.options.url).stage_abort_sync(self.key)
+        _staging(self.options.url).abort(self.key)
 
 
 class TxtasksStreamWriter(StreamWriterBase):  # type: ignore[misc]
@@ -167,7 +172,7 @@ class TxtasksStreamWriter(StreamWriterBase):  # type: ignore[misc]
     def __init__(self, options: WriteOptions) -> None:
         self.options = options
         self.key = write_key(f"stream:{options.stream_id}")
-        _driver(options.url).stage_open_sync(self.key, utcnow())
+        _staging(options.url).open(self.key, utcnow())
 
     def write(self, iterator: Iterator[Any]) -> StagedMessage:
         encoder = arrow_encoder if STREAM_ARROW else row_encoder
@@ -176,10 +181,10 @@ class TxtasksStreamWriter(StreamWriterBase):  # type: ignore[misc]
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         commit_id = f"stream:{self.options.stream_id}:{batchId}"
         _commit(self.options, self.key, commit_id, messages)
-        _driver(self.options.url).stage_open_sync(self.key, utcnow())  # the next micro-batch
+        _staging(self.options.url).open(self.key, utcnow())  # the next micro-batch
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        _driver(self.options.url).stage_abort_sync(self.key)
+        _staging(self.options.url).abort(self.key)
 
 
 class TxtasksDataSource(DataSource):

@@ -31,10 +31,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from txtasks.driver.sql_staging import STAGED_COLUMNS
 from txtasks.errors import ConfigurationError, PayloadError
 from txtasks.payload import DEFAULT_MAX_PAYLOAD_BYTES
 from txtasks.spark.options import INTEGRAL, WriteOptions
+from txtasks.spark.staging import STAGED_COLUMNS
 
 #: The longest dedup key the hot table holds, in bytes.
 MAX_KEY_BYTES = 255

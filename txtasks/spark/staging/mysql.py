@@ -1,0 +1,62 @@
+"""MariaDB / MySQL staging: multi-row INSERTs whose values Arrow writes as SQL literals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection
+
+from txtasks.spark.staging import STAGED_COLUMNS, SqlStaging
+
+#: Staged rows go in as multi-row INSERTs whose values Arrow writes as SQL literals.
+INSERT_STAGED = "INSERT INTO txtasks_staged ({}) VALUES ".format(", ".join(STAGED_COLUMNS))
+#: The most bytes of row literals per INSERT statement (under the default max_allowed_packet).
+STATEMENT_BYTES = 4 * 1024 * 1024
+#: PyMySQL's SERVER_STATUS_NO_BACKSLASH_ESCAPES bit.
+NO_BACKSLASH_ESCAPES = 512
+
+
+def staged_values(batch: Any, backslash_escapes: bool = True) -> list[str]:
+    """An Arrow table of staged rows as the VALUES lists of INSERT statements: strings quoted
+    and escaped as PyMySQL does, NULL for nulls, every value built column-wise by Arrow."""
+    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+    text_type = pa.large_string()
+    quote, comma, empty = (pa.scalar(c, text_type) for c in ("'", ",", ""))
+    parts: list[Any] = [pa.scalar("(", text_type)]
+    for name in STAGED_COLUMNS:
+        column = batch.column(name)
+        text = column.cast(text_type)
+        if not pa.types.is_integer(column.type):
+            if backslash_escapes:
+                for char, escaped in (("\\", "\\\\"), ("'", "\\'"), ("\0", "\\0")):
+                    text = pc.replace_substring(text, char, escaped)
+            else:
+                text = pc.replace_substring(text, "'", "''")
+            text = pc.binary_join_element_wise(quote, text, quote, empty)
+        parts += [text.fill_null("NULL"), comma]
+    parts[-1] = pa.scalar(")", text_type)
+    rows = pc.binary_join_element_wise(*parts, empty)
+    if isinstance(rows, pa.ChunkedArray):
+        rows = rows.combine_chunks()
+    longest = pc.max(pc.binary_length(rows)).as_py() or 1
+    step = max(1, STATEMENT_BYTES // (longest + 1))
+    statements = []
+    for start in range(0, len(rows), step):
+        bounds = pa.array([start, min(start + step, len(rows))], pa.int64())
+        statements.append(
+            pc.binary_join(pa.LargeListArray.from_arrays(bounds, rows), comma)[0].as_py()
+        )
+    return statements
+
+
+class MySQLStaging(SqlStaging):
+    """Multi-row INSERTs of literals built by Arrow, sent without per-value escaping."""
+
+    def insert_batch(self, conn: Connection, batch: Any) -> None:
+        raw: Any = conn.connection.driver_connection
+        backslash = not getattr(raw, "server_status", 0) & NO_BACKSLASH_ESCAPES
+        with raw.cursor() as cursor:
+            for values in staged_values(batch, backslash):
+                cursor.execute(INSERT_STAGED + values)
