@@ -25,13 +25,10 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
-    create_engine,
     update,
 )
 
-from txtasks import App, TaskContext
-from txtasks.driver.sqlite import sqlite_connection_setup
-from txtasks.driver.urls import backend_name, url_sync
+from txtasks import App, TaskContext, create_engine
 
 QUEUE = "orders"
 
@@ -62,11 +59,7 @@ def database_url() -> str:
 @cache
 def engine() -> Engine:
     """The handlers' own connection to the shop's database (one engine per process)."""
-    url = database_url()
-    sync_engine = create_engine(url_sync(url), pool_pre_ping=True)
-    if backend_name(url) == "sqlite":
-        sqlite_connection_setup(sync_engine)
-    return sync_engine
+    return create_engine(database_url(), pool_pre_ping=True)
 
 
 def utcnow() -> datetime:

@@ -21,12 +21,11 @@ from typing import Any
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field
 from sqlalchemy import insert, select, text, update
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from deploy.example.shop import app as tasks_app
 from deploy.example.shop import database_url, metadata, orders, ship_order, utcnow
-from txtasks.driver.sqlite import sqlite_connection_setup
-from txtasks.driver.urls import backend_name, url_async
+from txtasks import create_async_engine
 
 
 class NewOrder(BaseModel):
@@ -35,11 +34,7 @@ class NewOrder(BaseModel):
 
 
 def make_engine() -> AsyncEngine:
-    url = database_url()
-    engine = create_async_engine(url_async(url), pool_pre_ping=True)
-    if backend_name(url) == "sqlite":
-        sqlite_connection_setup(engine.sync_engine)
-    return engine
+    return create_async_engine(database_url(), pool_pre_ping=True)
 
 
 @asynccontextmanager

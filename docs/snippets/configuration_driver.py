@@ -4,8 +4,7 @@ import asyncio
 import os
 import tempfile
 
-from txtasks import App, TaskState
-from txtasks.driver import driver_for_url
+from txtasks import App, TaskState, driver_for_url
 from txtasks.testing import run_until_empty
 
 DATABASE_URL = os.environ.get(
@@ -24,7 +23,7 @@ async def noop(payload: dict) -> None: ...
 
 
 async def main() -> None:
-    await app.driver.migrate()
+    await app.amigrate()
     task_id = await noop.aenqueue({})
     await run_until_empty(app, concurrency=20)
     assert (await app.driver.task_get(task_id)).state is TaskState.COMPLETED

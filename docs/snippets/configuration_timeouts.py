@@ -21,7 +21,7 @@ async def noop(payload: dict) -> None: ...
 
 async def main() -> None:
     assert app.driver.timeouts.command == 10  # type: ignore[attr-defined]
-    await app.driver.migrate()
+    await app.amigrate()
     await noop.aenqueue({})
     stats = await run_until_empty(app)
     assert stats.outcomes == {"completed": 1}

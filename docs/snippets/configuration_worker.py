@@ -28,7 +28,7 @@ async def build_report(payload: dict) -> None: ...
 
 
 async def main() -> None:
-    await app.driver.migrate()
+    await app.amigrate()
     for n in range(3):
         await send_email.aenqueue({"n": n})
     report_id = await build_report.aenqueue({})

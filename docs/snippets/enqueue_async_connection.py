@@ -5,11 +5,8 @@ import os
 import tempfile
 
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert
-from sqlalchemy.ext.asyncio import create_async_engine
 
-from txtasks import App, TaskState
-from txtasks.driver.sqlite import sqlite_connection_setup
-from txtasks.driver.urls import url_async
+from txtasks import App, TaskState, create_async_engine
 from txtasks.testing import run_until_empty
 
 DATABASE_URL = os.environ.get(
@@ -35,11 +32,9 @@ async def render_invoice_pdf(payload: dict) -> None:
 
 
 async def main() -> None:
-    engine = create_async_engine(url_async(DATABASE_URL))
-    if engine.dialect.name == "sqlite":
-        sqlite_connection_setup(engine.sync_engine)
+    engine = create_async_engine(DATABASE_URL)
 
-    await app.driver.migrate()  # the txtasks tables, as `txtasks migrate` does
+    await app.amigrate()  # the txtasks tables, as `txtasks migrate` does
     async with engine.begin() as conn:
         await conn.run_sync(metadata.create_all)
 

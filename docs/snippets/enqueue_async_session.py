@@ -5,12 +5,10 @@ import os
 import tempfile
 
 from sqlalchemy import String
-from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from txtasks import App, TaskState
-from txtasks.driver.sqlite import sqlite_connection_setup
-from txtasks.driver.urls import url_async
+from txtasks import App, TaskState, create_async_engine
 from txtasks.testing import run_until_empty
 
 DATABASE_URL = os.environ.get(
@@ -30,9 +28,7 @@ class Upload(Base):
     scanned: Mapped[bool] = mapped_column(default=False)
 
 
-engine = create_async_engine(url_async(DATABASE_URL))
-if engine.dialect.name == "sqlite":
-    sqlite_connection_setup(engine.sync_engine)
+engine = create_async_engine(DATABASE_URL)
 Sessions = async_sessionmaker(engine, expire_on_commit=False)
 
 app = App("uploads", database_url=DATABASE_URL)
@@ -47,7 +43,7 @@ async def scan_upload(payload: dict) -> None:
 
 
 async def main() -> None:
-    await app.driver.migrate()
+    await app.amigrate()
     async with engine.begin() as conn:
         await conn.run_sync(Base.metadata.create_all)
 

@@ -4,12 +4,7 @@ import asyncio
 import os
 import tempfile
 
-from sqlalchemy import create_engine
-
-from txtasks import App
-from txtasks.driver.sqlite import sqlite_connection_setup
-from txtasks.driver.urls import url_sync
-from txtasks.schema.migrate import migrate
+from txtasks import App, create_engine, migrate
 from txtasks.testing import run_until_empty
 
 DATABASE_URL = os.environ.get(
@@ -30,9 +25,7 @@ def index_image(payload: dict) -> None:
     pass
 
 
-engine = create_engine(url_sync(DATABASE_URL))
-if engine.dialect.name == "sqlite":
-    sqlite_connection_setup(engine)
+engine = create_engine(DATABASE_URL)
 with engine.begin() as conn:
     migrate(conn)
 

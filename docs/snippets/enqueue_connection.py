@@ -4,12 +4,9 @@ import asyncio
 import os
 import tempfile
 
-from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, insert
+from sqlalchemy import Column, Integer, MetaData, String, Table, insert
 
-from txtasks import App, TaskState
-from txtasks.driver.sqlite import sqlite_connection_setup
-from txtasks.driver.urls import url_sync
-from txtasks.schema.migrate import migrate
+from txtasks import App, TaskState, create_engine, migrate
 from txtasks.testing import run_until_empty
 
 DATABASE_URL = os.environ.get(
@@ -33,9 +30,8 @@ def send_welcome_email(payload: dict) -> None:
     welcomed.append(payload["email"])
 
 
-engine = create_engine(url_sync(DATABASE_URL))
-if engine.dialect.name == "sqlite":
-    sqlite_connection_setup(engine)
+# A SQLAlchemy engine on txtasks' driver (on SQLite: WAL, busy timeout, BEGIN IMMEDIATE).
+engine = create_engine(DATABASE_URL)
 
 with engine.begin() as conn:
     migrate(conn)  # the txtasks tables, as `txtasks migrate` does

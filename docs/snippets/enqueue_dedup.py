@@ -4,12 +4,9 @@ import asyncio
 import os
 import tempfile
 
-from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, func, insert, select
+from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
 
-from txtasks import App, TaskState
-from txtasks.driver.sqlite import sqlite_connection_setup
-from txtasks.driver.urls import url_sync
-from txtasks.schema.migrate import migrate
+from txtasks import App, TaskState, create_engine, migrate
 from txtasks.testing import run_until_empty
 
 DATABASE_URL = os.environ.get(
@@ -34,9 +31,7 @@ def reindex_user(payload: dict) -> None:
     reindexed.append(payload["user_id"])
 
 
-engine = create_engine(url_sync(DATABASE_URL))
-if engine.dialect.name == "sqlite":
-    sqlite_connection_setup(engine)
+engine = create_engine(DATABASE_URL)
 with engine.begin() as conn:
     migrate(conn)
     metadata.create_all(conn)

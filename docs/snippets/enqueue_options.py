@@ -5,12 +5,7 @@ import os
 import tempfile
 from datetime import datetime, timedelta, timezone
 
-from sqlalchemy import create_engine
-
-from txtasks import App, TaskContext, TaskState
-from txtasks.driver.sqlite import sqlite_connection_setup
-from txtasks.driver.urls import url_sync
-from txtasks.schema.migrate import migrate
+from txtasks import App, TaskContext, TaskState, create_engine, migrate
 from txtasks.testing import run_until_empty
 
 DATABASE_URL = os.environ.get(
@@ -28,9 +23,7 @@ def build_report(payload: dict, ctx: TaskContext) -> None:
         assert ctx.headers == {"trace-id": "4bf92f35"}
 
 
-engine = create_engine(url_sync(DATABASE_URL))
-if engine.dialect.name == "sqlite":
-    sqlite_connection_setup(engine)
+engine = create_engine(DATABASE_URL)
 with engine.begin() as conn:
     migrate(conn)
 

@@ -21,7 +21,7 @@ def send_digest(payload: dict) -> None:
 
 
 async def main() -> None:
-    await app.driver.migrate()  # once, as `txtasks migrate` does
+    await app.amigrate()  # once, as `txtasks migrate` does
 
     await send_digest.aenqueue({"user_id": 1})  # committed when it returns
     await app.aenqueue("digests.send", {"user_id": 2})  # by task name

@@ -22,7 +22,7 @@ def store(payload: object) -> None:
 
 
 async def main() -> None:
-    await app.driver.migrate()
+    await app.amigrate()
 
     await store.aenqueue({"name": "a.txt", "size": 3, "point": (1, 2), "meta": None})
     await store.aenqueue(b"\x89PNG\r\n")  # bytes you encoded yourself pass through as they are

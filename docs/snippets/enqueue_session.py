@@ -4,13 +4,10 @@ import asyncio
 import os
 import tempfile
 
-from sqlalchemy import String, create_engine
+from sqlalchemy import String
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from txtasks import App, TaskState
-from txtasks.driver.sqlite import sqlite_connection_setup
-from txtasks.driver.urls import url_sync
-from txtasks.schema.migrate import migrate
+from txtasks import App, TaskState, create_engine, migrate
 from txtasks.testing import run_until_empty
 
 DATABASE_URL = os.environ.get(
@@ -30,9 +27,7 @@ class Order(Base):
     status: Mapped[str] = mapped_column(String(20), default="new")
 
 
-engine = create_engine(url_sync(DATABASE_URL))
-if engine.dialect.name == "sqlite":
-    sqlite_connection_setup(engine)
+engine = create_engine(DATABASE_URL)
 
 app = App("orders", database_url=DATABASE_URL)
 

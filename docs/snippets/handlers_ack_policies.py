@@ -35,7 +35,7 @@ def record_metric(payload: dict) -> None:
 
 
 async def main() -> None:
-    await app.driver.migrate()
+    await app.amigrate()
     ids = {name: await app.aenqueue(name, {}) for name in app.tasks}
 
     await run_until_empty(app)

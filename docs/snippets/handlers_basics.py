@@ -35,7 +35,7 @@ async def deliver(payload: dict, ctx: TaskContext) -> None:
 
 
 async def main() -> None:
-    await app.driver.migrate()
+    await app.amigrate()
     await resize.aenqueue({"width": 640})
     task_id = await deliver.aenqueue({"url": "https://example.com/hook"}, headers={"tenant": "7"})
 

@@ -26,7 +26,7 @@ def export_pages(payload: dict, ctx: TaskContext) -> None:
 
 
 async def main() -> None:
-    await app.driver.migrate()
+    await app.amigrate()
     task_id = await export_pages.aenqueue({"pages": 10})
 
     await run_until_empty(app, burst_horizon=1)

@@ -22,7 +22,7 @@ def import_order(payload: dict) -> None:
 
 
 async def main() -> None:
-    await app.driver.migrate()
+    await app.amigrate()
     task_id = await import_order.aenqueue({"customer": "globex"})
     await run_until_empty(app)
 

@@ -30,7 +30,7 @@ def settle(payload: dict, ctx: TaskContext) -> None:
 
 
 async def main() -> None:
-    await app.driver.migrate()
+    await app.amigrate()
     statuses = ["settled", "pending", "fraud", "cancelled", "unknown"]
     ids = {s: await settle.aenqueue({"status": s}) for s in statuses}
 

@@ -27,7 +27,7 @@ def push_contact(payload: dict) -> None:
 
 
 async def main() -> None:
-    await app.driver.migrate()
+    await app.amigrate()
     cases = ["ok", "rate limited", "deleted", "invalid"]
     ids = {case: await push_contact.aenqueue({"case": case}) for case in cases}
 

@@ -40,7 +40,7 @@ def post_to_ledger(payload: dict) -> None:
 
 
 async def main() -> None:
-    await app.driver.migrate()
+    await app.amigrate()
     task_id = await post_to_ledger.aenqueue({"entry": 1})
 
     # burst_horizon: keep going while a retry is due within a second.

@@ -20,7 +20,7 @@ async def fetch_quote(payload: dict) -> None:
 
 
 async def main() -> None:
-    await app.driver.migrate()
+    await app.amigrate()
     fast = await fetch_quote.aenqueue({"takes": 0})
     slow = await fetch_quote.aenqueue({"takes": 60})
 

@@ -46,7 +46,7 @@ def record(payload: dict) -> None: ...
 
 
 async def main() -> None:
-    await app.driver.migrate()
+    await app.amigrate()
     email_id = await send_email.aenqueue({})
     audit_id = await record.aenqueue({})
     await run_until_empty(app)  # both complete at 12:00 and move to the archive

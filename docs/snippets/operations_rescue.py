@@ -34,7 +34,7 @@ def build_report(payload: dict) -> None: ...
 
 
 async def main() -> None:
-    await app.driver.migrate()
+    await app.amigrate()
     task_id = await build_report.aenqueue({"month": "2029-12"})
 
     # What a worker's claim does; then its process is killed, and nothing extends the lease.

@@ -33,7 +33,7 @@ async def ship(payload: dict) -> None:
 
 
 async def main() -> None:
-    await app.driver.migrate()
+    await app.amigrate()
     with tracer.start_as_current_span("POST /orders"):
         await ship.aenqueue({"order": 7})  # the trace context goes into the task's headers
     await run_until_empty(app)  # the worker (usually another process) continues the trace

@@ -63,7 +63,7 @@ async def fire(at: datetime) -> list[tuple[str, str]]:
 
 
 async def main() -> None:
-    await app.driver.migrate()
+    await app.amigrate()
 
     # The first pass stores each schedule and its next fire time: nothing is due yet.
     result = await Periodic(app, PeriodicConfig()).run_once()

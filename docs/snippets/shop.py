@@ -3,19 +3,16 @@
 import os
 import tempfile
 
-from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine
+from sqlalchemy import Column, Integer, MetaData, String, Table
 
-from txtasks import App
-from txtasks.driver.sqlite import sqlite_connection_setup
-from txtasks.driver.urls import url_sync
+from txtasks import App, create_engine
 
 DATABASE_URL = os.environ.get(
     "TXTASKS_DATABASE_URL", f"sqlite:///{tempfile.gettempdir()}/txtasks-shop.sqlite3"
 )
 
-engine = create_engine(url_sync(DATABASE_URL))
-if engine.dialect.name == "sqlite":
-    sqlite_connection_setup(engine)  # WAL, busy timeout, BEGIN IMMEDIATE
+# A SQLAlchemy engine on txtasks' driver (on SQLite: WAL, busy timeout, BEGIN IMMEDIATE).
+engine = create_engine(DATABASE_URL)
 
 metadata = MetaData()
 orders = Table(

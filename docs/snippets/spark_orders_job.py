@@ -66,7 +66,7 @@ def spark_job() -> None:
 
 
 async def main() -> None:
-    await app.driver.migrate()
+    await app.amigrate()
     await asyncio.to_thread(spark_job)
     stats = await run_until_empty(app)  # a worker, until the queue is empty
     assert stats.outcomes == {"completed": 3}

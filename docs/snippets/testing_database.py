@@ -4,12 +4,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, create_engine, insert
+from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, insert
 from sqlalchemy.exc import IntegrityError
 
-from txtasks import App
-from txtasks.driver import driver_for_url
-from txtasks.driver.sqlite import sqlite_connection_setup
+from txtasks import App, create_engine, driver_for_url
 from txtasks.testing import run_until_empty
 
 # The application under test; normally imported from your package.
@@ -39,16 +37,14 @@ def sign_up(engine: Engine, email: str) -> None:
 @pytest_asyncio.fixture
 async def engine(tmp_path) -> AsyncIterator[Engine]:
     url = f"sqlite:///{tmp_path / 'test.sqlite3'}"
-    driver = driver_for_url(url)
-    await driver.migrate()  # the txtasks tables
-    app.use_driver(driver)  # the worker reads tasks from the test database
-    engine = create_engine(url)
-    sqlite_connection_setup(engine)
+    app.use_driver(driver_for_url(url))  # the worker reads tasks from the test database
+    await app.amigrate()  # the txtasks tables
+    engine = create_engine(url)  # SQLAlchemy's, set up for SQLite as txtasks needs
     metadata.create_all(engine)
     welcomed.clear()
     yield engine
     engine.dispose()
-    await driver.close()
+    await app.aclose()
 
 
 @pytest.mark.asyncio

@@ -4,14 +4,15 @@ import os
 import tempfile
 
 from txtasks import App, Exponential
-from txtasks.wakeup.amqp import RECONNECT_BACKOFF, AmqpNotifier
+from txtasks.wakeup.amqp import AmqpNotifier
 
 DATABASE_URL = os.environ.get(
     "TXTASKS_DATABASE_URL", f"sqlite:///{tempfile.mkdtemp()}/reconnect.sqlite3"
 )
 BROKER_URL = os.environ.get("TXTASKS_BROKER_URL") or "amqp://guest:guest@localhost/"
 
-print("by default:", RECONNECT_BACKOFF)  # Exponential(base=0.1, factor=2.0, cap=3.0, jitter=True)
+by_default = AmqpNotifier(BROKER_URL).reconnect
+print("by default:", by_default)  # Exponential(base=0.1, factor=2.0, cap=3.0, jitter=True)
 
 # Gentler on the broker, slower to resume: from 0.5 s, never more than 10 s between attempts.
 notifier = AmqpNotifier(BROKER_URL, reconnect=Exponential(base=0.5, cap=10.0))

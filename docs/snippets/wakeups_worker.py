@@ -4,10 +4,7 @@ import asyncio
 import os
 import tempfile
 
-from sqlalchemy.ext.asyncio import create_async_engine
-
-from txtasks import App, Worker, WorkerConfig
-from txtasks.driver.urls import url_async
+from txtasks import App, Worker, WorkerConfig, create_async_engine
 
 DATABASE_URL = os.environ.get(
     "TXTASKS_DATABASE_URL", f"sqlite:///{tempfile.mkdtemp()}/wakeups.sqlite3"
@@ -24,14 +21,14 @@ async def greet(payload: dict) -> None:
 
 
 async def main() -> None:
-    await app.driver.migrate()
+    await app.amigrate()
     # With a broker, only a wake-up can start the task in time: the poll is 30 s away.
     poll_interval = 30.0 if BROKER_URL else 0.1
     worker = Worker(app, WorkerConfig(poll_interval=poll_interval))
     running = asyncio.create_task(worker.run())
     await asyncio.wait_for(worker.idle.wait(), timeout=10)  # started, and found nothing to do
 
-    engine = create_async_engine(url_async(DATABASE_URL))
+    engine = create_async_engine(DATABASE_URL)
     async with engine.begin() as conn:
         await greet.aenqueue_tx(conn, {"name": "Ada"})
     # The wake-up was published when that block committed, not before.
