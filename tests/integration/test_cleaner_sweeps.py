@@ -26,31 +26,21 @@ from cleaner import (
     Retention,
     RetentionConfig,
 )
+from tests.integration.conformance import (
+    BACKOFF,
+    LEASE,
+    T0,
+    ManualClock,
+    at,
+    claim,
+    cleaner_app,
+    get,
+    new,
+)
 from tests.integration.conftest import another
-from tests.integration.test_conformance_driver import LEASE, T0, at, claim, get, new
 from txtasks import App
 from txtasks.driver import Driver
-from txtasks.retry import Constant
 from txtasks.types import NewTask, Outcome, OutcomeKind, TaskRow, TaskState
-
-BACKOFF = 10.0
-
-
-class ManualClock:
-    """The cleaner's clock: moved by the test."""
-
-    def __init__(self, now: datetime = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
-def cleaner_app(driver: Driver, clock: ManualClock) -> App:
-    """An App whose conformance task retries after BACKOFF seconds (the rescue policy)."""
-    app = App("cleaner-test", driver=driver, clock=clock, default_queue="q")
-    app.task(name="conformance.task", retry=Constant(BACKOFF))(lambda payload: None)
-    return app
 
 
 async def claim_one(driver: Driver, task_id: int, *, now: datetime, worker: str) -> TaskRow:

@@ -3,162 +3,47 @@
 Each test runs against SQLite, PostgreSQL and MariaDB (the `database_url` fixture). The other
 parts: `test_conformance_dedup.py` (dedup keys), `test_conformance_driver.py` (the driver
 contract, also over the in-memory driver) and `test_conformance_worker.py` (the worker end to
-end). Their shared helpers live here.
+end). Their shared helpers live in `conformance.py`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import time
-from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from sqlalchemy import (
-    Column,
-    Connection,
-    Engine,
-    Integer,
-    MetaData,
-    String,
-    Table,
-    create_engine,
-    insert,
-    select,
-    text,
-)
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy import Table, insert
 from sqlalchemy.orm import Session
 
+from tests.integration.conformance import (
+    FLAVOURS,
+    LEASE,
+    ORDERS,
+    Calls,
+    Enqueue,
+    EnqueueMany,
+    Step,
+    Write,
+    async_engine,
+    claim_all,
+    order_names,
+    own_table,
+    run_tx,
+    sync_engine,
+    table_rows,
+    task_ids,
+)
 from txtasks import App, ConfigurationError, PayloadError
-from txtasks.app import Task
 from txtasks.clock import utcnow
-from txtasks.driver.sqlite import sqlite_connection_setup
-from txtasks.driver.urls import backend_name, url_async, url_sync
+from txtasks.driver.urls import backend_name
 from txtasks.payload import payload_decode
 from txtasks.schema.tables import tasks
 from txtasks.testing import run_until_empty
-from txtasks.types import TaskRow
 from txtasks.worker.context import TaskContext
 
-FLAVOURS = ["connection", "session", "async_connection", "async_session"]
-LEASE = timedelta(seconds=30)
-
-# ----------------------------------------------------------------------------- shared helpers
-
-
-@contextlib.contextmanager
-def sync_engine(url: str) -> Iterator[Engine]:
-    """A sync engine of the application's own, set up as txtasks documents for SQLite."""
-    engine = create_engine(url_sync(url))
-    if backend_name(url) == "sqlite":
-        sqlite_connection_setup(engine)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
-
-
-@contextlib.asynccontextmanager
-async def async_engine(url: str) -> AsyncIterator[AsyncEngine]:
-    """An async engine of the application's own."""
-    engine = create_async_engine(url_async(url))
-    if backend_name(url) == "sqlite":
-        sqlite_connection_setup(engine.sync_engine)
-    try:
-        yield engine
-    finally:
-        await engine.dispose()
-
-
-def table_rows(url: str, table: Table, *where: Any) -> list[Any]:
-    """Rows of a table, read on a connection of its own (committed data only)."""
-    with sync_engine(url) as engine, engine.connect() as conn:
-        return list(conn.execute(select(table).where(*where).order_by(table.c.id)).all())
-
-
-def task_ids(url: str) -> list[int]:
-    """Ids in the hot table."""
-    return [row.id for row in table_rows(url, tasks)]
-
-
-async def claim_all(
-    driver: Any, queues: Sequence[str] = ("default",), *, now: datetime | None = None
-) -> list[TaskRow]:
-    """Claim every ready task (as one worker would, in one statement)."""
-    at = now or utcnow()
-    return list(
-        await driver.task_claim_many(
-            list(queues), 10_000, now=at, lease_until=at + LEASE, worker_id="conformance"
-        )
-    )
-
-
-async def wait_blocked(url: str, connection_id: int) -> None:
-    """Wait until the server shows that connection waiting on a lock (PostgreSQL, MariaDB)."""
-    if backend_name(url) == "postgresql":
-        probe = text("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = :cid")
-    else:  # the INSERT is still running only while it waits for the other transaction's lock
-        probe = text(
-            "SELECT INFO LIKE 'INSERT%' FROM information_schema.PROCESSLIST "
-            "WHERE ID = :cid AND COMMAND = 'Query'"
-        )
-    deadline = time.monotonic() + 10
-    async with async_engine(url) as engine:
-        while True:
-            async with engine.connect() as conn:
-                if await conn.scalar(probe, {"cid": connection_id}):
-                    return
-            assert time.monotonic() < deadline, "the second transaction never waited on the lock"
-            await asyncio.sleep(0.01)
-
-
-async def connection_id(conn: AsyncConnection) -> int:
-    """The server's id of a connection, in a transaction that is then ended."""
-    sql = (
-        "SELECT pg_backend_pid()" if conn.dialect.name == "postgresql" else "SELECT CONNECTION_ID()"
-    )
-    value = await conn.scalar(text(sql))
-    await conn.commit()
-    return int(value)
-
-
-class Calls:
-    """What handlers received, in the order they ran."""
-
-    def __init__(self) -> None:
-        self.payloads: list[Any] = []
-
-    def __call__(self, payload: Any) -> None:
-        self.payloads.append(payload)
-
-
 # ----------------------------------------------------------------------------- one transaction
-
-ORDERS = Table(
-    "conformance_orders",
-    MetaData(),
-    Column("id", Integer, primary_key=True),
-    Column("name", String(64), nullable=False),
-    mysql_engine="InnoDB",
-)
-
-
-@contextlib.contextmanager
-def own_table(url: str) -> Iterator[Table]:
-    """Create the application's table for one test, and drop it after."""
-    with sync_engine(url) as engine:
-        ORDERS.metadata.drop_all(engine)
-        ORDERS.metadata.create_all(engine)
-    try:
-        yield ORDERS
-    finally:
-        with sync_engine(url) as engine:
-            ORDERS.metadata.drop_all(engine)
 
 
 @pytest.fixture
@@ -166,83 +51,6 @@ def orders(database_url: str) -> Iterator[Table]:
     """The application's own table, next to txtasks' tables."""
     with own_table(database_url) as table:
         yield table
-
-
-def order_names(url: str) -> list[str]:
-    return [row.name for row in table_rows(url, ORDERS)]
-
-
-@dataclass
-class Write:
-    """The application's own row, written in the transaction."""
-
-    name: str
-
-
-@dataclass
-class Enqueue:
-    """One task enqueued in the transaction."""
-
-    task: Task
-    payload: Any = None
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class EnqueueMany:
-    """A bulk enqueue in the transaction."""
-
-    app: App
-    rows: list[Any]
-
-
-Step = Write | Enqueue | EnqueueMany
-
-
-def step_sync(executor: Connection | Session, step: Step) -> Any:
-    if isinstance(step, Write):
-        executor.execute(insert(ORDERS), {"name": step.name})
-        return None
-    if isinstance(step, Enqueue):
-        return step.task.enqueue_tx(executor, step.payload, **step.options)
-    return step.app.enqueue_many_tx(executor, step.rows)
-
-
-async def step_async(executor: AsyncConnection | AsyncSession, step: Step) -> Any:
-    if isinstance(step, Write):
-        await executor.execute(insert(ORDERS), {"name": step.name})
-        return None
-    if isinstance(step, Enqueue):
-        return await step.task.aenqueue_tx(executor, step.payload, **step.options)
-    return await step.app.aenqueue_many_tx(executor, step.rows)
-
-
-async def run_tx(
-    url: str, flavour: str, steps: Sequence[Step], *, commit: bool = True
-) -> list[Any]:
-    """Run the steps in one transaction of the given SQLAlchemy flavour; commit or roll back.
-
-    Returns what each step returned (None for the application's own writes).
-    """
-    if flavour == "connection":
-        with sync_engine(url) as engine, engine.connect() as conn:
-            tx = conn.begin()
-            results = [step_sync(conn, s) for s in steps]
-            (tx.commit if commit else tx.rollback)()
-    elif flavour == "session":
-        with sync_engine(url) as engine, Session(engine) as session:
-            results = [step_sync(session, s) for s in steps]
-            (session.commit if commit else session.rollback)()
-    elif flavour == "async_connection":
-        async with async_engine(url) as aengine, aengine.connect() as aconn:
-            atx = await aconn.begin()
-            results = [await step_async(aconn, s) for s in steps]
-            await (atx.commit() if commit else atx.rollback())
-    else:
-        async with async_engine(url) as aengine, AsyncSession(aengine) as asession:
-            results = [await step_async(asession, s) for s in steps]
-            await (asession.commit() if commit else asession.rollback())
-    return results
 
 
 # ----------------------------------------------------------------------------- 1. flavours

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Table, text
 
-from tests.integration.test_conformance import (
+from tests.integration.conformance import (
     FLAVOURS,
     ORDERS,
     Calls,

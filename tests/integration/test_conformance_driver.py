@@ -7,76 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 
+from tests.integration.conformance import LEASE, T0, at, claim, get, new, write
 from tests.integration.conftest import another
 from txtasks.driver import Driver, MemoryDriver
-from txtasks.payload import payload_encode
 from txtasks.schema.tables import tasks
-from txtasks.types import NewTask, Outcome, OutcomeKind, QueueStats, TaskKey, TaskRow, TaskState
-
-T0 = datetime(2030, 1, 2, 3, 4, 5, 678901)
-LEASE = timedelta(seconds=30)
-
-
-def at(seconds: float) -> datetime:
-    return T0 + timedelta(seconds=seconds)
-
-
-def new(
-    payload: Any = None,
-    *,
-    queue: str = "q",
-    priority: int = 0,
-    run_at: datetime = T0,
-    dedup_key: str | None = None,
-    max_attempts: int = 5,
-    headers: dict[str, str] | None = None,
-) -> NewTask:
-    data, content_type = payload_encode(payload)
-    return NewTask(
-        queue=queue,
-        task_name="conformance.task",
-        payload=data,
-        content_type=content_type,
-        priority=priority,
-        run_at=run_at,
-        max_attempts=max_attempts,
-        created_at=at(-3600),
-        dedup_key=dedup_key,
-        headers=None if headers is None else json.dumps(headers),
-    )
-
-
-async def claim(
-    driver: Driver,
-    queues: Sequence[str] = ("q",),
-    limit: int = 100,
-    *,
-    now: datetime = T0,
-    worker: str = "w1",
-) -> list[TaskRow]:
-    return await driver.task_claim_many(
-        list(queues), limit, now=now, lease_until=now + LEASE, worker_id=worker
-    )
-
-
-async def write(
-    driver: Driver, *outcomes: Outcome, now: datetime = T0, archive: bool = True
-) -> Any:
-    return await driver.outcome_write_many(list(outcomes), now=now, archive_completed=archive)
-
-
-async def get(driver: Driver, task_id: int) -> TaskRow:
-    row = await driver.task_get(task_id)
-    assert row is not None, f"task {task_id} is gone"
-    return row
-
+from txtasks.types import Outcome, OutcomeKind, QueueStats, TaskKey, TaskRow, TaskState
 
 # ----------------------------------------------------------------------------- insert and get
 

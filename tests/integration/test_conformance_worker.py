@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import insert
 
-from tests.integration.test_conformance import Calls, sync_engine, task_ids
+from tests.integration.conformance import Calls, sync_engine, task_ids
+from tests.waiting import until
 from txtasks import App, Drop, Reject, Retry
 from txtasks.clock import utcnow
 from txtasks.schema.tables import tasks
@@ -176,32 +175,32 @@ async def test_an_attempt_past_its_timeout_is_retried(app: App) -> None:
 
 
 async def test_a_sync_attempt_past_its_timeout_is_retried(app: App) -> None:
+    """Attempt 1 blocks past its timeout. Its thread cannot be stopped (the task stays with it
+    until it ends), so the test lets it end once the worker saw the overrun; then it retries."""
     gate = threading.Event()
 
     @app.task(name="conformance.slow_sync", timeout=0.2, retry=0)
     def handler(payload: Any, ctx: TaskContext) -> None:
         if ctx.attempt == 1:
-            gate.wait(30)  # blocked until the next attempt runs: only the timeout ends it
-        else:
-            gate.set()
+            gate.wait(30)  # still blocked when its timeout passes
 
     task_id = await handler.aenqueue(None)
+    # what run_until_empty runs, with a handle on the worker to see the overrun
+    config = WorkerConfig(burst=True, burst_horizon=0, poll_interval=0.01, flush_interval=0.001)
+    worker = Worker(app, config)
+    run = asyncio.create_task(worker.run())
     try:
-        stats = await run_until_empty(app)
+        await until(lambda: worker.stats.overruns == 1, "attempt 1 to pass its timeout")
+        gate.set()
+        stats = await asyncio.wait_for(run, 10)
     finally:
         gate.set()
+        worker.stop(now=True)
+        await asyncio.gather(run, return_exceptions=True)
     assert stats.outcomes == {"retryable": 1, "completed": 1}
     row = await finished(app, task_id)
     assert (row.state, row.attempt) == (TaskState.COMPLETED, 2)
     assert "TimeoutError" in (row.last_error or "")
-
-
-async def wait_for(condition: Callable[[], bool], what: str) -> None:
-    """Wait (polling the event loop) until a condition holds; fail after 10 seconds."""
-    deadline = time.monotonic() + 10
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
 
 
 async def test_an_overrunning_sync_attempt_keeps_its_task_until_its_thread_ends(app: App) -> None:
@@ -223,14 +222,14 @@ async def test_an_overrunning_sync_attempt_keeps_its_task_until_its_thread_ends(
     worker = Worker(app, config)
     run = asyncio.create_task(worker.run())
     try:
-        await wait_for(lambda: worker.stats.overruns == 1, "attempt 1 to pass its timeout")
+        await until(lambda: worker.stats.overruns == 1, "attempt 1 to pass its timeout")
         row = await app.driver.task_get(task_id)
         assert row is not None
         assert (row.state, row.attempt) == (TaskState.PROCESSING, 1)
         assert not second_started.is_set()
         gate_first.set()  # the thread ends: now the failure is recorded and the retry runs
         await asyncio.wait_for(second_started.wait(), 10)
-        await wait_for(lambda: worker.stats.outcomes.get("completed") == 1, "attempt 2 to end")
+        await until(lambda: worker.stats.outcomes.get("completed") == 1, "attempt 2 to end")
         worker.stop()
         await asyncio.wait_for(run, 10)
         row = await app.driver.task_get(task_id)
@@ -268,7 +267,7 @@ async def test_a_worker_that_lost_its_lease_cannot_overwrite_the_next_attempt(ap
         assert stolen.key == TaskKey(task_id, 2)
 
         release.set()  # the slow worker completes attempt 1: fenced off
-        await wait_for(lambda: worker.stats.stale == 1, "the stale outcome")
+        await until(lambda: worker.stats.stale == 1, "the stale outcome")
         row = await app.driver.task_get(task_id)
         assert row is not None
         assert (row.state, row.attempt, row.worker_id) == (TaskState.PROCESSING, 2, "thief")

@@ -20,9 +20,8 @@ from typing import Any
 import pytest
 
 from cleaner import Periodic, PeriodicConfig
+from tests.integration.conformance import ManualClock, cleaner_app, get
 from tests.integration.conftest import another
-from tests.integration.test_cleaner_sweeps import ManualClock, cleaner_app
-from tests.integration.test_conformance_driver import get
 from txtasks.driver import Driver
 from txtasks.periodic import MAX_FIRES_PER_SWEEP, Schedule
 
