@@ -672,11 +672,11 @@ class PublishTimes:
         self.published: dict[int, tuple[float, float]] = {}
 
     def install(self) -> None:
-        from txtasks.wakeup import amqp
+        from txtasks.wakeup.amqp import notifier, publisher
 
         notified, published = self.notified, self.published
-        notify = amqp.AmqpNotifier.notify
-        publish = amqp._PublishLink.publish
+        notify = notifier.AmqpNotifier.notify
+        publish = publisher._PublishLink.publish
 
         def timed_notify(publisher: Any, queue: str, ids: Sequence[int] = ()) -> None:
             now = time.monotonic()
@@ -691,8 +691,8 @@ class PublishTimes:
             for task_id in ids:
                 published[task_id] = (start, end)
 
-        amqp.AmqpNotifier.notify = timed_notify  # type: ignore[method-assign]
-        amqp._PublishLink.publish = timed_publish  # type: ignore[method-assign]
+        notifier.AmqpNotifier.notify = timed_notify  # type: ignore[method-assign]
+        publisher._PublishLink.publish = timed_publish  # type: ignore[method-assign]
 
 
 def profile_marks(sample: Sample, times: PublishTimes) -> dict[str, float]:

@@ -34,7 +34,7 @@ from txtasks.app import Task
 from txtasks.driver.urls import url_async, url_sync
 from txtasks.types import TaskRow, TaskState
 from txtasks.wakeup import Notifier
-from txtasks.wakeup.amqp import EXCHANGE, AmqpNotifier, amqp_queue_name
+from txtasks.wakeup.amqp import EXCHANGE, STABLE_AFTER, AmqpNotifier, amqp_queue_name
 from txtasks.wakeup.base import MAX_MESSAGE_BYTES
 from txtasks.worker.worker import Worker, WorkerConfig, WorkerStats
 
@@ -699,7 +699,14 @@ async def test_a_broker_restart_loses_no_task_and_wakeups_resume(
     )
     await h.assert_completed_once(first, *during, *probes)
     assert not worker.running.done()
-    # one line as each connection went, one as it came back: from txtasks, naming the broker
+    # one line as each connection went, one as it came back (once it has lasted STABLE_AFTER):
+    # from txtasks, naming the broker
+    await until(
+        lambda: sum(level == "INFO" for level, _, _ in broker_log(caplog)) >= 2,
+        "each connection says it is back",
+        timeout=STABLE_AFTER + 5,
+        every=0.1,
+    )
     lines = broker_log(caplog)
     assert sorted((level, text.split(":")[0]) for level, _, text in lines) == [
         ("INFO", "wake-up publisher"),

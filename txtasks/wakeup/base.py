@@ -7,7 +7,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from txtasks.errors import ConfigurationError
 from txtasks.types import QUEUE_NAME_RE
 
 #: Most task ids one message carries (they are informative only: workers claim from the table).
@@ -91,20 +90,3 @@ def wakeup_decode(body: bytes) -> tuple[str, list[int]] | None:
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         return None
     return queue, ids
-
-
-def notifier_for_url(url: str | None) -> Notifier:
-    """An AMQP notifier for amqp:// or amqps:// URLs; the null one for None."""
-    if not url:
-        return NullNotifier()
-    if not url.startswith(("amqp://", "amqps://")):
-        raise ConfigurationError(
-            f"broker_url: {url.split('@')[-1]!r} is not an amqp:// or amqps:// URL"
-        )
-    try:
-        from txtasks.wakeup.amqp import AmqpNotifier
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise ConfigurationError(
-            "broker_url: RabbitMQ wake-ups need aio-pika: pip install 'txtasks[rabbitmq]'"
-        ) from exc
-    return AmqpNotifier(url)

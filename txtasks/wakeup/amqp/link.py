@@ -1,0 +1,154 @@
+"""What publishers and subscribers share: the topology (exchange, queue names, declarations),
+the reconnect policy and how an outage is logged (once when it starts, once when it ends)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import aio_pika
+import aiormq
+from yarl import URL
+
+from txtasks.retry import Exponential, RetryStrategy
+
+log = logging.getLogger("txtasks.wakeup")
+T = TypeVar("T")
+
+EXCHANGE = "txtasks.wakeup"
+QUEUE_PREFIX = "txtasks.wakeup."
+#: Hints older than this are useless: workers will have polled by then.
+MESSAGE_TTL_MS = 60_000
+#: A queue nobody consumes keeps at most this many hints (the oldest are dropped).
+MAX_QUEUE_LENGTH = 10_000
+PROPERTIES = aiormq.spec.Basic.Properties(content_type="application/json", delivery_mode=1)
+#: The wait before connection attempt n+1 after n failures in a row, for publishers and
+#: subscribers alike: exponential from 0.1 s, capped at 3 s, with full jitter. A connection that
+#: works starts it over. Pass another `RetryStrategy` as `AmqpNotifier(reconnect=...)`.
+RECONNECT_BACKOFF = Exponential(base=0.1, cap=3.0)
+#: Bound of one subscriber connection attempt: TCP, AMQP handshake, declarations, consume.
+CONNECT_TIMEOUT = 5.0
+#: A new connection ends an outage (logged back, backoff reset) once it has lasted this long,
+#: so a flapping network is one outage, not two log lines per flap.
+STABLE_AFTER = 3.0
+#: aiormq's lines about each failed or lost connection: txtasks logs the outage once instead.
+PER_ATTEMPT_LINES = (
+    "error when creating transport",
+    "Cancelling cause reader exited abnormally",
+    "Unexpected connection close from remote",
+)
+
+
+def amqp_queue_name(queue: str) -> str:
+    return QUEUE_PREFIX + queue
+
+
+async def declare(channel: aio_pika.abc.AbstractChannel, queue: str) -> Any:
+    """Declare the exchange and the wake-up queue of `queue`, bound by the queue name."""
+    exchange = await channel.declare_exchange(EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True)
+    amqp_queue = await channel.declare_queue(
+        amqp_queue_name(queue),
+        durable=False,
+        arguments={
+            "x-message-ttl": MESSAGE_TTL_MS,
+            "x-max-length": MAX_QUEUE_LENGTH,
+            "x-overflow": "drop-head",
+        },
+    )
+    await amqp_queue.bind(exchange, routing_key=queue)
+    return amqp_queue
+
+
+async def within(awaitable: Awaitable[T], seconds: float) -> T:
+    """`asyncio.wait_for` without its extra task where `asyncio.timeout` exists (3.11+)."""
+    timeout = getattr(asyncio, "timeout", None)
+    if timeout is None:  # pragma: no cover - Python 3.10
+        return await asyncio.wait_for(awaitable, seconds)
+    async with timeout(seconds):
+        return await awaitable
+
+
+def safe_url(url: str) -> str:
+    """The broker URL for logs: its password masked."""
+    parsed = URL(url)
+    return str(parsed.with_password("******")) if parsed.password else url
+
+
+def describe(exc: BaseException) -> str:
+    """One line naming an error: its type, and its text when it has one."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class PerAttemptLines(logging.Filter):
+    """Turns aiormq's line per failed connection into DEBUG: txtasks logs the outage once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno <= logging.DEBUG or not str(record.msg).startswith(PER_ATTEMPT_LINES):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+def quiet_library_loggers() -> None:
+    """Install the filter on aiormq's connection logger (once)."""
+    logger = logging.getLogger("aiormq.connection")
+    if not any(isinstance(f, PerAttemptLines) for f in logger.filters):
+        logger.addFilter(PerAttemptLines())
+
+
+quiet_library_loggers()
+
+
+class Outage:
+    """The broker as one connection sees it: one WARNING when lost, one INFO when back, and the
+    wait before each attempt in between (DEBUG lines only)."""
+
+    def __init__(self, what: str, url: str, reconnect: RetryStrategy) -> None:
+        self.what = what
+        self.broker = safe_url(url)
+        self.reconnect = reconnect
+        self.failures = 0
+        self._since = 0.0
+        self._stable: asyncio.TimerHandle | None = None
+
+    def failed(self, exc: BaseException) -> float:
+        """Count a failed or lost connection; the seconds to wait before the next attempt."""
+        self.stop()
+        self.failures += 1
+        delay = self.reconnect.delay(self.failures)
+        if self.failures == 1:
+            self._since = time.monotonic()
+            log.warning(
+                "%s: broker %s unavailable: %s (workers poll meanwhile; reconnecting with backoff)",
+                self.what,
+                self.broker,
+                describe(exc),
+            )
+        else:
+            log.debug(
+                "%s: attempt %d failed (%s), next in %.2fs",
+                self.what,
+                self.failures,
+                describe(exc),
+                delay,
+            )
+        return delay
+
+    def connected(self) -> None:
+        """A connection works: the outage is over if it lasts `STABLE_AFTER` (see `failed`)."""
+        took = time.monotonic() - self._since
+        self._stable = asyncio.get_running_loop().call_later(STABLE_AFTER, self._over, took)
+
+    def stop(self) -> None:
+        """The connection is gone, or closed on purpose: it never counts as stable."""
+        if self._stable is not None:
+            self._stable.cancel()
+
+    def _over(self, took: float) -> None:
+        if self.failures:
+            log.info("%s: broker %s back after %.1fs", self.what, self.broker, took)
+        self.failures = 0

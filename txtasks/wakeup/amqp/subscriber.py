@@ -1,0 +1,121 @@
+"""Consuming wake-ups on a worker's event loop: connect, consume until the connection is lost,
+wait for the backoff, connect again, until closed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
+
+from txtasks.retry import RetryStrategy
+from txtasks.wakeup.amqp.link import (
+    CONNECT_TIMEOUT,
+    RECONNECT_BACKOFF,
+    Outage,
+    declare,
+    within,
+)
+from txtasks.wakeup.base import (
+    WakeupCallback,
+    WakeupStats,
+    wakeup_decode,
+)
+
+
+class AmqpSubscriber:
+    """Consumes the wake-up queues of a worker on the worker's own event loop.
+
+    It connects, consumes until the connection is lost, waits for the backoff and connects again,
+    until closed. `stats.connected` is True while it consumes.
+    """
+
+    def __init__(
+        self, url: str, stats: WakeupStats, reconnect: RetryStrategy = RECONNECT_BACKOFF
+    ) -> None:
+        self.url = url
+        self.stats = stats
+        self.reconnect = reconnect
+        self._task: asyncio.Task[None] | None = None
+        self._connection: AbstractConnection | None = None
+        self._outage = Outage("wake-up subscriber", url, reconnect)
+        self._closing = False
+
+    async def start(self, queues: Sequence[str], on_wakeup: WakeupCallback) -> None:
+        await self.close()  # one subscription at a time: the latest worker's
+        self._closing = False
+        if self._task is None:
+            wanted = frozenset(queues)
+            self._task = asyncio.create_task(self._run(wanted, on_wakeup), name="txtasks-wakeups")
+
+    def _on_message(self, wanted: frozenset[str], on_wakeup: WakeupCallback) -> Any:
+        async def handle(message: AbstractIncomingMessage) -> None:
+            decoded = wakeup_decode(message.body)
+            if decoded is None or decoded[0] not in wanted:
+                self.stats.malformed += 1
+                return
+            self.stats.received += 1
+            on_wakeup(decoded[0])
+
+        return handle
+
+    async def _run(self, wanted: frozenset[str], on_wakeup: WakeupCallback) -> None:
+        while not self._closing:
+            error = await self._consume_until_lost(wanted, on_wakeup)
+            if self._closing:
+                return
+            await asyncio.sleep(self._outage.failed(error))
+
+    async def _consume_until_lost(
+        self, wanted: frozenset[str], on_wakeup: WakeupCallback
+    ) -> BaseException:
+        """Connect and consume until the connection or channel closes; what ended it."""
+        lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        try:
+            await within(self._consume(wanted, on_wakeup, lost), CONNECT_TIMEOUT)
+            self._outage.connected()
+            self.stats.connected = True
+            return await lost
+        except Exception as exc:
+            return exc
+        finally:
+            self.stats.connected = False
+            await self._disconnect()
+
+    async def _consume(
+        self,
+        wanted: frozenset[str],
+        on_wakeup: WakeupCallback,
+        lost: asyncio.Future[BaseException],
+    ) -> None:
+        def closed(_sender: Any, exc: BaseException | None = None) -> None:
+            if not lost.done():
+                lost.set_result(exc if isinstance(exc, Exception) else ConnectionError("closed"))
+
+        self._connection = connection = await aio_pika.connect(self.url)
+        connection.close_callbacks.add(closed)
+        channel = await connection.channel()
+        channel.close_callbacks.add(closed)
+        await channel.set_qos(prefetch_count=100)
+        handler = self._on_message(wanted, on_wakeup)
+        for queue in sorted(wanted):
+            amqp_queue = await declare(channel, queue)
+            await amqp_queue.consume(handler, no_ack=True)
+
+    async def _disconnect(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await connection.close()
+
+    async def close(self) -> None:
+        self._closing = True
+        self._outage.stop()
+        await self._disconnect()  # first, so a setup under way fails instead of being cut
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
