@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from cleaner.sweep import Sweep, SweepConfig, SweepResult
+from cleaner.sweep import BatchedConfig, Sweep, SweepResult
 from txtasks.errors import ConfigurationError
 from txtasks.spark.staging import purge_abandoned
 
 
 @dataclass(frozen=True)
-class ArchiverConfig(SweepConfig):
+class ArchiverConfig(BatchedConfig):
     """Settings of the archiver."""
 
     #: Seconds between passes.
@@ -56,10 +56,12 @@ class Archiver(Sweep[ArchiverConfig, ArchiveResult]):
     async def run_once(self) -> ArchiveResult:
         driver = self.driver
         archived = await self.batches(
-            lambda limit: driver.finished_archive_many(now=self.app.clock(), limit=limit)
+            lambda limit: driver.finished_archive_many(now=self.app.clock(), limit=limit),
+            self.config.batch_size,
         )
         before = self.app.clock() - timedelta(seconds=self.config.staged_after)
         abandoned = await self.batches(
-            lambda limit: purge_abandoned(driver, before=before, limit=limit)
+            lambda limit: purge_abandoned(driver, before=before, limit=limit),
+            self.config.batch_size,
         )
         return ArchiveResult(archived=archived, abandoned=abandoned)

@@ -32,8 +32,6 @@ class PeriodicConfig(SweepConfig):
 
     #: Seconds between passes: how late a fire may be enqueued.
     interval: float = 1.0
-    #: Unused: each pass reads every schedule in one statement.
-    batch_size: int = 1000
 
 
 @dataclass(frozen=True)

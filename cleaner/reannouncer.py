@@ -11,14 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from cleaner.sweep import Sweep, SweepConfig, SweepResult
+from cleaner.sweep import BatchedConfig, Sweep, SweepResult
 from txtasks.app import check_queue_name
 from txtasks.errors import ConfigurationError
 from txtasks.wakeup import NullNotifier
 
 
 @dataclass(frozen=True)
-class ReannouncerConfig(SweepConfig):
+class ReannouncerConfig(BatchedConfig):
     """Settings of the re-announcer."""
 
     #: Seconds between passes.

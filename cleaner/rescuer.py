@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from cleaner.sweep import MAX_BATCHES, Sweep, SweepConfig, SweepResult
+from cleaner.sweep import MAX_BATCHES, BatchedConfig, Sweep, SweepResult
 from txtasks.errors import ConfigurationError, LeaseExpired
 from txtasks.policy import RetryPolicy, outcome_for_exception, sanitized
 from txtasks.retry import as_strategy
@@ -23,7 +23,7 @@ from txtasks.types import Outcome, OutcomeKind, TaskRow
 
 
 @dataclass(frozen=True)
-class RescuerConfig(SweepConfig):
+class RescuerConfig(BatchedConfig):
     """Settings of the rescuer."""
 
     #: Seconds between passes.

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from types import MappingProxyType
 
-from cleaner.sweep import Sweep, SweepConfig, SweepResult
+from cleaner.sweep import BatchedConfig, Sweep, SweepResult
 from txtasks._checks import MAX_SECONDS
 from txtasks.app import check_queue_name
 from txtasks.clock import seconds
@@ -54,7 +54,7 @@ class Keep:
 
 
 @dataclass(frozen=True)
-class RetentionConfig(SweepConfig):
+class RetentionConfig(BatchedConfig):
     """Settings of the retention sweep."""
 
     #: Seconds between passes.
@@ -117,5 +117,6 @@ class Retention(Sweep[RetentionConfig, RetentionResult]):
         return await self.batches(
             lambda size: driver.archive_purge_many(
                 state=state, before=before, limit=size, queues=queues, exclude=exclude
-            )
+            ),
+            self.config.batch_size,
         )

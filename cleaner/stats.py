@@ -18,8 +18,6 @@ class StatsConfig(SweepConfig):
 
     #: Seconds between passes: how fresh the queue gauges are.
     interval: float = 15.0
-    #: Unused: each pass reads every queue in one statement.
-    batch_size: int = 1000
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,6 @@ class SweepConfig:
 
     #: Seconds between passes.
     interval: float = 60.0
-    #: Rows one statement handles at most.
-    batch_size: int = 1000
 
     def __post_init__(self) -> None:
         check_finite_fields(self)  # the fields of every sweep's config, NaN and infinities out
@@ -56,8 +54,19 @@ class SweepConfig:
                 f"{name}.interval must be > 0 and <= {MAX_INTERVAL:.0f} seconds (a week), "
                 f"got {self.interval!r}"
             )
+
+
+@dataclass(frozen=True)
+class BatchedConfig(SweepConfig):
+    """Settings of a sweep that works in batches of rows."""
+
+    #: Rows one statement handles at most.
+    batch_size: int = 1000
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if not (isinstance(self.batch_size, int) and self.batch_size > 0):
-            raise ConfigurationError(f"{name}.batch_size must be an integer > 0")
+            raise ConfigurationError(f"{type(self).__name__}.batch_size must be an integer > 0")
 
 
 @dataclass(frozen=True)
@@ -114,14 +123,14 @@ class Sweep(abc.ABC, Generic[C, R]):
     async def run_once(self) -> R:
         """One full pass; returns what it did."""
 
-    async def batches(self, step: Callable[[int], Awaitable[int]]) -> int:
-        """Run `step(batch_size)` (it returns how many rows it handled) until a batch comes
-        back short; the rows handled in all."""
+    async def batches(self, step: Callable[[int], Awaitable[int]], size: int) -> int:
+        """Run `step(size)` (it returns how many rows it handled) until a batch comes back
+        short; the rows handled in all."""
         total = 0
         for _ in range(MAX_BATCHES):
-            done = await step(self.config.batch_size)
+            done = await step(size)
             total += done
-            if done < self.config.batch_size:
+            if done < size:
                 break
         return total
 

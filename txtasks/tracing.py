@@ -32,8 +32,6 @@ def _api() -> tuple[ModuleType, ModuleType] | None:
 
 
 TRACER = "txtasks"
-#: The headers W3C Trace Context uses; a caller's own values win.
-TRACE_HEADERS = ("traceparent", "tracestate")
 
 
 def enabled() -> bool:

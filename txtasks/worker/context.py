@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from txtasks.errors import PayloadError
 from txtasks.payload import headers_decode
+from txtasks.types import OutcomeKind
 
 if TYPE_CHECKING:
     from txtasks.app import App, Task
@@ -21,9 +22,10 @@ TASK_LOGGER = logging.getLogger("txtasks.task")
 
 @dataclass
 class Decision:
-    """A manual ack / nack / reject recorded by the handler."""
+    """A manual ack / nack / reject / drop recorded by the handler: the outcome it asks for
+    (COMPLETE, RETRY, DEAD, DISCARD), why, and for a retry its delay."""
 
-    kind: str  # "ack", "nack", "reject", "drop"
+    kind: OutcomeKind
     reason: str = ""
     delay: float | timedelta | None = None
 
@@ -75,16 +77,16 @@ class TaskContext:
 
     def ack(self) -> None:
         """Complete the task, whatever the handler does next."""
-        self.decision = Decision("ack")
+        self.decision = Decision(OutcomeKind.COMPLETE)
 
     def nack(self, reason: str = "nack", *, delay: float | timedelta | None = None) -> None:
         """Retry the task (with the strategy's backoff, or `delay` seconds)."""
-        self.decision = Decision("nack", reason, delay)
+        self.decision = Decision(OutcomeKind.RETRY, reason, delay)
 
     def reject(self, reason: str = "rejected") -> None:
         """Dead-letter the task now."""
-        self.decision = Decision("reject", reason)
+        self.decision = Decision(OutcomeKind.DEAD, reason)
 
     def drop(self, reason: str = "dropped") -> None:
         """Archive the task as discarded; it is never retried."""
-        self.decision = Decision("drop", reason)
+        self.decision = Decision(OutcomeKind.DISCARD, reason)

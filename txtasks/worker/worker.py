@@ -249,7 +249,9 @@ class Worker:
                 runner.cancel()
 
     def wake(self, queue: str | None = None) -> None:
-        """Claim now instead of at the next poll (a wake-up arrived)."""
+        """Claim now instead of at the next poll (a wake-up arrived). `queue` is the one the
+        wake-up named; the claim serves all the worker's queues in priority order, so it only
+        says why the worker woke."""
         self.stats.wakeups += 1
         self._wake.set()
 
@@ -605,14 +607,10 @@ class Worker:
         decision = ctx.decision
         if decision is None:
             return None
-        key = ctx.row.key
-        if decision.kind == "ack":
-            return Outcome(key, OutcomeKind.COMPLETE)
-        if decision.kind == "reject":
-            return Outcome(key, OutcomeKind.DEAD, error=decision.reason)
-        if decision.kind == "drop":
-            return Outcome(key, OutcomeKind.DISCARD, error=decision.reason)
-        return self._nack(ctx, decision.reason, decision.delay)
+        if decision.kind is OutcomeKind.RETRY:
+            return self._nack(ctx, decision.reason, decision.delay)
+        error = None if decision.kind is OutcomeKind.COMPLETE else decision.reason
+        return Outcome(ctx.row.key, decision.kind, error=error)
 
     def _nack(
         self, ctx: TaskContext, reason: str, delay: float | timedelta | None = None
