@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import MetaData, create_engine
@@ -21,6 +22,13 @@ BACKENDS = [
     pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgresql),
     pytest.param("mysql", id="mysql", marks=pytest.mark.mysql),
 ]
+
+
+def backends(*names: str) -> list[Any]:
+    """The BACKENDS params of some backends, with their servers' markers (for `database_url`)."""
+    chosen = [param for param in BACKENDS if param.values[0] in names]
+    assert len(chosen) == len(names), f"unknown backend among {names}"
+    return chosen
 
 
 def reset_schema(url: str) -> None:

@@ -47,11 +47,14 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import pytest
+
+from tests.waiting import until_sync
 
 KINDS = ("postgresql", "mysql", "amqp")
 LABELS = {"postgresql": "PostgreSQL", "mysql": "MariaDB/MySQL", "amqp": "RabbitMQ"}
@@ -254,11 +257,8 @@ def _run_containers(stack: contextlib.ExitStack) -> dict[str, str | None]:
         return f"{container.get_container_host_ip()}:{container.get_exposed_port(port)}"
 
     host, amqp_port = addr(mq, 5672).rsplit(":", 1)
-    deadline = time.monotonic() + 60
-    while not amqp_ready(host, int(amqp_port)):
-        if time.monotonic() > deadline:
-            raise RuntimeError("RabbitMQ container started but does not answer AMQP")
-        time.sleep(0.2)
+    answers = partial(amqp_ready, host, int(amqp_port))
+    until_sync(answers, "the RabbitMQ container to answer AMQP", timeout=60, interval=0.2)
     return {
         "postgresql": f"postgresql://{USER}:{PASSWORD}@{addr(pg, 5432)}/{DB}",
         "mysql": f"mysql://{USER}:{PASSWORD}@{addr(my, 3306)}/{DB}",

@@ -22,11 +22,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,6 +46,7 @@ from sqlalchemy import (
     select,
 )
 
+from tests.waiting import NotWithin, until, until_sync
 from txtasks import App
 from txtasks.driver.sqlite import sqlite_connection_setup
 from txtasks.driver.urls import backend_name, url_sync
@@ -123,15 +125,14 @@ def wait_for_workers(count: int) -> None:
             with effects_engine().begin() as conn:
                 conn.execute(insert(workers_seen).values(pid=os.getpid()))
             _registered = True
-    deadline = time.monotonic() + HANDLER_PATIENCE
-    while time.monotonic() < deadline:
+
+    def arrived() -> bool:
         with effects_engine().connect() as conn:
             seen = conn.execute(select(func.count()).select_from(workers_seen)).scalar_one()
-        if seen >= count:
-            _arrived.set()
-            return
-        time.sleep(0.02)
-    raise TimeoutError(f"only {seen} of {count} workers arrived")
+        return bool(seen >= count)
+
+    until_sync(arrived, f"{count} workers to arrive", timeout=HANDLER_PATIENCE)
+    _arrived.set()
 
 
 @app.task(name="acc.record")
@@ -154,11 +155,8 @@ async def gated(payload: dict[str, Any], ctx: TaskContext) -> None:
     """Async: waits until the file payload["gate"] exists, then records its run."""
     await asyncio.to_thread(mark_started, payload, ctx)
     gate = Path(payload["gate"])
-    deadline = time.monotonic() + HANDLER_PATIENCE
-    while not await asyncio.to_thread(gate.exists):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"gate {gate} never opened")
-        await asyncio.sleep(0.01)
+    opened = partial(asyncio.to_thread, gate.exists)
+    await until(opened, f"gate {gate} to open", timeout=HANDLER_PATIENCE)
     await asyncio.to_thread(record, ctx, payload)
 
 
@@ -167,11 +165,7 @@ def gated_sync(payload: dict[str, Any], ctx: TaskContext) -> None:
     """Sync (runs in the worker's thread pool): waits for the gate file, then records."""
     mark_started(payload, ctx)
     gate = Path(payload["gate"])
-    deadline = time.monotonic() + HANDLER_PATIENCE
-    while not gate.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"gate {gate} never opened")
-        time.sleep(0.01)
+    until_sync(gate.exists, f"gate {gate} to open", timeout=HANDLER_PATIENCE, interval=0.01)
     record(ctx, payload)
 
 
@@ -388,6 +382,16 @@ class Processes:
 T = TypeVar("T")
 
 
+def http_get(url: str) -> tuple[int, Any]:
+    """Status and JSON body of a GET (an error status is an answer too)."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, json.loads(error.read())
+
+
 def wait_until(
     probe: Callable[[], T],
     what: str,
@@ -397,20 +401,18 @@ def wait_until(
 ) -> T:
     """Poll observable state until `probe()` is truthy; fail on the deadline or if a watched
     process exits meanwhile."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def watched() -> T:
         value = probe()
-        if value:
-            return value
-        for proc in watch:
+        for proc in () if value else watch:
             if proc.popen.poll() is not None:
                 raise AssertionError(
                     f"pid {proc.pid} exited with {proc.popen.returncode} while waiting for "
                     f"{what}; stderr:\n{proc.stderr}"
                 )
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
+        return value
+
+    return until_sync(watched, what, timeout=timeout)
 
 
 # -- the cleaner's tests (tests/acceptance/test_cleaner.py) ---------------------------------
@@ -434,12 +436,13 @@ def suicide(payload: Any, ctx: TaskContext) -> None:
             tasks.c.id != ctx.task_id,
         )
     )
-    deadline = time.monotonic() + HANDLER_PATIENCE
-    while time.monotonic() < deadline:
+
+    def flushed() -> bool:
         with effects_engine().connect() as conn:
-            if conn.execute(others).scalar_one() == 0:
-                break
-        time.sleep(0.01)
+            return bool(conn.execute(others).scalar_one() == 0)
+
+    with contextlib.suppress(NotWithin):  # dies all the same
+        until_sync(flushed, "the other outcomes written", timeout=HANDLER_PATIENCE, interval=0.01)
     os.kill(os.getpid(), signal.SIGKILL)
 
 

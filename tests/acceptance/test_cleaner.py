@@ -14,8 +14,6 @@ import re
 import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections import Counter
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -41,6 +39,7 @@ from tests.acceptance.apps import (
     count_state,
     effects_per_task,
     enqueue,
+    http_get,
     live_rows,
     run_rows,
     wait_until,
@@ -249,16 +248,6 @@ def test_two_cleaners_enqueue_each_fire_time_once(
 # -- operating the daemon -----------------------------------------------------------------------
 
 
-def http_get(url: str) -> tuple[int, Any]:
-    """Status and JSON body of a GET (an error status is an answer too)."""
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        with error:
-            return error.code, json.loads(error.read())
-
-
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_health_endpoint_and_graceful_stop(database_url: str, procs: Processes) -> None:
     options = ("--health-port", "0", "--health-host", "127.0.0.1")
@@ -270,9 +259,13 @@ def test_health_endpoint_and_graceful_stop(database_url: str, procs: Processes) 
     assert found is not None
     base = f"http://{found[1]}:{found[2]}"
 
-    status, live = http_get(f"{base}/livez")
-    assert status == 200, live
-    assert live["live"] is True
+    def connected_livez() -> Any:
+        status, live = http_get(f"{base}/livez")
+        assert status == 200, live  # live from the first answer, while it connects too
+        assert live["live"] is True
+        return None if live.get("connecting") else live
+
+    live = wait_until(connected_livez, "/livez once connected", watch=[cleaner])
     assert set(live["sweeps"]) == SWEEPS
 
     def ready_answer() -> Any:

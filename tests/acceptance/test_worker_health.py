@@ -9,15 +9,22 @@ import signal
 import pytest
 from sqlalchemy import Engine
 
-from tests.acceptance.apps import APP_SPEC, Processes, archived_rows, enqueue, wait_until
-from tests.acceptance.test_cleaner import http_get
+from tests.acceptance.apps import (
+    APP_SPEC,
+    Processes,
+    archived_rows,
+    enqueue,
+    http_get,
+    wait_until,
+)
+from tests.conftest import backends
 from tests.tcp_proxy import ProxyThread
 
 ADDRESS = re.compile(r"health checks on http://([\d.]+):(\d+)/livez")
 EXIT_TIMEOUT = 30
 
 
-@pytest.mark.parametrize("database_url", ["postgresql", "mysql"], indirect=True)
+@pytest.mark.parametrize("database_url", backends("postgresql", "mysql"), indirect=True)
 def test_worker_health_follows_the_database(
     database_url: str, db: Engine, procs: Processes
 ) -> None:

@@ -46,6 +46,7 @@ from tests.chaos.app import (
     rollbacks,
     runs,
 )
+from tests.waiting import NotWithin, until_sync
 from txtasks.schema.tables import archive, tasks
 from txtasks.schema.tables import metadata as txtasks_metadata
 from txtasks.worker.outcomes import DRAIN_SECONDS
@@ -297,17 +298,18 @@ class Chaos:
     ) -> T | None:
         """Poll `probe()` until truthy (its value) or the deadline (None); a watched process
         that exits meanwhile is noted as a problem."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def watched() -> T:
             value = probe()
-            if value:
-                return value
-            for proc in watch:
+            for proc in () if value else watch:
                 if not proc.alive:
                     self.note_exit(proc)
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.1)
+            return value
+
+        try:
+            return until_sync(watched, "a chaos probe", timeout=timeout, interval=0.1)
+        except NotWithin:
+            return None
 
     def expect(self, condition: object, problem: str) -> None:
         """Note `problem` unless `condition` holds (checked with the invariants at the end)."""
@@ -449,12 +451,16 @@ def metric(port: int, name: str) -> float:
 
 def metrics_port(proc: Proc, timeout: float = 20) -> int:
     """The port a process started with --metrics-port 0 serves on (from its log)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    never = f"{proc.name} pid {proc.pid} never said its metrics port"
+
+    def said() -> re.Match[str] | None:
         found = re.search(r"metrics on http://[^:]+:(\d+)/metrics", proc.stderr)
-        if found:
-            return int(found.group(1))
-        if not proc.alive:
-            break
-        time.sleep(0.1)
-    raise AssertionError(f"{proc.name} pid {proc.pid} never said its metrics port:\n{proc.tail()}")
+        if not found and not proc.alive:
+            raise AssertionError(f"{never} (it exited):\n{proc.tail()}")
+        return found
+
+    try:
+        found = until_sync(said, "its metrics port in its log", timeout=timeout, interval=0.1)
+    except NotWithin:
+        raise AssertionError(f"{never}:\n{proc.tail()}") from None
+    return int(found.group(1))

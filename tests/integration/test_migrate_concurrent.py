@@ -14,6 +14,7 @@ from sqlalchemy import Engine, create_engine, event, inspect, select
 
 from tests.acceptance.apps import cli_many
 from tests.conftest import server_url
+from tests.waiting import NotWithin, until_sync
 from txtasks.cli import demo_app
 from txtasks.driver import driver_for_url
 from txtasks.driver.urls import url_sync
@@ -121,12 +122,14 @@ def test_a_migrate_that_starts_as_another_commits_applies_nothing(
         thread = threading.Thread(target=migrate_second)
         threads.append(thread)
         thread.start()
-        deadline = time.monotonic() + 10
-        while thread.is_alive() and not lock_waited(first, asked):
-            if time.monotonic() > deadline:
-                timed_out.append(True)
-                break
-            time.sleep(0.01)
+        try:
+            until_sync(
+                lambda: not thread.is_alive() or lock_waited(first, asked),
+                "the second migrate to end or wait for the lock",
+                interval=0.01,
+            )
+        except NotWithin:
+            timed_out.append(True)
 
     event.listen(first, "commit", before_commit)
     try:

@@ -23,6 +23,7 @@ from cleaner import (
 )
 from cleaner.cli import config_from
 from cleaner.settings import config_with
+from tests.unit.health_http import http_get
 from txtasks import App
 from txtasks.driver import MemoryDriver
 from txtasks.errors import ConfigurationError
@@ -210,13 +211,3 @@ async def test_run_returns_after_request_stop() -> None:
     cleaner.request_stop()
     await asyncio.wait_for(runner, 10)
     assert runner.exception() is None
-
-
-async def http_get(port: int, path: str) -> tuple[int, bytes]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-    await writer.drain()
-    data = await reader.read()
-    writer.close()
-    head, _, body = data.partition(b"\r\n\r\n")
-    return int(head.split()[1]), body

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 import pytest
 
 from cleaner.daemon import Cleaner
+from tests.waiting import until
 from txtasks import App, MemoryDriver, Worker, WorkerConfig
 from txtasks.errors import SchemaError
 from txtasks.faults import unreachable
@@ -34,12 +34,6 @@ def new_app(driver: MemoryDriver) -> App:
     app = App(driver=driver)
     app.task(name="t")(lambda payload: None)
     return app
-
-
-async def wait_for(predicate: Any, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():  # noqa: ASYNC110 - polls state owned by another task
-            await asyncio.sleep(0.005)
 
 
 class Refused(Exception):
@@ -71,11 +65,11 @@ async def test_a_worker_waits_for_the_database_then_serves(
     worker = Worker(app, WorkerConfig(poll_interval=0.01))
     caplog.set_level(logging.DEBUG, logger="txtasks.worker")
     running = asyncio.create_task(worker.run())
-    await wait_for(lambda: driver.tries >= 3)
+    await until(lambda: driver.tries >= 3, "three tries to reach the database")
     assert worker.liveness()["live"] is True and worker.liveness()["connecting"] is True
     assert not running.done()
     driver.reachable.set()
-    await wait_for(lambda: worker.stats.outcomes.get("completed") == 1)
+    await until(lambda: worker.stats.outcomes.get("completed") == 1, "the task to complete")
     worker.stop()
     await asyncio.wait_for(running, 5)
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -87,7 +81,7 @@ async def test_a_worker_stopped_while_waiting_for_the_database_returns() -> None
     driver = LateDriver(ConnectionRefusedError(111, "Connection refused"))
     worker = Worker(new_app(driver), WorkerConfig())
     running = asyncio.create_task(worker.run())
-    await wait_for(lambda: driver.tries >= 2)
+    await until(lambda: driver.tries >= 2, "two tries to reach the database")
     worker.stop()
     stats = await asyncio.wait_for(running, 5)
     assert stats.claimed == 0
@@ -113,9 +107,9 @@ async def test_a_cleaner_waits_for_the_database_then_starts() -> None:
     driver = LateDriver(ConnectionRefusedError(111, "Connection refused"))
     cleaner = Cleaner(new_app(driver))
     running = asyncio.create_task(cleaner.run())
-    await wait_for(lambda: driver.tries >= 3)
+    await until(lambda: driver.tries >= 3, "three tries to reach the database")
     assert cleaner.health() == {"live": True, "ready": False, "connecting": True, "sweeps": {}}
     driver.reachable.set()
-    await wait_for(lambda: cleaner._scheduler is not None)
+    await until(lambda: cleaner._scheduler is not None, "the cleaner to schedule its sweeps")
     cleaner.request_stop()
     await asyncio.wait_for(running, 5)

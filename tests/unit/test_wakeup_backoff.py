@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
+from tests.waiting import until
 from txtasks.retry import Constant, Exponential
 from txtasks.wakeup.amqp import RECONNECT_BACKOFF, AmqpNotifier
 
@@ -58,15 +59,6 @@ async def away_broker(*, silent: bool = False) -> AsyncIterator[AwayBroker]:
         yield broker
     finally:
         await broker.close()
-
-
-async def until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        await asyncio.sleep(0.02)
 
 
 def broker_lines(caplog: pytest.LogCaptureFixture) -> list[str]:

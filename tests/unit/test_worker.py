@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.waiting import until
 from txtasks import (
     AckPolicy,
     App,
@@ -39,13 +40,6 @@ def states(app: App) -> dict[int, tuple[str, int]]:
     driver: MemoryDriver = app.driver  # type: ignore[assignment]
     rows = {**driver.live, **driver.archived}
     return {i: (r.state.value, r.attempt) for i, r in sorted(rows.items())}
-
-
-async def wait_for(predicate: Any, timeout: float = 5.0) -> None:
-    """Wait until an observable condition holds (fails the test after `timeout`)."""
-    async with asyncio.timeout(timeout):
-        while not predicate():  # noqa: ASYNC110 - polls state owned by another task
-            await asyncio.sleep(0.005)
 
 
 async def test_outcomes_of_every_handler_signal() -> None:
@@ -234,7 +228,7 @@ async def test_never_more_tasks_at_once_than_slots() -> None:
     await app.aenqueue_many([block.new(i) for i in range(10)])
     worker = Worker(app, WorkerConfig(concurrency=3, burst=True, burst_horizon=0, **FAST))
     run = asyncio.create_task(worker.run())
-    await wait_for(lambda: running == 3)
+    await until(lambda: running == 3, "three handlers running")
     processing = [r for r in enqueued(app) if r.state is TaskState.PROCESSING]
     assert len(processing) == 3  # claimed only as many as free slots
     release.set()
@@ -365,7 +359,10 @@ async def test_heartbeat_extends_leases_of_running_tasks() -> None:
     @app.task(name="watch")
     async def watch(payload: None, ctx: TaskContext) -> None:
         first_lease.append(driver.live[ctx.task_id].lease_expires_at)
-        await wait_for(lambda: driver.live[ctx.task_id].lease_expires_at > first_lease[0])
+        await until(
+            lambda: driver.live[ctx.task_id].lease_expires_at > first_lease[0],
+            "the heartbeat to extend the lease",
+        )
 
     await watch.aenqueue()
     stats = await run_until_empty(app, lease=1.0, heartbeat=0.02)

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_cleaner import http_get
+from tests.unit.health_http import http_get
+from tests.waiting import until
 from txtasks import App, MemoryDriver, Worker, WorkerConfig
 from txtasks.errors import ConfigurationError
 from txtasks.health import HealthServer
@@ -43,12 +44,6 @@ def new_worker(driver: MemoryDriver, **config: Any) -> Worker:
     app = App(driver=driver)
     app.task(name="t")(lambda payload: None)
     return Worker(app, WorkerConfig(**{**FAST, **config}))
-
-
-async def wait_for(predicate: Any, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():  # noqa: ASYNC110 - polls state owned by another task
-            await asyncio.sleep(0.005)
 
 
 async def test_livez_and_readyz_answer_while_the_worker_runs_and_the_database_answers() -> None:
@@ -87,7 +82,10 @@ async def test_a_claim_stuck_in_the_database_fails_livez_within_its_bound() -> N
         driver.hang.set()
         claims = driver.claims
 
-        await wait_for(lambda: driver.claims > claims and not worker.liveness()["live"])
+        await until(
+            lambda: driver.claims > claims and not worker.liveness()["live"],
+            "a failed claim to make the worker not live",
+        )
         assert worker.liveness()["stuck"] == ["claimer"]
         assert (await worker.health("ready"))["ready"] is False
     finally:
@@ -122,12 +120,12 @@ async def test_a_stuck_outcome_write_neither_stops_the_heartbeat_nor_passes_live
     worker = Worker(app, WorkerConfig(heartbeat=0.02, stall_after=0.2, **FAST))
     running = asyncio.create_task(worker.run())
     try:
-        await wait_for(lambda: worker.stats.started == 1)
+        await until(lambda: worker.stats.started == 1, "the task to start")
         beats = len(driver.extended)
         # the heartbeat goes on extending the lease of the task whose outcome waits
-        await wait_for(lambda: len(driver.extended) >= beats + 3)
+        await until(lambda: len(driver.extended) >= beats + 3, "three more heartbeats")
         assert driver.extended[-1] == 1
-        await wait_for(lambda: not worker.liveness()["live"])
+        await until(lambda: not worker.liveness()["live"], "the worker to be not live")
         assert worker.liveness()["stuck"] == ["outcomes"]
     finally:
         driver.released.set()
@@ -149,7 +147,7 @@ async def test_a_worker_whose_slots_are_all_busy_stays_live() -> None:
     worker = Worker(app, WorkerConfig(concurrency=1, stall_after=0.05, **FAST))
     running = asyncio.create_task(worker.run())
     try:
-        await wait_for(lambda: worker.stats.started == 1)
+        await until(lambda: worker.stats.started == 1, "the task to start")
         await asyncio.sleep(0.3)  # six times the bound: a loop waiting for a slot still turns
         assert worker.liveness()["live"] is True
     finally:
