@@ -4,24 +4,28 @@ Enqueue tasks inside your own SQL transaction; workers claim them with SKIP LOCK
 every outcome fenced on the attempt that ran it.
 """
 
-from txtasks.app import App, Task, TaskOptions
-from txtasks.driver import MemoryDriver, driver_for_url
-from txtasks.driver.timeouts import DatabaseTimeout, Timeouts
-from txtasks.engines import create_async_engine, create_engine, migrate
-from txtasks.errors import (
-    ConfigurationError,
-    Drop,
-    PayloadError,
-    Reject,
-    Retry,
-    SchemaError,
-    TxtasksError,
-    UnknownTaskError,
-)
-from txtasks.policy import AckPolicy
-from txtasks.retry import Constant, Custom, Exponential, Linear, RetryStrategy
-from txtasks.types import NewTask, TaskRow, TaskState
-from txtasks.worker import TaskContext, Worker, WorkerConfig, WorkerStats
+import importlib as _importlib
+import typing as _typing
+
+if _typing.TYPE_CHECKING:
+    from txtasks.app import App, Task, TaskOptions
+    from txtasks.driver import MemoryDriver, driver_for_url
+    from txtasks.driver.timeouts import DatabaseTimeout, Timeouts
+    from txtasks.engines import create_async_engine, create_engine, migrate
+    from txtasks.errors import (
+        ConfigurationError,
+        Drop,
+        PayloadError,
+        Reject,
+        Retry,
+        SchemaError,
+        TxtasksError,
+        UnknownTaskError,
+    )
+    from txtasks.policy import AckPolicy
+    from txtasks.retry import Constant, Custom, Exponential, Linear, RetryStrategy
+    from txtasks.types import NewTask, TaskRow, TaskState
+    from txtasks.worker import TaskContext, Worker, WorkerConfig, WorkerStats
 
 __version__ = "0.1.0"
 
@@ -59,3 +63,50 @@ __all__ = [
     "driver_for_url",
     "migrate",
 ]
+
+#: Where each export lives: `import txtasks` is cheap (a command's `--help` imports no
+#: SQLAlchemy), and a name's module is imported when the name is first used (PEP 562).
+_SOURCES = {
+    "App": "txtasks.app",
+    "Task": "txtasks.app",
+    "TaskOptions": "txtasks.app",
+    "MemoryDriver": "txtasks.driver",
+    "driver_for_url": "txtasks.driver",
+    "DatabaseTimeout": "txtasks.driver.timeouts",
+    "Timeouts": "txtasks.driver.timeouts",
+    "create_async_engine": "txtasks.engines",
+    "create_engine": "txtasks.engines",
+    "migrate": "txtasks.engines",
+    **dict.fromkeys(
+        (
+            "ConfigurationError",
+            "Drop",
+            "PayloadError",
+            "Reject",
+            "Retry",
+            "SchemaError",
+            "TxtasksError",
+            "UnknownTaskError",
+        ),
+        "txtasks.errors",
+    ),
+    "AckPolicy": "txtasks.policy",
+    **dict.fromkeys(
+        ("Constant", "Custom", "Exponential", "Linear", "RetryStrategy"), "txtasks.retry"
+    ),
+    **dict.fromkeys(("NewTask", "TaskRow", "TaskState"), "txtasks.types"),
+    **dict.fromkeys(("TaskContext", "Worker", "WorkerConfig", "WorkerStats"), "txtasks.worker"),
+}
+
+
+def __getattr__(name: str) -> object:
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module 'txtasks' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(source), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

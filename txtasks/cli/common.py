@@ -13,21 +13,26 @@ import re
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 
 import click
-from pythonjsonlogger.json import JsonFormatter
-from sqlalchemy.engine import URL
-from sqlalchemy.exc import DBAPIError
 
 from txtasks._checks import check_number
-from txtasks.app import ENV_BROKER_URL, ENV_DATABASE_URL, App
-from txtasks.driver import Driver, driver_for_url
-from txtasks.driver.timeouts import ENV_VARS, Timeouts
-from txtasks.driver.urls import url_safe
 from txtasks.errors import ConfigurationError, PayloadError, TxtasksError
 from txtasks.payload import headers_decode, payload_decode
 from txtasks.types import JSON_CONTENT_TYPE, TaskRow
+
+if TYPE_CHECKING:  # imported where used: building the commands and --help need none of them
+    from sqlalchemy.engine import URL
+    from sqlalchemy.exc import DBAPIError
+
+    from txtasks.app import App
+    from txtasks.driver import Driver
+
+#: The variables of `txtasks.app` (a test checks they are the same), named here so that the
+#: options are built without importing the app and SQLAlchemy.
+ENV_DATABASE_URL = "TXTASKS_DATABASE_URL"
+ENV_BROKER_URL = "TXTASKS_BROKER_URL"
 
 T = TypeVar("T")
 
@@ -70,6 +75,8 @@ def _timeout_setting(variable: str) -> Callable[[click.Context, click.Parameter,
     def store(_ctx: click.Context, param: click.Parameter, value: str | None) -> None:
         if value is None:
             return
+        from txtasks.driver.timeouts import ENV_VARS, Timeouts
+
         try:
             Timeouts().replace({ENV_VARS[variable]: value})
         except ConfigurationError as exc:
@@ -109,6 +116,8 @@ def timeout_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 def load_app(spec: str) -> App:
     """Import `module:attribute` and check it is a txtasks App."""
+    from txtasks.app import App
+
     app = load_object(spec)
     if not isinstance(app, App):
         raise click.BadParameter(f"{spec!r} is a {type(app).__name__}, not a txtasks.App")
@@ -144,6 +153,8 @@ def resolve_url(url: str | None, app: App | None = None) -> str:
 
 def with_driver(url: str | None, call: Callable[[Driver], Awaitable[T]]) -> T:
     """Open a driver for the URL, run one call with it, close it."""
+    from txtasks.driver import driver_for_url
+
     resolved = resolve_url(url)
     driver = driver_for_url(resolved)
 
@@ -216,17 +227,28 @@ def error_message(exc: BaseException, url: str | URL | None = None) -> str | Non
     if isinstance(exc, ImportError) and (exc.name or "").partition(".")[0] in EXTRAS:
         module = (exc.name or "").partition(".")[0]
         return f'{module} is not installed: pip install "txtasks[{EXTRAS[module]}]"'
-    if isinstance(exc, DBAPIError):
+    if isinstance(exc, database_errors()):
         return database_message(exc, url)
     if isinstance(exc, OSError):
+        from txtasks.driver.urls import url_safe
+
         where = f" to {url_safe(url)}" if url is not None else ""
         return f"cannot connect{where}: {exc.strerror or exc}"
     return None
 
 
+def database_errors() -> tuple[type[DBAPIError], ...]:
+    """SQLAlchemy's database error, when SQLAlchemy is loaded (else none can have been raised:
+    a `--help` or a usage error does not import it)."""
+    exc_module = sys.modules.get("sqlalchemy.exc")
+    return (exc_module.DBAPIError,) if exc_module is not None else ()
+
+
 def database_message(exc: DBAPIError, url: str | URL | None) -> str:
     """One line for a database error: the connection that failed, the table that is missing,
     or the driver's first line (never the statement or its parameters)."""
+    from txtasks.driver.urls import url_safe
+
     lines = str(exc.orig).strip().splitlines() if exc.orig is not None else []
     detail = lines[0] if lines else type(exc).__name__
     missing = MISSING_TABLE.search(detail)
@@ -245,18 +267,33 @@ def friendly_errors(url: str | URL | None = None) -> Iterator[None]:
     not a trace; with `url`, connection errors name the database."""
     try:
         yield
-    except (TxtasksError, DBAPIError, OSError, ImportError) as exc:
+    except Exception as exc:
         message = error_message(exc, url)
-        if message is None:  # an ImportError of anything but an optional dependency: a bug
+        if message is None:  # a bug, or click's own exit: raised as it is
             raise
         raise click.ClickException(message) from exc
 
 
+class Lazy(NamedTuple):
+    """A command of another package: where it is ("module:attribute") and the first paragraph
+    of its help, which `txtasks --help` shortens and lists without importing the command (a
+    test checks it is the command's own)."""
+
+    spec: str
+    help_text: str
+
+
 class Commands(click.Group):
     """The `txtasks` group, reporting errors with `friendly_errors`. Commands of other packages
-    (`lazy`: name -> "module:attribute") are imported only when they run or are listed."""
+    (`lazy`) are imported only when they run or show their own help."""
 
-    lazy: ClassVar[dict[str, str]] = {"cleaner": "cleaner.cli:cleaner"}
+    lazy: ClassVar[dict[str, Lazy]] = {
+        "cleaner": Lazy(
+            "cleaner.cli:cleaner",
+            "Rescue tasks of dead workers, re-announce lost wake-ups, archive, purge old rows and "
+            "fire periodic tasks for APP (module:attribute). SIGTERM/SIGINT stop it.",
+        )
+    }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.lazy})
@@ -264,11 +301,27 @@ class Commands(click.Group):
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         command = super().get_command(ctx, name)
         if command is None and name in self.lazy:
-            module, _, attribute = self.lazy[name].partition(":")
+            module, _, attribute = self.lazy[name].spec.partition(":")
             command = getattr(importlib.import_module(module), attribute)
             command.context_settings.setdefault("help_option_names", ["-h", "--help"])
             self.add_command(command, name)
         return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """click's listing, with the summary of a lazy command not imported yet."""
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(map(len, names), default=0)
+        rows = []
+        for name in names:
+            command = self.commands.get(name)
+            if command is None:
+                placeholder = click.Command(name, help=self.lazy[name].help_text)
+                rows.append((name, placeholder.get_short_help_str(limit)))
+            elif not command.hidden:
+                rows.append((name, command.get_short_help_str(limit)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> Any:
         with friendly_errors():
@@ -330,6 +383,8 @@ def logging_setup(level: str, log_format: str = "text") -> None:
     """Log to stderr as text, or as one JSON object per line (extra fields included)."""
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
+        from pythonjsonlogger.json import JsonFormatter
+
         handler.setFormatter(
             JsonFormatter(
                 "%(asctime)s %(levelname)s %(name)s %(message)s",

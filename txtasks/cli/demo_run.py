@@ -1,4 +1,5 @@
-"""`txtasks demo`: enqueue thousands of tasks in transactions, run workers, check the guarantees."""
+"""What `txtasks demo` runs: enqueue thousands of tasks in transactions, run workers, check the
+guarantees (imported only when the demo runs)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy import Engine, create_engine, delete, func, select
 
 from txtasks.app import ENV_BROKER_URL, ENV_DATABASE_URL
-from txtasks.cli.common import Share, broker_url_option
 from txtasks.cli.demo_app import MAX_ATTEMPTS, QUEUE, app, effects, metadata, orders
 from txtasks.driver.sqlite import sqlite_connection_setup
 from txtasks.driver.urls import backend_name, url_safe, url_sync
@@ -222,43 +221,7 @@ def _verify(engine: Engine, plan: Plan) -> list[tuple[str, bool, str]]:
     ]
 
 
-@click.command()
-@click.option("--database-url", help="Run on this database instead of a temporary SQLite file.")
-@click.option("--tasks", "count", type=click.IntRange(min=1), default=3000, show_default=True)
-@click.option(
-    "--workers", type=click.IntRange(min=1), default=3, show_default=True, help="Worker processes."
-)
-@click.option(
-    "--concurrency",
-    type=click.IntRange(min=1),
-    default=8,
-    show_default=True,
-    help="Tasks at once per worker.",
-)
-@click.option(
-    "--rollback",
-    type=Share(),
-    default=0.1,
-    show_default=True,
-    help="Share of transactions rolled back.",
-)
-@click.option(
-    "--flaky",
-    type=Share(),
-    default=0.05,
-    show_default=True,
-    help="Share of tasks failing once.",
-)
-@click.option(
-    "--poison",
-    type=Share(),
-    default=0.01,
-    show_default=True,
-    help="Share of tasks always failing.",
-)
-@click.option("--seed", type=int, default=7, show_default=True)
-@broker_url_option
-def demo(
+def run(
     database_url: str | None,
     count: int,
     workers: int,
@@ -269,7 +232,7 @@ def demo(
     seed: int,
     broker_url: str | None,
 ) -> None:
-    """Enqueue tasks in transactions, run workers, and check every guarantee from the database."""
+    """Run the demo (`txtasks demo`) and print the guarantees it checked."""
     console = Console()
     if broker_url:
         os.environ[ENV_BROKER_URL] = broker_url  # for the worker processes

@@ -9,11 +9,9 @@ import logging
 import os
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from txtasks import __version__
 from txtasks.cli.common import (
@@ -37,19 +35,34 @@ from txtasks.cli.common import (
     timeout_options,
     with_driver,
 )
+from txtasks.cli.demo import demo
 from txtasks.clock import utcnow
-from txtasks.driver import Driver, driver_for_url
-from txtasks.driver.urls import backend_name, url_sync
-from txtasks.errors import TxtasksError
-from txtasks.metrics import Metrics
-from txtasks.schema import migrate as schema_migrate
 from txtasks.types import TaskState
-from txtasks.wakeup import notifier_for_url
-from txtasks.worker import Worker, WorkerConfig
+
+if TYPE_CHECKING:  # each command imports what it runs: the group and --help need none of it
+    from txtasks.driver import Driver
 
 log = logging.getLogger("txtasks.cli")
-DEFAULTS = WorkerConfig()
 STATE_COLUMNS = [s.value for s in TaskState]
+
+
+class WorkerDefault:
+    """The default of a `WorkerConfig` setting, read when the worker runs or shows its help:
+    listing the commands does not import the worker."""
+
+    def __init__(self, setting: str) -> None:
+        self.setting = setting
+
+    def __call__(self) -> Any:
+        from txtasks.worker import WorkerConfig
+
+        return getattr(WorkerConfig(), self.setting)
+
+    def __str__(self) -> str:  # click shows it as the default
+        return str(self())
+
+    def __bool__(self) -> bool:  # click reads a flag's default as its truth
+        return bool(self())
 
 
 @click.group(
@@ -77,6 +90,10 @@ def main() -> None:
 )
 def migrate(database_url: str | None, print_sql: bool, dialect: str | None, since: int) -> None:
     """Create or upgrade the txtasks tables."""
+    from txtasks.driver import driver_for_url
+    from txtasks.driver.urls import backend_name
+    from txtasks.schema import migrate as schema_migrate
+
     if print_sql:
         name = dialect or (backend_name(database_url) if database_url else None)
         if name is None:
@@ -120,7 +137,7 @@ def migrate(database_url: str | None, print_sql: bool, dialect: str | None, sinc
     "-c",
     "--concurrency",
     type=click.IntRange(min=1),
-    default=DEFAULTS.concurrency,
+    default=WorkerDefault("concurrency"),
     show_default=True,
     envvar="TXTASKS_CONCURRENCY",
     help="Tasks run at once.",
@@ -128,21 +145,21 @@ def migrate(database_url: str | None, print_sql: bool, dialect: str | None, sinc
 @click.option(
     "--lease",
     type=click.FloatRange(min=0, min_open=True),
-    default=DEFAULTS.lease,
+    default=WorkerDefault("lease"),
     show_default=True,
     help="Seconds a claim holds a task without a heartbeat.",
 )
 @click.option(
     "--poll-interval",
     type=click.FloatRange(min=0, min_open=True),
-    default=DEFAULTS.poll_interval,
+    default=WorkerDefault("poll_interval"),
     show_default=True,
     help="Seconds between polls when idle.",
 )
 @click.option(
     "--shutdown-grace",
     type=click.FloatRange(min=0),
-    default=DEFAULTS.shutdown_grace,
+    default=WorkerDefault("shutdown_grace"),
     show_default=True,
     help="Seconds in-flight tasks get to finish on SIGTERM/SIGINT.",
 )
@@ -152,12 +169,12 @@ def migrate(database_url: str | None, print_sql: bool, dialect: str | None, sinc
 @click.option(
     "--burst-horizon",
     type=click.FloatRange(min=0),
-    default=DEFAULTS.burst_horizon,
+    default=WorkerDefault("burst_horizon"),
     show_default=True,
 )
 @click.option(
     "--archive-completed/--no-archive-completed",
-    default=DEFAULTS.archive_completed,
+    default=WorkerDefault("archive_completed"),
     show_default=True,
     help="Keep completed tasks in the archive table.",
 )
@@ -180,6 +197,12 @@ def worker(
     **settings: Any,
 ) -> None:
     """Run the tasks of APP (module:attribute). SIGTERM/SIGINT stop it gracefully."""
+    from txtasks.driver import driver_for_url
+    from txtasks.errors import TxtasksError
+    from txtasks.metrics import Metrics
+    from txtasks.wakeup import notifier_for_url
+    from txtasks.worker import Worker, WorkerConfig
+
     logging_setup(log_level, log_format)
     event_loop = loop_choice(loop)
     app = load_app(app_spec)
@@ -234,6 +257,9 @@ def worker(
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(database_url: str | None, as_json: bool) -> None:
     """Counts per queue and state, and the age of the oldest ready task."""
+    from rich.console import Console
+    from rich.table import Table
+
     stats = with_driver(database_url, lambda driver: driver.queue_stats(now=utcnow()))
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(s) for s in stats], indent=2))
@@ -261,6 +287,9 @@ def dlq() -> None:
 @click.option("--json", "as_json", is_flag=True)
 def dlq_list(database_url: str | None, queue: str | None, limit: int, as_json: bool) -> None:
     """Dead-lettered tasks, newest first."""
+    from rich.console import Console
+    from rich.table import Table
+
     rows = with_driver(database_url, lambda driver: driver.dead_list(queue=queue, limit=limit))
     if as_json:
         click.echo(json.dumps([task_json(r) for r in rows], default=json_default, indent=2))
@@ -306,6 +335,8 @@ def dlq_requeue(
     async def requeue(driver: Driver) -> list[int]:
         done = await driver.dead_requeue(chosen, queue=queue, now=utcnow())
         if done and broker_url:  # a hint per queue that now has ready tasks
+            from txtasks.wakeup import notifier_for_url
+
             notifier = notifier_for_url(broker_url)
             try:
                 for stats in await driver.queue_stats(now=utcnow()):
@@ -368,6 +399,9 @@ def enqueue(
     url = resolve_url(database_url, app)
     from sqlalchemy import create_engine
 
+    from txtasks.driver.urls import url_sync
+    from txtasks.wakeup import notifier_for_url
+
     with friendly_errors(url):
         engine = create_engine(url_sync(url))
         try:
@@ -383,13 +417,7 @@ def enqueue(
     click.echo(task_id)
 
 
-def _register_demo() -> None:
-    from txtasks.cli.demo import demo
-
-    main.add_command(demo)
-
-
-_register_demo()
+main.add_command(demo)
 
 
 def _help_options(command: click.Command) -> None:
