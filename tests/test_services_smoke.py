@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from urllib.parse import unquote, urlsplit
 
@@ -10,6 +9,8 @@ import aio_pika
 import aiomysql
 import asyncpg
 import pytest
+
+from tests.waiting import until
 
 pytest_plugins = ("tests.servers",)  # also loaded by tests/conftest.py; harmless twice
 
@@ -121,13 +122,9 @@ async def test_rabbitmq_publish_then_get(amqp_url: str) -> None:
             await channel.default_exchange.publish(
                 aio_pika.Message(body=body), routing_key=queue.name
             )
-            message = None
-            for _ in range(50):
-                message = await queue.get(fail=False, timeout=5)
-                if message is not None:
-                    break
-                await asyncio.sleep(0.1)
-            assert message is not None, "the published message never arrived"
+            message = await until(
+                lambda: queue.get(fail=False, timeout=5), "the published message", interval=0.1
+            )
             await message.ack()
             assert message.body == body
         finally:

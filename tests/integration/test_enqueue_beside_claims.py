@@ -11,6 +11,7 @@ from sqlalchemy import Column, Integer, MetaData, Table, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from tests.conftest import BACKENDS, reset_schema, server_url
+from tests.waiting import until
 from txtasks import App, Worker, WorkerConfig
 from txtasks.driver import driver_for_url
 from txtasks.driver.sqlite import sqlite_connection_setup
@@ -71,8 +72,8 @@ async def test_claims_never_fail_an_application_transaction(
             await asyncio.gather(*(client(c) for c in range(CLIENTS)))
             async with engine.connect() as conn:
                 committed = (await conn.execute(select(func.count()).select_from(orders))).scalar()
-            while len(done) < 2 * (committed or 0):  # noqa: ASYNC110 - the workers finish them
-                await asyncio.sleep(0.01)
+            expected = 2 * (committed or 0)
+            await until(lambda: len(done) >= expected, "every committed task done", timeout=90)
     finally:
         for w in workers:
             w.stop()

@@ -15,16 +15,16 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.integration.test_wakeups import (
+from tests.integration.wakeups import (
     RESUME_BOUND,
     SLOW_POLL,
     Harness,
     RunningWorker,
     broker_log,
     new_queue,
-    until,
 )
 from tests.tcp_proxy import TcpProxy
+from tests.waiting import until
 from txtasks.wakeup.amqp import AmqpNotifier
 
 pytestmark = [

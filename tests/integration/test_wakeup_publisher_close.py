@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 
+from tests.waiting import until
 from txtasks.wakeup import WakeupStats
 from txtasks.wakeup.amqp import AmqpNotifier, AmqpPublisher
 
@@ -21,9 +22,7 @@ async def test_a_hint_published_right_before_close_arrives(amqp_url: str) -> Non
     subscriber = AmqpNotifier(amqp_url)
     await subscriber.subscribe([queue], lambda name: woken.set())
     try:
-        async with asyncio.timeout(10):
-            while not subscriber.stats.connected:  # noqa: ASYNC110 - the subscriber's own loop
-                await asyncio.sleep(0.01)
+        await until(lambda: subscriber.stats.connected, "the subscriber to connect")
         stats = WakeupStats()
         publisher = AmqpPublisher(amqp_url, stats, publish_timeout=5)
         publisher.notify(queue, [1])

@@ -11,231 +11,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import json
 import logging
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from typing import Any
 
 import aio_pika
 import pytest
 from sqlalchemy import create_engine
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session
 
 from cleaner import Cleaner, CleanerConfig, ReannouncerConfig
+from tests.conftest import backends
 from tests.integration.rabbitmq_private import PrivateRabbitMQ
+from tests.integration.wakeups import (
+    FAST_POLL,
+    RESUME_BOUND,
+    SLOW_POLL,
+    WAIT,
+    Harness,
+    RunningWorker,
+    broker_log,
+    new_queue,
+    probing,
+)
 from tests.tcp_proxy import TcpProxy
-from txtasks import App
-from txtasks.app import Task
-from txtasks.driver.urls import url_async, url_sync
-from txtasks.types import TaskRow, TaskState
+from tests.waiting import until
+from txtasks.driver.urls import url_sync
+from txtasks.types import TaskState
 from txtasks.wakeup import Notifier
 from txtasks.wakeup.amqp import EXCHANGE, STABLE_AFTER, AmqpNotifier, amqp_queue_name
 from txtasks.wakeup.base import MAX_MESSAGE_BYTES
-from txtasks.worker.worker import Worker, WorkerConfig, WorkerStats
 
 pytestmark = pytest.mark.rabbitmq
-
-#: Seconds any expected event may take. Polls in the wake-up tests are 30 s, so a task that
-#: starts within this was woken, not found by a poll.
-WAIT = 10.0
-SLOW_POLL = 30.0
-FAST_POLL = 0.1
-#: Seconds from the broker's return to the first wake-up a worker acts on.
-RESUME_BOUND = 5.0
-#: Loggers an operator reads about the broker: txtasks' own and the AMQP libraries'.
-BROKER_LOGGERS = ("txtasks.wakeup", "aiormq", "aio_pika")
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-async def until(
-    check: Callable[[], bool | Awaitable[bool]],
-    what: str,
-    *,
-    timeout: float = WAIT,
-    probe: Callable[[], Awaitable[Any]] | None = None,
-    every: float = 0.5,
-) -> None:
-    """Wait for observable state; `probe` (if any) runs every `every` seconds meanwhile."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    next_probe = loop.time()
-    while True:
-        result = check()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return
-        now = loop.time()
-        if now > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        if probe is not None and now >= next_probe:
-            await probe()
-            next_probe = now + every
-        await asyncio.sleep(0.02)
-
-
-def broker_log(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str, str]]:
-    """(level, logger, message) of each line about the broker: txtasks' and the AMQP libraries'."""
-
-    def text(record: logging.LogRecord) -> str:
-        try:
-            return record.getMessage()
-        except Exception:  # aio-pika 10 logs records whose arguments fail to format
-            return str(record.msg)
-
-    return [
-        (r.levelname, r.name, text(r)) for r in caplog.records if r.name.startswith(BROKER_LOGGERS)
-    ]
-
-
-def new_queue(label: str) -> str:
-    return f"wk-{label}-{uuid.uuid4().hex[:10]}"
-
-
-class Runs:
-    """The handler: records each payload it runs and signals when a given one starts."""
-
-    def __init__(self) -> None:
-        self.payloads: list[Any] = []
-        self._started: dict[str, asyncio.Event] = {}
-
-    def started(self, payload: str) -> asyncio.Event:
-        return self._started.setdefault(payload, asyncio.Event())
-
-    async def handler(self, payload: Any) -> None:
-        self.payloads.append(payload)
-        self.started(json.dumps(payload)).set()
-
-    async def wait_started(self, payload: Any, timeout: float = WAIT) -> None:
-        try:
-            await asyncio.wait_for(self.started(json.dumps(payload)).wait(), timeout)
-        except asyncio.TimeoutError:
-            raise AssertionError(f"the task {payload!r} did not start within {timeout}s") from None
-
-    def assert_each_ran_once(self, expected: list[Any]) -> None:
-        key = json.dumps
-        assert sorted(map(key, self.payloads)) == sorted(map(key, expected))
-
-
-class ClaimCounter:
-    """The worker's driver, counting claims (and the empty ones) so tests see what it did."""
-
-    def __init__(self, driver: Any) -> None:
-        self._driver = driver
-        self.calls = 0
-        self.empty = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._driver, name)
-
-    async def task_claim_many(self, *args: Any, **kwargs: Any) -> list[TaskRow]:
-        rows: list[TaskRow] = await self._driver.task_claim_many(*args, **kwargs)
-        self.calls += 1
-        self.empty += not rows
-        return rows
-
-
-@dataclass
-class RunningWorker:
-    worker: Worker
-    claims: ClaimCounter
-    running: asyncio.Task[WorkerStats]
-
-    @property
-    def stats(self) -> WorkerStats:
-        return self.worker.stats
-
-    def stop(self) -> None:
-        self.worker.stop()
-
-
-class Harness:
-    """One app (the publisher side), its task, a SQLAlchemy engine, and workers, all closed."""
-
-    def __init__(
-        self,
-        stack: contextlib.AsyncExitStack,
-        database_url: str,
-        broker_url: str,
-        queue: str,
-        notifier: AmqpNotifier | None = None,
-    ) -> None:
-        self.stack = stack
-        self.database_url = database_url
-        self.queue = queue
-        self.runs = Runs()
-        self.app = App(
-            "wakeups", database_url=database_url, broker_url=broker_url, notifier=notifier
-        )
-        stack.push_async_callback(self.app.aclose)
-        self.task: Task = self.app.task(name="wakeups.task", queue=queue)(self.runs.handler)
-        self.engine: AsyncEngine = create_async_engine(url_async(database_url))
-        stack.push_async_callback(self.engine.dispose)
-
-    @classmethod
-    async def create(
-        cls,
-        stack: contextlib.AsyncExitStack,
-        database_url: str,
-        broker_url: str,
-        queue: str,
-        notifier: AmqpNotifier | None = None,
-    ) -> Harness:
-        harness = cls(stack, database_url, broker_url, queue, notifier)
-        # txtasks' first connection turns a fresh SQLite file to WAL, which fails at once while
-        # another connection writes: make it before the test's own engine writes
-        await harness.app.driver.open()
-        return harness
-
-    async def subscriber(self, broker_url: str) -> AmqpNotifier:
-        """A notifier of the worker's own, so its stats are about consuming alone."""
-        notifier = AmqpNotifier(broker_url)
-        self.stack.push_async_callback(notifier.close)
-        return notifier
-
-    async def worker(self, *, poll: float, notifier: AmqpNotifier | None = None) -> RunningWorker:
-        """A worker running as a task of the test's loop; stopped (and checked) at the end."""
-        claims = ClaimCounter(self.app.driver)
-        config = WorkerConfig(poll_interval=poll, flush_interval=0.001, shutdown_grace=5)
-        worker = Worker(self.app, config, driver=claims, notifier=notifier)  # type: ignore[arg-type]
-        running = RunningWorker(worker, claims, asyncio.create_task(worker.run()))
-
-        async def stop() -> None:
-            worker.stop()
-            await asyncio.wait_for(running.running, 15)  # also raises what the worker raised
-
-        self.stack.push_async_callback(stop)
-        return running
-
-    async def enqueue(self, payload: Any, *, commit: bool = True) -> int:
-        """Enqueue in the caller's AsyncConnection transaction, then commit or roll back."""
-        async with self.engine.connect() as conn:
-            task_id = await self.task.aenqueue_tx(conn, payload)
-            await (conn.commit() if commit else conn.rollback())
-        return task_id
-
-    async def row(self, task_id: int) -> TaskRow | None:
-        return await self.app.driver.task_get(task_id)
-
-    async def done(self, *ids: int) -> bool:
-        for task_id in ids:
-            row = await self.row(task_id)
-            if row is None or row.state is not TaskState.COMPLETED:
-                return False
-        return True
-
-    async def assert_completed_once(self, *ids: int) -> None:
-        for task_id in ids:
-            row = await self.row(task_id)
-            assert row is not None, f"task {task_id} is gone"
-            assert (row.state, row.attempt) == (TaskState.COMPLETED, 1), (task_id, row)
 
 
 @pytest.fixture
@@ -641,7 +450,7 @@ async def test_connections_dropped_mid_run_lose_nothing_and_wakeups_resume(
     async def probe() -> None:  # the publisher reconnects at a hint, once its backoff is over
         probes.append(await h.enqueue(f"probe {len(probes)}"))
 
-    await until(lambda: worker.stats.wakeups > wakeups, "wake-ups resume", probe=probe)
+    await until(probing(lambda: worker.stats.wakeups > wakeups, probe), "wake-ups resume")
     assert proxy.accepted >= accepted + 2  # both connected again
     await until(lambda: h.done(*probes), "the probes complete")
     h.runs.assert_each_ran_once(
@@ -657,7 +466,7 @@ def private_broker() -> Iterator[PrivateRabbitMQ]:
         yield broker
 
 
-@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("database_url", backends("postgresql"), indirect=True)
 async def test_a_broker_restart_loses_no_task_and_wakeups_resume(
     database_url: str,
     private_broker: PrivateRabbitMQ,
@@ -686,10 +495,8 @@ async def test_a_broker_restart_loses_no_task_and_wakeups_resume(
         probes.append(await h.enqueue(f"probe {len(probes)}"))
 
     await until(
-        lambda: worker.stats.wakeups > wakeups,
+        probing(lambda: worker.stats.wakeups > wakeups, probe, every=0.1),
         "wake-ups resume",
-        probe=probe,
-        every=0.1,
         timeout=RESUME_BOUND,
     )
     assert subscriber.stats.connected
@@ -705,7 +512,6 @@ async def test_a_broker_restart_loses_no_task_and_wakeups_resume(
         lambda: sum(level == "INFO" for level, _, _ in broker_log(caplog)) >= 2,
         "each connection says it is back",
         timeout=STABLE_AFTER + 5,
-        every=0.1,
     )
     lines = broker_log(caplog)
     assert sorted((level, text.split(":")[0]) for level, _, text in lines) == [

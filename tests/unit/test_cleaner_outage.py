@@ -10,6 +10,7 @@ import pytest
 
 from cleaner import Cleaner, CleanerConfig
 from cleaner.rescuer import RescuerConfig
+from tests.waiting import until
 from txtasks import App, MemoryDriver
 
 
@@ -83,9 +84,7 @@ async def test_turns_skipped_behind_a_stalled_pass_are_not_warned_about(
     sweep._scheduled = counted  # type: ignore[method-assign]
     with caplog.at_level(logging.DEBUG):
         await cleaner.start()
-        async with asyncio.timeout(5):
-            while skipped[0] < 10:  # noqa: ASYNC110 - turns the scheduler fires
-                await asyncio.sleep(0.01)
+        await until(lambda: skipped[0] >= 10, "ten turns skipped behind the pass", timeout=5)
         driver.released.set()
         await cleaner.stop()
     assert driver.calls == 1  # one pass under way at a time

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy.exc import DataError, InterfaceError, OperationalError
 
+from tests.waiting import until
 from txtasks import App, MemoryDriver, Reject, Worker, WorkerConfig
 from txtasks.faults import Outage, refused_value
 from txtasks.testing import finished, run_until_empty
@@ -149,11 +150,9 @@ async def test_a_stopping_worker_gives_up_on_an_absent_database_within_its_bound
         worker._outcomes.drain, within=0.3
     )
     running = asyncio.create_task(worker.run())
-    async with asyncio.timeout(5):
-        while worker.stats.started < 3:  # noqa: ASYNC110 - the claims run in the worker
-            await asyncio.sleep(0.005)
-        worker.stop()
-        stats = await running
+    await until(lambda: worker.stats.started >= 3, "the three tasks to start", timeout=5)
+    worker.stop()
+    stats = await asyncio.wait_for(running, 5)
     assert stats.outcomes == {}  # nothing written, and nothing dead-lettered by the outage
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == [
