@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
+    Connection,
     Engine,
     Executable,
     String,
@@ -25,6 +27,8 @@ from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities
 from txtasks.driver.sql import SqlDriver
+from txtasks.errors import SchemaError
+from txtasks.schema import migrate as schema_migrate
 from txtasks.schema.tables import Timestamp, tasks
 from txtasks.types import TaskRow, TaskState
 
@@ -43,6 +47,30 @@ class MySQLDriver(SqlDriver):
     """MySQL 8 and MariaDB through aiomysql (async) and pymysql (sync)."""
 
     capabilities: ClassVar[Capabilities] = Capabilities("mysql")
+
+    @staticmethod
+    @contextlib.contextmanager
+    def migration_lock(conn: Connection) -> Iterator[None]:
+        """A named lock of the server (a session's, not a transaction's), waited for up to
+        LOCK_WAIT seconds. DDL commits implicitly on MySQL/MariaDB, so a migration is not atomic
+        there anyway: the migrating transaction is committed before the lock is released, so that
+        the next holder reads the record of the last migration."""
+        query = text("SELECT GET_LOCK(:name, :wait)")
+        got = conn.execute(
+            query, {"name": schema_migrate.LOCK_NAME, "wait": schema_migrate.LOCK_WAIT}
+        ).scalar()
+        if got is None:
+            raise SchemaError(
+                f"the migration lock {schema_migrate.LOCK_NAME!r} could not be taken (GET_LOCK failed)"
+            )
+        if got != 1:
+            raise schema_migrate.lock_timeout_error()
+        try:
+            yield
+            conn.exec_driver_sql("COMMIT")
+        finally:
+            conn.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": schema_migrate.LOCK_NAME})
+
     returning_insert: ClassVar[bool] = False
     returning_dedup: ClassVar[bool] = False
 

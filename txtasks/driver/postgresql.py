@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import Result, text
+from sqlalchemy import Connection, Result, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities, WriteResult
 from txtasks.driver.plan import CopyRows, Statement, Step
 from txtasks.driver.sql import CLOSE_WITHIN, SqlDriver
 from txtasks.driver.timeouts import Watchdog, keepalive_set, socket_of
+from txtasks.schema import migrate as schema_migrate
 from txtasks.schema.tables import READY, TASK_COLUMNS, tasks
 from txtasks.types import CLAIMED_COLUMNS, NewTask, Outcome, TaskKey, TaskRow
 
@@ -139,6 +142,25 @@ def _bulk_arrays(records: list[tuple[Any, ...]]) -> Statement:
     return INSERT_ARRAYS, {c: list(v) for c, v in zip(BULK_COLUMNS, columns, strict=True)}
 
 
+def _lock_settings(conn: Connection, lock: str, statement: str) -> None:
+    """Set lock_timeout and statement_timeout for the rest of the transaction."""
+    query = text(
+        "SELECT set_config('lock_timeout', :lock, true), "
+        "set_config('statement_timeout', :statement, true)"
+    )
+    conn.execute(query, {"lock": lock, "statement": statement})
+
+
+def _sqlstate(exc: DBAPIError) -> str | None:
+    """The SQLSTATE of a PostgreSQL error (asyncpg: sqlstate; psycopg: pgcode)."""
+    orig = exc.orig
+    return getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+
+
+#: The SQLSTATE of a lock wait that ran out of lock_timeout.
+LOCK_NOT_AVAILABLE = "55P03"
+
+
 class PostgresDriver(SqlDriver):
     """PostgreSQL 12+ through asyncpg (async) and psycopg (sync).
 
@@ -150,6 +172,27 @@ class PostgresDriver(SqlDriver):
     """
 
     capabilities: ClassVar[Capabilities] = Capabilities("postgresql")
+
+    @staticmethod
+    @contextlib.contextmanager
+    def migration_lock(conn: Connection) -> Iterator[None]:
+        """A transaction-level advisory lock, waited for up to LOCK_WAIT seconds (whatever the
+        session's statement_timeout): the commit (or rollback) of the migrating transaction
+        releases it."""
+        saved = conn.execute(
+            text("SELECT current_setting('lock_timeout'), current_setting('statement_timeout')")
+        ).one()
+        _lock_settings(conn, f"{schema_migrate.LOCK_WAIT}s", "0")
+        try:
+            conn.exec_driver_sql(
+                f"SELECT pg_advisory_xact_lock(hashtext('{schema_migrate.LOCK_NAME}'))"
+            )
+        except DBAPIError as exc:
+            if _sqlstate(exc) == LOCK_NOT_AVAILABLE:
+                raise schema_migrate.lock_timeout_error() from None
+            raise
+        _lock_settings(conn, *saved)
+        yield
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

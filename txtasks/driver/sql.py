@@ -12,7 +12,15 @@ import functools
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Generator,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from datetime import datetime
 from typing import Any, ClassVar, TypeVar
 
@@ -33,7 +41,7 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-from sqlalchemy.engine import URL, Dialect
+from sqlalchemy.engine import URL, Connection, Dialect
 from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.sql.dml import Insert
@@ -100,6 +108,14 @@ class SqlDriver(SqlAdmin):
     """A task store on a SQL database through SQLAlchemy's asyncio engine."""
 
     capabilities: ClassVar[Capabilities] = Capabilities("sql")
+
+    @staticmethod
+    @contextlib.contextmanager
+    def migration_lock(conn: Connection) -> Iterator[None]:
+        """What concurrent `migrate` runs queue on, held from before the schema version is
+        read until the migrations are committed; each dialect has its own."""
+        yield
+
     #: INSERT ... RETURNING is available (all but MySQL proper).
     returning_insert: ClassVar[bool] = True
     #: The dedup-insert returns the ids of the rows it inserted.
@@ -234,8 +250,9 @@ class SqlDriver(SqlAdmin):
             self._sync_engine.dispose()
 
     async def migrate(self) -> list[int]:
+        migrate = functools.partial(schema_migrate.migrate, lock=self.migration_lock)
         async with self.begin(bounded=False) as conn:  # DDL on big tables may take a while
-            applied = await conn.run_sync(schema_migrate.migrate)
+            applied = await conn.run_sync(migrate)
         return [m.version for m in applied]
 
     @classmethod

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from sqlalchemy import Engine, Result, event, insert
+from sqlalchemy import Connection, Engine, Result, event, insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.dml import Insert
@@ -55,6 +56,18 @@ class SQLiteDriver(SqlDriver):
     """
 
     capabilities: ClassVar[Capabilities] = Capabilities("sqlite", concurrent_claims=False)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def migration_lock(conn: Connection) -> Iterator[None]:
+        """The database's write lock, from before reading the version until the commit.
+
+        txtasks' own engines begin every transaction with BEGIN IMMEDIATE; on any other engine,
+        whose sqlite3 connection has no transaction open yet, migrate begins one the same way.
+        """
+        if not getattr(conn.connection.driver_connection, "in_transaction", True):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        yield
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
