@@ -32,7 +32,6 @@ from txtasks.cli.common import (
 )
 from txtasks.driver import driver_for_url
 from txtasks.errors import ConfigurationError
-from txtasks.metrics import Metrics
 from txtasks.wakeup import notifier_for_url
 
 log = logging.getLogger("cleaner")
@@ -103,6 +102,8 @@ def cleaner(
         app.use_notifier(notifier_for_url(broker_url))
     metrics = None
     if metrics_port is not None and not once:
+        from txtasks.metrics import Metrics  # prometheus_client: only when serving metrics
+
         metrics = Metrics()
         metrics.serve(metrics_port)
     daemon = Cleaner(app, config, metrics=metrics)

@@ -15,9 +15,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import timezone
-from typing import Any
-
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from typing import TYPE_CHECKING, Any
 
 from cleaner.archiver import Archiver, ArchiverConfig
 from cleaner.health import HealthServer
@@ -30,7 +28,11 @@ from cleaner.sweep import Sweep, SweepResult
 from txtasks.app import App
 from txtasks.driver.urls import url_safe
 from txtasks.faults import open_when_reachable
-from txtasks.metrics import Metrics
+
+if TYPE_CHECKING:
+    from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+    from txtasks.metrics import Metrics
 
 log = logging.getLogger("cleaner")
 
@@ -109,6 +111,8 @@ class Cleaner:
                 return
         finally:
             self._connecting = False
+        from apscheduler.schedulers.asyncio import AsyncIOScheduler  # only to run, not for --help
+
         self._scheduler = AsyncIOScheduler(timezone=timezone.utc)
         self._scheduler.start()
         self._started_at = time.monotonic()

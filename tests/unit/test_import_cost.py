@@ -137,3 +137,9 @@ def test_what_the_cli_names_without_importing_is_the_same_as_the_source() -> Non
         assert command is not None and command.help is not None
         first_paragraph = command.help.strip().split("\n\n")[0]
         assert " ".join(first_paragraph.split()) == lazy.help_text, name
+
+
+def test_the_cleaner_help_loads_no_scheduler_or_metrics() -> None:
+    cleaner = loaded_by_help("cleaner")
+    assert "cleaner.cli" in cleaner
+    assert not any(m.startswith(("apscheduler", "prometheus_client", "rich")) for m in cleaner)
