@@ -1,16 +1,14 @@
-"""The application object: declares tasks and enqueues them."""
+"""The application object: the task registry, where tasks are stored, and the enqueue calls."""
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, overload
 
 from txtasks._checks import check_number
-from txtasks.clock import Clock, as_utc, seconds, utcnow
+from txtasks.clock import Clock, utcnow
 from txtasks.driver import Driver, driver_for_url
 from txtasks.driver.timeouts import Timeouts
 from txtasks.enqueue import (
@@ -20,109 +18,43 @@ from txtasks.enqueue import (
     sync_connection,
 )
 from txtasks.errors import ConfigurationError, UnknownTaskError
-from txtasks.payload import DEFAULT_MAX_PAYLOAD_BYTES, headers_encode, payload_encode
+from txtasks.payload import DEFAULT_MAX_PAYLOAD_BYTES
 from txtasks.periodic import CatchUp, Schedule, schedule_from
-from txtasks.policy import AckPolicy, RetryPolicy
-from txtasks.retry import RetryStrategy, as_strategy
-from txtasks.tracing import headers_with_trace
-from txtasks.types import QUEUE_NAME_RE, NewTask, TaskState
+from txtasks.policy import AckPolicy
+from txtasks.retry import RetryStrategy
+from txtasks.task import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_QUEUE,
+    Handler,
+    Task,
+    TaskOptions,
+    check_queue_name,
+    new_row,
+    task_options,
+)
+from txtasks.types import NewTask, TaskState
 from txtasks.wakeup import Notifier, NullNotifier, notifier_for_url, wakeup_after_commit
 from txtasks.wakeup.commit import PendingWakeups
 
 if TYPE_CHECKING:
     from txtasks.enqueue import AsyncExecutor, SyncExecutor
 
-DEFAULT_QUEUE = "default"
-DEFAULT_MAX_ATTEMPTS = 5
+__all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "DEFAULT_QUEUE",
+    "ENV_BROKER_URL",
+    "ENV_DATABASE_URL",
+    "App",
+    "Handler",
+    "Task",
+    "TaskOptions",
+    "by_queue",
+    "check_queue_name",
+    "due_now",
+]
+
 ENV_DATABASE_URL = "TXTASKS_DATABASE_URL"
 ENV_BROKER_URL = "TXTASKS_BROKER_URL"
-
-Handler = Callable[..., Any]
-
-
-def check_queue_name(queue: str, *, setting: str = "queue") -> str:
-    if not isinstance(queue, str) or not QUEUE_NAME_RE.match(queue):
-        raise ConfigurationError(
-            f"{setting}: {queue!r} is not a valid queue name (1-128 of A-Z a-z 0-9 _ . : -)"
-        )
-    return queue
-
-
-@dataclass(frozen=True)
-class TaskOptions:
-    """How one task runs. Every field has a named default."""
-
-    name: str
-    queue: str = DEFAULT_QUEUE
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    retry: RetryStrategy | None = None
-    ack_policy: AckPolicy = AckPolicy.RETRY
-    priority: int = 0
-    #: Seconds one attempt may run before it counts as failed; None for no limit.
-    timeout: float | None = None
-    #: Seconds after the task is first due past which it is dead-lettered; None: no deadline.
-    deadline: float | None = None
-
-    def __post_init__(self) -> None:
-        if not self.name or len(self.name) > 255:
-            raise ConfigurationError(f"task name: {self.name!r} must be 1-255 characters")
-        check_queue_name(self.queue, setting=f"task {self.name}: queue")
-        where = f"task {self.name}"
-        check_number(f"{where}: max_attempts", self.max_attempts, minimum=1, integer=True)
-        for setting in ("timeout", "deadline"):
-            value = getattr(self, setting)
-            if value is not None:
-                check_number(f"{where}: {setting}", value, above=0)
-        check_number(f"{where}: priority", self.priority, maximum=None, integer=True)
-
-    @property
-    def retry_policy(self) -> RetryPolicy:
-        return RetryPolicy(as_strategy(self.retry), self.max_attempts, self.ack_policy)
-
-
-class Task:
-    """A registered handler and its options; enqueue it with `enqueue_tx` and friends."""
-
-    def __init__(self, app: App, handler: Handler, options: TaskOptions) -> None:
-        self.app = app
-        self.handler = handler
-        self.options = options
-        self.policy = options.retry_policy
-        self.is_async = inspect.iscoroutinefunction(handler)
-        self.wants_context = _takes_two_arguments(handler)
-
-    @property
-    def name(self) -> str:
-        return self.options.name
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Call the handler directly, as a plain function."""
-        return self.handler(*args, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"<Task {self.name} queue={self.options.queue}>"
-
-    def new(self, payload: Any = None, **options: Any) -> NewTask:
-        """A task ready to insert, for `enqueue_many_tx` (bulk)."""
-        return self.app.new_task(self, payload, **options)
-
-    def enqueue_tx(self, executor: SyncExecutor, payload: Any = None, **options: Any) -> int:
-        """Insert in the caller's Connection/Session transaction; returns the task id."""
-        return self.app.enqueue_many_tx(executor, [self.new(payload, **options)])[0]
-
-    async def aenqueue_tx(
-        self, executor: AsyncExecutor, payload: Any = None, **options: Any
-    ) -> int:
-        """Insert in the caller's AsyncConnection/AsyncSession transaction; returns the id."""
-        return (await self.app.aenqueue_many_tx(executor, [self.new(payload, **options)]))[0]
-
-    def enqueue(self, payload: Any = None, **options: Any) -> int:
-        """Insert in a transaction of its own (committed on return)."""
-        return self.app.enqueue_many([self.new(payload, **options)])[0]
-
-    async def aenqueue(self, payload: Any = None, **options: Any) -> int:
-        """Insert in a transaction of its own (committed on return)."""
-        return (await self.app.aenqueue_many([self.new(payload, **options)]))[0]
 
 
 def due_now(row: NewTask) -> bool:
@@ -137,20 +69,6 @@ def by_queue(rows: Sequence[NewTask], ids: Sequence[int]) -> dict[str, list[int]
         if due_now(row):
             grouped.setdefault(row.queue, []).append(task_id)
     return grouped
-
-
-def _takes_two_arguments(handler: Handler) -> bool:
-    """Handlers take `(payload)` or `(payload, ctx)`."""
-    try:
-        params = list(inspect.signature(handler).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    positional = [
-        p
-        for p in params
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
-    ]
-    return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in positional)
 
 
 class App:
@@ -253,22 +171,15 @@ class App:
         task_name = f"{handler.__module__}.{handler.__qualname__}" if name is None else name
         if task_name in self._tasks:
             raise ConfigurationError(f"task {task_name!r} is already registered")
-        try:
-            policy = AckPolicy(ack_policy)
-        except ValueError:
-            choices = ", ".join(p.value for p in AckPolicy)
-            raise ConfigurationError(
-                f"task {task_name}: ack_policy {ack_policy!r} is not one of {choices}"
-            ) from None
-        options = TaskOptions(
-            name=task_name,
+        options = task_options(
+            task_name,
             queue=queue or self.default_queue,
             max_attempts=max_attempts,
-            retry=as_strategy(retry),
-            ack_policy=policy,
+            retry=retry,
+            ack_policy=ack_policy,
             priority=priority,
-            timeout=None if timeout is None else seconds(timeout),
-            deadline=None if deadline is None else seconds(deadline),
+            timeout=timeout,
+            deadline=deadline,
         )
         task = Task(self, handler, options)
         self._tasks[task_name] = task
@@ -354,42 +265,17 @@ class App:
         queue: str | None = None,
     ) -> NewTask:
         """Validate and encode one task; nothing is written. Errors name the bad option."""
-        definition = self._resolve(task)
-        options = definition.options
-        if delay is not None and run_at is not None:
-            raise ConfigurationError("enqueue: give delay or run_at, not both")
-        now = self.clock()
-        when = now
-        if delay is not None:
-            wait = check_number("enqueue: delay", seconds(delay), minimum=0)
-            when = now + timedelta(seconds=wait)
-        elif run_at is not None:
-            when = as_utc(run_at)
-        if dedup_key is not None and not (
-            isinstance(dedup_key, str)
-            and 0 < len(dedup_key.encode("utf-8", "surrogatepass")) <= 255
-            and "\x00" not in dedup_key
-        ):
-            raise ConfigurationError(
-                f"enqueue: dedup_key must be 1-255 bytes of UTF-8 without NUL, got {dedup_key!r}"
-            )
-        if priority is not None:
-            check_number("enqueue: priority", priority, maximum=None, integer=True)
-        data, content_type = payload_encode(payload, limit=self.max_payload_bytes)
-        return NewTask(
-            queue=options.queue if queue is None else check_queue_name(queue),
-            task_name=options.name,
-            payload=data,
-            content_type=content_type,
-            priority=options.priority if priority is None else priority,
-            run_at=when,
-            max_attempts=options.max_attempts,
-            created_at=now,
+        return new_row(
+            self._resolve(task),
+            payload,
+            clock=self.clock,
+            max_payload_bytes=self.max_payload_bytes,
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
             dedup_key=dedup_key,
-            headers=headers_encode(headers_with_trace(headers)),
-            expires_at=None
-            if options.deadline is None
-            else when + timedelta(seconds=options.deadline),
+            headers=headers,
+            queue=queue,
         )
 
     # -- enqueue ------------------------------------------------------------------------------
