@@ -1,0 +1,94 @@
+"""Worker settings and the counts of what a worker did."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from txtasks._checks import check_number
+from txtasks.errors import ConfigurationError
+from txtasks.task import check_queue_name
+from txtasks.types import Outcome, TaskKey
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Worker settings; every one has a named default and is checked at start."""
+
+    #: Queues to take tasks from; None means every queue a registered task uses.
+    queues: tuple[str, ...] | None = None
+    #: Tasks run at once by this worker (async handlers as tasks, sync ones in threads).
+    concurrency: int = 10
+    #: Seconds a claim holds a task before the cleaner may rescue it.
+    lease: float = 30.0
+    #: Seconds between lease extensions; default a third of the lease.
+    heartbeat: float | None = None
+    #: Seconds between polls when idle (jittered by +-10%).
+    poll_interval: float = 1.0
+    #: Seconds outcomes may wait in the buffer to be written together.
+    flush_interval: float = 0.005
+    #: Most outcomes written in one statement.
+    flush_batch: int = 500
+    #: Seconds in-flight tasks get to finish after a stop request.
+    shutdown_grace: float = 30.0
+    #: Keep completed tasks in the archive table (False: delete them).
+    archive_completed: bool = True
+    #: Exit when the queues hold no task due within `burst_horizon` seconds.
+    burst: bool = False
+    burst_horizon: float = 10.0
+    #: Identifies this worker in the task rows; default host:pid:random.
+    worker_id: str | None = None
+    #: Serve /livez and /readyz on this port (0: any free port); None: no HTTP endpoint.
+    health_port: int | None = None
+    #: Address the health endpoint listens on.
+    health_host: str = "0.0.0.0"
+    #: Seconds a loop (claims, heartbeat, outcome writes) may overrun its interval, stuck in
+    #: a database call, before /livez fails.
+    stall_after: float = 60.0
+
+    def __post_init__(self) -> None:
+        check_number("concurrency", self.concurrency, minimum=1, maximum=None, integer=True)
+        check_number("flush_batch", self.flush_batch, minimum=1, maximum=None, integer=True)
+        for name in ("lease", "poll_interval", "flush_interval"):
+            check_number(name, getattr(self, name), above=0)
+        for name in ("shutdown_grace", "burst_horizon"):
+            check_number(name, getattr(self, name), minimum=0)
+        check_number("stall_after", self.stall_after, above=0)
+        if self.health_port is not None:
+            check_number("health_port", self.health_port, minimum=0, maximum=65535, integer=True)
+        if self.heartbeat is not None:
+            check_number("heartbeat", self.heartbeat, above=0)
+            if not self.heartbeat < self.lease:
+                raise ConfigurationError(
+                    f"heartbeat must be shorter than the lease ({self.lease}s), "
+                    f"got {self.heartbeat!r}"
+                )
+        for queue in self.queues or ():
+            check_queue_name(queue, setting="queues")
+        if self.worker_id is not None and not 0 < len(self.worker_id) <= 128:
+            raise ConfigurationError(f"worker_id must be 1-128 characters, got {self.worker_id!r}")
+
+    @property
+    def heartbeat_interval(self) -> float:
+        return self.heartbeat if self.heartbeat is not None else self.lease / 3
+
+
+@dataclass
+class WorkerStats:
+    """What a worker did; returned by `run()`."""
+
+    claimed: int = 0
+    started: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    stale: int = 0
+    claim_errors: int = 0
+    wakeups: int = 0
+    #: Sync handlers that ran past their timeout (their thread kept the slot until it ended).
+    overruns: int = 0
+
+    def count(self, outcomes: Sequence[Outcome], stale: Sequence[TaskKey]) -> None:
+        counts = self.outcomes
+        for outcome in outcomes:
+            kind = outcome.kind._value_  # a plain attribute, unlike the `value` property
+            counts[kind] = counts.get(kind, 0) + 1
+        self.stale += len(stale)

@@ -1,0 +1,349 @@
+"""Running claimed attempts: the runners, one attempt's outcome, the handler call.
+
+Handlers run on at most `concurrency` runners: long-lived asyncio tasks that take claimed rows
+one after the other. A runner about to call a handler while more rows wait wakes another one,
+so a handler that waits never holds up the rows behind it, and handlers that finish without
+waiting cost no asyncio task each. Every handler starts in the worker's own context: a runner
+whose handler left a context variable set retires, and a fresh one takes the next row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from txtasks import tracing
+from txtasks.errors import PayloadError
+from txtasks.payload import headers_decode, payload_decode
+from txtasks.policy import (
+    AckPolicy,
+    error_text,
+    outcome_after_failure,
+    outcome_for_exception,
+    sanitized,
+)
+from txtasks.types import Outcome, OutcomeKind, TaskKey, TaskRow
+from txtasks.worker.config import WorkerStats
+from txtasks.worker.context import TaskContext
+from txtasks.worker.outcomes import OutcomeBuffer
+
+if TYPE_CHECKING:
+    from txtasks.app import App
+    from txtasks.metrics import Metrics
+    from txtasks.task import Task
+
+log = logging.getLogger("txtasks.worker")
+
+#: What the log line of a failed attempt says happens next, by outcome (a retry: its time).
+FAILURE_NEXT = {
+    OutcomeKind.DEAD: "dead-lettered",
+    OutcomeKind.DISCARD: "discarded",
+    OutcomeKind.FAIL: "failed for good",
+    OutcomeKind.COMPLETE: "completed anyway (ack_policy complete)",
+}
+#: The longest error a log line shows (the task row keeps the whole text).
+LOGGED_ERROR_CHARS = 300
+#: Enum members read once: `Enum.MEMBER` is a slow lookup, paid for every task otherwise.
+_COMPLETE = OutcomeKind.COMPLETE
+_MANUAL = AckPolicy.MANUAL
+
+
+def first_line(error: str | None) -> str:
+    """The first line of an error text, bounded, for a log line."""
+    line = (error or "no reason given").strip().partition("\n")[0]
+    return line if len(line) <= LOGGED_ERROR_CHARS else line[:LOGGED_ERROR_CHARS] + "..."
+
+
+class Runner:
+    """Runs a worker's claimed attempts and records their outcomes in its buffer.
+
+    The worker puts each claimed row in `ready` (its key in `held`), then calls `dispatch()`;
+    `finished()` frees the slot (`held` and `slot_free` are the worker's).
+    """
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        worker_id: str,
+        concurrency: int,
+        stats: WorkerStats,
+        outcomes: OutcomeBuffer,
+        held: set[TaskKey],
+        slot_free: asyncio.Event,
+        stopping: asyncio.Event,
+        metrics: Metrics | None,
+    ) -> None:
+        self.app = app
+        self.worker_id = worker_id
+        self.concurrency = concurrency
+        self.stats = stats
+        self.metrics = metrics
+        self._outcomes = outcomes
+        #: Claimed attempts not finished yet: waiting for a runner, or running.
+        self._held = held
+        self._slot_free = slot_free
+        self._stopping = stopping
+        #: Claimed rows no runner has taken yet, in claim order.
+        self.ready: deque[tuple[TaskRow, TaskKey]] = deque()
+        self._runners: set[asyncio.Task[None]] = set()
+        #: Runners with nothing to do, each waiting on its future.
+        self._idle: deque[asyncio.Future[None]] = deque()
+        #: A runner was woken (or created) and has not looked at the ready rows yet.
+        self._waking = False
+        #: The context every handler starts in (a copy of the one `run()` was called in).
+        self._base_context = contextvars.copy_context()
+        #: Attempts run in an OpenTelemetry span (read by the worker once a claimed batch).
+        self.traced = False
+        self.threads: ThreadPoolExecutor | None = None
+        #: Sync handlers still running in their thread after their timeout (by task id).
+        self._overrun: dict[TaskKey, asyncio.Future[Any]] = {}
+
+    # -- the runners --------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Start serving: handlers start in the current context, sync ones in a thread pool."""
+        self._base_context = contextvars.copy_context()
+        self.threads = ThreadPoolExecutor(self.concurrency, thread_name_prefix="txtasks")
+
+    def close(self) -> None:
+        """Let go of the thread pool; a sync handler still running keeps its thread."""
+        if self.threads is not None:
+            self.threads.shutdown(wait=False, cancel_futures=True)
+
+    def cancel(self) -> list[asyncio.Task[None]]:
+        """Drop the rows no runner has taken (handed back at shutdown) and cancel the runners."""
+        self.ready.clear()
+        runners = list(self._runners)
+        for runner in runners:
+            runner.cancel()
+        return runners
+
+    async def shut_down(self) -> None:
+        """`cancel()`, then wait until every runner has ended."""
+        await asyncio.gather(*self.cancel(), return_exceptions=True)
+
+    def dispatch(self) -> None:
+        """Rows are ready: make sure a runner will look at them, unless one already will."""
+        if self._waking or not self.ready:
+            return
+        while self._idle:
+            waiter = self._idle.popleft()
+            if not waiter.done():  # not a runner cancelled while idle
+                waiter.set_result(None)
+                self._waking = True
+                return
+        if len(self._runners) < self.concurrency:
+            # in the worker's context, not in that of the handler that may be calling this (a
+            # copy: with an eager task factory the runner may dispatch before this returns)
+            runner = self._base_context.copy().run(
+                asyncio.ensure_future, self._run_rows(), loop=asyncio.get_running_loop()
+            )
+            self._runners.add(runner)
+            runner.add_done_callback(self._runners.discard)
+            self._waking = True
+        # else every runner is busy: the first to finish takes the row
+
+    async def _run_rows(self) -> None:
+        """A runner: take ready rows one by one; between them wait, idle, for more."""
+        clean = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        while True:
+            self._waking = False
+            while self.ready:
+                row, key = self.ready.popleft()
+                self.dispatch()  # in case this handler waits: the next row needs a runner
+                try:
+                    await self._execute(row, key)
+                except Exception:  # _execute records every outcome; never lose the runner
+                    log.exception("task %d: runner failed", key.id)
+                if contextvars.copy_context() != clean:
+                    # the handler left a context variable set: the next handler must not see it
+                    self._runners.discard(asyncio.current_task())
+                    self.dispatch()
+                    return
+            waiter = loop.create_future()
+            self._idle.append(waiter)
+            await waiter
+
+    async def _execute(self, row: TaskRow, key: TaskKey) -> None:
+        started = time.perf_counter() if self.metrics is not None else 0.0
+        try:
+            outcome = await self._attempt(row, key)
+        except asyncio.CancelledError:
+            # Shutdown grace ran out: hand the task back, this attempt not counted.
+            self._outcomes.add(Outcome(key, OutcomeKind.RELEASE, error="worker shut down"))
+            if self.metrics is not None:
+                self.metrics.task_finished(row.queue, row.task_name, "pending", None)
+            self.finished(key)
+            raise
+        except Exception as exc:  # deciding the outcome failed: never leave the row behind
+            outcome = Outcome(key, OutcomeKind.DEAD, error=f"outcome failed: {error_text(exc)}")
+        if outcome.kind is not _COMPLETE or outcome.error is not None:
+            self._log_failure(row, outcome)
+        if self.metrics is not None:
+            seconds = time.perf_counter() - started
+            self.metrics.task_finished(row.queue, row.task_name, outcome.kind.value, seconds)
+        if self._overrun:
+            overrun = self._overrun.pop(key, None)
+            if overrun is not None:  # still running in its thread: no retry may overlap with it
+                await asyncio.wait({overrun})
+        self._outcomes.add(outcome if outcome.error is None else sanitized(outcome))
+        self.finished(key)
+
+    def _log_failure(self, row: TaskRow, outcome: Outcome) -> None:
+        """One line for an attempt that failed: WARNING, or ERROR when it is dead-lettered."""
+        kind = outcome.kind
+        what = FAILURE_NEXT.get(kind, kind.value)
+        fields: dict[str, Any] = {
+            "task_id": row.id,
+            "task_name": row.task_name,
+            "attempt": row.attempt,
+            "max_attempts": row.max_attempts,
+            "outcome": kind.value,
+        }
+        if kind is OutcomeKind.RETRY and outcome.run_at is not None:
+            wait = (outcome.run_at - self.app.clock()).total_seconds()
+            fields["retry_at"] = f"{outcome.run_at.isoformat(timespec='milliseconds')}Z"
+            what = f"retry at {fields['retry_at']} (in {max(0.0, wait):.1f}s)"
+        log.log(
+            logging.ERROR if kind is OutcomeKind.DEAD else logging.WARNING,
+            "task %d %s attempt %d/%d failed: %s; %s",
+            row.id,
+            row.task_name,
+            row.attempt,
+            row.max_attempts,
+            first_line(outcome.error),
+            what,
+            extra=fields,
+        )
+
+    def finished(self, key: TaskKey) -> None:
+        """The slot is free; the outcome is in the buffer (its lease still extended there)."""
+        self._held.discard(key)
+        self._slot_free.set()
+
+    async def _attempt(self, row: TaskRow, key: TaskKey) -> Outcome:
+        """Run one attempt and decide its outcome. Never raises for a bad row."""
+        try:
+            task = self.app.get_task(row.task_name)
+        except LookupError as exc:
+            return Outcome(key, OutcomeKind.DEAD, error=f"{exc} (worker {self.worker_id})")
+        if row.attempt > row.max_attempts:
+            error = f"attempt {row.attempt} exceeds max_attempts {row.max_attempts}"
+            return Outcome(key, OutcomeKind.DEAD, error=error)
+        if row.expires_at is not None and self.app.clock() > row.expires_at:
+            return Outcome(key, OutcomeKind.DEAD, error=f"deadline {row.expires_at} passed")
+        try:
+            payload = payload_decode(row.payload, row.content_type)
+        except PayloadError as exc:
+            return Outcome(key, OutcomeKind.DEAD, error=f"cannot decode payload: {exc}")
+        ctx = TaskContext(self.app, task, row, self.worker_id)
+        self.stats.started += 1
+        try:
+            if self.traced:
+                await self._traced_call(task, payload, ctx)
+            else:
+                await self._call(task, payload, ctx)
+        except asyncio.CancelledError as exc:
+            if self._stopping.is_set():  # the worker cancelled it: shutdown
+                raise
+            return outcome_for_exception(  # the handler raised it: a failure like any other
+                key, task.policy, exc, now=self.app.clock(), max_attempts=row.max_attempts
+            )
+        except Exception as exc:
+            return self._decided(ctx) or outcome_for_exception(
+                key,
+                task.policy,
+                exc,
+                now=self.app.clock(),
+                expires_at=row.expires_at,
+                max_attempts=row.max_attempts,
+                checkpoint=ctx.new_checkpoint,
+            )
+        if ctx.decision is None and task.policy.ack_policy is not _MANUAL:
+            return Outcome(key, _COMPLETE)  # the common case, without more calls
+        return self._decided(ctx) or self._returned(ctx)
+
+    async def _traced_call(self, task: Task, payload: Any, ctx: TaskContext) -> None:
+        """`_call` inside an OpenTelemetry span continuing the enqueuer's trace."""
+        try:
+            headers = headers_decode(ctx.row.headers)
+        except ValueError:
+            headers = {}
+        with tracing.attempt_span(ctx.row, headers) as span:
+            try:
+                await self._call(task, payload, ctx)
+            except BaseException as exc:
+                tracing.span_failed(span, exc)
+                raise
+
+    async def _call(self, task: Task, payload: Any, ctx: TaskContext) -> None:
+        args = (payload, ctx) if task.wants_context else (payload,)
+        timeout = task.options.timeout
+        if task.is_async:
+            if timeout is None:
+                await task.handler(*args)
+            else:
+                await asyncio.wait_for(task.handler(*args), timeout)
+            return
+        loop = asyncio.get_running_loop()
+        started = asyncio.Event()
+
+        def call() -> Any:
+            loop.call_soon_threadsafe(started.set)
+            return task.handler(*args)
+
+        # the thread runs in a copy of this context: the handler sees the attempt's span
+        future = loop.run_in_executor(self.threads, contextvars.copy_context().run, call)
+        if timeout is None:
+            result = await future
+        else:
+            await started.wait()  # the timeout counts from the start of the handler
+            try:
+                result = await asyncio.wait_for(asyncio.shield(future), timeout)
+            except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+                self._overrun[ctx.row.key] = future
+                self.stats.overruns += 1
+                raise
+        if inspect.isawaitable(result):  # a callable object or wrapper returning a coroutine
+            await asyncio.wait_for(result, timeout)
+
+    def _returned(self, ctx: TaskContext) -> Outcome:
+        """The handler returned without a manual decision."""
+        key = ctx.row.key
+        if ctx.task.policy.ack_policy is AckPolicy.MANUAL:
+            return self._nack(ctx, "handler returned without ack/nack/reject (ack_policy manual)")
+        return Outcome(key, OutcomeKind.COMPLETE)
+
+    def _decided(self, ctx: TaskContext) -> Outcome | None:
+        """The outcome the handler chose with ctx.ack()/nack()/reject()/drop(), if any."""
+        decision = ctx.decision
+        if decision is None:
+            return None
+        if decision.kind is OutcomeKind.RETRY:
+            return self._nack(ctx, decision.reason, decision.delay)
+        error = None if decision.kind is OutcomeKind.COMPLETE else decision.reason
+        return Outcome(ctx.row.key, decision.kind, error=error)
+
+    def _nack(
+        self, ctx: TaskContext, reason: str, delay: float | timedelta | None = None
+    ) -> Outcome:
+        row = ctx.row
+        return outcome_after_failure(
+            row.key,
+            ctx.task.policy,
+            now=self.app.clock(),
+            error=reason,
+            delay=delay,
+            expires_at=row.expires_at,
+            max_attempts=row.max_attempts,
+            checkpoint=ctx.new_checkpoint,
+        )
