@@ -68,6 +68,7 @@ def wakeups_received(ports: list[int]) -> float:
     return sum(metric(port, "txtasks_wakeups_received_total") for port in ports)
 
 
+@pytest.mark.postgresql
 def test_rabbitmq_restart_tasks_poll_and_wakeups_resume(
     chaos: Callable[..., Chaos], postgres_url: str
 ) -> None:
