@@ -26,7 +26,6 @@ from cleaner.retention import Retention, RetentionConfig
 from cleaner.stats import Stats, StatsConfig
 from cleaner.sweep import Sweep, SweepResult
 from txtasks.app import App
-from txtasks.driver.urls import url_safe
 from txtasks.faults import open_when_reachable
 
 if TYPE_CHECKING:
@@ -105,9 +104,7 @@ class Cleaner:
             await self.health_server.start()
         self._connecting = True
         try:
-            url = getattr(self.app.driver, "url", None)
-            what = f"connecting to {url_safe(url) if url is not None else 'the database'}"
-            if not await open_when_reachable(self.app.driver.open, log, what, self._stopping):
+            if not await open_when_reachable(self.app.driver, log, self._stopping):
                 return
         finally:
             self._connecting = False

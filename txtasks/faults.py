@@ -12,7 +12,9 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from typing import Any
+
+from txtasks.driver.urls import url_safe
 
 #: SQLSTATE classes about the values of a statement: data exception, integrity violation.
 REFUSED_SQLSTATE_CLASSES = ("22", "23")
@@ -82,21 +84,18 @@ def unreachable(exc: BaseException) -> bool:
 
 
 async def open_when_reachable(
-    open_: Callable[[], Awaitable[None]],
-    logger: logging.Logger,
-    what: str,
-    stopping: asyncio.Event,
-    *,
-    cap: float = 5.0,
+    driver: Any, logger: logging.Logger, stopping: asyncio.Event, *, cap: float = 5.0
 ) -> bool:
-    """`open_()` until it works, waiting with capped, jittered backoff while the database is
-    unreachable (logged once when it starts failing, once when it works). Any other error
-    raises. False when `stopping` was set first."""
+    """`driver.open()` until it works, waiting with capped, jittered backoff while the database
+    is unreachable (logged once when it starts failing, once when it works, naming the URL
+    without its password). Any other error raises. False when `stopping` was set first."""
+    url = getattr(driver, "url", None)
+    what = f"connecting to {url_safe(url) if url is not None else 'the database'}"
     outage = Outage(logger, what)
     delay = 0.1
     while True:
         try:
-            await open_()
+            await driver.open()
         except Exception as exc:
             if not unreachable(exc):
                 raise

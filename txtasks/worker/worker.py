@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 from txtasks import tracing
 from txtasks.app import App
 from txtasks.driver import Driver
-from txtasks.driver.urls import url_safe
 from txtasks.errors import ConfigurationError
 from txtasks.faults import Outage, open_when_reachable
 from txtasks.health import HealthServer, Pulse
@@ -161,8 +160,7 @@ class Worker:
             return True
         self._connecting = True
         try:
-            what = f"connecting to {self._database}"
-            return await open_when_reachable(self.driver.open, log, what, self._stopping)
+            return await open_when_reachable(self.driver, log, self._stopping)
         finally:
             self._connecting = False
 
@@ -185,11 +183,6 @@ class Worker:
             self._runner.close()
         log.info("worker %s stopped: %s", self.worker_id, self.stats)
         return self.stats
-
-    @property
-    def _database(self) -> str:
-        url = getattr(self.driver, "url", None)
-        return url_safe(url) if url is not None else "the database"
 
     # -- claiming -----------------------------------------------------------------------------
 
