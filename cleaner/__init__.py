@@ -8,7 +8,7 @@ hot table), `Retention` (old archive rows) and `Periodic` (cron and interval sch
 
 from cleaner.archiver import Archiver, ArchiverConfig, ArchiveResult
 from cleaner.daemon import Cleaner, CleanerConfig
-from cleaner.periodic import Periodic, PeriodicConfig, PeriodicResult
+from cleaner.firer import Periodic, PeriodicConfig, PeriodicResult
 from cleaner.reannouncer import Reannouncer, ReannouncerConfig, ReannounceResult
 from cleaner.rescuer import Rescuer, RescuerConfig, RescueResult
 from cleaner.retention import Keep, Retention, RetentionConfig, RetentionResult

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from cleaner.archiver import Archiver, ArchiverConfig
 from cleaner.health import HealthServer
-from cleaner.periodic import Periodic, PeriodicConfig
+from cleaner.firer import Periodic, PeriodicConfig
 from cleaner.reannouncer import Reannouncer, ReannouncerConfig
 from cleaner.rescuer import Rescuer, RescuerConfig
 from cleaner.retention import Retention, RetentionConfig

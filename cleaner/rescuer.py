@@ -81,7 +81,7 @@ class Rescuer(Sweep[RescuerConfig, RescueResult]):
         """The outcome of an attempt whose worker stopped: a failure with `LeaseExpired`,
         under the task's own ack policy and retry strategy (as a worker decides a failure)."""
         task = self.app.tasks.get(row.task_name)
-        policy = task.policy if task is not None else RetryPolicy(as_strategy(None), 0)
+        policy = task.policy if task is not None else RetryPolicy(as_strategy(None))
         error = LeaseExpired(
             f"lease expired at {row.lease_expires_at:%Y-%m-%d %H:%M:%S.%f} UTC: worker "
             f"{row.worker_id} stopped heartbeating (rescued by the cleaner)"

@@ -17,6 +17,7 @@ from txtasks.enqueue import (
     insert_many_tx,
     sync_connection,
 )
+from txtasks.env import ENV_BROKER_URL, ENV_DATABASE_URL
 from txtasks.errors import ConfigurationError, UnknownTaskError
 from txtasks.payload import DEFAULT_MAX_PAYLOAD_BYTES
 from txtasks.periodic import CatchUp, Schedule, schedule_from
@@ -52,9 +53,6 @@ __all__ = [
     "check_queue_name",
     "due_now",
 ]
-
-ENV_DATABASE_URL = "TXTASKS_DATABASE_URL"
-ENV_BROKER_URL = "TXTASKS_BROKER_URL"
 
 
 def due_now(row: NewTask) -> bool:

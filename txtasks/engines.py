@@ -34,7 +34,7 @@ def create_engine(url: str | URL, **kwargs: Any) -> Engine:
     import sqlalchemy
 
     engine = sqlalchemy.create_engine(url_sync(url), **kwargs)
-    _sqlite_setup(engine)
+    _connection_setup(engine)
     return engine
 
 
@@ -47,15 +47,15 @@ def create_async_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
     from sqlalchemy.ext.asyncio import create_async_engine as sqlalchemy_create_async_engine
 
     engine = sqlalchemy_create_async_engine(url_async(url), **kwargs)
-    _sqlite_setup(engine.sync_engine)
+    _connection_setup(engine.sync_engine)
     return engine
 
 
-def _sqlite_setup(engine: Engine) -> None:
-    if engine.dialect.name == "sqlite":
-        from txtasks.driver.sqlite import sqlite_connection_setup
+def _connection_setup(engine: Engine) -> None:
+    """The settings every connection to this database needs (SQLite's; none elsewhere)."""
+    from txtasks.driver.dialect import dialect_for
 
-        sqlite_connection_setup(engine)
+    dialect_for(engine.dialect).connection_setup(engine)
 
 
 def migrate(database: str | URL | Engine | Connection) -> list[int]:

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from sqlalchemy import Connection
 
-from txtasks.driver import sql_driver_class
-from txtasks.driver.plan import plan_run_async, plan_run_sync
+from txtasks.driver.dialect import dialect_for
+from txtasks.driver.insert_plan import plan_run_async, plan_run_sync
 from txtasks.errors import ConfigurationError
 from txtasks.types import NewTask
 
@@ -91,7 +91,7 @@ def insert_many_tx(executor: SyncExecutor, rows: Sequence[NewTask]) -> list[int]
     _check_sync(executor)
     if not rows:
         return []
-    plan = sql_driver_class(executor_dialect(executor)).enqueue_plan(rows)
+    plan = dialect_for(executor_dialect(executor)).enqueue_plan(rows)
     return plan_run_sync(executor, plan)
 
 
@@ -100,5 +100,5 @@ async def ainsert_many_tx(executor: AsyncExecutor, rows: Sequence[NewTask]) -> l
     _check_async(executor)
     if not rows:
         return []
-    plan = sql_driver_class(executor_dialect(executor)).enqueue_plan(rows)
+    plan = dialect_for(executor_dialect(executor)).enqueue_plan(rows)
     return await plan_run_async(executor, plan)

@@ -1,7 +1,7 @@
 """Periodic schedules: what an application declares with `app.periodic(...)`.
 
 A schedule only computes fire times; the cleaner's periodic sweep enqueues each fire time once,
-guarded by a row per schedule in `txtasks_periodic` (see `cleaner/periodic.py`).
+guarded by a row per schedule in `txtasks_periodic` (see `cleaner/firer.py`).
 """
 
 from __future__ import annotations

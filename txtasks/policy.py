@@ -31,10 +31,10 @@ class AckPolicy(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """The retry rules of one task."""
+    """The retry rules of one task (how many attempts a task gets is its row's `max_attempts`,
+    set at enqueue)."""
 
     strategy: RetryStrategy
-    max_attempts: int
     ack_policy: AckPolicy = AckPolicy.RETRY
 
 
@@ -78,18 +78,18 @@ def outcome_after_failure(
     *,
     now: datetime,
     error: str,
+    max_attempts: int,
     delay: float | timedelta | None = None,
     expires_at: datetime | None = None,
-    max_attempts: int | None = None,
     checkpoint: str | None = None,
 ) -> Outcome:
     """A nack: retry after the backoff while attempts and the deadline allow, else dead-letter.
 
     Used by the worker for a failed attempt and by the cleaner for an expired lease.
     """
-    limit = policy.max_attempts if max_attempts is None else max_attempts
-    if key.attempt >= limit:
-        return Outcome(key, OutcomeKind.DEAD, error=f"{error}\n(attempt {key.attempt} of {limit})")
+    if key.attempt >= max_attempts:
+        error = f"{error}\n(attempt {key.attempt} of {max_attempts})"
+        return Outcome(key, OutcomeKind.DEAD, error=error)
     wait = policy.strategy.delay(key.attempt) if delay is None else max(0.0, seconds(delay))
     try:
         run_at = now + timedelta(seconds=wait)
@@ -106,8 +106,8 @@ def outcome_for_exception(
     exc: BaseException,
     *,
     now: datetime,
+    max_attempts: int,
     expires_at: datetime | None = None,
-    max_attempts: int | None = None,
     checkpoint: str | None = None,
 ) -> Outcome:
     """Map what a handler raised to the outcome the database records."""

@@ -64,7 +64,7 @@ class TaskOptions:
 
     @property
     def retry_policy(self) -> RetryPolicy:
-        return RetryPolicy(as_strategy(self.retry), self.max_attempts, self.ack_policy)
+        return RetryPolicy(as_strategy(self.retry), self.ack_policy)
 
 
 def task_options(

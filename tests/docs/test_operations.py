@@ -203,7 +203,7 @@ def test_periodic_options_are_listed_with_their_defaults() -> None:
 
 
 def test_headers_shown_are_the_ones_fired_tasks_carry() -> None:
-    source = (Path(__file__).resolve().parents[2] / "cleaner" / "periodic.py").read_text()
+    source = (Path(__file__).resolve().parents[2] / "cleaner" / "firer.py").read_text()
     headers = set(re.findall(r'"(txtasks-[\w-]+)"', source))
     rows = table_rows(PERIODIC.read_text())
     assert headers == {"txtasks-periodic", "txtasks-fire-time"}

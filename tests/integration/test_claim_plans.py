@@ -96,7 +96,7 @@ async def test_a_claim_reads_only_the_rows_it_takes(backlog: Any) -> None:
     event.listen(engine, "before_cursor_execute", explain, retval=True)
     with engine.connect() as conn:
         params = {"queues": ["q"], "now": now, "limit": LIMIT}
-        explained = conn.execute(driver.stmt_ready(), params).mappings().all()
+        explained = conn.execute(driver.sql.stmt_ready(), params).mappings().all()
     if backend == "sqlite":
         steps = [row["detail"] for row in explained]
         assert any("ix_txtasks_tasks_claim" in s for s in steps), steps

@@ -69,8 +69,8 @@ async def test_retries_end_with_the_last_failure(driver: PostgresDriver) -> None
 
 
 def test_mysql_tells_deadlocks_from_anything_else() -> None:
-    from txtasks.driver.mysql import MySQLDriver
+    from txtasks.driver.mysql import MySQLDialect
 
-    assert MySQLDriver.error_is_transient(Exception(1213, "Deadlock found"))
-    assert not MySQLDriver.error_is_transient(Exception(1062, "Duplicate entry"))
-    assert not MySQLDriver.error_is_transient(ValueError(["not", "a", "code"]))
+    assert MySQLDialect.error_is_transient(Exception(1213, "Deadlock found"))
+    assert not MySQLDialect.error_is_transient(Exception(1062, "Duplicate entry"))
+    assert not MySQLDialect.error_is_transient(ValueError(["not", "a", "code"]))

@@ -9,27 +9,34 @@ from txtasks.types import OutcomeKind, TaskKey
 NOW = datetime(2030, 1, 1, 12, 0, 0)
 
 
-def policy(ack: AckPolicy = AckPolicy.RETRY, attempts: int = 3) -> RetryPolicy:
-    return RetryPolicy(Constant(10), attempts, ack)
+def policy(ack: AckPolicy = AckPolicy.RETRY) -> RetryPolicy:
+    return RetryPolicy(Constant(10), ack)
 
 
 def test_failure_retries_after_the_backoff_until_attempts_run_out() -> None:
-    first = outcome_after_failure(TaskKey(1, 1), policy(), now=NOW, error="boom")
+    first = outcome_after_failure(TaskKey(1, 1), policy(), now=NOW, error="boom", max_attempts=3)
     assert first.kind is OutcomeKind.RETRY
     assert first.run_at == NOW + timedelta(seconds=10)
-    last = outcome_after_failure(TaskKey(1, 3), policy(), now=NOW, error="boom")
+    last = outcome_after_failure(TaskKey(1, 3), policy(), now=NOW, error="boom", max_attempts=3)
     assert last.kind is OutcomeKind.DEAD
     assert "attempt 3 of 3" in (last.error or "")
 
 
-def test_row_max_attempts_overrides_the_task_default() -> None:
+def test_the_row_s_max_attempts_decides_the_last_attempt() -> None:
     outcome = outcome_after_failure(TaskKey(1, 2), policy(), now=NOW, error="x", max_attempts=2)
     assert outcome.kind is OutcomeKind.DEAD
+    again = outcome_after_failure(TaskKey(1, 2), policy(), now=NOW, error="x", max_attempts=3)
+    assert again.kind is OutcomeKind.RETRY
 
 
 def test_deadline_stops_retries() -> None:
     outcome = outcome_after_failure(
-        TaskKey(1, 1), policy(), now=NOW, error="x", expires_at=NOW + timedelta(seconds=5)
+        TaskKey(1, 1),
+        policy(),
+        now=NOW,
+        error="x",
+        max_attempts=3,
+        expires_at=NOW + timedelta(seconds=5),
     )
     assert outcome.kind is OutcomeKind.DEAD
     assert "deadline" in (outcome.error or "")
@@ -45,11 +52,13 @@ def test_deadline_stops_retries() -> None:
     ],
 )
 def test_handler_signals(exc: BaseException, kind: OutcomeKind) -> None:
-    assert outcome_for_exception(TaskKey(1, 1), policy(), exc, now=NOW).kind is kind
+    assert outcome_for_exception(TaskKey(1, 1), policy(), exc, now=NOW, max_attempts=3).kind is kind
 
 
 def test_retry_delay_overrides_the_strategy() -> None:
-    outcome = outcome_for_exception(TaskKey(1, 1), policy(), Retry(delay=2), now=NOW)
+    outcome = outcome_for_exception(
+        TaskKey(1, 1), policy(), Retry(delay=2), now=NOW, max_attempts=3
+    )
     assert outcome.run_at == NOW + timedelta(seconds=2)
 
 
@@ -63,7 +72,9 @@ def test_retry_delay_overrides_the_strategy() -> None:
     ],
 )
 def test_ack_policy_decides_other_exceptions(ack: AckPolicy, kind: OutcomeKind) -> None:
-    outcome = outcome_for_exception(TaskKey(1, 1), policy(ack), KeyError("k"), now=NOW)
+    outcome = outcome_for_exception(
+        TaskKey(1, 1), policy(ack), KeyError("k"), now=NOW, max_attempts=3
+    )
     assert outcome.kind is kind
     assert "KeyError" in (outcome.error or "")
 

@@ -45,7 +45,7 @@ def test_a_row_by_position_equals_the_row_by_name() -> None:
 
 
 def test_a_bulk_record_holds_the_task_values_in_bulk_column_order() -> None:
-    from txtasks.driver.plan import task_values
+    from txtasks.driver.insert_plan import task_values
     from txtasks.driver.postgresql import BULK_COLUMNS, _bulk_record
     from txtasks.types import NewTask
 

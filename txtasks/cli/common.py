@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 import click
 
 from txtasks._checks import check_number
+from txtasks.env import ENV_BROKER_URL, ENV_DATABASE_URL
 from txtasks.errors import ConfigurationError, PayloadError, TxtasksError
 from txtasks.payload import headers_decode, payload_decode
 from txtasks.types import JSON_CONTENT_TYPE, TaskRow
@@ -29,10 +30,6 @@ if TYPE_CHECKING:  # imported where used: building the commands and --help need 
     from txtasks.app import App
     from txtasks.driver import Driver
 
-#: The variables of `txtasks.app` (a test checks they are the same), named here so that the
-#: options are built without importing the app and SQLAlchemy.
-ENV_DATABASE_URL = "TXTASKS_DATABASE_URL"
-ENV_BROKER_URL = "TXTASKS_BROKER_URL"
 
 T = TypeVar("T")
 

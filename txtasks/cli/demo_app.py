@@ -18,13 +18,11 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
-    create_engine,
     insert,
 )
 
 from txtasks.app import ENV_DATABASE_URL, App
-from txtasks.driver.sqlite import sqlite_connection_setup
-from txtasks.driver.urls import backend_name, url_sync
+from txtasks.engines import create_engine
 from txtasks.retry import Constant
 from txtasks.worker.context import TaskContext
 
@@ -54,10 +52,7 @@ app = App("txtasks-demo", default_queue=QUEUE)
 def effects_engine() -> Engine:
     """The handler's own connection to the demo database (one per worker process)."""
     url = os.environ[ENV_DATABASE_URL]
-    engine = create_engine(url_sync(url), pool_size=8)
-    if backend_name(url) == "sqlite":
-        sqlite_connection_setup(engine)
-    return engine
+    return create_engine(url, pool_size=8)
 
 
 @app.task(name="demo.process_order", max_attempts=MAX_ATTEMPTS, retry=Constant(0.2))

@@ -17,12 +17,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from sqlalchemy import Engine, create_engine, delete, func, select
+from sqlalchemy import Engine, delete, func, select
 
 from txtasks.app import ENV_BROKER_URL, ENV_DATABASE_URL
 from txtasks.cli.demo_app import MAX_ATTEMPTS, QUEUE, app, effects, metadata, orders
-from txtasks.driver.sqlite import sqlite_connection_setup
-from txtasks.driver.urls import backend_name, url_safe, url_sync
+from txtasks.driver.urls import url_safe
+from txtasks.engines import create_engine
 from txtasks.schema.migrate import migrate
 from txtasks.schema.tables import archive, tasks
 from txtasks.wakeup import notifier_for_url
@@ -43,10 +43,7 @@ class Plan:
 
 
 def _engine(url: str) -> Engine:
-    engine = create_engine(url_sync(url))
-    if backend_name(url) == "sqlite":
-        sqlite_connection_setup(engine)
-    return engine
+    return create_engine(url)
 
 
 def _prepare(engine: Engine) -> None:

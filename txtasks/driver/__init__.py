@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 from txtasks.driver.base import Capabilities, Driver, WriteResult
 from txtasks.driver.memory import MemoryDriver
 from txtasks.driver.urls import backend_name
-from txtasks.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import URL, Dialect
+    from sqlalchemy.engine import URL
 
+    from txtasks.driver.dialect import SqlDialect, dialect_for
     from txtasks.driver.mysql import MariaDBDriver, MySQLDriver
     from txtasks.driver.postgresql import PostgresDriver
     from txtasks.driver.sql import SqlDriver
@@ -33,6 +33,8 @@ BY_BACKEND: dict[str, tuple[str, str]] = {
 LAZY: dict[str, tuple[str, str]] = {
     **{cls: (module, cls) for module, cls in BY_BACKEND.values()},
     "SqlDriver": ("txtasks.driver.sql", "SqlDriver"),
+    "SqlDialect": ("txtasks.driver.dialect", "SqlDialect"),
+    "dialect_for": ("txtasks.driver.dialect", "dialect_for"),
 }
 
 
@@ -41,16 +43,6 @@ def driver_class(backend: str) -> type[SqlDriver]:
     module, name = BY_BACKEND[backend]
     cls: type[SqlDriver] = getattr(importlib.import_module(module), name)
     return cls
-
-
-def sql_driver_class(dialect: Dialect) -> type[SqlDriver]:
-    """The SQL knowledge for a connection's dialect (MariaDB told apart from MySQL)."""
-    if dialect.name not in BY_BACKEND:
-        raise ConfigurationError(
-            f"connection: unsupported database dialect {dialect.name!r}; "
-            "txtasks supports postgresql, mysql/mariadb and sqlite"
-        )
-    return driver_class(dialect.name).plan_class(dialect)
 
 
 def driver_for_url(url: str | URL, **options: Any) -> SqlDriver:
@@ -73,9 +65,10 @@ __all__ = [
     "MySQLDriver",
     "PostgresDriver",
     "SQLiteDriver",
+    "SqlDialect",
     "SqlDriver",
     "WriteResult",
+    "dialect_for",
     "driver_class",
     "driver_for_url",
-    "sql_driver_class",
 ]

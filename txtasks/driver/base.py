@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import ClassVar, Protocol
+from typing import Protocol
 
 from txtasks.types import NewTask, Outcome, PeriodicRow, QueueStats, TaskKey, TaskRow, TaskState
 
@@ -49,7 +49,10 @@ def requeue_choice(dead: Iterable[tuple[int, str | None]], live_keys: set[str]) 
 class Driver(Protocol):
     """Storage for tasks. Implementations: SQL drivers per dialect, and the in-memory driver."""
 
-    capabilities: ClassVar[Capabilities]
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this store can do (a SQL driver's: its dialect's)."""
+        ...
 
     async def open(self) -> None:
         """Connect and check that the schema is migrated."""

@@ -21,11 +21,11 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.mysql import insert as mysql_insert
-from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities
+from txtasks.driver.dialect import SqlDialect
 from txtasks.driver.sql import SqlDriver
 from txtasks.errors import SchemaError
 from txtasks.schema import migrate as schema_migrate
@@ -43,8 +43,9 @@ KEYS_TABLE = (
 TRANSIENT_ERRNOS = frozenset({1213, 1205})
 
 
-class MySQLDriver(SqlDriver):
-    """MySQL 8 and MariaDB through aiomysql (async) and pymysql (sync)."""
+class MySQLDialect(SqlDialect):
+    """MySQL 8: SKIP LOCKED claims as SELECT then UPDATE, no INSERT ... RETURNING, rows found
+    by primary key through JSON_TABLE."""
 
     capabilities: ClassVar[Capabilities] = Capabilities("mysql")
 
@@ -73,53 +74,6 @@ class MySQLDriver(SqlDriver):
 
     returning_insert: ClassVar[bool] = False
     returning_dedup: ClassVar[bool] = False
-
-    def engine_options(self) -> dict[str, Any]:
-        """READ COMMITTED: the worker's and cleaner's statements lock only the rows they
-        take, never the gaps between them (REPEATABLE READ's next-key locks would stall, and
-        deadlock, the application's INSERTs of new tasks)."""
-        return {"isolation_level": "READ COMMITTED", **super().engine_options()}
-
-    def connect_args(self, sync: bool) -> dict[str, Any]:
-        """Connect timeout; pymysql also bounds each read and write of its blocking socket.
-        Keepalives are set on the socket by `engine_setup`."""
-        t = self.timeouts
-        args: dict[str, Any] = {"connect_timeout": max(1, math.ceil(t.connect))}
-        if sync and t.command is not None:
-            args.update(read_timeout=t.command, write_timeout=t.command)
-        return args
-
-    def session_settings(self, mariadb: bool) -> dict[str, int]:
-        """The server's side of the bounds: a lock wait ends within the command timeout, and
-        MariaDB ends a session left idle in a transaction (its client gone) as long after, so
-        the rows a vanished or stalled worker had locked are freed. (MySQL has no such setting:
-        its `wait_timeout` applies to every idle connection.)"""
-        command = self.timeouts.command
-        if command is None:
-            return {}
-        seconds = max(1, math.ceil(command))
-        settings = {"innodb_lock_wait_timeout": seconds}
-        if mariadb:
-            settings["idle_transaction_timeout"] = seconds
-        return settings
-
-    def engine_setup(self, engine: Engine) -> None:
-        super().engine_setup(engine)
-
-        @event.listens_for(engine, "connect")
-        def _session(dbapi_connection: Any, _record: Any) -> None:
-            raw = getattr(dbapi_connection, "driver_connection", dbapi_connection)
-            mariadb = "mariadb" in str(getattr(raw, "server_version", "")).lower()
-            settings = self.session_settings(mariadb)
-            if settings:
-                cursor = dbapi_connection.cursor()
-                assignments = ", ".join(f"SESSION {k} = {v:d}" for k, v in settings.items())
-                cursor.execute(f"SET {assignments}")
-                cursor.close()
-
-    @classmethod
-    def plan_class(cls, dialect: Dialect) -> type[SqlDriver]:
-        return MariaDBDriver if getattr(dialect, "is_mariadb", False) else MySQLDriver
 
     @classmethod
     def stmt_insert_dedup(cls) -> Insert:
@@ -186,7 +140,7 @@ class MySQLDriver(SqlDriver):
             .values(**cls.claim_values())
         )
 
-    async def _claim(self, conn: AsyncConnection, params: dict[str, Any]) -> list[TaskRow]:
+    async def claim(self, conn: AsyncConnection, params: dict[str, Any]) -> list[TaskRow]:
         found = (await conn.execute(self.stmt_ready_rows(), params)).mappings().all()
         if not found:
             return []
@@ -201,7 +155,63 @@ class MySQLDriver(SqlDriver):
         return [TaskRow.from_row({**r, **claimed, "attempt": r["attempt"] + 1}) for r in found]
 
 
-class MariaDBDriver(MySQLDriver):
-    """MariaDB 10.5+: INSERT ... RETURNING is available."""
+class MariaDBDialect(MySQLDialect):
+    """MariaDB 10.6+: as MySQL, with INSERT ... RETURNING."""
 
     returning_insert: ClassVar[bool] = True
+
+
+class MySQLDriver(SqlDriver):
+    """MySQL 8 and MariaDB through aiomysql (async) and pymysql (sync); which of the two it
+    talks to, the first connection tells (`SqlDriver.sql`)."""
+
+    dialect_class: ClassVar[type[SqlDialect]] = MySQLDialect
+
+    def engine_options(self) -> dict[str, Any]:
+        """READ COMMITTED: the worker's and cleaner's statements lock only the rows they
+        take, never the gaps between them (REPEATABLE READ's next-key locks would stall, and
+        deadlock, the application's INSERTs of new tasks)."""
+        return {"isolation_level": "READ COMMITTED", **super().engine_options()}
+
+    def connect_args(self, sync: bool) -> dict[str, Any]:
+        """Connect timeout; pymysql also bounds each read and write of its blocking socket.
+        Keepalives are set on the socket by `engine_setup`."""
+        t = self.timeouts
+        args: dict[str, Any] = {"connect_timeout": max(1, math.ceil(t.connect))}
+        if sync and t.command is not None:
+            args.update(read_timeout=t.command, write_timeout=t.command)
+        return args
+
+    def session_settings(self, mariadb: bool) -> dict[str, int]:
+        """The server's side of the bounds: a lock wait ends within the command timeout, and
+        MariaDB ends a session left idle in a transaction (its client gone) as long after, so
+        the rows a vanished or stalled worker had locked are freed. (MySQL has no such setting:
+        its `wait_timeout` applies to every idle connection.)"""
+        command = self.timeouts.command
+        if command is None:
+            return {}
+        seconds = max(1, math.ceil(command))
+        settings = {"innodb_lock_wait_timeout": seconds}
+        if mariadb:
+            settings["idle_transaction_timeout"] = seconds
+        return settings
+
+    def engine_setup(self, engine: Engine) -> None:
+        super().engine_setup(engine)
+
+        @event.listens_for(engine, "connect")
+        def _session(dbapi_connection: Any, _record: Any) -> None:
+            raw = getattr(dbapi_connection, "driver_connection", dbapi_connection)
+            mariadb = "mariadb" in str(getattr(raw, "server_version", "")).lower()
+            settings = self.session_settings(mariadb)
+            if settings:
+                cursor = dbapi_connection.cursor()
+                assignments = ", ".join(f"SESSION {k} = {v:d}" for k, v in settings.items())
+                cursor.execute(f"SET {assignments}")
+                cursor.close()
+
+
+class MariaDBDriver(MySQLDriver):
+    """A mariadb:// URL: MariaDB's SQL from the start."""
+
+    dialect_class = MariaDBDialect

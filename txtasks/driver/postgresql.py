@@ -15,7 +15,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities, WriteResult
-from txtasks.driver.plan import CopyRows, Statement, Step
+from txtasks.driver.dialect import SqlDialect
+from txtasks.driver.insert_plan import CopyRows, Statement, Step
 from txtasks.driver.sql import CLOSE_WITHIN, SqlDriver
 from txtasks.driver.timeouts import Watchdog, keepalive_set, socket_of
 from txtasks.schema import migrate as schema_migrate
@@ -161,15 +162,9 @@ def _sqlstate(exc: DBAPIError) -> str | None:
 LOCK_NOT_AVAILABLE = "55P03"
 
 
-class PostgresDriver(SqlDriver):
-    """PostgreSQL 12+ through asyncpg (async) and psycopg (sync).
-
-    The worker's hot path (claims, finishing outcomes) goes straight to asyncpg through small
-    pools of its own: one autocommit statement each, no SQLAlchemy compilation or row
-    processing. Claim sessions run with `synchronous_commit = off` (no wait for the WAL flush):
-    a claim lost in a database crash only leaves its task pending, to be claimed again.
-    Outcomes and enqueues keep the server's durability setting.
-    """
+class PostgresDialect(SqlDialect):
+    """PostgreSQL 12+: ON CONFLICT for dedup, COPY for bulk enqueues, an advisory migration
+    lock."""
 
     capabilities: ClassVar[Capabilities] = Capabilities("postgresql")
 
@@ -193,6 +188,50 @@ class PostgresDriver(SqlDriver):
             raise
         _lock_settings(conn, *saved)
         yield
+
+    @classmethod
+    def _insert_plain(
+        cls, rows: Sequence[NewTask], todo: list[int], ids: list[int | None]
+    ) -> Generator[Step, Result[Any], None]:
+        """Several rows: ids drawn in one statement, then the rows sent with COPY (or one
+        statement of arrays); one row: the plain INSERT."""
+        if len(todo) == 1:
+            yield from super()._insert_plain(rows, todo, ids)
+            return
+        drawn = yield DRAW_IDS, {"n": len(todo)}
+        new_ids = sorted(drawn.scalar_one())
+        records = [_bulk_record(n, rows[i]) for n, i in zip(new_ids, todo, strict=True)]
+        yield CopyRows("txtasks_tasks", BULK_COLUMNS, records, lambda: _bulk_arrays(records))
+        for i, new_id in zip(todo, new_ids, strict=True):
+            ids[i] = new_id
+
+    @classmethod
+    def stmt_insert_dedup(cls) -> Insert:
+        return (
+            pg_insert(tasks)
+            .on_conflict_do_nothing(
+                index_elements=[tasks.c.dedup_key], index_where=tasks.c.dedup_key.is_not(None)
+            )
+            .returning(tasks.c.id, tasks.c.dedup_key)
+        )
+
+    @classmethod
+    def error_is_transient(cls, exc: BaseException) -> bool:
+        code: Any = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+        return code in TRANSIENT_SQLSTATES
+
+
+class PostgresDriver(SqlDriver):
+    """PostgreSQL 12+ through asyncpg (async) and psycopg (sync).
+
+    The worker's hot path (claims, finishing outcomes) goes straight to asyncpg through small
+    pools of its own: one autocommit statement each, no SQLAlchemy compilation or row
+    processing. Claim sessions run with `synchronous_commit = off` (no wait for the WAL flush):
+    a claim lost in a database crash only leaves its task pending, to be claimed again.
+    Outcomes and enqueues keep the server's durability setting.
+    """
+
+    dialect_class = PostgresDialect
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -343,34 +382,3 @@ class PostgresDriver(SqlDriver):
         """One autocommit statement on a raw pool, again after a deadlock or serialization
         failure."""
         return await self.retrying(lambda: self.raw_fetch(purpose, sql, *params))
-
-    @classmethod
-    def _insert_plain(
-        cls, rows: Sequence[NewTask], todo: list[int], ids: list[int | None]
-    ) -> Generator[Step, Result[Any], None]:
-        """Several rows: ids drawn in one statement, then the rows sent with COPY (or one
-        statement of arrays); one row: the plain INSERT."""
-        if len(todo) == 1:
-            yield from super()._insert_plain(rows, todo, ids)
-            return
-        drawn = yield DRAW_IDS, {"n": len(todo)}
-        new_ids = sorted(drawn.scalar_one())
-        records = [_bulk_record(n, rows[i]) for n, i in zip(new_ids, todo, strict=True)]
-        yield CopyRows("txtasks_tasks", BULK_COLUMNS, records, lambda: _bulk_arrays(records))
-        for i, new_id in zip(todo, new_ids, strict=True):
-            ids[i] = new_id
-
-    @classmethod
-    def stmt_insert_dedup(cls) -> Insert:
-        return (
-            pg_insert(tasks)
-            .on_conflict_do_nothing(
-                index_elements=[tasks.c.dedup_key], index_where=tasks.c.dedup_key.is_not(None)
-            )
-            .returning(tasks.c.id, tasks.c.dedup_key)
-        )
-
-    @classmethod
-    def error_is_transient(cls, exc: BaseException) -> bool:
-        code: Any = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
-        return code in TRANSIENT_SQLSTATES

@@ -1,7 +1,9 @@
-"""The SQL driver: SQLAlchemy Core statements shared by every SQL dialect.
+"""The SQL driver: connections, pools and transactions; the SQL itself is its dialect's.
 
-Dialect subclasses (postgresql.py, mysql.py, sqlite.py) override only what their SQL lacks or
-does better. Each statement is a small named builder; each driver method one short transaction.
+`SqlDriver` owns the engines (bounded by `Timeouts`), runs each contract method as one short
+transaction, retries transient failures, and executes the statements of its `SqlDialect`
+(`self.sql`, see dialect.py). Database subclasses (postgresql.py, mysql.py, sqlite.py) add
+their connection settings and, where it pays, a hot path of their own.
 """
 
 from __future__ import annotations
@@ -12,92 +14,27 @@ import functools
 import math
 import random
 import time
-from collections.abc import (
-    AsyncIterator,
-    Awaitable,
-    Callable,
-    Generator,
-    Iterator,
-    Mapping,
-    Sequence,
-)
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, ClassVar, TypeVar
 
-from sqlalchemy import (
-    Engine,
-    Executable,
-    Integer,
-    Result,
-    String,
-    bindparam,
-    create_engine,
-    delete,
-    event,
-    func,
-    insert,
-    literal,
-    select,
-    tuple_,
-    update,
-)
-from sqlalchemy.engine import URL, Connection, Dialect
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities, WriteResult
-from txtasks.driver.plan import Plan, Step, plan_run_async, plan_run_sync, task_values
+from txtasks.driver.dialect import SqlDialect, claim_order, dialect_for, keys_param
+from txtasks.driver.insert_plan import plan_run_async, plan_run_sync
 from txtasks.driver.sql_admin import SqlAdmin
 from txtasks.driver.timeouts import Timeouts, Watchdog, keepalive_set, socket_of
 from txtasks.driver.urls import url_async, url_parse, url_sync
 from txtasks.errors import SchemaError
 from txtasks.schema import migrate as schema_migrate
-from txtasks.schema.tables import IS_READY, TASK_COLUMNS, Timestamp, archive, tasks
-from txtasks.types import (
-    NewTask,
-    Outcome,
-    OutcomeKind,
-    TaskKey,
-    TaskRow,
-    TaskState,
-)
+from txtasks.types import NewTask, Outcome, OutcomeKind, TaskKey, TaskRow
 
-PROCESSING = TaskState.PROCESSING.value
-DEDUP_RETRIES = 3
 TRANSIENT_RETRIES = 5
 T = TypeVar("T")
-
-
-def claim_order(row: TaskRow) -> tuple[int, datetime, int]:
-    """The order tasks are handed out in: priority (high first), then due time, then id."""
-    return (-row.priority, row.run_at, row.id)
-
-
-def keys_match() -> Any:
-    """WHERE clause fencing a batch of attempts (param `keys`): pairs still processing, held by
-    the worker `fence_worker` and with a lease expired before `fence_expired` (each unless that
-    parameter is NULL)."""
-    pairs = tuple_(tasks.c.id, tasks.c.attempt).in_(bindparam("keys", expanding=True))
-    holder = bindparam("fence_worker", type_=String)
-    expiry = bindparam("fence_expired", type_=Timestamp)
-    return (
-        pairs
-        & (tasks.c.state == PROCESSING)
-        & (holder.is_(None) | (tasks.c.worker_id == holder))
-        & (expiry.is_(None) | (tasks.c.lease_expires_at < expiry))
-    )
-
-
-def keys_param(
-    keys: Sequence[TaskKey], worker_id: str | None = None, expired_before: datetime | None = None
-) -> dict[str, Any]:
-    """The parameters of `keys_match`: keys in id order (a consistent lock order)."""
-    return {
-        "keys": sorted((k.id, k.attempt) for k in keys),
-        "fence_worker": worker_id,
-        "fence_expired": expired_before,
-    }
 
 
 #: Seconds closing a driver waits for each pool's connections to close politely.
@@ -107,19 +44,13 @@ CLOSE_WITHIN = 2.0
 class SqlDriver(SqlAdmin):
     """A task store on a SQL database through SQLAlchemy's asyncio engine."""
 
-    capabilities: ClassVar[Capabilities] = Capabilities("sql")
+    #: The SQL of this driver's database, until a connection tells it apart (MariaDB from
+    #: MySQL, on a mysql:// URL): see `sql`.
+    dialect_class: ClassVar[type[SqlDialect]]
 
-    @staticmethod
-    @contextlib.contextmanager
-    def migration_lock(conn: Connection) -> Iterator[None]:
-        """What concurrent `migrate` runs queue on, held from before the schema version is
-        read until the migrations are committed; each dialect has its own."""
-        yield
-
-    #: INSERT ... RETURNING is available (all but MySQL proper).
-    returning_insert: ClassVar[bool] = True
-    #: The dedup-insert returns the ids of the rows it inserted.
-    returning_dedup: ClassVar[bool] = True
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.sql.capabilities
 
     def __init__(
         self,
@@ -137,6 +68,10 @@ class SqlDriver(SqlAdmin):
         #: Pooled connections opened before this moment (`time.monotonic()`) are replaced at
         #: their next checkout: set when a connection had to be cut (see `stale_pool`).
         self._stale_before = -math.inf
+        #: The SQL this driver runs: its dialect's statements, insert plan and error rules;
+        #: settled by the first connection (`connect`).
+        self.sql: SqlDialect = self.dialect_class()
+        self._sql_settled = False
 
     # -- connections --------------------------------------------------------------------------
 
@@ -209,6 +144,8 @@ class SqlDriver(SqlAdmin):
         watchdog = Watchdog(limit, lambda: self.connection_cut(raw))
         try:
             raw = (await conn.get_raw_connection()).driver_connection
+            if not self._sql_settled:
+                self.sql, self._sql_settled = dialect_for(conn.dialect), True
             with watchdog.armed():
                 try:
                     yield conn
@@ -250,15 +187,10 @@ class SqlDriver(SqlAdmin):
             self._sync_engine.dispose()
 
     async def migrate(self) -> list[int]:
-        migrate = functools.partial(schema_migrate.migrate, lock=self.migration_lock)
+        migrate = functools.partial(schema_migrate.migrate, lock=self.sql.migration_lock)
         async with self.begin(bounded=False) as conn:  # DDL on big tables may take a while
             applied = await conn.run_sync(migrate)
         return [m.version for m in applied]
-
-    @classmethod
-    def error_is_transient(cls, exc: BaseException) -> bool:
-        """A deadlock or lock timeout that a fresh transaction may not meet again."""
-        return False
 
     async def in_transaction(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
         """Run `work` in a transaction, retrying it when the database reports a deadlock."""
@@ -279,148 +211,29 @@ class SqlDriver(SqlAdmin):
                 orig = exc.orig if isinstance(exc, DBAPIError) else exc
                 if attempt + 1 == TRANSIENT_RETRIES or orig is None:
                     raise
-                if not self.error_is_transient(orig):
+                if not self.sql.error_is_transient(orig):
                     raise
                 await asyncio.sleep(random.uniform(0, 0.01 * 2**attempt))
         raise AssertionError("unreachable")
 
     # -- enqueue ------------------------------------------------------------------------------
 
-    @classmethod
-    def plan_class(cls, dialect: Dialect) -> type[SqlDriver]:
-        """The class whose statements suit this connection (MariaDB is told apart at connect)."""
-        return cls
-
-    @classmethod
-    def stmt_insert(cls) -> Insert:
-        """Insert new tasks, returning their ids in parameter order."""
-        return insert(tasks).returning(tasks.c.id, sort_by_parameter_order=True)
-
-    @staticmethod
-    @functools.cache
-    def stmt_insert_one() -> Insert:
-        """Insert one new task, returning its id."""
-        return insert(tasks).returning(tasks.c.id)
-
-    @classmethod
-    def stmt_insert_dedup(cls) -> Insert:
-        """Insert tasks that carry a dedup key, skipping keys already live (no error)."""
-        raise NotImplementedError
-
-    @classmethod
-    def stmt_dedup_lookup(cls, keys: Sequence[str]) -> Executable:
-        """The ids of live tasks holding these dedup keys."""
-        return select(tasks.c.id, tasks.c.dedup_key).where(tasks.c.dedup_key.in_(keys))
-
-    @classmethod
-    def enqueue_plan(cls, rows: Sequence[NewTask]) -> Plan:
-        """Insert `rows` on any connection (sync or async): one statement per batch."""
-        ids: list[int | None] = [None] * len(rows)
-        plain = [i for i, r in enumerate(rows) if r.dedup_key is None]
-        # in key order: two transactions inserting overlapping keys lock them in the same order
-        keyed = sorted(
-            (i for i, r in enumerate(rows) if r.dedup_key is not None),
-            key=lambda i: rows[i].dedup_key or "",
-        )
-        if plain:
-            yield from cls._insert_plain(rows, plain, ids)
-        for _ in range(DEDUP_RETRIES):
-            missing = [i for i in keyed if ids[i] is None]
-            if not missing:
-                break
-            yield from cls._insert_keyed(rows, missing, ids)
-        if any(i is None for i in ids):
-            raise RuntimeError("enqueue: a dedup key kept conflicting with finishing tasks")
-        return [i for i in ids if i is not None]
-
-    @classmethod
-    def _insert_plain(
-        cls, rows: Sequence[NewTask], todo: list[int], ids: list[int | None]
-    ) -> Generator[Step, Result[Any], None]:
-        if cls.returning_insert and len(todo) == 1:  # one row: no executemany machinery,
-            values = {k: v for k, v in task_values(rows[todo[0]]).items() if v is not None}
-            result = yield cls.stmt_insert_one(), values  # and no unused NULL parameters
-            ids[todo[0]] = result.scalar_one()
-            return
-        if cls.returning_insert:
-            result = yield cls.stmt_insert(), [task_values(rows[i]) for i in todo]
-            for i, new_id in zip(todo, result.scalars().all(), strict=True):
-                ids[i] = new_id
-            return
-        for i in todo:  # MySQL has no RETURNING: one statement a row, lastrowid each
-            result = yield insert(tasks), task_values(rows[i])
-            ids[i] = result.inserted_primary_key[0]  # type: ignore[attr-defined]
-
-    @classmethod
-    def _insert_keyed(
-        cls, rows: Sequence[NewTask], todo: list[int], ids: list[int | None]
-    ) -> Generator[Step, Result[Any], None]:
-        result = yield cls.stmt_insert_dedup(), [task_values(rows[i]) for i in todo]
-        found: dict[str, int] = {}
-        if cls.returning_dedup:
-            found.update({row[1]: row[0] for row in result.all()})  # type: ignore[misc]
-        unresolved = {rows[i].dedup_key for i in todo} - found.keys()
-        if unresolved:
-            lookup = yield cls.stmt_dedup_lookup(sorted(k for k in unresolved if k)), None
-            found.update({row[1]: row[0] for row in lookup.all()})  # type: ignore[misc]
-        for i in todo:
-            ids[i] = found.get(rows[i].dedup_key or "")
-
     async def task_insert_many(self, rows: Sequence[NewTask]) -> list[int]:
         if not rows:
             return []
-
         return await self.in_transaction(lambda conn: self.insert_on(conn, rows))
 
     async def insert_on(self, conn: AsyncConnection, rows: Sequence[NewTask]) -> list[int]:
         """Insert `rows` inside `conn`'s transaction; their ids (a dedup hit: the live id)."""
-        return await plan_run_async(conn, self.plan_class(conn.dialect).enqueue_plan(rows))
+        return await plan_run_async(conn, self.sql.enqueue_plan(rows))
 
     def task_insert_many_sync(self, rows: Sequence[NewTask]) -> list[int]:
         if not rows:
             return []
         with self.sync_engine.begin() as conn:
-            return plan_run_sync(conn, self.plan_class(conn.dialect).enqueue_plan(rows))
+            return plan_run_sync(conn, dialect_for(conn.dialect).enqueue_plan(rows))
 
     # -- claim --------------------------------------------------------------------------------
-
-    @staticmethod
-    @functools.cache
-    def stmt_ready() -> Any:
-        """Ready task ids of `queues`, in claim order, up to `limit`, locked, skipping locked."""
-        return (
-            select(tasks.c.id)
-            .where(
-                tasks.c.queue.in_(bindparam("queues", expanding=True)),
-                IS_READY,
-                tasks.c.run_at <= bindparam("now", type_=Timestamp),
-            )
-            .order_by(tasks.c.priority.desc(), tasks.c.run_at, tasks.c.id)
-            .limit(bindparam("limit", type_=Integer))
-            .with_for_update(skip_locked=True)
-        )
-
-    @staticmethod
-    def claim_values() -> dict[str, Any]:
-        """What a claim writes: processing, one more attempt, leased to the worker."""
-        return {
-            "state": PROCESSING,
-            "attempt": tasks.c.attempt + 1,
-            "lease_expires_at": bindparam("lease_until", type_=Timestamp),
-            "worker_id": bindparam("worker_id"),
-            "started_at": bindparam("now", type_=Timestamp),
-        }
-
-    @classmethod
-    @functools.cache
-    def stmt_claim(cls) -> Executable:
-        """Claim a batch in one statement: UPDATE ... WHERE id IN (ready) RETURNING *."""
-        return (
-            update(tasks)
-            .where(tasks.c.id.in_(cls.stmt_ready().scalar_subquery()))
-            .values(**cls.claim_values())
-            .returning(*tasks.c)
-        )
 
     async def task_claim_many(
         self,
@@ -440,15 +253,11 @@ class SqlDriver(SqlAdmin):
         }
 
         async def work(conn: AsyncConnection) -> list[TaskRow]:
-            return await self._claim(conn, params)
+            return await self.sql.claim(conn, params)
 
         rows = await self.in_transaction(work)
         rows.sort(key=claim_order)
         return rows
-
-    async def _claim(self, conn: AsyncConnection, params: dict[str, Any]) -> list[TaskRow]:
-        result = await conn.execute(self.stmt_claim(), params)
-        return [TaskRow.from_row(r) for r in result.mappings().all()]
 
     # -- outcomes -----------------------------------------------------------------------------
 
@@ -494,27 +303,15 @@ class SqlDriver(SqlAdmin):
             await self._retry(conn, retries)
         releases = [o.key for o in mine if o.kind is OutcomeKind.RELEASE]
         if releases:
-            await conn.execute(self.stmt_release(), {**keys_param(releases), **fence})
+            await conn.execute(self.sql.stmt_release(), {**keys_param(releases), **fence})
         return {o.key for o in mine}
-
-    @staticmethod
-    @functools.cache
-    def stmt_lock_keys(skip_locked: bool = False) -> Executable:
-        """Lock the rows of still-current attempts, in id order; with `skip_locked`, leaving out
-        the rows another transaction holds instead of waiting for them."""
-        return (
-            select(tasks.c.id, tasks.c.attempt)
-            .where(keys_match())
-            .order_by(tasks.c.id)
-            .with_for_update(skip_locked=skip_locked)
-        )
 
     async def _locked_keys(
         self, conn: AsyncConnection, keys: Sequence[TaskKey], fence: Mapping[str, Any]
     ) -> set[TaskKey]:
         """Lock the rows of still-current attempts (in id order) and return their keys."""
         params = {**keys_param(keys), **fence}
-        rows = await conn.execute(self.stmt_lock_keys(), params)
+        rows = await conn.execute(self.sql.stmt_lock_keys(), params)
         return {TaskKey(row[0], row[1]) for row in rows}
 
     async def _finish(
@@ -531,62 +328,11 @@ class SqlDriver(SqlAdmin):
                 continue
             ids = sorted(o.key.id for o in mine if o.kind is kind)
             params = {"ids": ids, "state": kind.value, "now": now}
-            await conn.execute(self.stmt_archive_copy(), params)
+            await conn.execute(self.sql.stmt_archive_copy(), params)
         errors = [{"b_id": o.key.id, "b_error": o.error} for o in mine if o.error]
         if errors:
-            await conn.execute(self.stmt_archive_error(), errors)
-        await conn.execute(self.stmt_delete(), {"ids": sorted(o.key.id for o in mine)})
-
-    @staticmethod
-    @functools.cache
-    def stmt_archive_copy() -> Executable:
-        """Copy rows `ids` into the archive with their final `state`, finished at `now`."""
-        cols = [c for c in TASK_COLUMNS if c not in ("state", "lease_expires_at")]
-        source = select(
-            *[tasks.c[c] for c in cols],
-            bindparam("state", type_=String).label("state"),
-            literal(None, Timestamp).label("lease_expires_at"),
-            bindparam("now", type_=Timestamp).label("finished_at"),
-        ).where(tasks.c.id.in_(bindparam("ids", expanding=True)))
-        target = [*cols, "state", "lease_expires_at", "finished_at"]
-        return insert(archive).from_select(target, source)
-
-    @staticmethod
-    @functools.cache
-    def stmt_delete() -> Executable:
-        """Remove rows `ids` from the hot table."""
-        return delete(tasks).where(tasks.c.id.in_(bindparam("ids", expanding=True)))
-
-    @staticmethod
-    @functools.cache
-    def stmt_archive_error() -> Executable:
-        """Record each finished attempt's error on its archived row."""
-        return (
-            update(archive)
-            .where(archive.c.id == bindparam("b_id"))
-            .values(last_error=bindparam("b_error"))
-        )
-
-    @staticmethod
-    @functools.cache
-    def stmt_retry() -> Executable:
-        """Schedule the next attempt of a failed one (fenced)."""
-        return (
-            update(tasks)
-            .where(
-                tasks.c.id == bindparam("b_id"),
-                tasks.c.attempt == bindparam("b_attempt"),
-                tasks.c.state == PROCESSING,
-            )
-            .values(
-                state=TaskState.RETRYABLE.value,
-                run_at=bindparam("b_run_at", type_=Timestamp),
-                last_error=bindparam("b_error"),
-                checkpoint=func.coalesce(bindparam("b_checkpoint"), tasks.c.checkpoint),
-                lease_expires_at=None,
-                worker_id=None,
-            )
-        )
+            await conn.execute(self.sql.stmt_archive_error(), errors)
+        await conn.execute(self.sql.stmt_delete(), {"ids": sorted(o.key.id for o in mine)})
 
     async def _retry(self, conn: AsyncConnection, outcomes: Sequence[Outcome]) -> None:
         """Schedule the next attempts (rows locked by the caller)."""
@@ -600,38 +346,7 @@ class SqlDriver(SqlAdmin):
             }
             for o in outcomes
         ]
-        await conn.execute(self.stmt_retry(), params)
-
-    @staticmethod
-    @functools.cache
-    def stmt_release() -> Executable:
-        """Claimed but never started: back to pending, the attempt not counted (fenced)."""
-        return (
-            update(tasks)
-            .where(keys_match())
-            .values(
-                state=TaskState.PENDING.value,
-                attempt=tasks.c.attempt - 1,
-                lease_expires_at=None,
-                worker_id=None,
-            )
-        )
-
-    @staticmethod
-    @functools.cache
-    def stmt_count_keys() -> Executable:
-        """How many of the attempts `keys` are still current (a plain read: no lock)."""
-        return select(func.count()).select_from(tasks).where(keys_match())
-
-    @staticmethod
-    @functools.cache
-    def stmt_lease_set() -> Executable:
-        """Push the leases of rows `ids` (locked by the caller) to `lease_until`."""
-        return (
-            update(tasks)
-            .where(tasks.c.id.in_(bindparam("ids", expanding=True)))
-            .values(lease_expires_at=bindparam("lease_until", type_=Timestamp))
-        )
+        await conn.execute(self.sql.stmt_retry(), params)
 
     async def lease_extend_many(
         self, keys: Sequence[TaskKey], *, lease_until: datetime, worker_id: str | None = None
@@ -645,13 +360,15 @@ class SqlDriver(SqlAdmin):
         params = keys_param(keys, worker_id)
 
         async def work(conn: AsyncConnection) -> int:
-            rows = await conn.execute(self.stmt_lock_keys(skip_locked=True), params)
+            rows = await conn.execute(self.sql.stmt_lock_keys(skip_locked=True), params)
             ids = [row[0] for row in rows]
             if ids:
-                await conn.execute(self.stmt_lease_set(), {"ids": ids, "lease_until": lease_until})
+                await conn.execute(
+                    self.sql.stmt_lease_set(), {"ids": ids, "lease_until": lease_until}
+                )
             if len(ids) == len(keys):
                 return len(ids)
-            held = await conn.execute(self.stmt_count_keys(), params)  # a read: never waits
+            held = await conn.execute(self.sql.stmt_count_keys(), params)  # a read: never waits
             return int(held.scalar_one())
 
         return await self.in_transaction(work)

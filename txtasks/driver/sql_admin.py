@@ -12,7 +12,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import (
-    Executable,
     String,
     and_,
     delete,
@@ -26,6 +25,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from txtasks.driver.base import requeue_choice
+
+if TYPE_CHECKING:
+    from txtasks.driver.dialect import SqlDialect
 from txtasks.schema.tables import IS_READY, TASK_COLUMNS, Timestamp, archive, periodic, tasks
 from txtasks.types import (
     FINISHED_STATES,
@@ -57,11 +59,7 @@ class SqlAdmin:
 
         async def insert_on(self, conn: AsyncConnection, rows: Sequence[NewTask]) -> list[int]: ...
 
-        @staticmethod
-        def stmt_archive_copy() -> Executable: ...
-
-        @staticmethod
-        def stmt_delete() -> Executable: ...
+        sql: SqlDialect
 
     # -- inspection ---------------------------------------------------------------------------
 
@@ -204,9 +202,9 @@ class SqlAdmin:
             for state in {r.state for r in rows}:
                 ids = [r.id for r in rows if r.state == state]
                 params = {"ids": ids, "state": state, "now": now}
-                await conn.execute(self.stmt_archive_copy(), params)
+                await conn.execute(self.sql.stmt_archive_copy(), params)
             if rows:
-                await conn.execute(self.stmt_delete(), {"ids": [r.id for r in rows]})
+                await conn.execute(self.sql.stmt_delete(), {"ids": [r.id for r in rows]})
             return len(rows)
 
         return await self.in_transaction(work)

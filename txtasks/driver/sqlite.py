@@ -14,7 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities
-from txtasks.driver.plan import Step, task_values
+from txtasks.driver.dialect import SqlDialect
+from txtasks.driver.insert_plan import Step, task_values
 from txtasks.driver.sql import SqlDriver
 from txtasks.schema.tables import tasks
 from txtasks.types import NewTask
@@ -48,12 +49,8 @@ def sqlite_connection_setup(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-class SQLiteDriver(SqlDriver):
-    """SQLite 3.35+ through aiosqlite (async) and sqlite3 (sync).
-
-    SQLite has one writer at a time. Within a process, write transactions queue on an asyncio
-    lock rather than meeting in SQLite's busy handler, which sleeps in steps of milliseconds.
-    """
+class SQLiteDialect(SqlDialect):
+    """SQLite 3.35+: one writer at a time, taken up front by BEGIN IMMEDIATE."""
 
     capabilities: ClassVar[Capabilities] = Capabilities("sqlite", concurrent_claims=False)
 
@@ -69,27 +66,9 @@ class SQLiteDriver(SqlDriver):
             conn.exec_driver_sql("BEGIN IMMEDIATE")
         yield
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._writer: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
-
-    def _write_lock(self) -> asyncio.Lock:
-        loop = asyncio.get_running_loop()
-        if self._writer is None or self._writer[0] is not loop:
-            self._writer = (loop, asyncio.Lock())
-        return self._writer[1]
-
-    async def in_transaction(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
-        async with self._write_lock():
-            return await super().in_transaction(work)
-
-    def engine_setup(self, engine: Engine) -> None:
-        sqlite_connection_setup(engine)
-
     @staticmethod
-    def connection_cut(driver_connection: Any) -> None:
-        """Nothing to cut: a local file never half-opens; a wait for the write lock ends at
-        the busy timeout."""
+    def connection_setup(engine: Engine) -> None:
+        sqlite_connection_setup(engine)
 
     @classmethod
     def _insert_plain(
@@ -119,3 +98,35 @@ class SQLiteDriver(SqlDriver):
     @classmethod
     def error_is_transient(cls, exc: BaseException) -> bool:
         return "database is locked" in str(exc)
+
+
+class SQLiteDriver(SqlDriver):
+    """SQLite 3.35+ through aiosqlite (async) and sqlite3 (sync).
+
+    SQLite has one writer at a time. Within a process, write transactions queue on an asyncio
+    lock rather than meeting in SQLite's busy handler, which sleeps in steps of milliseconds.
+    """
+
+    dialect_class = SQLiteDialect
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._writer: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+
+    def _write_lock(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        if self._writer is None or self._writer[0] is not loop:
+            self._writer = (loop, asyncio.Lock())
+        return self._writer[1]
+
+    async def in_transaction(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        async with self._write_lock():
+            return await super().in_transaction(work)
+
+    def engine_setup(self, engine: Engine) -> None:
+        self.sql.connection_setup(engine)
+
+    @staticmethod
+    def connection_cut(driver_connection: Any) -> None:
+        """Nothing to cut: a local file never half-opens; a wait for the write lock ends at
+        the busy timeout."""

@@ -89,12 +89,12 @@ def migrate(
 
     Concurrent runs, in any processes, queue on a lock held from before the schema version is
     read until the migrations are committed, so each migration is applied once. The lock is
-    the dialect's (`SqlDriver.migration_lock`), found from the connection unless given.
+    the dialect's (`SqlDialect.migration_lock`), found from the connection unless given.
     """
     if lock is None:
-        from txtasks.driver import sql_driver_class  # the dialects know their locks
+        from txtasks.driver.dialect import dialect_for  # the dialects know their locks
 
-        lock = sql_driver_class(conn.dialect).migration_lock
+        lock = dialect_for(conn.dialect).migration_lock
     with lock(conn):
         current = schema_version(conn)
         todo = [

@@ -256,7 +256,12 @@ class Runner:
             if self._stopping.is_set():  # the worker cancelled it: shutdown
                 raise
             return outcome_for_exception(  # the handler raised it: a failure like any other
-                key, task.policy, exc, now=self.app.clock(), max_attempts=row.max_attempts
+                key,
+                task.policy,
+                exc,
+                now=self.app.clock(),
+                expires_at=row.expires_at,
+                max_attempts=row.max_attempts,
             )
         except Exception as exc:
             return self._decided(ctx) or outcome_for_exception(
