@@ -22,6 +22,7 @@ if _typing.TYPE_CHECKING:
         TxtasksError,
         UnknownTaskError,
     )
+    from txtasks.keys import KeyLimits, KeyOverride, Rate
     from txtasks.policy import AckPolicy
     from txtasks.retry import Constant, Custom, Exponential, Linear, RetryStrategy
     from txtasks.types import NewTask, TaskRow, TaskState
@@ -38,10 +39,13 @@ __all__ = [
     "DatabaseTimeout",
     "Drop",
     "Exponential",
+    "KeyLimits",
+    "KeyOverride",
     "Linear",
     "MemoryDriver",
     "NewTask",
     "PayloadError",
+    "Rate",
     "Reject",
     "Retry",
     "RetryStrategy",
@@ -77,6 +81,9 @@ _SOURCES = {
     "create_async_engine": "txtasks.engines",
     "create_engine": "txtasks.engines",
     "migrate": "txtasks.engines",
+    "KeyLimits": "txtasks.keys",
+    "KeyOverride": "txtasks.keys",
+    "Rate": "txtasks.keys",
     **dict.fromkeys(
         (
             "ConfigurationError",

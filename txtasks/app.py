@@ -19,6 +19,7 @@ from txtasks.enqueue import (
 )
 from txtasks.env import ENV_BROKER_URL, ENV_DATABASE_URL
 from txtasks.errors import ConfigurationError, UnknownTaskError
+from txtasks.keys import NO_LIMITS, KeyLimits
 from txtasks.payload import DEFAULT_MAX_PAYLOAD_BYTES
 from txtasks.periodic import CatchUp, Schedule, schedule_from
 from txtasks.policy import AckPolicy
@@ -27,6 +28,7 @@ from txtasks.task import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_QUEUE,
     Handler,
+    KeyFunction,
     Task,
     TaskOptions,
     check_queue_name,
@@ -102,6 +104,7 @@ class App:
         self.timeouts = timeouts
         self._tasks: dict[str, Task] = {}
         self._schedules: dict[str, Schedule] = {}
+        self._key_limits: dict[str, KeyLimits] = {}
 
     # -- registry -----------------------------------------------------------------------------
 
@@ -120,6 +123,8 @@ class App:
         priority: int = 0,
         timeout: float | timedelta | None = None,
         deadline: float | timedelta | None = None,
+        key: KeyFunction | None = None,
+        key_limits: KeyLimits | None = None,
     ) -> Callable[[Handler], Task]: ...
 
     def task(
@@ -134,8 +139,14 @@ class App:
         priority: int = 0,
         timeout: float | timedelta | None = None,
         deadline: float | timedelta | None = None,
+        key: KeyFunction | None = None,
+        key_limits: KeyLimits | None = None,
     ) -> Task | Callable[[Handler], Task]:
-        """Register a handler: `@app.task` or `@app.task(queue=..., max_attempts=...)`."""
+        """Register a handler: `@app.task` or `@app.task(queue=..., max_attempts=...)`.
+
+        `key` is a function of the payload giving each task's key (or None), unless an enqueue
+        names one; `key_limits` the limits of every key of the task's queue (see `key_limits`).
+        """
 
         def register(fn: Handler) -> Task:
             return self.register(
@@ -148,6 +159,8 @@ class App:
                 priority=priority,
                 timeout=timeout,
                 deadline=deadline,
+                key=key,
+                key_limits=key_limits,
             )
 
         return register(handler) if handler is not None else register
@@ -164,6 +177,8 @@ class App:
         priority: int = 0,
         timeout: float | timedelta | None = None,
         deadline: float | timedelta | None = None,
+        key: KeyFunction | None = None,
+        key_limits: KeyLimits | None = None,
     ) -> Task:
         """Register a handler under a name (default: module.qualname)."""
         task_name = f"{handler.__module__}.{handler.__qualname__}" if name is None else name
@@ -178,10 +193,34 @@ class App:
             priority=priority,
             timeout=timeout,
             deadline=deadline,
+            key=key,
         )
+        if key_limits is not None:
+            self.key_limits(options.queue, key_limits)
+        elif key is not None:
+            self._key_limits.setdefault(options.queue, NO_LIMITS)
         task = Task(self, handler, options)
         self._tasks[task_name] = task
         return task
+
+    def key_limits(self, queue: str, limits: KeyLimits) -> None:
+        """Declare the limits of every key of `queue` (tasks without a key have none):
+        concurrency, ordered, rate. Limits set at run time (`txtasks keys set`) override them
+        key by key. Declaring different limits for one queue twice is an error."""
+        check_queue_name(queue, setting="key_limits: queue")
+        if not isinstance(limits, KeyLimits):
+            raise ConfigurationError(f"key_limits: expected KeyLimits, got {limits!r}")
+        known = self._key_limits.get(queue)
+        if known not in (None, NO_LIMITS, limits):
+            raise ConfigurationError(
+                f"key_limits: queue {queue!r} already has {known}; one queue, one set of limits"
+            )
+        self._key_limits[queue] = limits
+
+    @property
+    def declared_key_limits(self) -> Mapping[str, KeyLimits]:
+        """The key limits declared per queue (queues whose tasks have a key function included)."""
+        return dict(self._key_limits)
 
     @property
     def tasks(self) -> Mapping[str, Task]:
@@ -261,6 +300,7 @@ class App:
         dedup_key: str | None = None,
         headers: dict[str, str] | None = None,
         queue: str | None = None,
+        key: str | None = None,
     ) -> NewTask:
         """Validate and encode one task; nothing is written. Errors name the bad option."""
         return new_row(
@@ -274,6 +314,7 @@ class App:
             dedup_key=dedup_key,
             headers=headers,
             queue=queue,
+            key=key,
         )
 
     # -- enqueue ------------------------------------------------------------------------------

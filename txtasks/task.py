@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from txtasks._checks import check_number
 from txtasks.clock import Clock, as_utc, seconds
 from txtasks.errors import ConfigurationError
+from txtasks.keys import check_key
 from txtasks.payload import headers_encode, payload_encode
 from txtasks.policy import AckPolicy, RetryPolicy
 from txtasks.retry import RetryStrategy, as_strategy
@@ -25,6 +26,8 @@ DEFAULT_QUEUE = "default"
 DEFAULT_MAX_ATTEMPTS = 5
 
 Handler = Callable[..., Any]
+#: A task's key from its payload (None: no key); see txtasks.keys.
+KeyFunction = Callable[[Any], "str | None"]
 
 
 def check_queue_name(queue: str, *, setting: str = "queue") -> str:
@@ -49,6 +52,8 @@ class TaskOptions:
     timeout: float | None = None
     #: Seconds after the task is first due past which it is dead-lettered; None: no deadline.
     deadline: float | None = None
+    #: The key of each task from its payload, unless the enqueue names one; None: no key.
+    key: KeyFunction | None = None
 
     def __post_init__(self) -> None:
         if not self.name or len(self.name) > 255:
@@ -61,6 +66,10 @@ class TaskOptions:
             if value is not None:
                 check_number(f"{where}: {setting}", value, above=0)
         check_number(f"{where}: priority", self.priority, maximum=None, integer=True)
+        if self.key is not None and not callable(self.key):
+            raise ConfigurationError(
+                f"{where}: key must be a function of the payload, got {self.key!r}"
+            )
 
     @property
     def retry_policy(self) -> RetryPolicy:
@@ -77,6 +86,7 @@ def task_options(
     priority: int,
     timeout: float | timedelta | None,
     deadline: float | timedelta | None,
+    key: KeyFunction | None = None,
 ) -> TaskOptions:
     """The options of `App.register`'s arguments: strings, callables and timedeltas converted."""
     try:
@@ -95,6 +105,7 @@ def task_options(
         priority=priority,
         timeout=None if timeout is None else seconds(timeout),
         deadline=None if deadline is None else seconds(deadline),
+        key=key,
     )
 
 
@@ -155,6 +166,7 @@ def new_row(
     dedup_key: str | None,
     headers: dict[str, str] | None,
     queue: str | None,
+    key: str | None = None,
 ) -> NewTask:
     """Validate and encode one task of `task`; nothing is written. Errors name the bad option."""
     options = task.options
@@ -177,6 +189,10 @@ def new_row(
         )
     if priority is not None:
         check_number("enqueue: priority", priority, maximum=None, integer=True)
+    if key is not None:
+        check_key(key)
+    elif options.key is not None:
+        key = _key_of(options, payload)
     data, content_type = payload_encode(payload, limit=max_payload_bytes)
     return NewTask(
         queue=options.queue if queue is None else check_queue_name(queue),
@@ -190,7 +206,20 @@ def new_row(
         dedup_key=dedup_key,
         headers=headers_encode(headers_with_trace(headers)),
         expires_at=None if options.deadline is None else when + timedelta(seconds=options.deadline),
+        partition_key=key,
     )
+
+
+def _key_of(options: TaskOptions, payload: Any) -> str | None:
+    """The key the task's key function gives the payload; its failure names the task."""
+    assert options.key is not None
+    try:
+        key = options.key(payload)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"task {options.name}: its key function failed on this payload: {exc!r}"
+        ) from exc
+    return None if key is None else check_key(key, setting=f"task {options.name}: key")
 
 
 def _takes_two_arguments(handler: Handler) -> bool:

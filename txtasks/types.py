@@ -39,7 +39,7 @@ READY_STATES = (TaskState.PENDING, TaskState.RETRYABLE)
 CLAIMED_COLUMNS = (
     "id", "queue", "task_name", "payload", "content_type", "priority", "run_at", "attempt",
     "max_attempts", "created_at", "dedup_key", "headers", "checkpoint", "last_error",
-    "expires_at", "stage_id",
+    "expires_at", "stage_id", "partition_key",
 )  # fmt: skip
 FINISHED_STATES = frozenset(
     {TaskState.COMPLETED, TaskState.FAILED, TaskState.DISCARDED, TaskState.DEAD}
@@ -70,6 +70,8 @@ class NewTask:
     state: TaskState = TaskState.PENDING
     #: The staging write of a STAGED row (see txtasks.spark); None otherwise.
     stage_id: str | None = None
+    #: The key whose limits the task shares (see txtasks.keys); None: no key.
+    partition_key: str | None = None
 
 
 class TaskRow(NamedTuple):
@@ -100,6 +102,7 @@ class TaskRow(NamedTuple):
     expires_at: datetime | None = None
     finished_at: datetime | None = None
     stage_id: str | None = None
+    partition_key: str | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> TaskRow:
@@ -126,6 +129,7 @@ class TaskRow(NamedTuple):
             expires_at=row.get("expires_at"),
             finished_at=row.get("finished_at"),
             stage_id=row.get("stage_id"),
+            partition_key=row.get("partition_key"),
         )
 
     @classmethod
@@ -137,12 +141,12 @@ class TaskRow(NamedTuple):
         itself wrote (state, worker, lease, start)."""
         (id_, queue, name, payload, content_type, priority, run_at, attempt, max_attempts,
          created_at, dedup_key, headers, checkpoint, last_error, expires_at,
-         stage_id) = values  # fmt: skip
+         stage_id, partition_key) = values  # fmt: skip
         return cls(
             id_, queue, name, payload if type(payload) is bytes else bytes(payload),
             content_type, TaskState.PROCESSING, priority, run_at, attempt, max_attempts,
             created_at, dedup_key, headers, checkpoint, last_error, worker_id, lease_until,
-            now, expires_at, None, stage_id,
+            now, expires_at, None, stage_id, partition_key,
         )  # fmt: skip
 
     @property

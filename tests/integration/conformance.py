@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -37,6 +37,7 @@ from txtasks.clock import utcnow
 from txtasks.driver import Driver
 from txtasks.driver.sqlite import sqlite_connection_setup
 from txtasks.driver.urls import backend_name, url_async, url_sync
+from txtasks.keys import KeyLimits
 from txtasks.payload import payload_encode
 from txtasks.retry import Constant
 from txtasks.schema.tables import tasks
@@ -257,6 +258,7 @@ def new(
     dedup_key: str | None = None,
     max_attempts: int = 5,
     headers: dict[str, str] | None = None,
+    key: str | None = None,
 ) -> NewTask:
     data, content_type = payload_encode(payload)
     return NewTask(
@@ -270,6 +272,7 @@ def new(
         created_at=at(-3600),
         dedup_key=dedup_key,
         headers=None if headers is None else json.dumps(headers),
+        partition_key=key,
     )
 
 
@@ -280,9 +283,10 @@ async def claim(
     *,
     now: datetime = T0,
     worker: str = "w1",
+    keys: Mapping[str, KeyLimits] | None = None,
 ) -> list[TaskRow]:
     return await driver.task_claim_many(
-        list(queues), limit, now=now, lease_until=now + LEASE, worker_id=worker
+        list(queues), limit, now=now, lease_until=now + LEASE, worker_id=worker, keys=keys
     )
 
 

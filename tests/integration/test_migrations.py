@@ -21,6 +21,12 @@ from txtasks.schema.migrate import (
 from txtasks.schema.tables import metadata
 
 
+def declared_here(index: Any, dialect: str) -> bool:
+    """An index declared for some databases only (`Index.ddl_if`) is compared on those."""
+    only = getattr(index, "_ddl_if", None)
+    return only is None or only.dialect is None or dialect in only.dialect
+
+
 def schema_diff(url: str) -> list[Any]:
     """Differences between the live database and the declared tables (txtasks_* only)."""
     engine = create_engine(url_sync(url))
@@ -32,6 +38,9 @@ def schema_diff(url: str) -> list[Any]:
                     "compare_type": True,
                     "include_name": lambda name, kind, _parent: (
                         kind != "table" or str(name).startswith("txtasks_")
+                    ),
+                    "include_object": lambda obj, _name, kind, reflected, _other: (
+                        reflected or kind != "index" or declared_here(obj, conn.dialect.name)
                     ),
                 },
             )

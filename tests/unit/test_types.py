@@ -32,6 +32,7 @@ def test_a_row_by_position_equals_the_row_by_name() -> None:
         "started_at": t0 + timedelta(seconds=3),
         "expires_at": t0 + timedelta(seconds=4),
         "stage_id": "s",
+        "partition_key": "customer:42",
     }
     assert set(values) == set(TASK_COLUMNS)
     claimed = tuple(values[c] for c in CLAIMED_COLUMNS)

@@ -367,6 +367,89 @@ def dlq_purge(
     click.echo(f"purged {purged} task(s)")
 
 
+# -- keys --------------------------------------------------------------------------------------
+
+
+@main.group()
+def keys() -> None:
+    """Limits of keys set at run time, over those the application declares."""
+
+
+@keys.command("set")
+@database_url_option
+@click.argument("key")
+@click.option("--queue", help="Only in this queue (default: the key in every queue).")
+@click.option("--concurrency", type=click.IntRange(min=1), help="At most N processing at once.")
+@click.option("--ordered/--unordered", default=None, help="One at a time, in enqueue order.")
+@click.option("--rate", help="At most COUNT starts per PERIOD, such as 10/s, 100/60s or 5/m.")
+@click.option("--burst", type=click.IntRange(min=1), help="Starts of credit after a quiet spell.")
+def keys_set(
+    database_url: str | None,
+    key: str,
+    queue: str | None,
+    concurrency: int | None,
+    ordered: bool | None,
+    rate: str | None,
+    burst: int | None,
+) -> None:
+    """Set the limits of KEY; the next claims apply them. Limits not given keep the declared
+    ones."""
+    from txtasks.errors import TxtasksError
+    from txtasks.keys import KeyOverride, Rate, check_key
+    from txtasks.task import check_queue_name
+
+    if concurrency is None and ordered is None and rate is None:
+        raise click.UsageError("give --concurrency, --ordered/--unordered or --rate")
+    if burst is not None and rate is None:
+        raise click.UsageError("--burst goes with --rate")
+    try:
+        check_key(key, setting="KEY")
+        parsed = None if rate is None else Rate.parse(rate)
+        if parsed is not None and burst is not None:
+            parsed = Rate(parsed.count, parsed.per, burst)
+        if queue is not None:
+            check_queue_name(queue, setting="--queue")
+    except TxtasksError as exc:
+        raise click.BadParameter(str(exc)) from None
+    override = KeyOverride(key, queue, concurrency, ordered, parsed)
+    with_driver(database_url, lambda driver: driver.key_override_set(override))
+    click.echo(f"{key}{'' if queue is None else f' in queue {queue}'}: {_limits_text(override)}")
+
+
+@keys.command("clear")
+@database_url_option
+@click.argument("key")
+@click.option("--queue", help="The limits set for this queue (default: for every queue).")
+def keys_clear(database_url: str | None, key: str, queue: str | None) -> None:
+    """Remove the limits set for KEY: the declared ones apply again."""
+    found = with_driver(database_url, lambda driver: driver.key_override_clear(key, queue))
+    click.echo(f"{key}: {'cleared' if found else 'had no limits set'}")
+
+
+@keys.command("list")
+@database_url_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def keys_list(database_url: str | None, as_json: bool) -> None:
+    """Every key with limits set at run time."""
+    overrides = with_driver(database_url, lambda driver: driver.key_override_list())
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(o) for o in overrides], indent=2))
+        return
+    for o in overrides:
+        click.echo(f"{o.key}\t{o.queue or '*'}\t{_limits_text(o)}")
+
+
+def _limits_text(o: Any) -> str:
+    parts = []
+    if o.concurrency is not None:
+        parts.append(f"concurrency {o.concurrency}")
+    if o.ordered is not None:
+        parts.append("ordered" if o.ordered else "unordered")
+    if o.rate is not None:
+        parts.append(f"rate {o.rate.count}/{o.rate.per:g}s burst {o.rate.burst}")
+    return ", ".join(parts)
+
+
 # -- enqueue -----------------------------------------------------------------------------------
 
 
@@ -380,6 +463,7 @@ def dlq_purge(
 @click.option("--priority", type=int, help="Higher runs first.")
 @click.option("--dedup-key", help="A live task with this key is returned instead of a new one.")
 @click.option("--queue", help="Override the task's queue.")
+@click.option("--key", help="The key whose limits the task shares (default: the task's own).")
 def enqueue(
     app_spec: str,
     task_name: str,
@@ -397,13 +481,11 @@ def enqueue(
     except RecursionError as exc:
         raise click.BadParameter("nested too deeply to decode", param_hint="PAYLOAD") from exc
     url = resolve_url(database_url, app)
-    from sqlalchemy import create_engine
-
-    from txtasks.driver.urls import url_sync
+    from txtasks.engines import create_engine
     from txtasks.wakeup import notifier_for_url
 
     with friendly_errors(url):
-        engine = create_engine(url_sync(url))
+        engine = create_engine(url)
         try:
             if broker_url:
                 app.use_notifier(notifier_for_url(broker_url))

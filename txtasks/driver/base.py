@@ -6,11 +6,12 @@ only call these methods. Every method is a few statements at most, batched over 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from txtasks.keys import KeyLimits, KeyOverride
 from txtasks.types import NewTask, Outcome, PeriodicRow, QueueStats, TaskKey, TaskRow, TaskState
 
 
@@ -80,8 +81,20 @@ class Driver(Protocol):
         now: datetime,
         lease_until: datetime,
         worker_id: str,
+        keys: Mapping[str, KeyLimits] | None = None,
     ) -> list[TaskRow]:
-        """Claim up to `limit` ready tasks: state processing, attempt + 1, leased to the worker."""
+        """Claim up to `limit` ready tasks: state processing, attempt + 1, leased to the worker.
+        Tasks with a key are claimed within their key's limits (`keys`: those the application
+        declares per queue, under the ones set at run time) and in turn (see txtasks.keys)."""
+
+    async def key_override_set(self, override: KeyOverride) -> None:
+        """Store limits for one key (in one queue, or every queue), over the declared ones."""
+
+    async def key_override_clear(self, key: str, queue: str | None = None) -> bool:
+        """Remove stored limits; False when there were none."""
+
+    async def key_override_list(self) -> list[KeyOverride]:
+        """Every stored key limit, by key."""
 
     async def outcome_write_many(
         self,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -24,12 +24,14 @@ from sqlalchemy import (
     Result,
     String,
     bindparam,
+    case,
     delete,
     func,
     insert,
     literal,
     select,
     tuple_,
+    union_all,
     update,
 )
 from sqlalchemy.engine import Dialect
@@ -38,13 +40,23 @@ from sqlalchemy.sql.dml import Insert
 from txtasks.driver.base import Capabilities
 from txtasks.driver.insert_plan import Plan, Step, task_values
 from txtasks.errors import ConfigurationError
-from txtasks.schema.tables import IS_READY, TASK_COLUMNS, Timestamp, archive, tasks
-from txtasks.types import NewTask, TaskKey, TaskRow, TaskState
+from txtasks.schema.tables import (
+    IS_READY,
+    TASK_COLUMNS,
+    Timestamp,
+    archive,
+    key_hints,
+    key_limits,
+    keys,
+    tasks,
+)
+from txtasks.types import READY_STATES, NewTask, TaskKey, TaskRow, TaskState
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection
 
 PROCESSING = TaskState.PROCESSING.value
+_PENDING = TaskState.PENDING
 DEDUP_RETRIES = 3
 
 #: Each database's dialect, as (module, class name), by SQLAlchemy's name for it.
@@ -95,6 +107,21 @@ def keys_match() -> Any:
     )
 
 
+def key_hints_of(
+    rows: Iterable[tuple[str, str | None, datetime]],
+) -> list[dict[str, Any]]:
+    """One hint per key among `rows` (queue, key, when its task is due), at the earliest time,
+    in key order; none for rows without a key."""
+    earliest: dict[tuple[str, str], datetime] = {}
+    for queue, key, when in rows:
+        if key is not None:
+            earliest[(queue, key)] = min(when, earliest.get((queue, key), when))
+    return [
+        {"queue": q, "partition_key": k, "run_at": when}
+        for (q, k), when in sorted(earliest.items())
+    ]
+
+
 def keys_param(
     keys: Sequence[TaskKey], worker_id: str | None = None, expired_before: datetime | None = None
 ) -> dict[str, Any]:
@@ -104,6 +131,13 @@ def keys_param(
         "fence_worker": worker_id,
         "fence_expired": expired_before,
     }
+
+
+def _union(parts: Sequence[Any]) -> Executable:
+    """UNION ALL of subqueries, each with its own ORDER BY and LIMIT (which every database
+    accepts inside a subquery)."""
+    selects = [select(*p.c) for p in parts]
+    return selects[0] if len(selects) == 1 else union_all(*selects)
 
 
 class SqlDialect:
@@ -175,6 +209,11 @@ class SqlDialect:
             yield from cls._insert_keyed(rows, missing, ids)
         if any(i is None for i in ids):
             raise RuntimeError("enqueue: a dedup key kept conflicting with finishing tasks")
+        hints = key_hints_of(
+            (r.queue, r.partition_key, r.run_at) for r in rows if r.state is _PENDING
+        )
+        if hints:
+            yield cls.stmt_hints_add(), hints
         return [i for i in ids if i is not None]
 
     @classmethod
@@ -220,6 +259,7 @@ class SqlDialect:
             select(tasks.c.id)
             .where(
                 tasks.c.queue.in_(bindparam("queues", expanding=True)),
+                tasks.c.partition_key.is_(None),
                 IS_READY,
                 tasks.c.run_at <= bindparam("now", type_=Timestamp),
             )
@@ -255,6 +295,162 @@ class SqlDialect:
         result = await conn.execute(self.stmt_claim(), params)
         return [TaskRow.from_row(r) for r in result.mappings().all()]
 
+    # -- keys (see txtasks.keys) ------------------------------------------------------------------
+
+    @staticmethod
+    @functools.cache
+    def stmt_hints_add() -> Executable:
+        """Leave hints that keys may have work (params: queue, partition_key, run_at)."""
+        return insert(key_hints)
+
+    @staticmethod
+    @functools.cache
+    def stmt_hints_take() -> Executable:
+        """Up to `limit` hints of `queues`, oldest first, locked, skipping locked ones."""
+        return (
+            select(key_hints.c.id, key_hints.c.queue, key_hints.c.partition_key, key_hints.c.run_at)
+            .where(key_hints.c.queue.in_(bindparam("queues", expanding=True)))
+            .order_by(key_hints.c.id)
+            .limit(bindparam("limit", type_=Integer))
+            .with_for_update(skip_locked=True)
+        )
+
+    @staticmethod
+    @functools.cache
+    def stmt_hints_delete() -> Executable:
+        return delete(key_hints).where(key_hints.c.id.in_(bindparam("ids", expanding=True)))
+
+    @classmethod
+    def stmt_keys_arm(cls) -> Executable:
+        """Create or arm keys (params: queue, partition_key, ready_at, now): a key's `ready_at`
+        becomes the earlier of its own and the hint's."""
+        raise NotImplementedError
+
+    @staticmethod
+    def armed_at(current: Any, hinted: Any) -> Any:
+        """The `ready_at` of a key armed by a hint (SQL expressions of both)."""
+        return case(
+            ((current.is_(None)) | (current > hinted), hinted),
+            else_=current,
+        )
+
+    @staticmethod
+    @functools.cache
+    def stmt_keys_lock() -> Executable:
+        """Keys of `queues` ready by `now`, longest waiting first, up to `limit`, locked,
+        skipping those another claim holds."""
+        return (
+            select(keys.c.id, keys.c.queue, keys.c.partition_key, keys.c.next_start_at)
+            .where(
+                keys.c.queue.in_(bindparam("queues", expanding=True)),
+                keys.c.ready_at <= bindparam("now", type_=Timestamp),
+            )
+            .order_by(keys.c.ready_at, keys.c.id)
+            .limit(bindparam("limit", type_=Integer))
+            .with_for_update(skip_locked=True)
+        )
+
+    @staticmethod
+    @functools.cache
+    def stmt_keys_settle() -> Executable:
+        """When to look at a key again, and its rate's next start (params b_id, b_ready_at,
+        b_next_start_at, now)."""
+        return (
+            update(keys)
+            .where(keys.c.id == bindparam("b_id"))
+            .values(
+                ready_at=bindparam("b_ready_at", type_=Timestamp),
+                next_start_at=bindparam("b_next_start_at", type_=Timestamp),
+                updated_at=bindparam("now", type_=Timestamp),
+            )
+        )
+
+    @staticmethod
+    @functools.cache
+    def stmt_key_overrides() -> Executable:
+        """The limits set at run time for `names` (in these queues or '*')."""
+        return select(key_limits).where(
+            key_limits.c.partition_key.in_(bindparam("names", expanding=True))
+        )
+
+    @staticmethod
+    @functools.cache
+    def stmt_keys_running() -> Executable:
+        """How many tasks of each key of `names` are processing (read along the lease index,
+        which holds only what runs)."""
+        return (
+            select(tasks.c.queue, tasks.c.partition_key, func.count())
+            .where(
+                tasks.c.state == PROCESSING,
+                tasks.c.partition_key.in_(bindparam("names", expanding=True)),
+            )
+            .group_by(tasks.c.queue, tasks.c.partition_key)
+        )
+
+    @staticmethod
+    def stmt_keys_heads(count: int) -> Executable:
+        """The first live task of each of `count` keys (params q_i, k_i): the head of an
+        ordered key, by id."""
+        live = tasks.c.state.in_([PROCESSING, *(s.value for s in READY_STATES)])
+        parts = [
+            select(tasks.c.id, tasks.c.queue, tasks.c.partition_key, tasks.c.state, tasks.c.run_at)
+            .where(
+                tasks.c.queue == bindparam(f"q{i}"),
+                tasks.c.partition_key == bindparam(f"k{i}"),
+                live,
+            )
+            .order_by(tasks.c.id)
+            .limit(1)
+            .subquery()
+            for i in range(count)
+        ]
+        return _union(parts)
+
+    @staticmethod
+    def stmt_keys_due(count: int) -> Executable:
+        """Up to `n{i}` due ready tasks of each of `count` keys (params q_i, k_i, n_i, now), in
+        claim order."""
+        parts = [
+            select(tasks.c.id, tasks.c.queue, tasks.c.partition_key)
+            .where(
+                tasks.c.queue == bindparam(f"q{i}"),
+                tasks.c.partition_key == bindparam(f"k{i}"),
+                IS_READY,
+                tasks.c.run_at <= bindparam("now", type_=Timestamp),
+            )
+            .order_by(tasks.c.priority.desc(), tasks.c.run_at, tasks.c.id)
+            .limit(bindparam(f"n{i}", type_=Integer))
+            .subquery()
+            for i in range(count)
+        ]
+        return _union(parts)
+
+    @staticmethod
+    @functools.cache
+    def stmt_keys_next_due() -> Executable:
+        """When the next ready task of each key of `names` is due."""
+        return (
+            select(tasks.c.queue, tasks.c.partition_key, func.min(tasks.c.run_at))
+            .where(tasks.c.partition_key.in_(bindparam("names", expanding=True)), IS_READY)
+            .group_by(tasks.c.queue, tasks.c.partition_key)
+        )
+
+    @classmethod
+    @functools.cache
+    def stmt_claim_rows(cls) -> Executable:
+        """Claim the ready rows `ids`: UPDATE ... RETURNING them."""
+        return (
+            update(tasks)
+            .where(tasks.c.id.in_(bindparam("ids", expanding=True)), IS_READY)
+            .values(**cls.claim_values())
+            .returning(*tasks.c)
+        )
+
+    async def claim_ids(self, conn: AsyncConnection, params: dict[str, Any]) -> list[TaskRow]:
+        """Claim the ready rows `ids` (params as `stmt_claim`'s, with `ids`)."""
+        result = await conn.execute(self.stmt_claim_rows(), params)
+        return [TaskRow.from_row(r) for r in result.mappings().all()]
+
     # -- outcomes and leases -------------------------------------------------------------------
 
     @staticmethod
@@ -263,7 +459,7 @@ class SqlDialect:
         """Lock the rows of still-current attempts, in id order; with `skip_locked`, leaving out
         the rows another transaction holds instead of waiting for them."""
         return (
-            select(tasks.c.id, tasks.c.attempt)
+            select(tasks.c.id, tasks.c.attempt, tasks.c.queue, tasks.c.partition_key)
             .where(keys_match())
             .order_by(tasks.c.id)
             .with_for_update(skip_locked=skip_locked)

@@ -94,4 +94,5 @@ def task_values(row: NewTask) -> dict[str, Any]:
         "headers": row.headers,
         "expires_at": row.expires_at,
         "stage_id": row.stage_id,
+        "partition_key": row.partition_key,
     }

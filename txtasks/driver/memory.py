@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import ClassVar
 
 from txtasks.driver.base import Capabilities, WriteResult, requeue_choice
+from txtasks.keys import KeyLimits, KeyOverride, KeySlot, limits_for, rate_after, round_robin
 from txtasks.types import (
     FINISHED_STATES,
     READY_STATES,
@@ -22,6 +23,9 @@ from txtasks.types import (
     TaskState,
 )
 
+#: The states of a key's tasks that hold its place (staged rows are not committed yet).
+_KEY_LIVE = (TaskState.PENDING, TaskState.RETRYABLE, TaskState.PROCESSING)
+
 
 class MemoryDriver:
     """Tasks in a dict, guarded by a lock; claims are atomic like SKIP LOCKED on one host."""
@@ -34,6 +38,13 @@ class MemoryDriver:
         self.periodic: dict[str, PeriodicRow] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        self._keys_first = False
+        #: Per key: when it was last served (for the turns), its rate's next start, and the
+        #: limits set at run time.
+        self._turns = itertools.count(1)
+        self._key_turns: dict[tuple[str, str], int] = {}
+        self._key_next_start: dict[tuple[str, str], datetime] = {}
+        self._key_overrides: dict[tuple[str | None, str], KeyOverride] = {}
 
     async def open(self) -> None:
         return None
@@ -78,6 +89,7 @@ class MemoryDriver:
             headers=row.headers,
             expires_at=row.expires_at,
             stage_id=row.stage_id,
+            partition_key=row.partition_key,
         )
         return task_id
 
@@ -91,18 +103,23 @@ class MemoryDriver:
         now: datetime,
         lease_until: datetime,
         worker_id: str,
+        keys: Mapping[str, KeyLimits] | None = None,
     ) -> list[TaskRow]:
+        """Tasks without a key in claim order, and tasks with one by their keys' limits and in
+        turn (as the SQL drivers: see txtasks.keys); which lane goes first alternates."""
         with self._lock:
-            ready = sorted(
-                (
-                    r
-                    for r in self.live.values()
-                    if r.queue in queues and r.state in READY_STATES and r.run_at <= now
-                ),
-                key=lambda r: (-r.priority, r.run_at, r.id),
-            )[:limit]
+            self._keys_first = not self._keys_first
+            picked: list[TaskRow] = []
+            for lane in ("keys", "plain") if self._keys_first else ("plain", "keys"):
+                left = limit - len(picked)
+                if left <= 0:
+                    break
+                if lane == "plain":
+                    picked += self._plain_ready(queues, now)[:left]
+                else:
+                    picked += self._keyed_ready(queues, now, left, keys or {})
             claimed = []
-            for row in ready:
+            for row in picked:
                 new = row._replace(
                     state=TaskState.PROCESSING,
                     attempt=row.attempt + 1,
@@ -112,7 +129,76 @@ class MemoryDriver:
                 )
                 self.live[row.id] = new
                 claimed.append(new)
+            claimed.sort(key=lambda r: (-r.priority, r.run_at, r.id))
             return claimed
+
+    def _plain_ready(self, queues: Sequence[str], now: datetime) -> list[TaskRow]:
+        return sorted(
+            (
+                r
+                for r in self.live.values()
+                if r.queue in queues
+                and r.partition_key is None
+                and r.state in READY_STATES
+                and r.run_at <= now
+            ),
+            key=lambda r: (-r.priority, r.run_at, r.id),
+        )
+
+    def _keyed_ready(
+        self, queues: Sequence[str], now: datetime, limit: int, declared: Mapping[str, KeyLimits]
+    ) -> list[TaskRow]:
+        """Up to `limit` tasks with a key, one per key per round, keys longest unserved first."""
+        live: dict[tuple[str, str], list[TaskRow]] = {}
+        for row in self.live.values():
+            if row.queue in queues and row.partition_key is not None and row.state in _KEY_LIVE:
+                live.setdefault((row.queue, row.partition_key), []).append(row)
+        order = sorted(
+            live, key=lambda pair: (self._key_turns.get(pair, 0), min(r.id for r in live[pair]))
+        )
+        found: list[list[TaskRow]] = []
+        slots: list[KeySlot] = []
+        for queue, key in order:
+            rows = live[(queue, key)]
+            limits = limits_for(queue, key, declared, self._key_overrides)
+            running = sum(1 for r in rows if r.state is TaskState.PROCESSING)
+            slot = KeySlot(queue, key, limits, running, self._key_next_start.get((queue, key)))
+            want = slot.want(now)
+            if limits.ordered:
+                head = min(rows, key=lambda r: r.id)
+                due = [head] if head.state in READY_STATES and head.run_at <= now else []
+            else:
+                due = sorted(
+                    (r for r in rows if r.state in READY_STATES and r.run_at <= now),
+                    key=lambda r: (-r.priority, r.run_at, r.id),
+                )
+            found.append(due[:want])
+            slots.append(slot)
+        given = round_robin([len(f) for f in found], limit)
+        picked = []
+        for slot, rows, n in zip(slots, found, given, strict=True):
+            if n:
+                pair = (slot.queue, slot.key)
+                picked += rows[:n]
+                self._key_turns[pair] = next(self._turns)
+                after = rate_after(slot.limits.rate, slot.next_start_at, now, n)
+                if after is not None:
+                    self._key_next_start[pair] = after
+        return picked
+
+    # -- key limits set at run time -----------------------------------------------------------
+
+    async def key_override_set(self, override: KeyOverride) -> None:
+        with self._lock:
+            self._key_overrides[(override.queue, override.key)] = override
+
+    async def key_override_clear(self, key: str, queue: str | None = None) -> bool:
+        with self._lock:
+            return self._key_overrides.pop((queue, key), None) is not None
+
+    async def key_override_list(self) -> list[KeyOverride]:
+        with self._lock:
+            return sorted(self._key_overrides.values(), key=lambda o: (o.key, o.queue or ""))
 
     def _current(
         self, key: TaskKey, worker_id: str | None = None, expired_before: datetime | None = None

@@ -29,7 +29,7 @@ from txtasks.driver.dialect import SqlDialect
 from txtasks.driver.sql import SqlDriver
 from txtasks.errors import SchemaError
 from txtasks.schema import migrate as schema_migrate
-from txtasks.schema.tables import Timestamp, tasks
+from txtasks.schema.tables import IS_READY, Timestamp, keys, tasks
 from txtasks.types import TaskRow, TaskState
 
 #: A JSON array of ids, or of [id, attempt] pairs, as a table: joined to the tasks table by
@@ -91,6 +91,34 @@ class MySQLDialect(SqlDialect):
         )
 
     @classmethod
+    @functools.cache
+    def stmt_keys_arm(cls) -> Executable:
+        stmt = mysql_insert(keys).values(
+            queue=bindparam("queue"),
+            partition_key=bindparam("partition_key"),
+            ready_at=bindparam("ready_at", type_=Timestamp),
+            updated_at=bindparam("now", type_=Timestamp),
+        )
+        return stmt.on_duplicate_key_update(
+            ready_at=cls.armed_at(keys.c.ready_at, stmt.inserted.ready_at),
+            updated_at=stmt.inserted.updated_at,
+        )
+
+    async def claim_ids(self, conn: AsyncConnection, params: dict[str, Any]) -> list[TaskRow]:
+        """No UPDATE ... RETURNING: the rows read (locked), then marked claimed."""
+        found = (await conn.execute(self.stmt_rows_by_ids(), params)).mappings().all()
+        return await self._claim_found(conn, found, params)
+
+    @staticmethod
+    @functools.cache
+    def stmt_rows_by_ids() -> Executable:
+        return (
+            select(*tasks.c)
+            .where(tasks.c.id.in_(bindparam("ids", expanding=True)), IS_READY)
+            .with_for_update()
+        )
+
+    @classmethod
     def error_is_transient(cls, exc: BaseException) -> bool:
         args: tuple[Any, ...] = getattr(exc, "args", ())
         return bool(args) and isinstance(args[0], int) and args[0] in TRANSIENT_ERRNOS
@@ -102,18 +130,23 @@ class MySQLDialect(SqlDialect):
         table the optimizer scans instead, and a scan locks, and waits for, every row it
         passes: other workers' rows, and the application's new ones.)"""
         skip = " SKIP LOCKED" if skip_locked else ""
-        return text(
-            f"SELECT t.id, t.attempt FROM {KEYS_TABLE} STRAIGHT_JOIN txtasks_tasks AS t "
-            "ON t.id = k.id AND t.attempt = k.attempt "
-            "WHERE t.state = :processing "
-            "AND (:fence_worker IS NULL OR t.worker_id = :fence_worker) "
-            "AND (:fence_expired IS NULL OR t.lease_expires_at < :fence_expired) "
-            f"ORDER BY t.id FOR UPDATE{skip}"
-        ).bindparams(
-            bindparam("keys", type_=JSON),
-            bindparam("processing", TaskState.PROCESSING.value, type_=String),
-            bindparam("fence_worker", type_=String),
-            bindparam("fence_expired", type_=Timestamp),
+        return (
+            text(
+                f"SELECT t.id, t.attempt, t.queue, t.partition_key FROM {KEYS_TABLE} "
+                "STRAIGHT_JOIN txtasks_tasks AS t "
+                "ON t.id = k.id AND t.attempt = k.attempt "
+                "WHERE t.state = :processing "
+                "AND (:fence_worker IS NULL OR t.worker_id = :fence_worker) "
+                "AND (:fence_expired IS NULL OR t.lease_expires_at < :fence_expired) "
+                f"ORDER BY t.id FOR UPDATE{skip}"
+            )
+            .bindparams(
+                bindparam("keys", type_=JSON),
+                bindparam("processing", TaskState.PROCESSING.value, type_=String),
+                bindparam("fence_worker", type_=String),
+                bindparam("fence_expired", type_=Timestamp),
+            )
+            .columns(tasks.c.id, tasks.c.attempt, tasks.c.queue, tasks.c.partition_key)
         )
 
     @staticmethod
@@ -142,6 +175,12 @@ class MySQLDialect(SqlDialect):
 
     async def claim(self, conn: AsyncConnection, params: dict[str, Any]) -> list[TaskRow]:
         found = (await conn.execute(self.stmt_ready_rows(), params)).mappings().all()
+        return await self._claim_found(conn, found, params)
+
+    async def _claim_found(
+        self, conn: AsyncConnection, found: Sequence[Any], params: dict[str, Any]
+    ) -> list[TaskRow]:
+        """Mark the locked ready rows `found` claimed; the rows as claimed."""
         if not found:
             return []
         ids = [r["id"] for r in found]

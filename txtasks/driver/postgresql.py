@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 from collections.abc import Generator, Iterator, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import Connection, Result, text
+from sqlalchemy import Connection, Executable, Result, bindparam, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
@@ -17,10 +18,10 @@ from sqlalchemy.sql.dml import Insert
 from txtasks.driver.base import Capabilities, WriteResult
 from txtasks.driver.dialect import SqlDialect
 from txtasks.driver.insert_plan import CopyRows, Statement, Step
-from txtasks.driver.sql import CLOSE_WITHIN, SqlDriver
+from txtasks.driver.sql import CLOSE_WITHIN, Claim, SqlDriver
 from txtasks.driver.timeouts import Watchdog, keepalive_set, socket_of
 from txtasks.schema import migrate as schema_migrate
-from txtasks.schema.tables import READY, TASK_COLUMNS, tasks
+from txtasks.schema.tables import READY, TASK_COLUMNS, Timestamp, keys, tasks
 from txtasks.types import CLAIMED_COLUMNS, NewTask, Outcome, TaskKey, TaskRow
 
 #: SQLSTATEs worth a fresh transaction: serialization failure, deadlock.
@@ -28,7 +29,8 @@ TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})
 
 
 #: The claim as one autocommit statement, sent straight to asyncpg: one round trip, no
-#: BEGIN/COMMIT, no SQLAlchemy row processing on the latency-critical path. Each queue is read
+#: BEGIN/COMMIT, no SQLAlchemy row processing on the latency-critical path. Tasks with a key are
+#: claimed by the keys' lane (`SqlDriver.keyed_claim`), not here. Each queue is read
 #: on its own along the claim index (an index scan cannot merge several queues in order), at
 #: most `limit` rows each; the first `limit` of those in claim order are taken.
 CLAIM_SQL = f"""
@@ -37,7 +39,8 @@ UPDATE txtasks_tasks SET state = 'processing', attempt = attempt + 1,
        lease_expires_at = $1, worker_id = $2, started_at = $3
  WHERE id IN (SELECT r.id FROM unnest($4::varchar[]) AS q(name),
               LATERAL (SELECT id, priority, run_at FROM txtasks_tasks
-                        WHERE queue = q.name AND {READY} AND run_at <= $3
+                        WHERE queue = q.name AND partition_key IS NULL AND {READY}
+                          AND run_at <= $3
                         ORDER BY priority DESC, run_at, id
                         LIMIT $5
                         FOR UPDATE SKIP LOCKED) AS r
@@ -55,7 +58,7 @@ _ARCHIVED = [c for c in TASK_COLUMNS if c not in ("state", "lease_expires_at", "
 #: outcomes' rows in id order and keep the still-current attempts (the fence: id, attempt,
 #: processing, held by worker $5 unless NULL, lease expired before $6 unless NULL), delete them
 #: from the hot table and copy them into the archive with their final state (completed ones
-#: only when $8). Each outcome finds its row by the primary key whatever the statistics say (a
+#: only when $8), leaving a hint for the key of each that has one (see txtasks.keys). Each outcome finds its row by the primary key whatever the statistics say (a
 #: join planned from stale ones compared every row with every outcome); `OFFSET 0` keeps the
 #: fence out of the lookup, so that no partial index stands in for the primary key, and a row
 #: that fails the fence is only locked for the moment of the statement. Ids, attempts and
@@ -83,6 +86,9 @@ WITH o AS (
                                state, lease_expires_at, last_error, finished_at)
   SELECT {", ".join(_ARCHIVED)}, final_state, NULL, coalesce(error, last_error), $7
     FROM done WHERE $8 OR final_state <> 'completed'
+), hinted AS (
+  INSERT INTO txtasks_key_hints (queue, partition_key, run_at)
+  SELECT DISTINCT queue, partition_key, $7::timestamp FROM done WHERE partition_key IS NOT NULL
 )
 SELECT id, attempt FROM done
 """
@@ -104,6 +110,7 @@ _ARRAY_TYPES = {
     "headers": "text[]",
     "expires_at": "timestamp[]",
     "stage_id": "varchar[]",
+    "partition_key": "varchar[]",
 }
 BULK_COLUMNS = tuple(_ARRAY_TYPES)
 #: Ids for a bulk enqueue, drawn before its rows are sent.
@@ -134,6 +141,7 @@ def _bulk_record(new_id: int, row: NewTask) -> tuple[Any, ...]:
         row.headers,
         row.expires_at,
         row.stage_id,
+        row.partition_key,
     )
 
 
@@ -213,6 +221,23 @@ class PostgresDialect(SqlDialect):
                 index_elements=[tasks.c.dedup_key], index_where=tasks.c.dedup_key.is_not(None)
             )
             .returning(tasks.c.id, tasks.c.dedup_key)
+        )
+
+    @classmethod
+    @functools.cache
+    def stmt_keys_arm(cls) -> Executable:
+        stmt = pg_insert(keys).values(
+            queue=bindparam("queue"),
+            partition_key=bindparam("partition_key"),
+            ready_at=bindparam("ready_at", type_=Timestamp),
+            updated_at=bindparam("now", type_=Timestamp),
+        )
+        return stmt.on_conflict_do_update(
+            index_elements=[keys.c.queue, keys.c.partition_key],
+            set_={
+                "ready_at": cls.armed_at(keys.c.ready_at, stmt.excluded.ready_at),
+                "updated_at": stmt.excluded.updated_at,
+            },
         )
 
     @classmethod
@@ -323,19 +348,12 @@ class PostgresDriver(SqlDriver):
                     pool.terminate()  # stalled connections: closed without a goodbye
         await super().close()
 
-    async def task_claim_many(
-        self,
-        queues: Sequence[str],
-        limit: int,
-        *,
-        now: datetime,
-        lease_until: datetime,
-        worker_id: str,
-    ) -> list[TaskRow]:
+    async def plain_claim(self, claim: Claim, limit: int) -> list[TaskRow]:
+        c = claim
         records = await self.raw_fetch(
-            "claims", CLAIM_SQL, lease_until, worker_id, now, list(queues), limit
+            "claims", CLAIM_SQL, c.lease_until, c.worker_id, c.now, c.queues, limit
         )
-        return [TaskRow.from_claim(r, worker_id, lease_until, now) for r in records]
+        return [TaskRow.from_claim(r, c.worker_id, c.lease_until, c.now) for r in records]
 
     async def outcome_write_many(
         self,

@@ -15,7 +15,8 @@ import math
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
@@ -24,17 +25,58 @@ from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from txtasks.driver.base import Capabilities, WriteResult
-from txtasks.driver.dialect import SqlDialect, claim_order, dialect_for, keys_param
+from txtasks.driver.dialect import (
+    SqlDialect,
+    claim_order,
+    dialect_for,
+    key_hints_of,
+    keys_param,
+)
 from txtasks.driver.insert_plan import plan_run_async, plan_run_sync
-from txtasks.driver.sql_admin import SqlAdmin
+from txtasks.driver.sql_admin import SqlAdmin, override_of
 from txtasks.driver.timeouts import Timeouts, Watchdog, keepalive_set, socket_of
 from txtasks.driver.urls import url_async, url_parse, url_sync
 from txtasks.errors import SchemaError
+from txtasks.keys import (
+    HINTS_PER_CLAIM,
+    NEXT_DUE,
+    KeyLimits,
+    KeyOverride,
+    KeySlot,
+    fetch_cap,
+    limits_for,
+    round_robin,
+)
 from txtasks.schema import migrate as schema_migrate
-from txtasks.types import NewTask, Outcome, OutcomeKind, TaskKey, TaskRow
+from txtasks.types import NewTask, Outcome, OutcomeKind, TaskKey, TaskRow, TaskState
 
 TRANSIENT_RETRIES = 5
+PROCESSING = TaskState.PROCESSING.value
+#: How often a claim looks for tasks with a key in queues the application declared no key
+#: limits for (tasks enqueued with `key=` by another application, the CLI or Spark).
+KEYS_PROBE_EVERY = timedelta(seconds=1)
+#: Transactions a claim of the keys' lane takes at most (see `keyed_claim`).
+KEY_ROUNDS = 3
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim's parameters, shared by its lanes."""
+
+    queues: list[str]
+    now: datetime
+    lease_until: datetime
+    worker_id: str
+
+    def params(self, **more: Any) -> dict[str, Any]:
+        return {
+            "queues": self.queues,
+            "now": self.now,
+            "lease_until": self.lease_until,
+            "worker_id": self.worker_id,
+            **more,
+        }
 
 
 #: Seconds closing a driver waits for each pool's connections to close politely.
@@ -72,6 +114,10 @@ class SqlDriver(SqlAdmin):
         #: settled by the first connection (`connect`).
         self.sql: SqlDialect = self.dialect_class()
         self._sql_settled = False
+        #: Which lane the next claim starts with, and when each set of queues is next probed
+        #: for tasks with a key (see `task_claim_many`).
+        self._keys_first = False
+        self._keys_probe_at: dict[tuple[str, ...], datetime] = {}
 
     # -- connections --------------------------------------------------------------------------
 
@@ -243,21 +289,222 @@ class SqlDriver(SqlAdmin):
         now: datetime,
         lease_until: datetime,
         worker_id: str,
+        keys: Mapping[str, KeyLimits] | None = None,
     ) -> list[TaskRow]:
-        params = {
-            "queues": list(queues),
-            "limit": limit,
-            "now": now,
-            "lease_until": lease_until,
-            "worker_id": worker_id,
-        }
-
-        async def work(conn: AsyncConnection) -> list[TaskRow]:
-            return await self.sql.claim(conn, params)
-
-        rows = await self.in_transaction(work)
+        """Two lanes: tasks without a key (one statement), and tasks with one, claimed by their
+        keys' limits and in turn (`txtasks.keys`); which goes first alternates between claims.
+        The keys' lane runs on every claim of a queue in `keys` (the limits the application
+        declares), and on the others at most once per `KEYS_PROBE_EVERY` until it finds work."""
+        claim = Claim(list(queues), now, lease_until, worker_id)
+        keyed = self._keyed_lane_due(claim.queues, keys, now)
+        self._keys_first = not self._keys_first
+        rows: list[TaskRow] = []
+        for lane in ("keys", "plain") if self._keys_first else ("plain", "keys"):
+            if len(rows) >= limit:
+                break
+            if lane == "plain":
+                rows += await self.plain_claim(claim, limit - len(rows))
+            elif keyed:
+                found = await self.keyed_claim(claim, limit - len(rows), keys or {})
+                self._keyed_found(claim.queues, bool(found), now)
+                rows += found
         rows.sort(key=claim_order)
         return rows
+
+    async def plain_claim(self, claim: Claim, limit: int) -> list[TaskRow]:
+        """Claim up to `limit` ready tasks without a key, in claim order."""
+
+        async def work(conn: AsyncConnection) -> list[TaskRow]:
+            return await self.sql.claim(conn, claim.params(limit=limit))
+
+        return await self.in_transaction(work)
+
+    def _keyed_lane_due(
+        self, queues: list[str], declared: Mapping[str, KeyLimits] | None, now: datetime
+    ) -> bool:
+        if declared and any(q in declared for q in queues):
+            return True
+        return now >= self._keys_probe_at.get(tuple(queues), now)
+
+    def _keyed_found(self, queues: list[str], found: bool, now: datetime) -> None:
+        self._keys_probe_at[tuple(queues)] = now if found else now + KEYS_PROBE_EVERY
+
+    async def keyed_claim(
+        self, claim: Claim, limit: int, declared: Mapping[str, KeyLimits]
+    ) -> list[TaskRow]:
+        """Claim up to `limit` tasks with a key: first turn the hints into armed keys (a
+        transaction of its own), then lock the keys that waited longest and take their tasks
+        in turn within their limits, in one transaction. Keys armed with nothing left to
+        start (a hint outlived its task) are put aside on the way: another round follows while
+        the claim is short and every key it locked was taken."""
+        await self._hints_take(claim)
+        rows: list[TaskRow] = []
+        for _ in range(KEY_ROUNDS):
+
+            async def work(
+                conn: AsyncConnection, left: int = limit - len(rows)
+            ) -> tuple[list[TaskRow], bool]:
+                return await self._keyed_claim_on(conn, claim, left, declared)
+
+            found, more = await self.in_transaction(work)
+            rows += found
+            if not more or len(rows) >= limit:
+                break
+        return rows
+
+    async def _hints_take(self, claim: Claim) -> None:
+        async def work(conn: AsyncConnection) -> None:
+            params = {"queues": claim.queues, "limit": HINTS_PER_CLAIM}
+            hints = (await conn.execute(self.sql.stmt_hints_take(), params)).all()
+            if not hints:
+                return
+            await conn.execute(self.sql.stmt_hints_delete(), {"ids": [h.id for h in hints]})
+            armed = key_hints_of((h.queue, h.partition_key, h.run_at) for h in hints)
+            rows = [
+                {"queue": a["queue"], "partition_key": a["partition_key"],
+                 "ready_at": a["run_at"], "now": claim.now}
+                for a in armed
+            ]  # fmt: skip
+            await conn.execute(self.sql.stmt_keys_arm(), rows)
+
+        await self.in_transaction(work)
+
+    async def _keyed_claim_on(
+        self, conn: AsyncConnection, claim: Claim, limit: int, declared: Mapping[str, KeyLimits]
+    ) -> tuple[list[TaskRow], bool]:
+        """The tasks claimed, and whether more keys may be armed (as many locked as asked)."""
+        now = claim.now
+        lock = {"queues": claim.queues, "now": now, "limit": limit}
+        held = (await conn.execute(self.sql.stmt_keys_lock(), lock)).all()
+        if not held:
+            return [], False
+        names = sorted({h.partition_key for h in held})
+        overrides = await self._key_overrides(conn, names)
+        slots = [
+            KeySlot(h.queue, h.partition_key, limits_for(h.queue, h.partition_key, declared, overrides), 0, h.next_start_at)
+            for h in held
+        ]  # fmt: skip
+        if any(s.limits.slots is not None for s in slots):
+            counts = await conn.execute(self.sql.stmt_keys_running(), {"names": names})
+            running = {(q, k): int(n) for q, k, n in counts}
+            for s in slots:
+                s.running = running.get((s.queue, s.key), 0)
+        heads = await self._key_heads(conn, [s for s in slots if s.limits.ordered])
+        wants = [s.want(now) for s in slots]
+        cap = fetch_cap(wants, limit)
+        asks = [min(w, cap) for w in wants]
+        found = await self._keys_due(conn, slots, asks, heads, now)
+        given = round_robin([min(len(f), a) for f, a in zip(found, asks, strict=True)], limit)
+        ids = [i for f, n in zip(found, given, strict=True) for i in f[:n]]
+        rows = await self.sql.claim_ids(conn, claim.params(ids=ids)) if ids else []
+        took: dict[tuple[str, str], int] = {}
+        for row in rows:
+            pair = (row.queue, row.partition_key or "")
+            took[pair] = took.get(pair, 0) + 1
+        await self._keys_settle(conn, held, slots, asks, found, took, heads, now)
+        return rows, len(held) == limit
+
+    async def _key_overrides(
+        self, conn: AsyncConnection, names: list[str]
+    ) -> dict[tuple[str | None, str], KeyOverride]:
+        result = await conn.execute(self.sql.stmt_key_overrides(), {"names": names})
+        return {(o.queue, o.key): o for o in (override_of(row) for row in result.mappings())}
+
+    async def _key_heads(
+        self, conn: AsyncConnection, ordered: list[KeySlot]
+    ) -> dict[tuple[str, str], Any]:
+        """The first live task of each ordered key (its id, state and due time)."""
+        if not ordered:
+            return {}
+        params = {}
+        for i, s in enumerate(ordered):
+            params.update({f"q{i}": s.queue, f"k{i}": s.key})
+        result = await conn.execute(self.sql.stmt_keys_heads(len(ordered)), params)
+        return {(r.queue, r.partition_key): r for r in result}
+
+    async def _keys_due(
+        self,
+        conn: AsyncConnection,
+        slots: list[KeySlot],
+        asks: list[int],
+        heads: Mapping[tuple[str, str], Any],
+        now: datetime,
+    ) -> list[list[int]]:
+        """The due tasks each key may start, in claim order: an ordered key its head, when it
+        is ready and due; another key up to its ask, and one more if there is (more are due)."""
+        found: list[list[int]] = [[] for _ in slots]
+        wanted = []
+        for i, (s, ask) in enumerate(zip(slots, asks, strict=True)):
+            if ask <= 0:
+                continue
+            if s.limits.ordered:
+                head = heads.get((s.queue, s.key))
+                if head is not None and head.state != PROCESSING and head.run_at <= now:
+                    found[i] = [head.id]
+            else:
+                wanted.append(i)
+        if wanted:
+            params: dict[str, Any] = {"now": now}
+            for n, i in enumerate(wanted):
+                key = slots[i]
+                params.update({f"q{n}": key.queue, f"k{n}": key.key, f"n{n}": asks[i] + 1})
+            result = await conn.execute(self.sql.stmt_keys_due(len(wanted)), params)
+            index = {(slots[i].queue, slots[i].key): i for i in wanted}
+            for task_id, queue, key in result:
+                found[index[(queue, key)]].append(task_id)
+        return found
+
+    async def _keys_settle(
+        self,
+        conn: AsyncConnection,
+        held: Sequence[Any],
+        slots: list[KeySlot],
+        asks: list[int],
+        found: list[list[int]],
+        took: Mapping[tuple[str, str], int],
+        heads: Mapping[tuple[str, str], Any],
+        now: datetime,
+    ) -> None:
+        """Write when to look at each key again, and its rate's next start."""
+        settled = []
+        for h, s, ask, f in zip(held, slots, asks, found, strict=True):
+            ready_at, next_start = s.settle(
+                now, asked=ask, found=len(f), took=took.get((s.queue, s.key), 0)
+            )
+            settled.append([h.id, s, ready_at, next_start])
+        later = [x[1] for x in settled if x[2] == NEXT_DUE]
+        if later:
+            due = await self._keys_next_due(conn, later, heads)
+            for x in settled:
+                if x[2] == NEXT_DUE:
+                    x[2] = due.get((x[1].queue, x[1].key))
+        params = [
+            {"b_id": key_id, "b_ready_at": ready_at, "b_next_start_at": next_start, "now": now}
+            for key_id, _s, ready_at, next_start in settled
+        ]
+        await conn.execute(self.sql.stmt_keys_settle(), params)
+
+    async def _keys_next_due(
+        self,
+        conn: AsyncConnection,
+        slots: list[KeySlot],
+        heads: Mapping[tuple[str, str], Any],
+    ) -> dict[tuple[str, str], datetime]:
+        """When each key's next task is due: an ordered key's head (if it waits), another
+        key's earliest ready task."""
+        due: dict[tuple[str, str], datetime] = {}
+        for s in slots:
+            head = heads.get((s.queue, s.key))
+            if s.limits.ordered and head is not None and head.state != PROCESSING:
+                due[(s.queue, s.key)] = head.run_at
+        others = sorted({s.key for s in slots if not s.limits.ordered})
+        if others:
+            result = await conn.execute(self.sql.stmt_keys_next_due(), {"names": others})
+            wanted = {(s.queue, s.key) for s in slots}
+            for queue, key, when in result:
+                if (queue, key) in wanted:
+                    due[(queue, key)] = when
+        return due
 
     # -- outcomes -----------------------------------------------------------------------------
 
@@ -295,6 +542,7 @@ class SqlDriver(SqlAdmin):
         """
         held = await self._locked_keys(conn, [o.key for o in outcomes], fence)
         mine = [o for o in outcomes if o.key in held]
+        hints = key_hints_of((*held[o.key], now) for o in mine)  # a slot is free from now
         finishing = [o for o in mine if o.kind.finishes]
         if finishing:
             await self._finish(conn, finishing, now, archive_completed)
@@ -304,15 +552,17 @@ class SqlDriver(SqlAdmin):
         releases = [o.key for o in mine if o.kind is OutcomeKind.RELEASE]
         if releases:
             await conn.execute(self.sql.stmt_release(), {**keys_param(releases), **fence})
+        if hints:  # a slot freed, a head moved on or retried: the claims look at the keys again
+            await conn.execute(self.sql.stmt_hints_add(), hints)
         return {o.key for o in mine}
 
     async def _locked_keys(
         self, conn: AsyncConnection, keys: Sequence[TaskKey], fence: Mapping[str, Any]
-    ) -> set[TaskKey]:
-        """Lock the rows of still-current attempts (in id order) and return their keys."""
+    ) -> dict[TaskKey, tuple[str, str | None]]:
+        """Lock the rows of still-current attempts (in id order): their queues and keys."""
         params = {**keys_param(keys), **fence}
         rows = await conn.execute(self.sql.stmt_lock_keys(), params)
-        return {TaskKey(row[0], row[1]) for row in rows}
+        return {TaskKey(row[0], row[1]): (row[2], row[3]) for row in rows}
 
     async def _finish(
         self,

@@ -25,10 +25,23 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from txtasks.driver.base import requeue_choice
+from txtasks.driver.dialect import key_hints_of
 
 if TYPE_CHECKING:
     from txtasks.driver.dialect import SqlDialect
-from txtasks.schema.tables import IS_READY, TASK_COLUMNS, Timestamp, archive, periodic, tasks
+from txtasks.clock import utcnow
+from txtasks.keys import KeyOverride, Rate
+from txtasks.schema.tables import (
+    IS_READY,
+    TASK_COLUMNS,
+    Timestamp,
+    archive,
+    key_hints,
+    key_limits,
+    keys,
+    periodic,
+    tasks,
+)
 from txtasks.types import (
     FINISHED_STATES,
     NewTask,
@@ -40,6 +53,35 @@ from txtasks.types import (
 
 T = TypeVar("T")
 PROCESSING = TaskState.PROCESSING.value
+
+
+def _override_is(key: str, queue: str | None) -> Any:
+    return (key_limits.c.partition_key == key) & (key_limits.c.queue == (queue or "*"))
+
+
+def override_of(row: Any) -> KeyOverride:
+    """A `txtasks_key_limits` row as the override it stores."""
+    rate = None
+    if row["rate_count"] is not None and row["rate_per"] is not None:
+        rate = Rate(int(row["rate_count"]), float(row["rate_per"]), int(row["rate_burst"] or 1))
+    ordered = row["ordered"]
+    return KeyOverride(
+        key=row["partition_key"],
+        queue=None if row["queue"] == "*" else row["queue"],
+        concurrency=row["concurrency"],
+        ordered=None if ordered is None else bool(ordered),
+        rate=rate,
+    )
+
+
+async def _keys_rearm(conn: AsyncConnection, key: str, queue: str | None) -> None:
+    """New limits apply from the next claim: the key is looked at again now (a key put aside
+    as full would otherwise wait for one of its tasks to finish)."""
+    now = utcnow()
+    where = keys.c.partition_key == key
+    if queue is not None:
+        where &= keys.c.queue == queue
+    await conn.execute(update(keys).where(where).values(ready_at=now, updated_at=now))
 
 
 class SqlAdmin:
@@ -152,7 +194,50 @@ class SqlAdmin:
             ).where(archive.c.id.in_(chosen))
             await conn.execute(insert(tasks).from_select([*cols, *fresh], source))
             await conn.execute(delete(archive).where(archive.c.id.in_(chosen)))
+            keyed = select(tasks.c.queue, tasks.c.partition_key).where(
+                tasks.c.id.in_(chosen), tasks.c.partition_key.is_not(None)
+            )
+            hints = key_hints_of((q, k, now) for q, k in await conn.execute(keyed))
+            if hints:  # their keys are looked at again
+                await conn.execute(insert(key_hints), hints)
         return chosen
+
+    # -- key limits set at run time -----------------------------------------------------------
+
+    async def key_override_set(self, override: KeyOverride) -> None:
+        rate = override.rate
+        row = {
+            "queue": override.queue or "*",
+            "partition_key": override.key,
+            "concurrency": override.concurrency,
+            "ordered": None if override.ordered is None else int(override.ordered),
+            "rate_count": None if rate is None else rate.count,
+            "rate_per": None if rate is None else rate.per,
+            "rate_burst": None if rate is None else rate.burst,
+            "updated_at": utcnow(),
+        }
+
+        async def work(conn: AsyncConnection) -> None:
+            await conn.execute(delete(key_limits).where(_override_is(override.key, override.queue)))
+            await conn.execute(insert(key_limits), row)
+            await _keys_rearm(conn, override.key, override.queue)
+
+        await self.in_transaction(work)
+
+    async def key_override_clear(self, key: str, queue: str | None = None) -> bool:
+        async def work(conn: AsyncConnection) -> int:
+            result = await conn.execute(delete(key_limits).where(_override_is(key, queue)))
+            await _keys_rearm(conn, key, queue)
+            return int(result.rowcount)
+
+        return await self.in_transaction(work) > 0
+
+    async def key_override_list(self) -> list[KeyOverride]:
+        async with self.connect() as conn:
+            result = await conn.execute(
+                select(key_limits).order_by(key_limits.c.partition_key, key_limits.c.queue)
+            )
+            return [override_of(row) for row in result.mappings()]
 
     async def dead_purge(
         self, ids: Sequence[int] | None = None, *, queue: str | None = None

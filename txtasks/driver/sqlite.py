@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from sqlalchemy import Connection, Engine, Result, event, insert
+from sqlalchemy import Connection, Engine, Executable, Result, bindparam, event, insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.dml import Insert
@@ -17,7 +18,7 @@ from txtasks.driver.base import Capabilities
 from txtasks.driver.dialect import SqlDialect
 from txtasks.driver.insert_plan import Step, task_values
 from txtasks.driver.sql import SqlDriver
-from txtasks.schema.tables import tasks
+from txtasks.schema.tables import Timestamp, keys, tasks
 from txtasks.types import NewTask
 
 log = logging.getLogger("txtasks.sqlite")
@@ -93,6 +94,23 @@ class SQLiteDialect(SqlDialect):
                 index_elements=[tasks.c.dedup_key], index_where=tasks.c.dedup_key.is_not(None)
             )
             .returning(tasks.c.id, tasks.c.dedup_key)
+        )
+
+    @classmethod
+    @functools.cache
+    def stmt_keys_arm(cls) -> Executable:
+        stmt = sqlite_insert(keys).values(
+            queue=bindparam("queue"),
+            partition_key=bindparam("partition_key"),
+            ready_at=bindparam("ready_at", type_=Timestamp),
+            updated_at=bindparam("now", type_=Timestamp),
+        )
+        return stmt.on_conflict_do_update(
+            index_elements=[keys.c.queue, keys.c.partition_key],
+            set_={
+                "ready_at": cls.armed_at(keys.c.ready_at, stmt.excluded.ready_at),
+                "updated_at": stmt.excluded.updated_at,
+            },
         )
 
     @classmethod

@@ -11,6 +11,7 @@ from sqlalchemy import (
     BigInteger,
     Column,
     DateTime,
+    Float,
     Index,
     Integer,
     LargeBinary,
@@ -19,6 +20,7 @@ from sqlalchemy import (
     Table,
     Text,
     TypeDecorator,
+    UniqueConstraint,
     text,
 )
 from sqlalchemy.dialects import mysql
@@ -41,6 +43,8 @@ READY = "state IN ({})".format(", ".join(f"'{s.value}'" for s in READY_STATES))
 #: The ready condition on the hot table with its values written out: a database can only use
 #: a partial index (`ix_txtasks_tasks_claim`) for a condition it can compare at planning time.
 IS_READY = text(READY)
+KEYED = "partition_key IS NOT NULL"
+UNKEYED = "partition_key IS NULL"
 
 
 class ExactString(TypeDecorator[str]):
@@ -96,6 +100,8 @@ def _task_columns() -> list[Column[object]]:
         Column("expires_at", Timestamp, nullable=True),
         # the staging write (one Spark partition attempt) of a row not yet committed
         Column("stage_id", String(64), nullable=True),
+        # the key whose limits the task shares (see txtasks.keys); None: no key
+        Column("partition_key", ExactString(255), nullable=True),
     ]
 
 
@@ -108,16 +114,37 @@ tasks = Table(
     # ids are never reused: an archived task keeps its id (SQLite would reuse the highest).
     sqlite_autoincrement=True,
 )
-#: Ready rows in claim order (see `claim_order`): a claim reads only the rows it takes.
+#: Ready rows in claim order (see `claim_order`): a claim reads only the rows it takes. Where
+#: the database has partial indexes, tasks without a key are in the claim index and tasks with
+#: one in the keyed claim index, by key (PostgreSQL orders an index scan only after equalities,
+#: and `partition_key IS NULL` is not one); MariaDB/MySQL have one index of both, by key.
 Index(
     "ix_txtasks_tasks_claim",
     tasks.c.queue,
     tasks.c.priority.desc(),
     tasks.c.run_at,
     tasks.c.id,
-    postgresql_where=text(READY),
-    sqlite_where=text(READY),
-)
+    postgresql_where=text(f"{READY} AND {UNKEYED}"),
+    sqlite_where=text(f"{READY} AND {UNKEYED}"),
+).ddl_if(dialect=("postgresql", "sqlite"))  # type: ignore[arg-type]  # a tuple works
+Index(
+    "ix_txtasks_tasks_claim_keyed",
+    tasks.c.queue,
+    tasks.c.partition_key,
+    tasks.c.priority.desc(),
+    tasks.c.run_at,
+    tasks.c.id,
+    postgresql_where=text(f"{READY} AND {KEYED}"),
+    sqlite_where=text(f"{READY} AND {KEYED}"),
+).ddl_if(dialect=("postgresql", "sqlite"))  # type: ignore[arg-type]  # a tuple works
+Index(
+    "ix_txtasks_tasks_claim",
+    tasks.c.queue,
+    tasks.c.partition_key,
+    tasks.c.priority.desc(),
+    tasks.c.run_at,
+    tasks.c.id,
+).ddl_if(dialect=("mysql", "mariadb"))  # type: ignore[arg-type]
 #: Processing rows by lease (the rescuer), and dedup keys; where the database has partial
 #: indexes, only the rows concerned are in them.
 Index(
@@ -133,6 +160,15 @@ Index(
     unique=True,
     postgresql_where=text("dedup_key IS NOT NULL"),
     sqlite_where=text("dedup_key IS NOT NULL"),
+)
+#: Live rows of each key in enqueue order: the head of an ordered key is its first entry.
+Index(
+    "ix_txtasks_tasks_keyed",
+    tasks.c.queue,
+    tasks.c.partition_key,
+    tasks.c.id,
+    postgresql_where=text(KEYED),
+    sqlite_where=text(KEYED),
 )
 Index(
     "ix_txtasks_tasks_stage",
@@ -200,6 +236,61 @@ commits = Table(
     Column("commit_id", ExactString(255), primary_key=True),
     Column("committed_at", Timestamp, nullable=False),
     Column("tasks", Integer, nullable=False),
+    mysql_engine="InnoDB",
+)
+
+#: One row per key that has had work: when a claim should look at it again (`ready_at`, None
+#: while nothing can start) and its rate's next start. Written by claims only, under the row's
+#: lock, so claims of one key never overlap; enqueues never touch it (they leave hints).
+keys = Table(
+    "txtasks_keys",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("queue", ExactString(128), nullable=False),
+    Column("partition_key", ExactString(255), nullable=False),
+    Column("ready_at", Timestamp, nullable=True),
+    Column("next_start_at", Timestamp, nullable=True),
+    Column("updated_at", Timestamp, nullable=False),
+    UniqueConstraint("queue", "partition_key", name="uq_txtasks_keys"),
+    mysql_engine="InnoDB",
+    sqlite_autoincrement=True,
+)
+Index(
+    "ix_txtasks_keys_ready",
+    keys.c.queue,
+    keys.c.ready_at,
+    keys.c.id,
+    postgresql_where=text("ready_at IS NOT NULL"),
+    sqlite_where=text("ready_at IS NOT NULL"),
+)
+
+#: Hints that a key may have work (a task of it was enqueued, or finished an attempt): insert
+#: only, so an enqueue waits for no lock; a claim turns them into `txtasks_keys` rows.
+key_hints = Table(
+    "txtasks_key_hints",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("queue", ExactString(128), nullable=False),
+    Column("partition_key", ExactString(255), nullable=False),
+    Column("run_at", Timestamp, nullable=False),
+    mysql_engine="InnoDB",
+    sqlite_autoincrement=True,
+)
+Index("ix_txtasks_key_hints_queue", key_hints.c.queue, key_hints.c.id)
+
+#: Limits set at run time for a key (`txtasks keys set`), over those the application declares;
+#: queue '*' is the key in every queue. A NULL field keeps the declared value.
+key_limits = Table(
+    "txtasks_key_limits",
+    metadata,
+    Column("queue", ExactString(128), primary_key=True),
+    Column("partition_key", ExactString(255), primary_key=True),
+    Column("concurrency", Integer, nullable=True),
+    Column("ordered", Integer, nullable=True),
+    Column("rate_count", Integer, nullable=True),
+    Column("rate_per", Float, nullable=True),
+    Column("rate_burst", Integer, nullable=True),
+    Column("updated_at", Timestamp, nullable=False),
     mysql_engine="InnoDB",
 )
 

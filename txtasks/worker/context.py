@@ -60,6 +60,11 @@ class TaskContext:
         return self.row.queue
 
     @property
+    def key(self) -> str | None:
+        """The key whose limits the task shares (see txtasks.keys); None without one."""
+        return self.row.partition_key
+
+    @property
     def headers(self) -> dict[str, str]:
         return headers_decode(self.row.headers)
 

@@ -234,6 +234,7 @@ class Worker:
             now=now,
             lease_until=now + timedelta(seconds=self.config.lease),
             worker_id=self.worker_id,
+            keys=self.app.declared_key_limits,
         )
         self.stats.claimed += len(rows)
         return rows

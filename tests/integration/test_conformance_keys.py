@@ -1,0 +1,175 @@
+"""Conformance suite: keys (concurrency, order, rate, turns), on every database and in memory.
+
+Time is passed in (`now`), so every test controls it exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+from tests.integration.conformance import at, claim, get, new, write
+from tests.integration.conftest import another
+from txtasks.driver import Driver
+from txtasks.keys import KeyLimits, KeyOverride, Rate
+from txtasks.types import Outcome, OutcomeKind, TaskRow
+
+Q = {"q": KeyLimits()}
+
+
+def per_key(rows: list[TaskRow]) -> Counter[str | None]:
+    return Counter(r.partition_key for r in rows)
+
+
+def done(row: TaskRow) -> Outcome:
+    return Outcome(row.key, OutcomeKind.COMPLETE)
+
+
+async def test_tasks_with_and_without_a_key_are_all_claimed(driver: Driver) -> None:
+    ids = await driver.task_insert_many(
+        [new(1), new(2, key="a"), new(3), new(4, key="b"), new(5, key="a")]
+    )
+    rows = await claim(driver, keys=Q)
+    assert sorted(r.id for r in rows) == sorted(ids)
+    assert per_key(rows) == {None: 2, "a": 2, "b": 1}
+    assert (await get(driver, ids[1])).partition_key == "a"
+
+
+async def test_a_key_found_without_declared_limits(driver: Driver) -> None:
+    """Tasks with a key enqueued by another application are found by a claim that declares no
+    key limits (the keys' lane probes)."""
+    [task_id] = await driver.task_insert_many([new(1, key="elsewhere")])
+    assert [r.id for r in await claim(driver)] == [task_id]
+
+
+async def test_concurrency_caps_what_runs_at_once_per_key(driver: Driver) -> None:
+    limits = {"q": KeyLimits(concurrency=2)}
+    await driver.task_insert_many([new(i, key="a") for i in range(5)] + [new(9, key="b")])
+    first = await claim(driver, keys=limits)
+    assert per_key(first) == {"a": 2, "b": 1}
+    assert await claim(driver, keys=limits) == []
+    a = [r for r in first if r.partition_key == "a"]
+    await write(driver, done(a[0]))  # a slot comes back
+    assert per_key(await claim(driver, keys=limits)) == {"a": 1}
+    await write(driver, Outcome(a[1].key, OutcomeKind.RETRY, run_at=at(60)))  # and another
+    assert per_key(await claim(driver, keys=limits)) == {"a": 1}
+    assert await claim(driver, keys=limits) == []
+
+
+async def test_racing_claims_never_exceed_a_key_s_concurrency(driver: Driver) -> None:
+    other = await another(driver)
+    limits = {"q": KeyLimits(concurrency=3)}
+    await driver.task_insert_many([new(i, key=f"k{i % 4}") for i in range(60)])
+    running: list[TaskRow] = []
+    try:
+        for _ in range(25):
+            if running:  # one finishes per round
+                await write(driver, done(running.pop(0)))
+            batches = await asyncio.gather(
+                claim(driver, limit=5, keys=limits, worker="w1"),
+                claim(other, limit=5, keys=limits, worker="w2"),
+            )
+            running += [r for batch in batches for r in batch]
+            assert max(per_key(running).values(), default=0) <= 3, per_key(running)
+    finally:
+        if other is not driver:
+            await other.close()  # type: ignore[attr-defined]
+    assert len(running) == 12  # every key full
+
+
+async def test_an_ordered_key_starts_its_tasks_one_by_one_in_enqueue_order(driver: Driver) -> None:
+    limits = {"q": KeyLimits(ordered=True)}
+    later = [new(2, key="a", priority=9), new(3, key="a", run_at=at(-60))]
+    ids = await driver.task_insert_many([new(1, key="a"), *later, new(4, key="b")])
+    first = await claim(driver, keys=limits)
+    assert sorted(r.id for r in first) == [ids[0], ids[3]]  # not the later ones, whatever
+    head = next(r for r in first if r.id == ids[0])  # their priority or due time
+    await write(driver, Outcome(head.key, OutcomeKind.RETRY, run_at=at(30)))
+    assert await claim(driver, keys=limits) == []  # the retried head keeps its place
+    assert await claim(driver, keys=limits, now=at(20)) == []
+    again = await claim(driver, keys=limits, now=at(31))
+    assert [(r.id, r.attempt) for r in again] == [(ids[0], 2)]
+    await write(driver, Outcome(again[0].key, OutcomeKind.DEAD, error="poison"), now=at(31))
+    assert [r.id for r in await claim(driver, keys=limits, now=at(32))] == [ids[1]]
+
+
+async def test_a_released_task_keeps_its_place_in_an_ordered_key(driver: Driver) -> None:
+    limits = {"q": KeyLimits(ordered=True)}
+    ids = await driver.task_insert_many([new(i, key="a") for i in range(3)])
+    [head] = await claim(driver, keys=limits)
+    await write(driver, Outcome(head.key, OutcomeKind.RELEASE))
+    assert [r.id for r in await claim(driver, keys=limits)] == [ids[0]]
+
+
+async def test_a_rate_spaces_the_starts_of_a_key(driver: Driver) -> None:
+    limits = {"q": KeyLimits(rate=Rate(2, per=10))}  # one start every 5 s
+    await driver.task_insert_many([new(i, key="a") for i in range(5)] + [new(9, key="b")])
+    assert per_key(await claim(driver, keys=limits)) == {"a": 1, "b": 1}
+    assert await claim(driver, keys=limits, now=at(4.9)) == []
+    assert per_key(await claim(driver, keys=limits, now=at(5))) == {"a": 1}
+    assert await claim(driver, keys=limits, now=at(9)) == []
+    assert per_key(await claim(driver, keys=limits, now=at(10))) == {"a": 1}
+
+
+async def test_a_burst_allows_starts_at_once_after_a_quiet_spell(driver: Driver) -> None:
+    limits = {"q": KeyLimits(rate=Rate(1, per=10, burst=3))}
+    await driver.task_insert_many([new(i, key="a") for i in range(6)])
+    assert len(await claim(driver, keys=limits)) == 3
+    assert await claim(driver, keys=limits, now=at(9)) == []
+    assert len(await claim(driver, keys=limits, now=at(10))) == 1
+
+
+async def test_keys_take_turns_so_a_busy_key_does_not_starve_the_others(driver: Driver) -> None:
+    await driver.task_insert_many([new(i, key="hot") for i in range(50)])
+    await driver.task_insert_many([new(i, key=f"cold{i}") for i in range(10)])
+    rows = await claim(driver, limit=11, keys=Q)
+    assert per_key(rows) == {"hot": 1, **{f"cold{i}": 1 for i in range(10)}}
+    assert per_key(await claim(driver, limit=5, keys=Q)) == {"hot": 5}
+
+
+async def test_a_rescued_task_gives_its_slot_back_once(driver: Driver) -> None:
+    limits = {"q": KeyLimits(concurrency=1)}
+    ids = await driver.task_insert_many([new(i, key="a") for i in range(2)])
+    [first] = await claim(driver, keys=limits)
+    rescue = Outcome(first.key, OutcomeKind.RETRY, run_at=at(100), error="lease expired")
+    result = await driver.outcome_write_many([rescue], now=at(60), expired_before=at(60))
+    assert result.applied == 1
+    stale = await driver.outcome_write_many([done(first)], now=at(61), worker_id="w1")
+    assert stale.stale == (first.key,)  # the worker came back too late: fenced off
+    [second] = await claim(driver, keys=limits, now=at(61))
+    assert second.id == ids[1]
+    assert await claim(driver, keys=limits, now=at(62)) == []
+
+
+async def test_limits_set_at_run_time_override_the_declared_ones(driver: Driver) -> None:
+    limits = {"q": KeyLimits(concurrency=3)}
+    await driver.task_insert_many([new(i, key="a") for i in range(6)] + [new(9, key="b")])
+    await driver.key_override_set(KeyOverride("a", concurrency=1))
+    await driver.key_override_set(KeyOverride("b", queue="other", concurrency=5))
+    assert per_key(await claim(driver, keys=limits)) == {"a": 1, "b": 1}
+    assert [(o.key, o.queue, o.concurrency) for o in await driver.key_override_list()] == [
+        ("a", None, 1),
+        ("b", "other", 5),
+    ]
+    await driver.key_override_set(KeyOverride("a", queue="q", concurrency=2))
+    assert per_key(await claim(driver, keys=limits)) == {"a": 1}  # this queue's wins
+    assert await driver.key_override_clear("a", queue="q")
+    assert await driver.key_override_clear("a")
+    assert not await driver.key_override_clear("a")
+    assert per_key(await claim(driver, keys=limits)) == {"a": 1}  # the declared 3
+
+
+async def test_a_delayed_task_of_a_key_is_claimed_when_due(driver: Driver) -> None:
+    ids = await driver.task_insert_many([new(1, key="a", run_at=at(30)), new(2, key="a")])
+    assert [r.id for r in await claim(driver, keys=Q)] == [ids[1]]
+    assert await claim(driver, keys=Q, now=at(29)) == []
+    assert [r.id for r in await claim(driver, keys=Q, now=at(30))] == [ids[0]]
+
+
+async def test_a_redriven_dead_letter_of_a_key_runs_again(driver: Driver) -> None:
+    [task_id] = await driver.task_insert_many([new(1, key="a")])
+    [row] = await claim(driver, keys=Q)
+    await write(driver, Outcome(row.key, OutcomeKind.DEAD, error="poison"))
+    assert await claim(driver, keys=Q) == []
+    assert await driver.dead_requeue([task_id], now=at(1)) == [task_id]
+    assert [r.id for r in await claim(driver, keys=Q, now=at(1))] == [task_id]
