@@ -18,8 +18,8 @@ from datetime import timezone
 from typing import TYPE_CHECKING, Any
 
 from cleaner.archiver import Archiver, ArchiverConfig
-from cleaner.health import HealthServer
 from cleaner.firer import Periodic, PeriodicConfig
+from cleaner.health import HealthServer
 from cleaner.reannouncer import Reannouncer, ReannouncerConfig
 from cleaner.rescuer import Rescuer, RescuerConfig
 from cleaner.retention import Retention, RetentionConfig

@@ -2,7 +2,8 @@
 
 It runs only when the cleaner serves metrics (`--metrics-port`): each pass counts the live
 tasks per queue and state (one grouped query on the hot table) and sets the gauges
-`txtasks_queue_tasks` and `txtasks_queue_oldest_ready_seconds`. It writes nothing.
+`txtasks_queue_tasks` and `txtasks_queue_oldest_ready_seconds`, and those of the busiest keys
+(`txtasks_key_tasks`, `txtasks_key_rate_limited`). It writes nothing.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cleaner.sweep import Sweep, SweepConfig, SweepResult
+
+#: Keys shown in the metrics: the busiest, so that their labels stay few.
+BUSIEST = 20
 
 
 @dataclass(frozen=True)
@@ -41,4 +45,5 @@ class Stats(Sweep[StatsConfig, StatsResult]):
         stats = await self.driver.queue_stats(now=self.app.clock(), archived=False)
         if self.metrics is not None:
             self.metrics.queues_seen(stats)
+            self.metrics.keys_seen(await self.driver.key_stats(now=self.app.clock(), limit=BUSIEST))
         return StatsResult(queues=len(stats))

@@ -20,7 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from txtasks.errors import cannot_listen
-from txtasks.types import QueueStats
+from txtasks.types import KeyStats, QueueStats
 from txtasks.wakeup import WakeupStats
 
 log = logging.getLogger("txtasks.metrics")
@@ -91,6 +91,18 @@ class Metrics:
             ["queue"],
             registry=r,
         )
+        self.key_depth = Gauge(
+            "txtasks_key_tasks",
+            "Tasks waiting (due) and processing of the busiest keys (see `keys_seen`)",
+            ["queue", "key", "state"],
+            registry=r,
+        )
+        self.key_limited = Gauge(
+            "txtasks_key_rate_limited",
+            "1 while a busiest key waits for its rate to allow the next start",
+            ["queue", "key"],
+            registry=r,
+        )
         self._children: dict[tuple[str, ...], Any] = {}
         self._port: int | None = None
 
@@ -121,6 +133,15 @@ class Metrics:
             for state, count in queue.counts.items():
                 self.depth.labels(queue.queue, state).set(count)
             self.oldest.labels(queue.queue).set(queue.oldest_ready_age or 0.0)
+
+    def keys_seen(self, stats: Iterable[KeyStats]) -> None:
+        """The busiest keys now: series of keys no longer among them go (bounded labels)."""
+        self.key_depth.clear()
+        self.key_limited.clear()
+        for k in stats:
+            self.key_depth.labels(k.queue, k.key, "waiting").set(k.waiting)
+            self.key_depth.labels(k.queue, k.key, "processing").set(k.processing)
+            self.key_limited.labels(k.queue, k.key).set(int(k.rate_limited_until is not None))
 
     # -- serving ------------------------------------------------------------------------------
 

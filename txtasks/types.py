@@ -203,6 +203,19 @@ class QueueStats:
     oldest_ready_age: float | None = None
 
 
+@dataclass(frozen=True)
+class KeyStats:
+    """One of the busiest keys, for `txtasks status` and the metrics."""
+
+    queue: str
+    key: str
+    #: Tasks ready to start (due), and processing.
+    waiting: int
+    processing: int
+    #: When its rate lets the next task start, if that is later than now.
+    rate_limited_until: datetime | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class PeriodicRow:
     """The stored state of one periodic schedule."""

@@ -32,6 +32,7 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Column,
+    Double,
     Engine,
     Integer,
     MetaData,
@@ -42,7 +43,7 @@ from sqlalchemy import (
     update,
 )
 
-from txtasks import App
+from txtasks import App, KeyLimits
 from txtasks.driver.sqlite import sqlite_connection_setup
 from txtasks.driver.urls import backend_name, url_sync
 from txtasks.worker.context import TaskContext
@@ -82,9 +83,16 @@ runs = Table(
     Column("n", Integer, nullable=False),
     Column("attempt", Integer, nullable=False),
     Column("pid", Integer, nullable=False),
+    # the task's key, and when its handler started and ended (wall clock, one host)
+    Column("key", Text, nullable=True),
+    Column("started", Double, nullable=True),
+    Column("ended", Double, nullable=True),
 )
 
 app = App("chaos", default_queue=QUEUE)
+#: Tasks enqueued with keys (`enqueue --keys K`) run at most this many of one key at once.
+KEY_CONCURRENCY = 2
+app.key_limits(QUEUE, KeyLimits(concurrency=KEY_CONCURRENCY))
 
 
 def engine_for(url: str, **options: Any) -> Engine:
@@ -103,18 +111,28 @@ def effects_engine() -> Engine:
     return engine_for(url, pool_size=20, max_overflow=20, pool_pre_ping=True)
 
 
-def record_run(ctx: TaskContext, n: int) -> None:
+def record_run(ctx: TaskContext, n: int, started: float) -> None:
+    ended = time.time()
     with effects_engine().begin() as conn:
         conn.execute(
-            insert(runs).values(task_id=ctx.task_id, n=n, attempt=ctx.attempt, pid=os.getpid())
+            insert(runs).values(
+                task_id=ctx.task_id,
+                n=n,
+                attempt=ctx.attempt,
+                pid=os.getpid(),
+                key=ctx.key,
+                started=started,
+                ended=ended,
+            )
         )
 
 
-@app.task(name=TASK, max_attempts=MAX_ATTEMPTS, retry=RETRY_DELAY)
+@app.task(name=TASK, max_attempts=MAX_ATTEMPTS, retry=RETRY_DELAY, key=lambda p: p.get("key"))
 async def work(payload: dict[str, Any], ctx: TaskContext) -> None:
     """Works for payload["ms"] milliseconds (tasks stay in flight), then records its run."""
+    started = time.time()
     await asyncio.sleep(payload.get("ms", 0) / 1000)
-    await asyncio.to_thread(record_run, ctx, int(payload["n"]))
+    await asyncio.to_thread(record_run, ctx, int(payload["n"]), started)
 
 
 # -- the enqueuing application -----------------------------------------------------------------
@@ -124,11 +142,14 @@ class _RolledBack(Exception):
     """The application changed its mind: roll the transaction back."""
 
 
-def order_place(engine: Engine, n: int, ms: int, roll_back: bool) -> None:
+def order_place(engine: Engine, n: int, ms: int, roll_back: bool, keys: int = 0) -> None:
     """One application transaction: an order, its task, the task id on the order."""
     with engine.begin() as conn:
         conn.execute(insert(orders).values(n=n))
-        task_id = work.enqueue_tx(conn, {"n": n, "ms": ms})
+        payload: dict[str, Any] = {"n": n, "ms": ms}
+        if keys:
+            payload["key"] = f"k{n % keys}"
+        task_id = work.enqueue_tx(conn, payload)
         conn.execute(update(orders).where(orders.c.n == n).values(task_id=task_id))
         if roll_back:
             raise _RolledBack
@@ -156,7 +177,7 @@ def enqueue_range(engine: Engine, numbers: range, args: argparse.Namespace, seed
     for n in numbers:
         roll_back = rng.random() < args.rollback
         try:
-            order_place(engine, n, rng.randint(0, args.max_ms), roll_back)
+            order_place(engine, n, rng.randint(0, args.max_ms), roll_back, args.keys)
         except _RolledBack:
             note(rollbacks, n=n)
         except Exception as exc:  # what the suite counts: an application transaction failed
@@ -200,6 +221,7 @@ def main(argv: list[str]) -> None:
     enq.add_argument("--rollback", type=float, default=0.1, help="share rolled back on purpose")
     enq.add_argument("--max-ms", type=int, default=20, help="longest a task works")
     enq.add_argument("--pause", type=float, default=0.0, help="seconds between transactions")
+    enq.add_argument("--keys", type=int, default=0, help="tasks over this many keys (0: none)")
     enq.set_defaults(run=enqueue_main)
     args = parser.parse_args(argv)
     args.run(args)

@@ -269,13 +269,15 @@ class Chaos:
         pause: float = 0.0,
         rollback: float = 0.1,
         max_ms: int = 20,
+        keys: int = 0,
         db_url: str | None = None,
         broker_url: str | None = None,
     ) -> Proc:
-        """The application: places orders start .. start+count-1, then exits."""
+        """The application: places orders start .. start+count-1 (their tasks over `keys`
+        keys, when given), then exits."""
         args = ["tests.chaos.app", "enqueue", "--start", str(start), "--count", str(count)]
         args += ["--threads", str(threads), "--pause", str(pause), "--rollback", str(rollback)]
-        args += ["--max-ms", str(max_ms)]
+        args += ["--max-ms", str(max_ms), "--keys", str(keys)]
         return self.start("enqueuer", args, db_url or self.url, broker_url)
 
     # -- faults and observation ----------------------------------------------------------------
@@ -433,6 +435,25 @@ class Chaos:
         report.reruns = sum(twice.values())
         report.in_both = len(live & finished.keys())
         return report
+
+    def most_at_once_per_key(self) -> dict[str, int]:
+        """For each key, the most of its tasks' handlers that ran at the same time (from the
+        start and end each handler recorded)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(runs.c.key, runs.c.started, runs.c.ended).where(runs.c.key.is_not(None))
+            ).all()
+        events: dict[str, list[tuple[float, int]]] = {}
+        for key, started, ended in rows:
+            events.setdefault(key, []).extend([(started, 1), (ended, -1)])
+        most = {}
+        for key, points in events.items():
+            at_once = peak = 0
+            for _when, step in sorted(points, key=lambda p: (p[0], p[1])):  # ends first
+                at_once += step
+                peak = max(peak, at_once)
+            most[key] = peak
+        return most
 
     def check(self, report: Report, *, max_reruns: int = 0, allow_failures: bool = False) -> None:
         """Fail with every broken invariant and the notes, or pass."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.chaos.app import KEY_CONCURRENCY
 from tests.chaos.conftest import url_of
 from tests.chaos.harness import Chaos
 
@@ -18,6 +19,7 @@ pytestmark = [pytest.mark.chaos, pytest.mark.timeout(120)]
 ORDERS = 1500
 WORKERS = 3
 KILLS = 6
+KEYED_ORDERS = 800
 #: Short leases: the cleaner rescues a dead worker's tasks within about a second or two.
 LEASE = 2.0
 
@@ -53,3 +55,39 @@ def test_kill9_loop_loses_nothing(
         f"{backend}: {report.summary()}; in flight at kills {kills}; settled {settled}; stop {took}"
     )
     h.check(report, max_reruns=h.in_flight_at_kills)
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        pytest.param("postgresql", marks=pytest.mark.postgresql),
+        pytest.param("mysql", marks=pytest.mark.mysql),
+    ],
+)
+def test_kill9_loop_keeps_each_key_within_its_concurrency(
+    backend: str,
+    chaos: Callable[..., Chaos],
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+) -> None:
+    """Tasks over 6 keys (24 handler slots), at most KEY_CONCURRENCY of a key at once, measured by the handlers
+    themselves while workers are killed: the limit holds, a dead worker's slots come back."""
+    h = chaos(url_of(request, backend, tmp_path))
+    rng = random.Random(14)
+    workers = [h.worker(lease=LEASE) for _ in range(WORKERS)]
+    h.cleaner(rescue_every=0.3)
+    enqueuer = h.enqueuer(KEYED_ORDERS, pause=0.002, max_ms=60, keys=6)
+    kills: list[int] = []
+    for _ in range(KILLS // 2):
+        time.sleep(rng.uniform(1.0, 2.0))  # the fault schedule, not a wait for state
+        victim = workers.pop(rng.randrange(len(workers)))
+        kills.append(h.kill9(victim))
+        workers.append(h.worker(lease=LEASE))
+    settled = h.settle(60, enqueuers=[enqueuer])
+    report = h.report()
+    most = h.most_at_once_per_key()
+    h.stop_all()
+    print(f"{backend}: {report.summary()}; in flight at kills {kills}; settled {settled}; {most}")
+    h.check(report, max_reruns=h.in_flight_at_kills)
+    assert len(most) == 6 and max(most.values()) <= KEY_CONCURRENCY, most
+    assert max(most.values()) == KEY_CONCURRENCY, most  # the limit was reached, not just kept

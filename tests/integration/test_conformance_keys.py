@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-from tests.integration.conformance import at, claim, get, new, write
+from tests.integration.conformance import T0, at, claim, get, new, write
 from tests.integration.conftest import another
 from txtasks.driver import Driver
 from txtasks.keys import KeyLimits, KeyOverride, Rate
@@ -173,3 +173,17 @@ async def test_a_redriven_dead_letter_of_a_key_runs_again(driver: Driver) -> Non
     assert await claim(driver, keys=Q) == []
     assert await driver.dead_requeue([task_id], now=at(1)) == [task_id]
     assert [r.id for r in await claim(driver, keys=Q, now=at(1))] == [task_id]
+
+
+async def test_the_busiest_keys_are_reported(driver: Driver) -> None:
+    limits = {"q": KeyLimits(concurrency=1, rate=Rate(1, per=60))}
+    await driver.task_insert_many([new(i, key="a") for i in range(3)] + [new(9, key="b"), new(0)])
+    await driver.task_insert_many([new(5, key="later", run_at=at(600))])
+    await claim(driver, keys=limits)
+    stats = await driver.key_stats(now=T0)
+    assert [(s.queue, s.key, s.waiting, s.processing) for s in stats] == [
+        ("q", "a", 2, 1),
+        ("q", "b", 0, 1),
+    ]
+    assert stats[0].rate_limited_until == at(60)
+    assert [s.key for s in await driver.key_stats(now=T0, limit=1)] == ["a"]

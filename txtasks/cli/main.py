@@ -260,7 +260,11 @@ def status(database_url: str | None, as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    stats = with_driver(database_url, lambda driver: driver.queue_stats(now=utcnow()))
+    async def both(driver: Driver) -> tuple[Any, Any]:
+        now = utcnow()
+        return await driver.queue_stats(now=now), await driver.key_stats(now=now)
+
+    stats, busiest = with_driver(database_url, both)
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(s) for s in stats], indent=2))
         return
@@ -273,6 +277,18 @@ def status(database_url: str | None, as_json: bool) -> None:
         age = "-" if s.oldest_ready_age is None else f"{s.oldest_ready_age:.1f}s"
         table.add_row(s.queue, *[str(s.counts.get(state, 0)) for state in STATE_COLUMNS], age)
     Console().print(table)
+    if busiest:
+        keys_table = Table(title="busiest keys")
+        for column in ("queue", "key", "waiting", "processing", "rate-limited until"):
+            keys_table.add_column(
+                column, justify="right" if column in ("waiting", "processing") else "left"
+            )
+        for k in busiest:
+            until = (
+                "" if k.rate_limited_until is None else f"{k.rate_limited_until:%H:%M:%S.%f}"[:-3]
+            )
+            keys_table.add_row(k.queue, k.key, str(k.waiting), str(k.processing), until)
+        Console().print(keys_table)
 
 
 @main.group()

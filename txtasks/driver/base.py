@@ -12,7 +12,16 @@ from datetime import datetime
 from typing import Protocol
 
 from txtasks.keys import KeyLimits, KeyOverride
-from txtasks.types import NewTask, Outcome, PeriodicRow, QueueStats, TaskKey, TaskRow, TaskState
+from txtasks.types import (
+    KeyStats,
+    NewTask,
+    Outcome,
+    PeriodicRow,
+    QueueStats,
+    TaskKey,
+    TaskRow,
+    TaskState,
+)
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,9 @@ class Driver(Protocol):
         """Claim up to `limit` ready tasks: state processing, attempt + 1, leased to the worker.
         Tasks with a key are claimed within their key's limits (`keys`: those the application
         declares per queue, under the ones set at run time) and in turn (see txtasks.keys)."""
+
+    async def key_stats(self, *, now: datetime, limit: int = 10) -> list[KeyStats]:
+        """The keys with the most tasks waiting (due) or processing, busiest first."""
 
     async def key_override_set(self, override: KeyOverride) -> None:
         """Store limits for one key (in one queue, or every queue), over the declared ones."""

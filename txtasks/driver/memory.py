@@ -13,6 +13,7 @@ from txtasks.keys import KeyLimits, KeyOverride, KeySlot, limits_for, rate_after
 from txtasks.types import (
     FINISHED_STATES,
     READY_STATES,
+    KeyStats,
     NewTask,
     Outcome,
     OutcomeKind,
@@ -185,6 +186,32 @@ class MemoryDriver:
                 if after is not None:
                     self._key_next_start[pair] = after
         return picked
+
+    async def key_stats(self, *, now: datetime, limit: int = 10) -> list[KeyStats]:
+        with self._lock:
+            counts: dict[tuple[str, str], list[int]] = {}
+            for r in self.live.values():
+                if r.partition_key is None:
+                    continue
+                c = counts.setdefault((r.queue, r.partition_key), [0, 0])
+                if r.state is TaskState.PROCESSING:
+                    c[1] += 1
+                elif r.state in READY_STATES and r.run_at <= now:
+                    c[0] += 1
+            busiest = sorted(counts.items(), key=lambda kv: (-sum(kv[1]), kv[0]))[:limit]
+            return [
+                KeyStats(
+                    q,
+                    k,
+                    w,
+                    p,
+                    next_at
+                    if (next_at := self._key_next_start.get((q, k))) and next_at > now
+                    else None,
+                )
+                for (q, k), (w, p) in busiest
+                if w or p
+            ]
 
     # -- key limits set at run time -----------------------------------------------------------
 

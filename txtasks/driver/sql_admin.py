@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy import (
     String,
     and_,
+    case,
     delete,
     func,
     insert,
@@ -44,6 +45,7 @@ from txtasks.schema.tables import (
 )
 from txtasks.types import (
     FINISHED_STATES,
+    KeyStats,
     NewTask,
     PeriodicRow,
     QueueStats,
@@ -146,6 +148,29 @@ class SqlAdmin:
             )
             ages = {q: (now - t).total_seconds() for q, t in (await conn.execute(oldest)).all()}
         return [QueueStats(q, s.counts, ages.get(q)) for q, s in sorted(stats.items())]
+
+    async def key_stats(self, *, now: datetime, limit: int = 10) -> list[KeyStats]:
+        waiting = func.sum(case((IS_READY & (tasks.c.run_at <= now), 1), else_=0))
+        processing = func.sum(case((tasks.c.state == PROCESSING, 1), else_=0))
+        busiest = (
+            select(tasks.c.queue, tasks.c.partition_key, waiting, processing)
+            .where(tasks.c.partition_key.is_not(None))
+            .group_by(tasks.c.queue, tasks.c.partition_key)
+            .order_by((waiting + processing).desc(), tasks.c.queue, tasks.c.partition_key)
+            .limit(limit)
+        )
+        async with self.connect() as conn:
+            rows = (await conn.execute(busiest)).all()
+            names = sorted({r[1] for r in rows})
+            limited = select(keys.c.queue, keys.c.partition_key, keys.c.next_start_at).where(
+                keys.c.partition_key.in_(names), keys.c.next_start_at > now
+            )
+            until = {(q, k): t for q, k, t in (await conn.execute(limited)).all()} if names else {}
+        return [
+            KeyStats(q, k, int(w or 0), int(p or 0), until.get((q, k)))
+            for q, k, w, p in rows
+            if (w or p)
+        ]
 
     # -- dead letters -------------------------------------------------------------------------
 

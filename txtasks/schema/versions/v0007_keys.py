@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import BigInteger, Column, DateTime, Float, Integer, String, UniqueConstraint, text
+from sqlalchemy import BigInteger, Column, DateTime, Double, Integer, String, UniqueConstraint, text
 from sqlalchemy.dialects import mysql
 
 if TYPE_CHECKING:  # alembic is imported only when migrating
@@ -101,7 +101,7 @@ def upgrade(op: Operations) -> None:
         Column("concurrency", Integer, nullable=True),
         Column("ordered", Integer, nullable=True),
         Column("rate_count", Integer, nullable=True),
-        Column("rate_per", Float, nullable=True),
+        Column("rate_per", Double, nullable=True),
         Column("rate_burst", Integer, nullable=True),
         Column("updated_at", _TS, nullable=False),
         mysql_engine="InnoDB",

@@ -1,0 +1,264 @@
+"""Keys: what limits per key cost, and whether they hold, in one run per database.
+
+    python -m tests.benchmarks.keys --sqlite [--runs 3] [--output keys.md]
+
+(`TXTASKS_BENCH_POSTGRES_URL` / `TXTASKS_BENCH_MYSQL_URL` name the servers, as for the other
+benchmarks.) Every case preloads its tasks, then runs `--processes` worker processes of
+`--concurrency` each (`txtasks worker --burst`) until its queue is empty, and reads what happened
+from the archive (every completed task keeps `started_at` and `finished_at`):
+
+1. plain: N tasks without a key (the reference);
+2. burn: N tasks over N/10 keys, concurrency 1 per key; its ratio to plain is the cost of keys;
+3. ordered: 100 keys in order; checks that every key's tasks started in enqueue order, one at a
+   time;
+4. hot: one key with most of the tasks (concurrency 64) and 1,000 cold keys of 10 each; when
+   the last cold task finished against when the hot key finished;
+5. rate: 4 keys at 50 starts/s each; the starts per second measured per key.
+
+Throughput is tasks / (last finish - first start), so process start-up is left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from tests.benchmarks import keys_apps as apps
+from tests.benchmarks.latency import REPO, machine_info, masked, tables_reset, versions
+from tests.benchmarks.throughput import run_processes
+from txtasks import App, create_engine
+from txtasks.schema.tables import archive
+
+LABELS = {"postgresql": "PostgreSQL", "mysql": "MariaDB", "sqlite": "SQLite"}
+CHUNK = 5000
+
+
+@dataclass
+class Case:
+    queue: str
+    label: str
+    #: (key or None, tasks of it) in enqueue order; keys interleaved task by task
+    layout: list[tuple[str | None, int]]
+
+    @property
+    def n(self) -> int:
+        return sum(count for _key, count in self.layout)
+
+
+def cases(n: int, ordered: int, hot: int) -> list[Case]:
+    keys = max(1, n // 10)
+    return [
+        Case("keys-plain", "no key", [(None, n)]),
+        Case(
+            "keys-burn", f"{keys:,} keys x 10, concurrency 1", [(f"k{i}", 10) for i in range(keys)]
+        ),
+        Case(
+            "keys-ordered",
+            f"100 ordered keys x {ordered:,}",
+            [(f"o{i}", ordered) for i in range(100)],
+        ),
+        Case(
+            "keys-hot",
+            f"hot key x {hot:,} + 1,000 cold keys x 10",
+            [("hot", hot), *[(f"c{i}", 10) for i in range(1000)]],
+        ),
+        Case("keys-rate", "4 keys x 100 at 50/s", [(f"r{i}", 100) for i in range(4)]),
+    ]
+
+
+async def preload(url: str, case: Case) -> None:
+    """The case's tasks, the hot key's first (so that the cold ones arrive behind them)."""
+    task = apps.tasks[case.queue]
+    rows = []
+    if case.queue == "keys-hot":
+        rows = [task.new({"n": i}, key=k) for k, count in case.layout for i in range(count)]
+    else:
+        longest = max(count for _k, count in case.layout)
+        for i in range(longest):
+            rows += [task.new({"n": i}, key=k) for k, count in case.layout if i < count]
+    app = App("keys-preload", database_url=url)
+    try:
+        for start in range(0, len(rows), CHUNK):
+            await app.aenqueue_many(rows[start : start + CHUNK])
+    finally:
+        await app.aclose()
+
+
+def archived(url: str, queue: str) -> list[Any]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            query = select(
+                archive.c.id, archive.c.partition_key, archive.c.started_at, archive.c.finished_at
+            ).where(archive.c.queue == queue, archive.c.state == "completed")
+            return list(conn.execute(query))
+    finally:
+        engine.dispose()
+
+
+def seconds(a: datetime, b: datetime) -> float:
+    return (b - a).total_seconds()
+
+
+def measure(case: Case, rows: list[Any]) -> dict[str, Any]:
+    if len(rows) != case.n:
+        raise RuntimeError(f"{case.queue}: {len(rows)} of {case.n} tasks completed")
+    first = min(r.started_at for r in rows)
+    last = max(r.finished_at for r in rows)
+    result: dict[str, Any] = {"tasks/s": case.n / seconds(first, last)}
+    by_key: dict[str | None, list[Any]] = defaultdict(list)
+    for r in rows:
+        by_key[r.partition_key].append(r)
+    if case.queue == "keys-ordered":
+        for key, runs in by_key.items():
+            runs.sort(key=lambda r: r.id)
+            for a, b in itertools.pairwise(runs):
+                if b.started_at < a.finished_at:
+                    raise RuntimeError(
+                        f"ordered key {key}: task {b.id} started before {a.id} ended"
+                    )
+        result["in order"] = "every key"
+    if case.queue == "keys-burn":
+        result["overlaps"] = overlaps(by_key)
+    if case.queue == "keys-hot":
+        cold = [r for k, runs in by_key.items() if k != "hot" for r in runs]
+        hot_end = max(r.finished_at for r in by_key["hot"])
+        cold_end = max(r.finished_at for r in cold)
+        result["cold done at"] = seconds(first, cold_end) / seconds(first, hot_end)
+    if case.queue == "keys-rate":
+        rates = []
+        for runs in by_key.values():
+            starts = sorted(r.started_at for r in runs)
+            rates.append((len(starts) - 1) / seconds(starts[0], starts[-1]))
+        result["starts/s per key"] = statistics.median(rates)
+        result["rate max"] = max(rates)
+    return result
+
+
+def overlaps(by_key: dict[str | None, list[Any]]) -> int:
+    """Tasks of one key that ran at the same time (concurrency 1: must be 0)."""
+    found = 0
+    for runs in by_key.values():
+        runs.sort(key=lambda r: r.started_at)
+        for a, b in itertools.pairwise(runs):
+            found += b.started_at < a.finished_at
+    return found
+
+
+async def run_case(url: str, case: Case, args: argparse.Namespace) -> dict[str, Any]:
+    tables_reset(url)
+    await preload(url, case)
+    argv = [
+        sys.executable, "-m", "txtasks", "worker", "tests.benchmarks.keys_apps:app",
+        "--database-url", url, "--queue", case.queue, "--burst", "--burst-horizon", "1",
+        "--concurrency", str(args.concurrency), "--log-level", "warning",
+    ]  # fmt: skip
+    with tempfile.TemporaryDirectory() as logs:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        await run_processes([argv] * args.processes, env, Path(logs), args.timeout)
+    return measure(case, archived(url, case.queue))
+
+
+def report(results: dict[tuple[str, str], list[dict[str, Any]]], args: argparse.Namespace) -> str:
+    lines = [
+        "| backend | case | runs | tasks/s median (min-max) | vs no key | checks |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for (backend, label), runs in results.items():
+        rates = [r["tasks/s"] for r in runs]
+        plain = results.get((backend, "no key"))
+        ratio = ""
+        if plain:
+            ratio = (
+                f"{statistics.median(rates) / statistics.median(r['tasks/s'] for r in plain):.2f}x"
+            )
+        checks = []
+        for name in ("in order", "overlaps", "cold done at", "starts/s per key", "rate max"):
+            values = [r[name] for r in runs if name in r]
+            if values:
+                shown = (
+                    values[0] if isinstance(values[0], str) else f"{statistics.median(values):.2f}"
+                )
+                checks.append(f"{name}: {shown}")
+        lines.append(
+            f"| {LABELS[backend]} | {label} | {len(runs)} | {statistics.median(rates):,.0f} "
+            f"({min(rates):,.0f}-{max(rates):,.0f}) | {ratio} | {'; '.join(checks)} |"
+        )
+    info = [f"- {line}" for line in machine_info()]
+    info += [f"- {name}: {version}" for name, version in versions().items()]
+    command = "python -m tests.benchmarks.keys " + " ".join(sys.argv[1:])
+    return "\n".join([*lines, "", *info, f"- Command: `{command}`", ""])
+
+
+async def amain(args: argparse.Namespace) -> str:
+    urls = {}
+    for backend, env in (
+        ("postgresql", "TXTASKS_BENCH_POSTGRES_URL"),
+        ("mysql", "TXTASKS_BENCH_MYSQL_URL"),
+    ):
+        if os.environ.get(env):
+            urls[backend] = os.environ[env]
+    if args.sqlite is not None:
+        urls["sqlite"] = f"sqlite:///{args.sqlite or tempfile.mkdtemp() + '/keys.sqlite3'}"
+    if not urls:
+        raise SystemExit("no database: TXTASKS_BENCH_*_URL or --sqlite")
+    results: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for run in range(args.runs):
+        for backend, url in urls.items():
+            small = backend != "postgresql"
+            n = args.tasks_other if small else args.tasks
+            for case in cases(n, args.ordered, args.hot if not small else args.hot // 5):
+                if args.only and not any(o in case.queue for o in args.only.split(",")):
+                    continue
+                began = time.monotonic()
+                print(
+                    f"[run {run + 1}/{args.runs}] {LABELS[backend]} ({masked(url)}): {case.label}",
+                    flush=True,
+                )
+                result = await run_case(url, case, args)
+                print(f"  {result} in {time.monotonic() - began:.0f}s", flush=True)
+                results[(backend, case.label)].append(result)
+    return report(results, args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.benchmarks.keys",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--sqlite", nargs="?", const="", help="also SQLite (a file)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--tasks", type=int, default=100_000, help="plain and burn N, PostgreSQL")
+    parser.add_argument("--tasks-other", type=int, default=20_000, help="the same, elsewhere")
+    parser.add_argument("--ordered", type=int, default=200, help="tasks per ordered key")
+    parser.add_argument("--hot", type=int, default=100_000, help="the hot key's tasks (PostgreSQL)")
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=500)
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--only", help="comma-separated substrings of queues, e.g. burn,plain")
+    parser.add_argument("--output", help="write the report (markdown) here too")
+    args = parser.parse_args(argv)
+    text = asyncio.run(amain(args))
+    print(text)
+    if args.output:
+        Path(args.output).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
