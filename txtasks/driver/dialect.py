@@ -40,6 +40,7 @@ from sqlalchemy.sql.dml import Insert
 from txtasks.driver.base import Capabilities
 from txtasks.driver.insert_plan import Plan, Step, task_values
 from txtasks.errors import ConfigurationError
+from txtasks.keys import HINTS_PER_CLAIM
 from txtasks.schema.tables import (
     IS_READY,
     TASK_COLUMNS,
@@ -320,6 +321,25 @@ class SqlDialect:
     def stmt_hints_delete() -> Executable:
         return delete(key_hints).where(key_hints.c.id.in_(bindparam("ids", expanding=True)))
 
+    async def hints_take(self, conn: AsyncConnection, queues: list[str], now: datetime) -> None:
+        """Turn up to HINTS_PER_CLAIM hints of `queues` into armed keys, deleting them."""
+        params = {"queues": queues, "limit": HINTS_PER_CLAIM}
+        hints = (await conn.execute(self.stmt_hints_take(), params)).all()
+        if not hints:
+            return
+        await conn.execute(self.stmt_hints_delete(), {"ids": [h.id for h in hints]})
+        armed = key_hints_of((h.queue, h.partition_key, h.run_at) for h in hints)
+        rows = [
+            {"queue": a["queue"], "partition_key": a["partition_key"],
+             "ready_at": a["run_at"], "now": now}
+            for a in armed
+        ]  # fmt: skip
+        await conn.execute(self.stmt_keys_arm(), rows)
+
+    async def keys_settle(self, conn: AsyncConnection, params: list[dict[str, Any]]) -> None:
+        """Write each key's next look and rate start (params as `stmt_keys_settle`'s)."""
+        await conn.execute(self.stmt_keys_settle(), params)
+
     @classmethod
     def stmt_keys_arm(cls) -> Executable:
         """Create or arm keys (params: queue, partition_key, ready_at, now): a key's `ready_at`
@@ -388,6 +408,7 @@ class SqlDialect:
         )
 
     @staticmethod
+    @functools.cache
     def stmt_keys_heads(count: int) -> Executable:
         """The first live task of each of `count` keys (params q_i, k_i): the head of an
         ordered key, by id."""
@@ -407,6 +428,7 @@ class SqlDialect:
         return _union(parts)
 
     @staticmethod
+    @functools.cache
     def stmt_keys_due(count: int) -> Executable:
         """Up to `n{i}` due ready tasks of each of `count` keys (params q_i, k_i, n_i, now), in
         claim order."""
@@ -424,6 +446,22 @@ class SqlDialect:
             for i in range(count)
         ]
         return _union(parts)
+
+    async def keys_heads(self, conn: AsyncConnection, pairs: list[tuple[str, str]]) -> list[Any]:
+        """The first live task (id, queue, partition_key, state, run_at) of each key."""
+        params = {}
+        for i, (queue, key) in enumerate(pairs):
+            params.update({f"q{i}": queue, f"k{i}": key})
+        return list(await conn.execute(self.stmt_keys_heads(len(pairs)), params))
+
+    async def keys_due(
+        self, conn: AsyncConnection, asked: list[tuple[str, str, int]], now: datetime
+    ) -> list[Any]:
+        """Up to n due ready tasks (id, queue, partition_key) of each (queue, key, n)."""
+        params: dict[str, Any] = {"now": now}
+        for i, (queue, key, n) in enumerate(asked):
+            params.update({f"q{i}": queue, f"k{i}": key, f"n{i}": n})
+        return list(await conn.execute(self.stmt_keys_due(len(asked)), params))
 
     @staticmethod
     @functools.cache

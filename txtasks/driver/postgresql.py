@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 from sqlalchemy import Connection, Executable, Result, bindparam, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities, WriteResult
@@ -20,6 +21,7 @@ from txtasks.driver.dialect import SqlDialect
 from txtasks.driver.insert_plan import CopyRows, Statement, Step
 from txtasks.driver.sql import CLOSE_WITHIN, Claim, SqlDriver
 from txtasks.driver.timeouts import Watchdog, keepalive_set, socket_of
+from txtasks.keys import HINTS_PER_CLAIM
 from txtasks.schema import migrate as schema_migrate
 from txtasks.schema.tables import READY, TASK_COLUMNS, Timestamp, keys, tasks
 from txtasks.types import CLAIMED_COLUMNS, NewTask, Outcome, TaskKey, TaskRow
@@ -51,6 +53,54 @@ RETURNING {", ".join(CLAIMED_COLUMNS)}
 SELECT * FROM claimed ORDER BY priority DESC, run_at, id
 """
 
+
+#: Claim the ready rows $4 (of keys the claim holds), as `CLAIM_SQL` does.
+CLAIM_IDS_SQL = f"""
+UPDATE txtasks_tasks SET state = 'processing', attempt = attempt + 1,
+       lease_expires_at = $1, worker_id = $2, started_at = $3
+ WHERE id = ANY($4::bigint[]) AND {READY}
+RETURNING {", ".join(CLAIMED_COLUMNS)}
+"""
+#: Delete up to :limit hints of :queues and arm their keys, in one statement.
+HINTS_TAKE = text(
+    """
+WITH h AS (
+  DELETE FROM txtasks_key_hints WHERE id IN (
+    SELECT id FROM txtasks_key_hints WHERE queue = ANY(CAST(:queues AS varchar[]))
+     ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED)
+  RETURNING queue, partition_key, run_at)
+INSERT INTO txtasks_keys AS k (queue, partition_key, ready_at, updated_at)
+SELECT queue, partition_key, min(run_at), :now FROM h
+ GROUP BY queue, partition_key ORDER BY queue, partition_key
+ON CONFLICT (queue, partition_key) DO UPDATE
+   SET ready_at = CASE WHEN k.ready_at IS NULL OR k.ready_at > EXCLUDED.ready_at
+                       THEN EXCLUDED.ready_at ELSE k.ready_at END,
+       updated_at = EXCLUDED.updated_at
+"""
+).bindparams(bindparam("now", type_=Timestamp))
+#: Each held key's next look and rate start, from arrays.
+KEYS_SETTLE = text(
+    "UPDATE txtasks_keys AS k SET ready_at = v.ready_at, next_start_at = v.next_start_at, "
+    "updated_at = :now FROM unnest(CAST(:ids AS bigint[]), CAST(:ready AS timestamp[]), "
+    "CAST(:next AS timestamp[])) AS v(id, ready_at, next_start_at) WHERE k.id = v.id"
+).bindparams(bindparam("now", type_=Timestamp))
+#: The first live task of each key (queues[i], names[i]): the head of an ordered key.
+KEYS_HEADS = text(
+    "SELECT t.id, k.queue, k.partition_key, t.state, t.run_at "
+    "FROM unnest(CAST(:queues AS varchar[]), CAST(:names AS varchar[])) AS k(queue, partition_key) "
+    "CROSS JOIN LATERAL (SELECT id, state, run_at FROM txtasks_tasks "
+    "WHERE queue = k.queue AND partition_key = k.partition_key "
+    "AND state IN ('pending', 'retryable', 'processing') ORDER BY id LIMIT 1) AS t"
+).columns(tasks.c.id, tasks.c.queue, tasks.c.partition_key, tasks.c.state, tasks.c.run_at)
+#: Up to asks[i] due ready tasks of each key (queues[i], names[i]), in claim order.
+KEYS_DUE = text(
+    "SELECT t.id, k.queue, k.partition_key "
+    "FROM unnest(CAST(:queues AS varchar[]), CAST(:names AS varchar[]), CAST(:asks AS int[])) "
+    "AS k(queue, partition_key, n) "
+    f"CROSS JOIN LATERAL (SELECT id FROM txtasks_tasks WHERE queue = k.queue "
+    f"AND partition_key = k.partition_key AND {READY} AND run_at <= :now "
+    "ORDER BY priority DESC, run_at, id LIMIT k.n) AS t"
+).bindparams(bindparam("now", type_=Timestamp))
 
 _ARCHIVED = [c for c in TASK_COLUMNS if c not in ("state", "lease_expires_at", "last_error")]
 
@@ -222,6 +272,48 @@ class PostgresDialect(SqlDialect):
             )
             .returning(tasks.c.id, tasks.c.dedup_key)
         )
+
+    async def hints_take(self, conn: AsyncConnection, queues: list[str], now: datetime) -> None:
+        """One statement: delete the hints and arm their keys."""
+        await conn.execute(HINTS_TAKE, {"queues": queues, "limit": HINTS_PER_CLAIM, "now": now})
+
+    async def keys_settle(self, conn: AsyncConnection, params: list[dict[str, Any]]) -> None:
+        """One statement of arrays, not one per key."""
+        await conn.execute(
+            KEYS_SETTLE,
+            {
+                "ids": [p["b_id"] for p in params],
+                "ready": [p["b_ready_at"] for p in params],
+                "next": [p["b_next_start_at"] for p in params],
+                "now": params[0]["now"],
+            },
+        )
+
+    async def claim_ids(self, conn: AsyncConnection, params: dict[str, Any]) -> list[TaskRow]:
+        """The claim's own statement (as `CLAIM_SQL`), on the asyncpg connection under `conn`,
+        inside its transaction."""
+        raw: Any = (await conn.get_raw_connection()).driver_connection
+        p = params
+        records = await raw.fetch(
+            CLAIM_IDS_SQL, p["lease_until"], p["worker_id"], p["now"], p["ids"]
+        )
+        return [TaskRow.from_claim(r, p["worker_id"], p["lease_until"], p["now"]) for r in records]
+
+    async def keys_heads(self, conn: AsyncConnection, pairs: list[tuple[str, str]]) -> list[Any]:
+        """One statement whatever the number of keys: a lateral lookup per key."""
+        params = {"queues": [q for q, _k in pairs], "names": [k for _q, k in pairs]}
+        return list(await conn.execute(KEYS_HEADS, params))
+
+    async def keys_due(
+        self, conn: AsyncConnection, asked: list[tuple[str, str, int]], now: datetime
+    ) -> list[Any]:
+        params = {
+            "queues": [q for q, _k, _n in asked],
+            "names": [k for _q, k, _n in asked],
+            "asks": [n for _q, _k, n in asked],
+            "now": now,
+        }
+        return list(await conn.execute(KEYS_DUE, params))
 
     @classmethod
     @functools.cache

@@ -38,7 +38,6 @@ from txtasks.driver.timeouts import Timeouts, Watchdog, keepalive_set, socket_of
 from txtasks.driver.urls import url_async, url_parse, url_sync
 from txtasks.errors import SchemaError
 from txtasks.keys import (
-    HINTS_PER_CLAIM,
     NEXT_DUE,
     KeyLimits,
     KeyOverride,
@@ -354,18 +353,7 @@ class SqlDriver(SqlAdmin):
 
     async def _hints_take(self, claim: Claim) -> None:
         async def work(conn: AsyncConnection) -> None:
-            params = {"queues": claim.queues, "limit": HINTS_PER_CLAIM}
-            hints = (await conn.execute(self.sql.stmt_hints_take(), params)).all()
-            if not hints:
-                return
-            await conn.execute(self.sql.stmt_hints_delete(), {"ids": [h.id for h in hints]})
-            armed = key_hints_of((h.queue, h.partition_key, h.run_at) for h in hints)
-            rows = [
-                {"queue": a["queue"], "partition_key": a["partition_key"],
-                 "ready_at": a["run_at"], "now": claim.now}
-                for a in armed
-            ]  # fmt: skip
-            await conn.execute(self.sql.stmt_keys_arm(), rows)
+            await self.sql.hints_take(conn, claim.queues, claim.now)
 
         await self.in_transaction(work)
 
@@ -416,11 +404,8 @@ class SqlDriver(SqlAdmin):
         """The first live task of each ordered key (its id, state and due time)."""
         if not ordered:
             return {}
-        params = {}
-        for i, s in enumerate(ordered):
-            params.update({f"q{i}": s.queue, f"k{i}": s.key})
-        result = await conn.execute(self.sql.stmt_keys_heads(len(ordered)), params)
-        return {(r.queue, r.partition_key): r for r in result}
+        rows = await self.sql.keys_heads(conn, [(s.queue, s.key) for s in ordered])
+        return {(r.queue, r.partition_key): r for r in rows}
 
     async def _keys_due(
         self,
@@ -444,13 +429,9 @@ class SqlDriver(SqlAdmin):
             else:
                 wanted.append(i)
         if wanted:
-            params: dict[str, Any] = {"now": now}
-            for n, i in enumerate(wanted):
-                key = slots[i]
-                params.update({f"q{n}": key.queue, f"k{n}": key.key, f"n{n}": asks[i] + 1})
-            result = await conn.execute(self.sql.stmt_keys_due(len(wanted)), params)
+            asked = [(slots[i].queue, slots[i].key, asks[i] + 1) for i in wanted]
             index = {(slots[i].queue, slots[i].key): i for i in wanted}
-            for task_id, queue, key in result:
+            for task_id, queue, key in await self.sql.keys_due(conn, asked, now):
                 found[index[(queue, key)]].append(task_id)
         return found
 
@@ -482,7 +463,7 @@ class SqlDriver(SqlAdmin):
             {"b_id": key_id, "b_ready_at": ready_at, "b_next_start_at": next_start, "now": now}
             for key_id, _s, ready_at, next_start in settled
         ]
-        await conn.execute(self.sql.stmt_keys_settle(), params)
+        await self.sql.keys_settle(conn, params)
 
     async def _keys_next_due(
         self,

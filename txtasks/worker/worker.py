@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("txtasks.worker")
 
 CLAIM_ERROR_BACKOFF_MAX = 5.0
+#: The shortest wait between claims of a worker whose keys will have a task to start soon.
+KEYS_MIN_WAIT = 0.005
 #: Seconds /readyz waits for the database's answer.
 READY_TIMEOUT = 3.0
 
@@ -71,6 +73,8 @@ class Worker:
         self.stats = WorkerStats()
         #: Claimed attempts not finished yet: waiting for a runner, or running.
         self._held: set[TaskKey] = set()
+        #: Attempts of tasks with a key whose outcome is not written yet (see `_written`).
+        self._keyed: set[TaskKey] = set()
         self._stopping = asyncio.Event()
         #: Database outages as seen by the claims and the heartbeat: logged once each.
         self._claim_outage = Outage(log, "claiming tasks")
@@ -98,7 +102,7 @@ class Worker:
             max_batch=self.config.flush_batch,
             archive_completed=self.config.archive_completed,
             worker_id=self.worker_id,
-            on_written=self.stats.count,
+            on_written=self._written,
         )
         self._runner = Runner(
             app,
@@ -223,7 +227,7 @@ class Worker:
             if self.config.burst and await self._burst_done():
                 return
             self.idle.set()
-            await self._wait(self._wake, self._poll_delay())
+            await self._wait(self._wake, await self._idle_delay())
             self.idle.clear()
 
     async def _claim(self, limit: int) -> list[TaskRow]:
@@ -241,6 +245,23 @@ class Worker:
 
     def _poll_delay(self) -> float:
         return self.config.poll_interval * random.uniform(0.9, 1.1)
+
+    async def _idle_delay(self) -> float:
+        """Until the next poll, or sooner when a key of the worker's queues may start a task
+        before then (its rate allows the next start, its next task is due)."""
+        delay = self._poll_delay()
+        declared = self.app.declared_key_limits
+        if not any(q in declared for q in self.queues):
+            return delay
+        try:
+            at = await self.driver.keys_next_at(self.queues, now=self.app.clock())
+        except Exception as exc:
+            self._claim_outage.failed(exc)
+            return delay
+        if at is None:
+            return delay
+        soon = (at - self.app.clock()).total_seconds()
+        return min(delay, max(soon, KEYS_MIN_WAIT))
 
     async def _burst_done(self) -> bool:
         """`_drained()`, but a database error only means: not yet."""
@@ -279,7 +300,17 @@ class Worker:
             self.metrics.task_claimed(row.queue, row.task_name)
         key = TaskKey(row.id, row.attempt)
         self._held.add(key)
+        if row.partition_key is not None:
+            self._keyed.add(key)
         self._ready.append((row, key))
+
+    def _written(self, batch: list[Outcome], stale: tuple[TaskKey, ...]) -> None:
+        """Outcomes are stored: count them; a task with a key that left processing freed a
+        slot of its key (or moved an ordered key on), so claim now rather than at the poll."""
+        self.stats.count(batch, stale)
+        if self._keyed and any(o.key in self._keyed for o in batch):
+            self._keyed.difference_update(o.key for o in batch)
+            self._wake.set()
 
     # -- leases -------------------------------------------------------------------------------
 
