@@ -9,6 +9,7 @@ import typing as _typing
 
 if _typing.TYPE_CHECKING:
     from txtasks.app import App, Task, TaskOptions
+    from txtasks.task import TaskSettings
     from txtasks.driver import MemoryDriver, driver_for_url
     from txtasks.driver.timeouts import DatabaseTimeout, Timeouts
     from txtasks.engines import create_async_engine, create_engine, migrate
@@ -54,6 +55,7 @@ __all__ = [
     "TaskContext",
     "TaskOptions",
     "TaskRow",
+    "TaskSettings",
     "TaskState",
     "Timeouts",
     "TxtasksError",
@@ -74,6 +76,7 @@ _SOURCES = {
     "App": "txtasks.app",
     "Task": "txtasks.app",
     "TaskOptions": "txtasks.app",
+    "TaskSettings": "txtasks.task",
     "MemoryDriver": "txtasks.driver",
     "driver_for_url": "txtasks.driver",
     "DatabaseTimeout": "txtasks.driver.timeouts",

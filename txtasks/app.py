@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, cast, overload
 
 from txtasks._checks import check_number
 from txtasks.clock import Clock, utcnow
@@ -22,15 +22,13 @@ from txtasks.errors import ConfigurationError, UnknownTaskError
 from txtasks.keys import NO_LIMITS, KeyLimits
 from txtasks.payload import DEFAULT_MAX_PAYLOAD_BYTES
 from txtasks.periodic import CatchUp, Schedule, schedule_from
-from txtasks.policy import AckPolicy
-from txtasks.retry import RetryStrategy
 from txtasks.task import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_QUEUE,
     Handler,
-    KeyFunction,
     Task,
     TaskOptions,
+    TaskSettings,
     check_queue_name,
     new_row,
     task_options,
@@ -40,7 +38,10 @@ from txtasks.wakeup import Notifier, NullNotifier, notifier_for_url, wakeup_afte
 from txtasks.wakeup.commit import PendingWakeups
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from txtasks.enqueue import AsyncExecutor, SyncExecutor
+    from txtasks.task import OptionSettings
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
@@ -112,92 +113,41 @@ class App:
     def task(self, handler: Handler) -> Task: ...
 
     @overload
-    def task(
-        self,
-        *,
-        name: str | None = None,
-        queue: str | None = None,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-        retry: RetryStrategy | Callable[[int], float] | float | None = None,
-        ack_policy: AckPolicy | str = AckPolicy.RETRY,
-        priority: int = 0,
-        timeout: float | timedelta | None = None,
-        deadline: float | timedelta | None = None,
-        key: KeyFunction | None = None,
-        key_limits: KeyLimits | None = None,
-    ) -> Callable[[Handler], Task]: ...
+    def task(self, **settings: Unpack[TaskSettings]) -> Callable[[Handler], Task]: ...
 
     def task(
-        self,
-        handler: Handler | None = None,
-        *,
-        name: str | None = None,
-        queue: str | None = None,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-        retry: RetryStrategy | Callable[[int], float] | float | None = None,
-        ack_policy: AckPolicy | str = AckPolicy.RETRY,
-        priority: int = 0,
-        timeout: float | timedelta | None = None,
-        deadline: float | timedelta | None = None,
-        key: KeyFunction | None = None,
-        key_limits: KeyLimits | None = None,
+        self, handler: Handler | None = None, **settings: Unpack[TaskSettings]
     ) -> Task | Callable[[Handler], Task]:
-        """Register a handler: `@app.task` or `@app.task(queue=..., max_attempts=...)`.
+        """Register a handler: `@app.task` or `@app.task(queue=..., max_attempts=...)`; the
+        settings are `TaskSettings`'."""
+
+        def register(fn: Handler) -> Task:
+            return self.register(fn, **settings)
+
+        return register(handler) if handler is not None else register
+
+    def register(self, handler: Handler, **settings: Unpack[TaskSettings]) -> Task:
+        """Register a handler under a name (default: module.qualname), with `TaskSettings`.
 
         `key` is a function of the payload giving each task's key (or None), unless an enqueue
         names one; `key_limits` the limits of every key of the task's queue (see `key_limits`).
         """
-
-        def register(fn: Handler) -> Task:
-            return self.register(
-                fn,
-                name=name,
-                queue=queue,
-                max_attempts=max_attempts,
-                retry=retry,
-                ack_policy=ack_policy,
-                priority=priority,
-                timeout=timeout,
-                deadline=deadline,
-                key=key,
-                key_limits=key_limits,
-            )
-
-        return register(handler) if handler is not None else register
-
-    def register(
-        self,
-        handler: Handler,
-        *,
-        name: str | None = None,
-        queue: str | None = None,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-        retry: RetryStrategy | Callable[[int], float] | float | None = None,
-        ack_policy: AckPolicy | str = AckPolicy.RETRY,
-        priority: int = 0,
-        timeout: float | timedelta | None = None,
-        deadline: float | timedelta | None = None,
-        key: KeyFunction | None = None,
-        key_limits: KeyLimits | None = None,
-    ) -> Task:
-        """Register a handler under a name (default: module.qualname)."""
+        unknown = sorted(set(settings) - TaskSettings.__optional_keys__)
+        if unknown:
+            known = ", ".join(sorted(TaskSettings.__optional_keys__))
+            raise ConfigurationError(f"task: unknown setting(s) {unknown}; known: {known}")
+        name, queue = settings.get("name"), settings.get("queue")
+        key_limits = settings.get("key_limits")
         task_name = f"{handler.__module__}.{handler.__qualname__}" if name is None else name
         if task_name in self._tasks:
             raise ConfigurationError(f"task {task_name!r} is already registered")
+        rest = {k: v for k, v in settings.items() if k not in ("name", "queue", "key_limits")}
         options = task_options(
-            task_name,
-            queue=queue or self.default_queue,
-            max_attempts=max_attempts,
-            retry=retry,
-            ack_policy=ack_policy,
-            priority=priority,
-            timeout=timeout,
-            deadline=deadline,
-            key=key,
+            task_name, queue=queue or self.default_queue, **cast("OptionSettings", rest)
         )
         if key_limits is not None:
             self.key_limits(options.queue, key_limits)
-        elif key is not None:
+        elif options.key is not None:
             self._key_limits.setdefault(options.queue, NO_LIMITS)
         task = Task(self, handler, options)
         self._tasks[task_name] = task

@@ -6,12 +6,12 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from txtasks._checks import check_number
 from txtasks.clock import Clock, as_utc, seconds
 from txtasks.errors import ConfigurationError
-from txtasks.keys import check_key
+from txtasks.keys import KeyLimits, check_key
 from txtasks.payload import headers_encode, payload_encode
 from txtasks.policy import AckPolicy, RetryPolicy
 from txtasks.retry import RetryStrategy, as_strategy
@@ -76,16 +76,48 @@ class TaskOptions:
         return RetryPolicy(as_strategy(self.retry), self.ack_policy)
 
 
+class OptionSettings(TypedDict, total=False):
+    """The settings `task_options` turns into a task's options."""
+
+    #: Attempts before a failing task is dead-lettered (default 5).
+    max_attempts: int
+    #: The wait before each retry: a RetryStrategy, a number of seconds, or a function of the
+    #: attempt (default: exponential backoff with full jitter).
+    retry: RetryStrategy | Callable[[int], float] | float | None
+    #: What an exception does (default: retry).
+    ack_policy: AckPolicy | str
+    #: Higher runs first (default 0).
+    priority: int
+    #: Seconds one attempt may run (default: no limit).
+    timeout: float | timedelta | None
+    #: Seconds after it is first due past which it is dead-lettered (default: none).
+    deadline: float | timedelta | None
+    #: Each task's key from its payload (default: no key); see txtasks.keys.
+    key: KeyFunction | None
+
+
+class TaskSettings(OptionSettings, total=False):
+    """What `App.task` and `App.register` take, each optional (the defaults are
+    `task_options`')."""
+
+    #: The task's name (default: the handler's module.qualname).
+    name: str | None
+    #: Its queue (default: the App's `default_queue`).
+    queue: str | None
+    #: The limits of every key of the task's queue; see `App.key_limits`.
+    key_limits: KeyLimits | None
+
+
 def task_options(
     name: str,
     *,
-    queue: str,
-    max_attempts: int,
-    retry: RetryStrategy | Callable[[int], float] | float | None,
-    ack_policy: AckPolicy | str,
-    priority: int,
-    timeout: float | timedelta | None,
-    deadline: float | timedelta | None,
+    queue: str = DEFAULT_QUEUE,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    retry: RetryStrategy | Callable[[int], float] | float | None = None,
+    ack_policy: AckPolicy | str = AckPolicy.RETRY,
+    priority: int = 0,
+    timeout: float | timedelta | None = None,
+    deadline: float | timedelta | None = None,
     key: KeyFunction | None = None,
 ) -> TaskOptions:
     """The options of `App.register`'s arguments: strings, callables and timedeltas converted."""

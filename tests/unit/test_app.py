@@ -38,6 +38,9 @@ def test_decorator_forms_and_defaults() -> None:
         ({"timeout": -1}, "timeout"),
         ({"ack_policy": "sometimes"}, "ack_policy"),
         ({"name": ""}, "task name"),
+        ({"retires": 3}, r"unknown setting\(s\) \['retires'\]; known: ack_policy, deadline"),
+        ({"key": "customer"}, "key must be a function of the payload"),
+        ({"key_limits": {"concurrency": 1}}, "expected KeyLimits"),
     ],
 )
 def test_bad_task_options_name_the_setting(options: dict[str, object], message: str) -> None:
