@@ -9,7 +9,6 @@ import typing as _typing
 
 if _typing.TYPE_CHECKING:
     from txtasks.app import App, Task, TaskOptions
-    from txtasks.task import TaskSettings
     from txtasks.driver import MemoryDriver, driver_for_url
     from txtasks.driver.timeouts import DatabaseTimeout, Timeouts
     from txtasks.engines import create_async_engine, create_engine, migrate
@@ -26,6 +25,7 @@ if _typing.TYPE_CHECKING:
     from txtasks.keys import KeyLimits, KeyOverride, Rate
     from txtasks.policy import AckPolicy
     from txtasks.retry import Constant, Custom, Exponential, Linear, RetryStrategy
+    from txtasks.task import TaskSettings
     from txtasks.types import NewTask, TaskRow, TaskState
     from txtasks.worker import TaskContext, Worker, WorkerConfig, WorkerStats
 

@@ -70,8 +70,9 @@ def test_kill9_loop_keeps_each_key_within_its_concurrency(
     request: pytest.FixtureRequest,
     tmp_path: Path,
 ) -> None:
-    """Tasks over 6 keys (24 handler slots), at most KEY_CONCURRENCY of a key at once, measured by the handlers
-    themselves while workers are killed: the limit holds, a dead worker's slots come back."""
+    """Tasks over 6 keys (24 handler slots), at most KEY_CONCURRENCY of a key at once,
+    measured by the handlers themselves while workers are killed: the limit holds, a dead
+    worker's slots come back."""
     h = chaos(url_of(request, backend, tmp_path))
     rng = random.Random(14)
     workers = [h.worker(lease=LEASE) for _ in range(WORKERS)]

@@ -39,7 +39,7 @@ from txtasks import App, ConfigurationError, PayloadError
 from txtasks.clock import utcnow
 from txtasks.driver.urls import backend_name
 from txtasks.payload import payload_decode
-from txtasks.schema.tables import tasks
+from txtasks.schema.tables import key_hints, tasks
 from txtasks.testing import run_until_empty
 from txtasks.worker.context import TaskContext
 
@@ -286,3 +286,25 @@ async def test_bulk_enqueue_of_nothing_writes_nothing(app: App, database_url: st
         assert app.enqueue_many_tx(conn, []) == []
     assert await app.aenqueue_many([]) == []
     assert task_ids(database_url) == []
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("commit", [True, False], ids=["commit", "rollback"])
+async def test_a_key_travels_with_the_transaction(
+    app: App, database_url: str, flavour: str, commit: bool
+) -> None:
+    """A key given at enqueue, or by the task's key function, is stored with the task, with
+    its hint for the claims; a rollback leaves neither."""
+    calls = Calls()
+    task = app.task(name="conformance.keyed", key=lambda p: f"customer:{p['c']}")(calls)
+    steps: list[Step] = [Enqueue(task, {"c": 1}), Enqueue(task, {"c": 2}, {"key": "vip"})]
+    first, second = await run_tx(database_url, flavour, steps, commit=commit)
+    hints = table_rows(database_url, key_hints)
+    if not commit:
+        assert (await app.driver.task_get(first), hints) == (None, [])
+        return
+    rows = [await app.driver.task_get(i) for i in (first, second)]
+    assert [r.partition_key for r in rows if r] == ["customer:1", "vip"]
+    assert sorted(h.partition_key for h in hints) == ["customer:1", "vip"]
+    stats = await run_until_empty(app)
+    assert stats.outcomes == {"completed": 2}

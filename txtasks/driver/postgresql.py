@@ -108,8 +108,9 @@ _ARCHIVED = [c for c in TASK_COLUMNS if c not in ("state", "lease_expires_at", "
 #: outcomes' rows in id order and keep the still-current attempts (the fence: id, attempt,
 #: processing, held by worker $5 unless NULL, lease expired before $6 unless NULL), delete them
 #: from the hot table and copy them into the archive with their final state (completed ones
-#: only when $8), leaving a hint for the key of each that has one (see txtasks.keys). Each outcome finds its row by the primary key whatever the statistics say (a
-#: join planned from stale ones compared every row with every outcome); `OFFSET 0` keeps the
+#: only when $8), leaving a hint for the key of each that has one (see txtasks.keys). Each
+#: outcome finds its row by the primary key whatever the statistics say (a join planned from
+#: stale ones compared every row with every outcome); `OFFSET 0` keeps the
 #: fence out of the lookup, so that no partial index stands in for the primary key, and a row
 #: that fails the fence is only locked for the moment of the statement. Ids, attempts and
 #: states travel as comma-separated text (asyncpg checks every element of an array parameter
