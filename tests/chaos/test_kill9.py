@@ -12,7 +12,7 @@ import pytest
 
 from tests.chaos.app import KEY_CONCURRENCY
 from tests.chaos.conftest import url_of
-from tests.chaos.harness import Chaos
+from tests.chaos.harness import Chaos, Proc
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(120)]
 
@@ -22,15 +22,32 @@ KILLS = 6
 KEYED_ORDERS = 800
 #: Short leases: the cleaner rescues a dead worker's tasks within about a second or two.
 LEASE = 2.0
+SERVERS = [
+    pytest.param("postgresql", marks=pytest.mark.postgresql),
+    pytest.param("mysql", marks=pytest.mark.mysql),
+]
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        pytest.param("postgresql", marks=pytest.mark.postgresql),
-        pytest.param("mysql", marks=pytest.mark.mysql),
-    ],
-)
+def start(h: Chaos) -> list[Proc]:
+    """WORKERS workers and a cleaner that rescues often."""
+    workers = [h.worker(lease=LEASE) for _ in range(WORKERS)]
+    h.cleaner(rescue_every=0.3)
+    return workers
+
+
+def kill_loop(h: Chaos, workers: list[Proc], rng: random.Random, kills: int) -> list[int]:
+    """SIGKILL a worker at random `kills` times, starting another each time; the tasks each
+    victim had in flight."""
+    in_flight: list[int] = []
+    for _ in range(kills):
+        time.sleep(rng.uniform(1.0, 2.0))  # the fault schedule, not a wait for state
+        victim = workers.pop(rng.randrange(len(workers)))
+        in_flight.append(h.kill9(victim))
+        workers.append(h.worker(lease=LEASE))
+    return in_flight
+
+
+@pytest.mark.parametrize("backend", SERVERS)
 def test_kill9_loop_loses_nothing(
     backend: str,
     chaos: Callable[..., Chaos],
@@ -38,16 +55,9 @@ def test_kill9_loop_loses_nothing(
     tmp_path: Path,
 ) -> None:
     h = chaos(url_of(request, backend, tmp_path))
-    rng = random.Random(12)
-    workers = [h.worker(lease=LEASE) for _ in range(WORKERS)]
-    h.cleaner(rescue_every=0.3)
+    workers = start(h)
     enqueuer = h.enqueuer(ORDERS, pause=0.005, max_ms=50)
-    kills: list[int] = []
-    for _ in range(KILLS):
-        time.sleep(rng.uniform(1.0, 2.0))  # the fault schedule, not a wait for state
-        victim = workers.pop(rng.randrange(len(workers)))
-        kills.append(h.kill9(victim))
-        workers.append(h.worker(lease=LEASE))
+    kills = kill_loop(h, workers, random.Random(12), KILLS)
     settled = h.settle(45, enqueuers=[enqueuer])
     report = h.report()
     took = h.stop_all()
@@ -57,13 +67,7 @@ def test_kill9_loop_loses_nothing(
     h.check(report, max_reruns=h.in_flight_at_kills)
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        pytest.param("postgresql", marks=pytest.mark.postgresql),
-        pytest.param("mysql", marks=pytest.mark.mysql),
-    ],
-)
+@pytest.mark.parametrize("backend", SERVERS)
 def test_kill9_loop_keeps_each_key_within_its_concurrency(
     backend: str,
     chaos: Callable[..., Chaos],
@@ -74,16 +78,9 @@ def test_kill9_loop_keeps_each_key_within_its_concurrency(
     measured by the handlers themselves while workers are killed: the limit holds, a dead
     worker's slots come back."""
     h = chaos(url_of(request, backend, tmp_path))
-    rng = random.Random(14)
-    workers = [h.worker(lease=LEASE) for _ in range(WORKERS)]
-    h.cleaner(rescue_every=0.3)
+    workers = start(h)
     enqueuer = h.enqueuer(KEYED_ORDERS, pause=0.002, max_ms=60, keys=6)
-    kills: list[int] = []
-    for _ in range(KILLS // 2):
-        time.sleep(rng.uniform(1.0, 2.0))  # the fault schedule, not a wait for state
-        victim = workers.pop(rng.randrange(len(workers)))
-        kills.append(h.kill9(victim))
-        workers.append(h.worker(lease=LEASE))
+    kills = kill_loop(h, workers, random.Random(14), KILLS // 2)
     settled = h.settle(60, enqueuers=[enqueuer])
     report = h.report()
     most = h.most_at_once_per_key()
