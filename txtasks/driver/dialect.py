@@ -23,6 +23,7 @@ from sqlalchemy import (
     Integer,
     Result,
     String,
+    Table,
     bindparam,
     case,
     delete,
@@ -134,6 +135,16 @@ def keys_param(
     }
 
 
+def keys_arm_values() -> dict[str, Any]:
+    """The values of a key armed by a hint (params: queue, partition_key, ready_at, now)."""
+    return {
+        "queue": bindparam("queue"),
+        "partition_key": bindparam("partition_key"),
+        "ready_at": bindparam("ready_at", type_=Timestamp),
+        "updated_at": bindparam("now", type_=Timestamp),
+    }
+
+
 def _union(parts: Sequence[Any]) -> Executable:
     """UNION ALL of subqueries, each with its own ORDER BY and LIMIT (which every database
     accepts inside a subquery)."""
@@ -145,6 +156,12 @@ class SqlDialect:
     """The SQL every dialect shares; a subclass per database overrides what differs."""
 
     capabilities: ClassVar[Capabilities] = Capabilities("sql")
+
+    @staticmethod
+    def upsert(table: Table) -> Any:
+        """The dialect's INSERT ... ON CONFLICT (PostgreSQL's and SQLite's share one API), used
+        by the dedup insert and the arming of keys; a dialect without it overrides those two."""
+        raise NotImplementedError
 
     @staticmethod
     @contextlib.contextmanager
@@ -184,7 +201,14 @@ class SqlDialect:
     @classmethod
     def stmt_insert_dedup(cls) -> Insert:
         """Insert tasks that carry a dedup key, skipping keys already live (no error)."""
-        raise NotImplementedError
+        dedup: Insert = (
+            cls.upsert(tasks)
+            .on_conflict_do_nothing(
+                index_elements=[tasks.c.dedup_key], index_where=tasks.c.dedup_key.is_not(None)
+            )
+            .returning(tasks.c.id, tasks.c.dedup_key)
+        )
+        return dedup
 
     @classmethod
     def stmt_dedup_lookup(cls, keys: Sequence[str]) -> Executable:
@@ -341,10 +365,19 @@ class SqlDialect:
         await conn.execute(self.stmt_keys_settle(), params)
 
     @classmethod
+    @functools.cache
     def stmt_keys_arm(cls) -> Executable:
         """Create or arm keys (params: queue, partition_key, ready_at, now): a key's `ready_at`
         becomes the earlier of its own and the hint's."""
-        raise NotImplementedError
+        stmt = cls.upsert(keys).values(**keys_arm_values())
+        arm: Executable = stmt.on_conflict_do_update(
+            index_elements=[keys.c.queue, keys.c.partition_key],
+            set_={
+                "ready_at": cls.armed_at(keys.c.ready_at, stmt.excluded.ready_at),
+                "updated_at": stmt.excluded.updated_at,
+            },
+        )
+        return arm
 
     @staticmethod
     def armed_at(current: Any, hinted: Any) -> Any:

@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities
-from txtasks.driver.dialect import SqlDialect
+from txtasks.driver.dialect import SqlDialect, keys_arm_values
 from txtasks.driver.sql import SqlDriver
 from txtasks.errors import SchemaError
 from txtasks.schema import migrate as schema_migrate
@@ -93,12 +93,7 @@ class MySQLDialect(SqlDialect):
     @classmethod
     @functools.cache
     def stmt_keys_arm(cls) -> Executable:
-        stmt = mysql_insert(keys).values(
-            queue=bindparam("queue"),
-            partition_key=bindparam("partition_key"),
-            ready_at=bindparam("ready_at", type_=Timestamp),
-            updated_at=bindparam("now", type_=Timestamp),
-        )
+        stmt = mysql_insert(keys).values(**keys_arm_values())
         return stmt.on_duplicate_key_update(
             ready_at=cls.armed_at(keys.c.ready_at, stmt.inserted.ready_at),
             updated_at=stmt.inserted.updated_at,

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import math
 from collections.abc import Generator, Iterator, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import Connection, Executable, Result, bindparam, text
+from sqlalchemy import Connection, Result, bindparam, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities, WriteResult
 from txtasks.driver.dialect import SqlDialect
@@ -23,7 +21,7 @@ from txtasks.driver.sql import CLOSE_WITHIN, Claim, SqlDriver
 from txtasks.driver.timeouts import Watchdog, keepalive_set, socket_of
 from txtasks.keys import HINTS_PER_CLAIM
 from txtasks.schema import migrate as schema_migrate
-from txtasks.schema.tables import READY, TASK_COLUMNS, Timestamp, keys, tasks
+from txtasks.schema.tables import READY, TASK_COLUMNS, Timestamp, tasks
 from txtasks.types import CLAIMED_COLUMNS, NewTask, Outcome, TaskKey, TaskRow
 
 #: SQLSTATEs worth a fresh transaction: serialization failure, deadlock.
@@ -226,6 +224,7 @@ class PostgresDialect(SqlDialect):
     lock."""
 
     capabilities: ClassVar[Capabilities] = Capabilities("postgresql")
+    upsert = staticmethod(pg_insert)
 
     @staticmethod
     @contextlib.contextmanager
@@ -263,16 +262,6 @@ class PostgresDialect(SqlDialect):
         yield CopyRows("txtasks_tasks", BULK_COLUMNS, records, lambda: _bulk_arrays(records))
         for i, new_id in zip(todo, new_ids, strict=True):
             ids[i] = new_id
-
-    @classmethod
-    def stmt_insert_dedup(cls) -> Insert:
-        return (
-            pg_insert(tasks)
-            .on_conflict_do_nothing(
-                index_elements=[tasks.c.dedup_key], index_where=tasks.c.dedup_key.is_not(None)
-            )
-            .returning(tasks.c.id, tasks.c.dedup_key)
-        )
 
     async def hints_take(self, conn: AsyncConnection, queues: list[str], now: datetime) -> None:
         """One statement: delete the hints and arm their keys."""
@@ -315,23 +304,6 @@ class PostgresDialect(SqlDialect):
             "now": now,
         }
         return list(await conn.execute(KEYS_DUE, params))
-
-    @classmethod
-    @functools.cache
-    def stmt_keys_arm(cls) -> Executable:
-        stmt = pg_insert(keys).values(
-            queue=bindparam("queue"),
-            partition_key=bindparam("partition_key"),
-            ready_at=bindparam("ready_at", type_=Timestamp),
-            updated_at=bindparam("now", type_=Timestamp),
-        )
-        return stmt.on_conflict_do_update(
-            index_elements=[keys.c.queue, keys.c.partition_key],
-            set_={
-                "ready_at": cls.armed_at(keys.c.ready_at, stmt.excluded.ready_at),
-                "updated_at": stmt.excluded.updated_at,
-            },
-        )
 
     @classmethod
     def error_is_transient(cls, exc: BaseException) -> bool:

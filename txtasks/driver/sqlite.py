@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from sqlalchemy import Connection, Engine, Executable, Result, bindparam, event, insert
+from sqlalchemy import Connection, Engine, Result, event, insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities
 from txtasks.driver.dialect import SqlDialect
 from txtasks.driver.insert_plan import Step, task_values
 from txtasks.driver.sql import SqlDriver
-from txtasks.schema.tables import Timestamp, keys, tasks
+from txtasks.schema.tables import tasks
 from txtasks.types import NewTask
 
 log = logging.getLogger("txtasks.sqlite")
@@ -54,6 +52,7 @@ class SQLiteDialect(SqlDialect):
     """SQLite 3.35+: one writer at a time, taken up front by BEGIN IMMEDIATE."""
 
     capabilities: ClassVar[Capabilities] = Capabilities("sqlite", concurrent_claims=False)
+    upsert = staticmethod(sqlite_insert)
 
     @staticmethod
     @contextlib.contextmanager
@@ -85,33 +84,6 @@ class SQLiteDialect(SqlDialect):
         result = yield insert(tasks).returning(tasks.c.id), [task_values(rows[i]) for i in todo]
         for i, new_id in zip(todo, sorted(result.scalars().all()), strict=True):
             ids[i] = new_id
-
-    @classmethod
-    def stmt_insert_dedup(cls) -> Insert:
-        return (
-            sqlite_insert(tasks)
-            .on_conflict_do_nothing(
-                index_elements=[tasks.c.dedup_key], index_where=tasks.c.dedup_key.is_not(None)
-            )
-            .returning(tasks.c.id, tasks.c.dedup_key)
-        )
-
-    @classmethod
-    @functools.cache
-    def stmt_keys_arm(cls) -> Executable:
-        stmt = sqlite_insert(keys).values(
-            queue=bindparam("queue"),
-            partition_key=bindparam("partition_key"),
-            ready_at=bindparam("ready_at", type_=Timestamp),
-            updated_at=bindparam("now", type_=Timestamp),
-        )
-        return stmt.on_conflict_do_update(
-            index_elements=[keys.c.queue, keys.c.partition_key],
-            set_={
-                "ready_at": cls.armed_at(keys.c.ready_at, stmt.excluded.ready_at),
-                "updated_at": stmt.excluded.updated_at,
-            },
-        )
 
     @classmethod
     def error_is_transient(cls, exc: BaseException) -> bool:
