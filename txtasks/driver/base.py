@@ -96,11 +96,6 @@ class Driver(Protocol):
         Tasks with a key are claimed within their key's limits (`keys`: those the application
         declares per queue, under the ones set at run time) and in turn (see txtasks.keys)."""
 
-    async def keys_next_at(self, queues: Sequence[str], *, now: datetime) -> datetime | None:
-        """When a claim of `queues` may next find a task of a key that the last claims could
-        not start (its rate, its next due task, a slot freed meanwhile); None when only an
-        enqueue, a wake-up or the poll would tell."""
-
     async def key_stats(self, *, now: datetime, limit: int = 10) -> list[KeyStats]:
         """The keys with the most tasks waiting (due) or processing, busiest first."""
 

@@ -187,22 +187,6 @@ class MemoryDriver:
                     self._key_next_start[pair] = after
         return picked
 
-    async def keys_next_at(self, queues: Sequence[str], *, now: datetime) -> datetime | None:
-        with self._lock:
-            waiting = {
-                (r.queue, r.partition_key)
-                for r in self.live.values()
-                if r.queue in queues and r.partition_key is not None and r.state in READY_STATES
-            }
-            times = [
-                r.run_at
-                for r in self.live.values()
-                if (r.queue, r.partition_key) in waiting and r.state in READY_STATES
-            ]
-            times += [t for pair, t in self._key_next_start.items() if pair in waiting]
-            later = [t for t in times if t > now]
-            return min(later) if later else None
-
     async def key_stats(self, *, now: datetime, limit: int = 10) -> list[KeyStats]:
         with self._lock:
             counts: dict[tuple[str, str], list[int]] = {}

@@ -149,17 +149,6 @@ class SqlAdmin:
             ages = {q: (now - t).total_seconds() for q, t in (await conn.execute(oldest)).all()}
         return [QueueStats(q, s.counts, ages.get(q)) for q, s in sorted(stats.items())]
 
-    async def keys_next_at(self, queues: Sequence[str], *, now: datetime) -> datetime | None:
-        hinted = select(key_hints.c.id).where(key_hints.c.queue.in_(queues)).limit(1)
-        armed = select(func.min(keys.c.ready_at)).where(
-            keys.c.queue.in_(queues), keys.c.ready_at.is_not(None)
-        )
-        async with self.connect() as conn:
-            if (await conn.execute(hinted)).first() is not None:
-                return now
-            at: datetime | None = (await conn.execute(armed)).scalar()
-            return at
-
     async def key_stats(self, *, now: datetime, limit: int = 10) -> list[KeyStats]:
         waiting = func.sum(case((IS_READY & (tasks.c.run_at <= now), 1), else_=0))
         processing = func.sum(case((tasks.c.state == PROCESSING, 1), else_=0))

@@ -35,8 +35,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("txtasks.worker")
 
 CLAIM_ERROR_BACKOFF_MAX = 5.0
-#: The shortest wait between claims of a worker whose keys will have a task to start soon.
-KEYS_MIN_WAIT = 0.005
 #: Seconds /readyz waits for the database's answer.
 READY_TIMEOUT = 3.0
 
@@ -227,7 +225,7 @@ class Worker:
             if self.config.burst and await self._burst_done():
                 return
             self.idle.set()
-            await self._wait(self._wake, await self._idle_delay())
+            await self._wait(self._wake, self._poll_delay())
             self.idle.clear()
 
     async def _claim(self, limit: int) -> list[TaskRow]:
@@ -245,23 +243,6 @@ class Worker:
 
     def _poll_delay(self) -> float:
         return self.config.poll_interval * random.uniform(0.9, 1.1)
-
-    async def _idle_delay(self) -> float:
-        """Until the next poll, or sooner when a key of the worker's queues may start a task
-        before then (its rate allows the next start, its next task is due)."""
-        delay = self._poll_delay()
-        declared = self.app.declared_key_limits
-        if not any(q in declared for q in self.queues):
-            return delay
-        try:
-            at = await self.driver.keys_next_at(self.queues, now=self.app.clock())
-        except Exception as exc:
-            self._claim_outage.failed(exc)
-            return delay
-        if at is None:
-            return delay
-        soon = (at - self.app.clock()).total_seconds()
-        return min(delay, max(soon, KEYS_MIN_WAIT))
 
     async def _burst_done(self) -> bool:
         """`_drained()`, but a database error only means: not yet."""
