@@ -15,6 +15,7 @@ and waiting on observable state with a deadline.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
 import os
@@ -137,9 +138,12 @@ def wait_for_workers(count: int) -> None:
 
 @app.task(name="acc.record")
 def record_task(payload: Any, ctx: TaskContext) -> None:
-    """Records its run; with {"barrier": n} first waits until n workers run tasks."""
+    """Records its run; with {"barrier": n} first waits until n workers run tasks; with
+    {"at_exit": path} the process creates that file as it exits (an `atexit` hook)."""
     if isinstance(payload, dict) and payload.get("barrier"):
         wait_for_workers(int(payload["barrier"]))
+    if isinstance(payload, dict) and payload.get("at_exit"):
+        atexit.register(Path(payload["at_exit"]).touch)
     record(ctx, payload)
 
 

@@ -183,6 +183,21 @@ def test_second_sigint_stops_at_once(
     assert run_rows(db) == []
 
 
+def test_a_burst_worker_with_sync_handlers_exits_through_its_exit_hooks(
+    database_url: str, db: Engine, procs: Processes, tmp_path: Path
+) -> None:
+    """Only a sync handler still running past the grace period makes the worker skip the
+    interpreter's exit (and with it `atexit` hooks: telemetry flushes, log handlers); idle
+    threads of the pool do not."""
+    hook = tmp_path / "exited"
+    ids = enqueue(db, "acc.record", [{"n": n, "at_exit": str(hook)} for n in range(3)])
+    worker = procs.start("worker", APP_SPEC, *BURST, url=database_url)
+
+    assert worker.wait(timeout=EXIT_TIMEOUT) == 0, worker.stderr
+    assert effects_per_task(db) == dict.fromkeys(ids, 1)
+    assert hook.exists(), "the worker exited without running its atexit hooks"
+
+
 def test_idle_worker_stops_at_once(database_url: str, db: Engine, procs: Processes) -> None:
     """A worker waiting for its next poll does not sleep through a SIGTERM."""
     worker = procs.start("worker", APP_SPEC, "--poll-interval", "600", url=database_url)

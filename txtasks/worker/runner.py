@@ -10,6 +10,7 @@ whose handler left a context variable set retires, and a fresh one takes the nex
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import inspect
 import logging
@@ -103,6 +104,8 @@ class Runner:
         #: Attempts run in an OpenTelemetry span (read by the worker once a claimed batch).
         self.traced = False
         self.threads: ThreadPoolExecutor | None = None
+        #: Sync handlers running in a thread (an idle thread of the pool is not one of them).
+        self.in_threads: set[concurrent.futures.Future[Any]] = set()
         #: Sync handlers still running in their thread after their timeout (by task id).
         self._overrun: dict[TaskKey, asyncio.Future[Any]] = {}
 
@@ -307,7 +310,11 @@ class Runner:
             return task.handler(*args)
 
         # the thread runs in a copy of this context: the handler sees the attempt's span
-        future = loop.run_in_executor(self.threads, contextvars.copy_context().run, call)
+        assert self.threads is not None, "open() starts the thread pool"
+        running = self.threads.submit(contextvars.copy_context().run, call)
+        self.in_threads.add(running)
+        running.add_done_callback(self.in_threads.discard)
+        future = asyncio.wrap_future(running, loop=loop)
         if timeout is None:
             result = await future
         else:

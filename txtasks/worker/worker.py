@@ -139,8 +139,7 @@ class Worker:
     @property
     def threads_alive(self) -> bool:
         """True when a sync handler is still running in a thread after shutdown."""
-        threads = self._runner.threads
-        return threads is not None and any(t.is_alive() for t in getattr(threads, "_threads", ()))
+        return any(not call.done() for call in list(self._runner.in_threads))
 
     async def run(self) -> WorkerStats:
         """Run until stopped (or, in burst mode, until the queues are empty). While the database
