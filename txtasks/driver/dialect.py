@@ -360,6 +360,45 @@ class SqlDialect:
         ]  # fmt: skip
         await conn.execute(self.stmt_keys_arm(), rows)
 
+    async def keys_wake(
+        self, conn: AsyncConnection, pairs: Sequence[tuple[str, str]], now: datetime
+    ) -> None:
+        """Arm the keys (queue, key) of attempts that just ended (a slot freed, a head moved
+        on or was retried): their rows at once, unless a claim holds one; a hint for those,
+        taken by a later claim. An outcome never waits for a claim."""
+        wanted = set(pairs)
+        rows = (await conn.execute(self.stmt_keys_of(), {"pairs": sorted(wanted)})).all()
+        if rows:
+            await conn.execute(self.stmt_keys_wake(), {"ids": [r.id for r in rows], "now": now})
+        armed = {(r.queue, r.partition_key) for r in rows}
+        hints = [{"queue": q, "partition_key": k, "run_at": now} for q, k in sorted(wanted - armed)]
+        if hints:
+            await conn.execute(self.stmt_hints_add(), hints)
+
+    @staticmethod
+    @functools.cache
+    def stmt_keys_of() -> Executable:
+        """The rows of keys `pairs` (queue, key), in id order, locked, skipping those a claim
+        holds."""
+        pairs = tuple_(keys.c.queue, keys.c.partition_key).in_(bindparam("pairs", expanding=True))
+        return (
+            select(keys.c.id, keys.c.queue, keys.c.partition_key)
+            .where(pairs)
+            .order_by(keys.c.id)
+            .with_for_update(skip_locked=True)
+        )
+
+    @classmethod
+    @functools.cache
+    def stmt_keys_wake(cls) -> Executable:
+        """Keys `ids` armed for `now` (or left at an earlier time)."""
+        now = bindparam("now", type_=Timestamp)
+        return (
+            update(keys)
+            .where(keys.c.id.in_(bindparam("ids", expanding=True)))
+            .values(ready_at=cls.armed_at(keys.c.ready_at, now), updated_at=now)
+        )
+
     async def keys_settle(self, conn: AsyncConnection, params: list[dict[str, Any]]) -> None:
         """Write each key's next look and rate start (params as `stmt_keys_settle`'s)."""
         await conn.execute(self.stmt_keys_settle(), params)

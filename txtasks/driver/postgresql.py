@@ -59,13 +59,17 @@ UPDATE txtasks_tasks SET state = 'processing', attempt = attempt + 1,
  WHERE id = ANY($4::bigint[]) AND {READY}
 RETURNING {", ".join(CLAIMED_COLUMNS)}
 """
-#: Delete up to :limit hints of :queues and arm their keys, in one statement.
+#: Delete up to :limit hints of :queues and arm their keys, in one statement. Any hints will
+#: do: a key is armed for its hint's time, so which hint comes first does not change the
+#: turns (an `ORDER BY id` read and sorted every hint when the statistics were stale). The ids
+#: travel as an array, so that the delete finds them by the primary key (`IN (SELECT ...)`
+#: became a hash join over a sequential scan of every hint).
 HINTS_TAKE = text(
     """
 WITH h AS (
-  DELETE FROM txtasks_key_hints WHERE id IN (
+  DELETE FROM txtasks_key_hints WHERE id = ANY(ARRAY(
     SELECT id FROM txtasks_key_hints WHERE queue = ANY(CAST(:queues AS varchar[]))
-     ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED)
+     LIMIT :limit FOR UPDATE SKIP LOCKED))
   RETURNING queue, partition_key, run_at)
 INSERT INTO txtasks_keys AS k (queue, partition_key, ready_at, updated_at)
 SELECT queue, partition_key, min(run_at), :now FROM h
@@ -106,7 +110,7 @@ _ARCHIVED = [c for c in TASK_COLUMNS if c not in ("state", "lease_expires_at", "
 #: outcomes' rows in id order and keep the still-current attempts (the fence: id, attempt,
 #: processing, held by worker $5 unless NULL, lease expired before $6 unless NULL), delete them
 #: from the hot table and copy them into the archive with their final state (completed ones
-#: only when $8), leaving a hint for the key of each that has one (see txtasks.keys). Each
+#: only when $8), and arm the keys they had (`SqlDialect.keys_wake`, see txtasks.keys). Each
 #: outcome finds its row by the primary key whatever the statistics say (a join planned from
 #: stale ones compared every row with every outcome); `OFFSET 0` keeps the
 #: fence out of the lookup, so that no partial index stands in for the primary key, and a row
@@ -135,9 +139,21 @@ WITH o AS (
                                state, lease_expires_at, last_error, finished_at)
   SELECT {", ".join(_ARCHIVED)}, final_state, NULL, coalesce(error, last_error), $7
     FROM done WHERE $8 OR final_state <> 'completed'
+), ended AS (
+  SELECT DISTINCT queue, partition_key FROM done WHERE partition_key IS NOT NULL
+), held AS (
+  SELECT k.id FROM txtasks_keys k JOIN ended e USING (queue, partition_key)
+   ORDER BY k.id FOR UPDATE OF k SKIP LOCKED
+), woken AS (
+  UPDATE txtasks_keys k SET ready_at = CASE WHEN k.ready_at IS NULL OR k.ready_at > $7
+                                            THEN $7::timestamp ELSE k.ready_at END,
+         updated_at = $7
+    FROM held WHERE k.id = held.id
+  RETURNING k.queue, k.partition_key
 ), hinted AS (
   INSERT INTO txtasks_key_hints (queue, partition_key, run_at)
-  SELECT DISTINCT queue, partition_key, $7::timestamp FROM done WHERE partition_key IS NOT NULL
+  SELECT queue, partition_key, $7::timestamp FROM ended
+   WHERE (queue, partition_key) NOT IN (SELECT queue, partition_key FROM woken)
 )
 SELECT id, attempt FROM done
 """

@@ -29,7 +29,6 @@ from txtasks.driver.dialect import (
     SqlDialect,
     claim_order,
     dialect_for,
-    key_hints_of,
     keys_param,
 )
 from txtasks.driver.insert_plan import plan_run_async, plan_run_sync
@@ -523,7 +522,7 @@ class SqlDriver(SqlAdmin):
         """
         held = await self._locked_keys(conn, [o.key for o in outcomes], fence)
         mine = [o for o in outcomes if o.key in held]
-        hints = key_hints_of((*held[o.key], now) for o in mine)  # a slot is free from now
+        woken = sorted({(q, k) for q, k in (held[o.key] for o in mine) if k is not None})
         finishing = [o for o in mine if o.kind.finishes]
         if finishing:
             await self._finish(conn, finishing, now, archive_completed)
@@ -533,8 +532,8 @@ class SqlDriver(SqlAdmin):
         releases = [o.key for o in mine if o.kind is OutcomeKind.RELEASE]
         if releases:
             await conn.execute(self.sql.stmt_release(), {**keys_param(releases), **fence})
-        if hints:  # a slot freed, a head moved on or retried: the claims look at the keys again
-            await conn.execute(self.sql.stmt_hints_add(), hints)
+        if woken:  # a slot freed, a head moved on or retried: the claims look at the keys again
+            await self.sql.keys_wake(conn, woken, now)
         return {o.key for o in mine}
 
     async def _locked_keys(
