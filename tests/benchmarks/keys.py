@@ -5,7 +5,8 @@
 (`TXTASKS_BENCH_POSTGRES_URL` / `TXTASKS_BENCH_MYSQL_URL` name the servers, as for the other
 benchmarks.) Every case preloads its tasks, then runs `--processes` worker processes of
 `--concurrency` each (`txtasks worker --burst`) until its queue is empty, and reads what happened
-from the archive (every completed task keeps `started_at` and `finished_at`):
+from the archive (every completed task keeps `started_at` and `finished_at`) and, for order and
+overlaps, from the times the handlers themselves noted:
 
 1. plain: N tasks without a key (the reference);
 2. burn: N tasks over N/10 keys, concurrency 1 per key; its ratio to plain is the cost of keys;
@@ -114,7 +115,30 @@ def seconds(a: datetime, b: datetime) -> float:
     return (b - a).total_seconds()
 
 
-def measure(case: Case, rows: list[Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Run:
+    """When a task's handler ran, as the handler saw it (seconds since the epoch)."""
+
+    task_id: int
+    key: str
+    start: float
+    end: float
+
+
+def runs_read(folder: Path) -> list[Run]:
+    """What the worker processes' handlers noted (`keys_apps.RUNS_DIR`)."""
+    runs = []
+    for path in folder.glob("*.runs"):
+        for line in path.read_text().splitlines():
+            task_id, key, start, end = line.split("\t")
+            runs.append(Run(int(task_id), key, float(start), float(end)))
+    return runs
+
+
+def measure(case: Case, rows: list[Any], runs: list[Run]) -> dict[str, Any]:
+    """Throughput from the archive; order and overlaps from the handlers' own times (the
+    archive's `started_at` is taken before a claim's locks, so a task may look as if it started
+    before the one it waited for ended)."""
     if len(rows) != case.n:
         raise RuntimeError(f"{case.queue}: {len(rows)} of {case.n} tasks completed")
     first = min(r.started_at for r in rows)
@@ -123,39 +147,44 @@ def measure(case: Case, rows: list[Any]) -> dict[str, Any]:
     by_key: dict[str | None, list[Any]] = defaultdict(list)
     for r in rows:
         by_key[r.partition_key].append(r)
+    ran: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        ran[run.key].append(run)
+    if case.queue in ("keys-ordered", "keys-burn") and len(runs) != case.n:
+        raise RuntimeError(f"{case.queue}: {len(runs)} handler runs noted for {case.n} tasks")
     if case.queue == "keys-ordered":
-        for key, runs in by_key.items():
-            runs.sort(key=lambda r: r.id)
-            for a, b in itertools.pairwise(runs):
-                if b.started_at < a.finished_at:
+        for key, key_runs in ran.items():
+            key_runs.sort(key=lambda r: r.task_id)
+            for a, b in itertools.pairwise(key_runs):
+                if b.start < a.end:
                     raise RuntimeError(
-                        f"ordered key {key}: task {b.id} started before {a.id} ended"
+                        f"ordered key {key}: task {b.task_id} started before {a.task_id} ended"
                     )
         result["in order"] = "every key"
     if case.queue == "keys-burn":
-        result["overlaps"] = overlaps(by_key)
+        result["overlaps"] = overlaps(ran)
     if case.queue == "keys-hot":
-        cold = [r for k, runs in by_key.items() if k != "hot" for r in runs]
+        cold = [r for k, key_rows in by_key.items() if k != "hot" for r in key_rows]
         hot_end = max(r.finished_at for r in by_key["hot"])
         cold_end = max(r.finished_at for r in cold)
         result["cold done at"] = seconds(first, cold_end) / seconds(first, hot_end)
     if case.queue == "keys-rate":
         rates = []
-        for runs in by_key.values():
-            starts = sorted(r.started_at for r in runs)
+        for key_rows in by_key.values():
+            starts = sorted(r.started_at for r in key_rows)
             rates.append((len(starts) - 1) / seconds(starts[0], starts[-1]))
         result["starts/s per key"] = statistics.median(rates)
         result["rate max"] = max(rates)
     return result
 
 
-def overlaps(by_key: dict[str | None, list[Any]]) -> int:
-    """Tasks of one key that ran at the same time (concurrency 1: must be 0)."""
+def overlaps(ran: dict[str, list[Run]]) -> int:
+    """Handler runs of one key that overlapped (concurrency 1: must be 0)."""
     found = 0
-    for runs in by_key.values():
-        runs.sort(key=lambda r: r.started_at)
-        for a, b in itertools.pairwise(runs):
-            found += b.started_at < a.finished_at
+    for key_runs in ran.values():
+        key_runs.sort(key=lambda r: r.start)
+        for a, b in itertools.pairwise(key_runs):
+            found += b.start < a.end
     return found
 
 
@@ -168,9 +197,10 @@ async def run_case(url: str, case: Case, args: argparse.Namespace) -> dict[str, 
         "--concurrency", str(args.concurrency), "--log-level", "warning",
     ]  # fmt: skip
     with tempfile.TemporaryDirectory() as logs:
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "PYTHONPATH": str(REPO), "TXTASKS_BENCH_RUNS_DIR": logs}
         await run_processes([argv] * args.processes, env, Path(logs), args.timeout)
-    return measure(case, archived(url, case.queue))
+        runs = runs_read(Path(logs))
+    return measure(case, archived(url, case.queue), runs)
 
 
 def report(results: dict[tuple[str, str], list[dict[str, Any]]], args: argparse.Namespace) -> str:
