@@ -75,9 +75,8 @@ INSERT INTO txtasks_keys AS k (queue, partition_key, ready_at, updated_at)
 SELECT queue, partition_key, min(run_at), :now FROM h
  GROUP BY queue, partition_key ORDER BY queue, partition_key
 ON CONFLICT (queue, partition_key) DO UPDATE
-   SET ready_at = CASE WHEN k.ready_at IS NULL OR k.ready_at > EXCLUDED.ready_at
-                       THEN EXCLUDED.ready_at ELSE k.ready_at END,
-       updated_at = EXCLUDED.updated_at
+   SET ready_at = EXCLUDED.ready_at, updated_at = EXCLUDED.updated_at
+ WHERE k.ready_at IS NULL OR k.ready_at > EXCLUDED.ready_at
 """
 ).bindparams(bindparam("now", type_=Timestamp))
 #: Each held key's next look and rate start, from arrays.
@@ -142,18 +141,16 @@ WITH o AS (
 ), ended AS (
   SELECT DISTINCT queue, partition_key FROM done WHERE partition_key IS NOT NULL
 ), held AS (
-  SELECT k.id FROM txtasks_keys k JOIN ended e USING (queue, partition_key)
+  SELECT k.id, k.queue, k.partition_key, k.ready_at
+    FROM txtasks_keys k JOIN ended e USING (queue, partition_key)
    ORDER BY k.id FOR UPDATE OF k SKIP LOCKED
 ), woken AS (
-  UPDATE txtasks_keys k SET ready_at = CASE WHEN k.ready_at IS NULL OR k.ready_at > $7
-                                            THEN $7::timestamp ELSE k.ready_at END,
-         updated_at = $7
-    FROM held WHERE k.id = held.id
-  RETURNING k.queue, k.partition_key
+  UPDATE txtasks_keys k SET ready_at = $7, updated_at = $7
+    FROM held WHERE k.id = held.id AND (held.ready_at IS NULL OR held.ready_at > $7)
 ), hinted AS (
   INSERT INTO txtasks_key_hints (queue, partition_key, run_at)
   SELECT queue, partition_key, $7::timestamp FROM ended
-   WHERE (queue, partition_key) NOT IN (SELECT queue, partition_key FROM woken)
+   WHERE (queue, partition_key) NOT IN (SELECT queue, partition_key FROM held)
 )
 SELECT id, attempt FROM done
 """
