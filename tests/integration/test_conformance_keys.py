@@ -8,10 +8,14 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+import pytest
+from sqlalchemy import select
+
 from tests.integration.conformance import T0, at, claim, get, new, write
 from tests.integration.conftest import another
-from txtasks.driver import Driver
+from txtasks.driver import Driver, SqlDriver
 from txtasks.keys import KeyLimits, KeyOverride, Rate
+from txtasks.schema.tables import keys
 from txtasks.types import Outcome, OutcomeKind, TaskRow
 
 Q = {"q": KeyLimits()}
@@ -187,3 +191,30 @@ async def test_the_busiest_keys_are_reported(driver: Driver) -> None:
     ]
     assert stats[0].rate_limited_until == at(60)
     assert [s.key for s in await driver.key_stats(now=T0, limit=1)] == ["a"]
+
+
+async def test_neither_an_enqueue_nor_an_outcome_waits_for_a_claim_holding_a_key(
+    driver: Driver,
+) -> None:
+    """A claim holds its keys' rows locked while it decides; an application's enqueue and a
+    worker's outcome of the same key go through meanwhile (each leaves a hint), and the key
+    is looked at again once the claim lets go. SQLite has one writer at a time, so there the
+    question does not arise."""
+    if not isinstance(driver, SqlDriver) or driver.capabilities.name == "sqlite":
+        pytest.skip("row locks: PostgreSQL and MariaDB")
+    limits = {"q": KeyLimits(concurrency=1)}
+    first, second = await driver.task_insert_many([new(1, key="a"), new(2, key="a")])
+    [running] = await claim(driver, keys=limits)
+    assert running.id == first
+    holder = await another(driver)
+    assert isinstance(holder, SqlDriver)
+    try:
+        async with holder.begin() as conn:  # as a claim holds key "a"
+            held = select(keys.c.id).where(keys.c.partition_key == "a").with_for_update()
+            assert len((await conn.execute(held)).all()) == 1
+            [third] = await asyncio.wait_for(driver.task_insert_many([new(3, key="a")]), 10)
+            await asyncio.wait_for(write(driver, done(running)), 10)
+    finally:
+        await holder.close()
+    assert [r.id for r in await claim(driver, keys=limits)] == [second]
+    assert third > second
