@@ -115,6 +115,23 @@ async def test_a_rate_spaces_the_starts_of_a_key(driver: Driver) -> None:
     assert per_key(await claim(driver, keys=limits, now=at(10))) == {"a": 1}
 
 
+async def test_a_claim_tells_when_a_key_held_back_by_its_rate_may_start(driver: Driver) -> None:
+    """The driver remembers, without a database read, the next start of a key whose due
+    tasks its claim left waiting for the rate (an idle worker claims again then)."""
+    limits = {"q": KeyLimits(rate=Rate(2, per=10))}  # one start every 5 s
+    await driver.task_insert_many([new(i, key="a") for i in range(3)] + [new(9, key="b")])
+    assert driver.keys_wake_at(["q"], T0) is None
+    assert per_key(await claim(driver, keys=limits)) == {"a": 1, "b": 1}
+    assert driver.keys_wake_at(["q"], T0) == at(5)  # "b" has nothing left: only "a" waits
+    assert driver.keys_wake_at(["other"], T0) is None
+    assert per_key(await claim(driver, keys=limits, now=at(5))) == {"a": 1}
+    assert driver.keys_wake_at(["q"], at(5)) == at(10)
+    assert driver.keys_wake_at(["q"], at(11)) == at(10)  # past, but no claim looked yet
+    assert per_key(await claim(driver, keys=limits, now=at(11))) == {"a": 1}
+    assert await claim(driver, keys=limits, now=at(20)) == []
+    assert driver.keys_wake_at(["q"], at(20)) is None  # nothing waits
+
+
 async def test_a_burst_allows_starts_at_once_after_a_quiet_spell(driver: Driver) -> None:
     limits = {"q": KeyLimits(rate=Rate(1, per=10, burst=3))}
     await driver.task_insert_many([new(i, key="a") for i in range(6)])

@@ -12,7 +12,7 @@ from sqlalchemy import insert
 
 from tests.integration.conformance import Calls, sync_engine, task_ids
 from tests.waiting import until
-from txtasks import App, Drop, Reject, Retry
+from txtasks import App, Drop, KeyLimits, Rate, Reject, Retry
 from txtasks.clock import utcnow
 from txtasks.schema.tables import tasks
 from txtasks.testing import run_until_empty
@@ -420,6 +420,21 @@ async def test_one_slot_runs_tasks_by_priority_then_due_time(app: App) -> None:
     )
     await run_until_empty(app, concurrency=1)
     assert order == ["high-earlier", "high-later", "default-priority", "low"]
+
+
+async def test_an_idle_worker_starts_a_rate_limited_key_s_next_task_on_time(app: App) -> None:
+    """A key held back by its rate is claimed again when its rate allows, not at the next poll
+    (30 s here): the claim tells the worker when (`Driver.keys_wake_at`)."""
+    started: list[int] = []
+
+    @app.task(name="conformance.paced", key=lambda p: "k", key_limits=KeyLimits(rate=Rate(20)))
+    async def paced(payload: int) -> None:
+        started.append(payload)
+
+    await app.aenqueue_many([paced.new(n) for n in range(4)])
+    stats = await asyncio.wait_for(run_until_empty(app, poll_interval=30), timeout=20)
+    assert sorted(started) == [0, 1, 2, 3]
+    assert stats.outcomes == {"completed": 4}
 
 
 async def test_queues_and_delays_are_respected(app: App, database_url: str) -> None:

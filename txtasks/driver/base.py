@@ -96,6 +96,12 @@ class Driver(Protocol):
         Tasks with a key are claimed within their key's limits (`keys`: those the application
         declares per queue, under the ones set at run time) and in turn (see txtasks.keys)."""
 
+    def keys_wake_at(self, queues: Sequence[str], now: datetime) -> datetime | None:
+        """When a key that this driver's claims of `queues` put aside may start a task again
+        (its rate's next start, its next delayed task): the earliest such time not yet looked
+        at by a claim (it may be past `now`: claim at once), or None. Known from those claims:
+        no database read. An idle worker claims again then."""
+
     async def key_stats(self, *, now: datetime, limit: int = 10) -> list[KeyStats]:
         """The keys with the most tasks waiting (due) or processing, busiest first."""
 

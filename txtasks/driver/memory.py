@@ -44,6 +44,7 @@ class MemoryDriver:
         #: limits set at run time.
         self._turns = itertools.count(1)
         self._key_turns: dict[tuple[str, str], int] = {}
+        self._keys_wake: dict[tuple[str, ...], datetime] = {}
         self._key_next_start: dict[tuple[str, str], datetime] = {}
         self._key_overrides: dict[tuple[str | None, str], KeyOverride] = {}
 
@@ -158,6 +159,7 @@ class MemoryDriver:
             live, key=lambda pair: (self._key_turns.get(pair, 0), min(r.id for r in live[pair]))
         )
         found: list[list[TaskRow]] = []
+        waiting: list[int] = []
         slots: list[KeySlot] = []
         for queue, key in order:
             rows = live[(queue, key)]
@@ -174,18 +176,30 @@ class MemoryDriver:
                     key=lambda r: (-r.priority, r.run_at, r.id),
                 )
             found.append(due[:want])
+            waiting.append(len(due))
             slots.append(slot)
         given = round_robin([len(f) for f in found], limit)
         picked = []
-        for slot, rows, n in zip(slots, found, given, strict=True):
+        wake = []
+        for slot, rows, due_count, n in zip(slots, found, waiting, given, strict=True):
+            pair = (slot.queue, slot.key)
             if n:
-                pair = (slot.queue, slot.key)
                 picked += rows[:n]
                 self._key_turns[pair] = next(self._turns)
                 after = rate_after(slot.limits.rate, slot.next_start_at, now, n)
                 if after is not None:
                     self._key_next_start[pair] = after
+            next_start = self._key_next_start.get(pair)
+            if next_start is not None and next_start > now and due_count > n:
+                wake.append(next_start)  # due tasks wait for the rate
+        if wake:
+            self._keys_wake[tuple(queues)] = min(wake)
+        else:
+            self._keys_wake.pop(tuple(queues), None)
         return picked
+
+    def keys_wake_at(self, queues: Sequence[str], now: datetime) -> datetime | None:
+        return self._keys_wake.get(tuple(queues))
 
     async def key_stats(self, *, now: datetime, limit: int = 10) -> list[KeyStats]:
         with self._lock:

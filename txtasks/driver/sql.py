@@ -14,7 +14,7 @@ import functools
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, TypeVar
@@ -116,6 +116,8 @@ class SqlDriver(SqlAdmin):
         #: for tasks with a key (see `task_claim_many`).
         self._keys_first = False
         self._keys_probe_at: dict[tuple[str, ...], datetime] = {}
+        #: Per queue set: the earliest future look at a key its claims wrote (`keys_wake_at`).
+        self._keys_wake: dict[tuple[str, ...], datetime] = {}
 
     # -- connections --------------------------------------------------------------------------
 
@@ -295,6 +297,8 @@ class SqlDriver(SqlAdmin):
         declares), and on the others at most once per `KEYS_PROBE_EVERY` until it finds work."""
         claim = Claim(list(queues), now, lease_until, worker_id)
         keyed = self._keyed_lane_due(claim.queues, keys, now)
+        if keyed and self._keys_wake.get(tuple(queues), now) <= now:
+            self._keys_wake.pop(tuple(queues), None)  # this claim looks at those keys
         self._keys_first = not self._keys_first
         rows: list[TaskRow] = []
         for lane in ("keys", "plain") if self._keys_first else ("plain", "keys"):
@@ -316,6 +320,18 @@ class SqlDriver(SqlAdmin):
             return await self.sql.claim(conn, claim.params(limit=limit))
 
         return await self.in_transaction(work)
+
+    def keys_wake_at(self, queues: Sequence[str], now: datetime) -> datetime | None:
+        return self._keys_wake.get(tuple(queues))
+
+    def _keys_wake_note(self, queues: list[str], settled: Iterable[Any], now: datetime) -> None:
+        """Keep the earliest future look among `settled` and the one noted before."""
+        ahead = [when for when in settled if isinstance(when, datetime) and when > now]
+        noted = self._keys_wake.get(tuple(queues))
+        if noted is not None:
+            ahead.append(noted)
+        if ahead:
+            self._keys_wake[tuple(queues)] = min(ahead)
 
     def _keyed_lane_due(
         self, queues: list[str], declared: Mapping[str, KeyLimits] | None, now: datetime
@@ -388,7 +404,8 @@ class SqlDriver(SqlAdmin):
         for row in rows:
             pair = (row.queue, row.partition_key or "")
             took[pair] = took.get(pair, 0) + 1
-        await self._keys_settle(conn, held, slots, asks, found, took, heads, now)
+        looks = await self._keys_settle(conn, held, slots, asks, found, took, heads, now)
+        self._keys_wake_note(claim.queues, looks, now)
         return rows, len(held) == limit
 
     async def _key_overrides(
@@ -444,8 +461,8 @@ class SqlDriver(SqlAdmin):
         took: Mapping[tuple[str, str], int],
         heads: Mapping[tuple[str, str], Any],
         now: datetime,
-    ) -> None:
-        """Write when to look at each key again, and its rate's next start."""
+    ) -> list[datetime | None]:
+        """Write when to look at each key again, and its rate's next start; those looks."""
         settled = []
         for h, s, ask, f in zip(held, slots, asks, found, strict=True):
             ready_at, next_start = s.settle(
@@ -463,6 +480,7 @@ class SqlDriver(SqlAdmin):
             for key_id, _s, ready_at, next_start in settled
         ]
         await self.sql.keys_settle(conn, params)
+        return [ready_at for _id, _s, ready_at, _next in settled]
 
     async def _keys_next_due(
         self,

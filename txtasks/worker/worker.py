@@ -224,7 +224,7 @@ class Worker:
             if self.config.burst and await self._burst_done():
                 return
             self.idle.set()
-            await self._wait(self._wake, self._poll_delay())
+            await self._wait(self._wake, self._idle_delay())
             self.idle.clear()
 
     async def _claim(self, limit: int) -> list[TaskRow]:
@@ -242,6 +242,16 @@ class Worker:
 
     def _poll_delay(self) -> float:
         return self.config.poll_interval * random.uniform(0.9, 1.1)
+
+    def _idle_delay(self) -> float:
+        """Until the next poll, or until a key put aside by a claim may start again (its rate),
+        whichever comes first."""
+        delay = self._poll_delay()
+        now = self.app.clock()
+        wake_at = self.driver.keys_wake_at(self.queues, now)
+        if wake_at is not None:
+            delay = max(0.0, min(delay, (wake_at - now).total_seconds()))
+        return delay
 
     async def _burst_done(self) -> bool:
         """`_drained()`, but a database error only means: not yet."""
