@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast, overload
 
 from txtasks._checks import check_number
@@ -169,8 +170,9 @@ class App:
 
     @property
     def declared_key_limits(self) -> Mapping[str, KeyLimits]:
-        """The key limits declared per queue (queues whose tasks have a key function included)."""
-        return dict(self._key_limits)
+        """The key limits declared per queue (queues whose tasks have a key function included):
+        a read-only view (every claim reads it)."""
+        return MappingProxyType(self._key_limits)
 
     @property
     def tasks(self) -> Mapping[str, Task]:
