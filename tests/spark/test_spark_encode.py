@@ -4,6 +4,7 @@ awkward strings survive each database's bulk path byte for byte."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from typing import Any
 
@@ -103,3 +104,96 @@ def test_a_dedup_value_too_long_fails_the_write(spark: Any, database_url: str) -
     with pytest.raises(Exception, match="is too long \\(at most 255 bytes\\)"):
         writer(df, database_url, dedup="s").save()
     assert live_rows(database_url) == [] and staged_count(database_url) == 0
+
+
+# -- the key option (no Spark session needed) ---------------------------------------------------
+
+
+def keyed_options(key_type: Any, **options: str) -> Any:
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from txtasks.spark import WriteOptions
+
+    schema = StructType([StructField("n", LongType()), StructField("customer", key_type)])
+    return WriteOptions.parse({"url": "sqlite://", "task": "t", **options}, schema)
+
+
+def keyed_batch(customers: list[Any], kind: Any) -> Any:
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_arrays(
+        [pa.array(range(len(customers)), pa.int64()), pa.array(customers, kind)],
+        names=["n", "customer"],
+    )
+
+
+def as_rows(batch: Any) -> list[tuple[Any, ...]]:
+    """A record batch as the row path gets it (values by position)."""
+    return [tuple(row.values()) for row in batch.to_pylist()]
+
+
+def test_the_key_option_names_a_string_or_integer_column() -> None:
+    from pyspark.sql.types import DoubleType, IntegerType, StringType
+
+    from txtasks.errors import ConfigurationError
+
+    assert keyed_options(StringType(), key="customer").key == "customer"
+    assert keyed_options(IntegerType(), key="customer").key == "customer"
+    assert keyed_options(StringType()).key is None
+    with pytest.raises(ConfigurationError, match="option 'key': no column 'nope'"):
+        keyed_options(StringType(), key="nope")
+    with pytest.raises(
+        ConfigurationError, match="key column 'customer' must be a string or integer, not double"
+    ):
+        keyed_options(DoubleType(), key="customer")
+
+
+def test_key_values_are_staged_as_text_and_nulls_as_no_key() -> None:
+    import pyarrow as pa
+    from pyspark.sql.types import LongType, StringType
+
+    from txtasks.spark.encode import staged_from_arrow, staged_from_rows
+    from txtasks.spark.staging import STAGED_KEY
+
+    now = datetime(2030, 1, 1)
+    options = keyed_options(StringType(), key="customer")
+    batch = keyed_batch(["c1", None, "é 漢"], pa.string())
+    by_arrow = staged_from_arrow(batch, options, "w", "w.1", now)
+    assert by_arrow[STAGED_KEY].to_pylist() == ["c1", None, "é 漢"]
+    assert json.loads(by_arrow["payload"][0].as_py()) == {"n": 0, "customer": "c1"}  # kept
+    rows = staged_from_rows(as_rows(batch), options, "w", "w.1", now)
+    assert rows.to_pylist() == by_arrow.to_pylist()
+
+    numbers = keyed_options(LongType(), key="customer", payload="n")
+    staged = staged_from_arrow(keyed_batch([42, None], pa.int64()), numbers, "w", "w.1", now)
+    assert staged[STAGED_KEY].to_pylist() == ["42", None]
+    unkeyed = staged_from_arrow(batch, keyed_options(StringType()), "w", "w.1", now)
+    assert STAGED_KEY not in unkeyed.column_names
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("x" * 256, "is too long"),
+        ("é" * 128, "is too long"),  # 256 bytes
+        ("", "is empty"),
+        ("a\x00b", "holds a NUL character"),
+    ],
+)
+def test_a_key_value_the_tasks_table_cannot_hold_is_refused(value: str, problem: str) -> None:
+    import pyarrow as pa
+    from pyspark.sql.types import StringType
+
+    from txtasks.errors import ConfigurationError
+    from txtasks.spark.encode import staged_from_arrow, staged_from_rows
+
+    options = keyed_options(StringType(), key="customer")
+    batch = keyed_batch(["fine", value, None], pa.string())
+    expected = re.escape(
+        f"txtasks write: option 'key': value {value!r} {problem} "
+        "(a key is 1-255 bytes of UTF-8 without NUL)"
+    )
+    with pytest.raises(ConfigurationError, match=expected):
+        staged_from_arrow(batch, options, "w", "w.1", datetime(2030, 1, 1))
+    with pytest.raises(ConfigurationError, match=expected):
+        staged_from_rows(as_rows(batch), options, "w", "w.1", datetime(2030, 1, 1))

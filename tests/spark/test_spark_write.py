@@ -12,15 +12,16 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, func, select
 
-from txtasks import App
+from txtasks import App, KeyLimits
 from txtasks.driver.urls import url_sync
-from txtasks.schema.tables import commits, staged, tasks
+from txtasks.schema.tables import commits, key_hints, staged, tasks
 from txtasks.testing import run_until_empty
 
 ROWS = 40
@@ -349,6 +350,8 @@ def test_bad_options_fail_before_anything_is_written(spark: Any, database_url: s
         ({"task": ""}, "option 'task'"),
         ({"payload": "order_id,nope"}, "no column 'nope'"),
         ({"dedup": "missing"}, "option 'dedup': no column 'missing'"),
+        ({"key": "missing"}, "option 'key': no column 'missing'"),
+        ({"key": "amount"}, "key column 'amount' must be a string or integer, not double"),
         ({"payload": "blob"}, "payload column 'blob' cannot be stored as JSON"),
         ({"priority": "customer"}, "priority column 'customer' must be an integer"),
         ({"max_attempts": "zero"}, "option 'max_attempts' must be an integer >= 1"),
@@ -378,6 +381,63 @@ def test_workers_run_what_spark_enqueued(spark: Any, database_url: str) -> None:
     stats = asyncio.run(run())
     assert stats.outcomes == {"completed": ROWS}
     assert sorted(p["order_id"] for p in seen) == list(range(ROWS))
+
+
+def key_hint_count(url: str) -> int:
+    engine = create_engine(url_sync(url))
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(key_hints)).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def claim_once(url: str, limits: KeyLimits) -> list[Any]:
+    """One claim of every ready task of queue "orders", as a worker declaring `limits` makes."""
+    from txtasks.clock import utcnow
+    from txtasks.driver import driver_for_url
+
+    async def claim() -> list[Any]:
+        driver = driver_for_url(url)
+        await driver.open()
+        try:
+            now = utcnow() + timedelta(seconds=1)
+            return await driver.task_claim_many(
+                ["orders"],
+                ROWS * 2,
+                now=now,
+                lease_until=now + timedelta(seconds=60),
+                worker_id="spark-test",
+                keys={"orders": limits},
+            )
+        finally:
+            await driver.close()
+
+    return asyncio.run(claim())
+
+
+def test_a_keyed_write_gives_each_task_its_key_and_claims_honour_its_limits(
+    spark: Any, database_url: str
+) -> None:
+    # 7 customers; every tenth order has no customer: no key
+    df = orders(spark).selectExpr(
+        "order_id", "CASE WHEN order_id % 10 = 9 THEN NULL ELSE customer END AS customer"
+    )
+    writer(df, database_url, key="customer", dedup="order_id").save()
+    writer(df, database_url, key="customer", dedup="order_id").save()  # every row dropped
+
+    rows = live_rows(database_url)
+    assert len(rows) == ROWS
+    for row in rows:  # the key column stays in the payload, as the dedup column does
+        assert row["partition_key"] == json.loads(row["payload"])["customer"]
+    keys = {r["partition_key"] for r in rows} - {None}
+    assert len(keys) == 7 and sum(r["partition_key"] is None for r in rows) == ROWS // 10
+    assert key_hint_count(database_url) == 7  # one per key; none from the rerun's dropped rows
+
+    claimed = claim_once(database_url, KeyLimits(concurrency=1))
+    per_key = Counter(r.partition_key for r in claimed)
+    assert per_key.pop(None) == ROWS // 10  # tasks without a key are not limited
+    assert per_key == dict.fromkeys(keys, 1)  # one task of each key, on the first claim
 
 
 # -- streaming ----------------------------------------------------------------------------------

@@ -214,6 +214,8 @@ staged = Table(
     Column("run_at", Timestamp, nullable=False),
     Column("dedup_key", ExactString(255), nullable=True),
     Column("created_at", Timestamp, nullable=False),
+    # the task's key (see txtasks.keys); None: no key
+    Column("partition_key", ExactString(255), nullable=True),
     mysql_engine="InnoDB",
     sqlite_autoincrement=True,
 )

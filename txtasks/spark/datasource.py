@@ -129,7 +129,11 @@ def _stage(options: WriteOptions, key: str, encode: Encoder) -> StagedMessage:
 def _commit(options: WriteOptions, key: str, commit_id: str, messages: list[Any]) -> None:
     stages = {m.stage_id: m.rows for m in messages if isinstance(m, StagedMessage)}
     target = StageTarget(
-        options.queue, options.task, options.max_attempts, dedup=options.dedup is not None
+        options.queue,
+        options.task,
+        options.max_attempts,
+        dedup=options.dedup is not None,
+        keyed=options.key is not None,
     )
     published = _staging(options.url).commit(commit_id, key, stages, target, now=utcnow())
     if published and options.broker_url:

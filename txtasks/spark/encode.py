@@ -1,4 +1,5 @@
-"""Spark data to staged rows (Arrow tables of `STAGED_COLUMNS`).
+"""Spark data to staged rows (Arrow tables of `STAGED_COLUMNS`, and `STAGED_KEY` with option
+`key`).
 
 The Arrow path (`staged_from_arrow`) builds each payload column by column with Arrow compute:
 numbers, booleans and strings become JSON text without a Python object per value; other types
@@ -34,9 +35,9 @@ from pyspark.sql.types import (
 from txtasks.errors import ConfigurationError, PayloadError
 from txtasks.payload import DEFAULT_MAX_PAYLOAD_BYTES
 from txtasks.spark.options import INTEGRAL, WriteOptions
-from txtasks.spark.staging import STAGED_COLUMNS
+from txtasks.spark.staging import STAGED_COLUMNS, STAGED_KEY
 
-#: The longest dedup key the hot table holds, in bytes.
+#: The longest dedup key or task key the hot table holds, in bytes.
 MAX_KEY_BYTES = 255
 TEXT = pa.large_string()
 TIMESTAMP = pa.timestamp("us")
@@ -86,22 +87,28 @@ def staged_from_arrow(
     def column(name: str | None) -> Any:
         return None if name is None else batch.column(name)
 
-    special = (column(options.priority), column(options.run_at), column(options.dedup))
+    special = (
+        column(options.priority),
+        column(options.run_at),
+        column(options.dedup),
+        column(options.key),
+    )
     return _staged(batch.num_rows, payload, special, write_key, stage_id, now)
 
 
 def _staged(
     count: int,
     payload: Any,
-    special: tuple[Any, Any, Any],
+    special: tuple[Any, Any, Any, Any],
     write_key: str,
     stage_id: str,
     now: datetime,
 ) -> pa.Table:
-    """The staged table; `special` holds the priority, run_at and dedup columns (or None)."""
+    """The staged table; `special` holds the priority, run_at, dedup and key columns (or
+    None)."""
     payload = payload.cast(pa.large_binary())
     _check_sizes(payload)
-    rank, due, key = special
+    rank, due, unique, key = special
     priority = pa.repeat(pa.scalar(0, pa.int32()), count)
     if rank is not None:
         priority = rank.cast(pa.int32()).fill_null(0)
@@ -109,9 +116,9 @@ def _staged(
     if due is not None:  # TIMESTAMP values are UTC instants: the cast keeps UTC
         run_at = due.cast(TIMESTAMP).fill_null(pa.scalar(now, TIMESTAMP))
     dedup = pa.nulls(count, TEXT)
-    if key is not None:
-        dedup = key.cast(TEXT)
-        _check_keys(dedup)
+    if unique is not None:
+        dedup = unique.cast(TEXT)
+        _check_keys(dedup, "dedup")
     columns = {
         "write_key": pa.repeat(pa.scalar(write_key, TEXT), count),
         "stage_id": pa.repeat(pa.scalar(stage_id, TEXT), count),
@@ -121,7 +128,12 @@ def _staged(
         "dedup_key": dedup,
         "created_at": pa.repeat(pa.scalar(now, TIMESTAMP), count),
     }
-    return pa.table([columns[c] for c in STAGED_COLUMNS], names=list(STAGED_COLUMNS))
+    names = list(STAGED_COLUMNS)
+    if key is not None:  # a keyed write; a null value: that row's task has no key
+        columns[STAGED_KEY] = key.cast(TEXT)
+        _check_keys(columns[STAGED_KEY], "key", task_key=True)
+        names.append(STAGED_KEY)
+    return pa.table([columns[c] for c in names], names=names)
 
 
 def _check_sizes(payload: Any) -> None:
@@ -133,13 +145,25 @@ def _check_sizes(payload: Any) -> None:
         )
 
 
-def _check_keys(dedup: Any) -> None:
-    lengths = pc.binary_length(dedup)
-    if (pc.max(lengths).as_py() or 0) > MAX_KEY_BYTES:
-        value = dedup.filter(pc.greater(lengths, MAX_KEY_BYTES))[0].as_py()
-        raise ConfigurationError(
-            f"txtasks write: dedup value {value!r} is too long (at most {MAX_KEY_BYTES} bytes)"
-        )
+def _check_keys(values: Any, option: str, *, task_key: bool = False) -> None:
+    """Refuse a value of the `option` column that the hot table cannot hold: one longer than
+    MAX_KEY_BYTES, or for a task key (as `txtasks.keys.check_key`) an empty one or one with NUL."""
+    lengths = pc.binary_length(values)
+    rule = f"at most {MAX_KEY_BYTES} bytes"
+    if task_key:
+        rule = f"a key is 1-{MAX_KEY_BYTES} bytes of UTF-8 without NUL"
+    checks = [(pc.greater(lengths, MAX_KEY_BYTES), "is too long")]
+    if task_key:
+        checks += [
+            (pc.equal(lengths, 0), "is empty"),
+            (pc.match_substring(values, "\x00"), "holds a NUL character"),
+        ]
+    for bad, problem in checks:
+        if pc.any(bad).as_py():
+            value = values.filter(bad)[0].as_py()
+            raise ConfigurationError(
+                f"txtasks write: option '{option}': value {value!r} {problem} ({rule})"
+            )
 
 
 def _json_text(column: Any, kind: DataType, name: str) -> Any:
@@ -239,8 +263,8 @@ def staged_from_rows(
     """Spark rows as staged rows (one Python pass per row)."""
     where = {name: i for i, name in enumerate(options.columns)}
     payload = [(c, where[c], c not in options.native) for c in options.payload]
-    roles = [options.priority, options.run_at, options.dedup]
-    found: list[list[Any]] = [[], [], []]
+    roles = [options.priority, options.run_at, options.dedup, options.key]
+    found: list[list[Any]] = [[], [], [], []]
     texts = []
     for row in rows:
         data = {c: _jsonable(row[i]) if convert else row[i] for c, i, convert in payload}
@@ -249,13 +273,14 @@ def staged_from_rows(
             if role is not None:
                 values.append(row[where[role]])
     kind = options.timestamps.get(options.run_at or "", "ltz")
-    rank, due, key = found
+    rank, due, unique, key = found
     special = (
         None if options.priority is None else pa.array(rank, pa.int64()),
         None
         if options.run_at is None
         else pa.array([_utc_or_none(v, kind) for v in due], TIMESTAMP),
-        None if options.dedup is None else pa.array([_text_or_none(v) for v in key], TEXT),
+        None if options.dedup is None else pa.array([_text_or_none(v) for v in unique], TEXT),
+        None if options.key is None else pa.array([_text_or_none(v) for v in key], TEXT),
     )
     return _staged(len(texts), pa.array(texts, TEXT), special, write_key, stage_id, now)
 

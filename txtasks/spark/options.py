@@ -67,6 +67,8 @@ class WriteOptions:
     queue: str = "default"
     payload: tuple[str, ...] = ()
     dedup: str | None = None
+    #: The column of each task's key (see docs/keys.md); None: no task has a key.
+    key: str | None = None
     priority: str | None = None
     run_at: str | None = None
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
@@ -95,7 +97,7 @@ class WriteOptions:
         if not task:
             raise ConfigurationError("txtasks write: option 'task' (the task name) is required")
         columns = {f.name: f.dataType for f in schema.fields}
-        special = {k: get(k) for k in ("dedup", "priority", "run_at")}
+        special = {k: get(k) for k in ("dedup", "key", "priority", "run_at")}
         for option, column in special.items():
             if column is not None and column not in columns:
                 raise ConfigurationError(
@@ -113,12 +115,13 @@ class WriteOptions:
                 f"txtasks write: run_at column {run_at!r} must be a timestamp, "
                 f"not {columns[run_at].simpleString()}"
             )
-        dedup = special["dedup"]
-        if dedup is not None and not isinstance(columns[dedup], (StringType, *INTEGRAL)):
-            raise ConfigurationError(
-                f"txtasks write: dedup column {dedup!r} must be a string or integer, "
-                f"not {columns[dedup].simpleString()}"
-            )
+        dedup, key = special["dedup"], special["key"]
+        for option, column in (("dedup", dedup), ("key", key)):
+            if column is not None and not isinstance(columns[column], (StringType, *INTEGRAL)):
+                raise ConfigurationError(
+                    f"txtasks write: {option} column {column!r} must be a string or integer, "
+                    f"not {columns[column].simpleString()}"
+                )
         payload = tuple(c.strip() for c in (get("payload") or "").split(",") if c.strip())
         if not payload:
             payload = tuple(columns)
@@ -146,6 +149,7 @@ class WriteOptions:
             queue=check_queue_name(get("queue") or "default", setting="txtasks write: queue"),
             payload=payload,
             dedup=dedup,
+            key=key,
             priority=priority,
             run_at=run_at,
             max_attempts=_positive_int(get("max_attempts"), "max_attempts", DEFAULT_MAX_ATTEMPTS),

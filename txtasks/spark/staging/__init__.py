@@ -2,12 +2,14 @@
 
 A staging writer (one Spark partition attempt) inserts its rows into `txtasks_staged` under
 the write's key and a `stage_id` of its own, in one transaction. Only the columns that vary
-per row are staged (payload, priority, run_at, dedup key); the commit supplies the rest. The
-commit, one transaction, records its `commit_id` in `txtasks_commits` (a second commit of the
-same id changes nothing and discards what it was given), checks that every reported attempt's
-rows are all there, deletes the rows of attempts it was not given, copies the rest into the hot
-table as `pending` with one INSERT ... SELECT (dropping rows whose dedup key a live task holds,
-or that repeat a key within the write), and deletes the write's staged rows. Abort deletes them.
+per row are staged (payload, priority, run_at, dedup key, task key); the commit supplies the
+rest. The commit, one transaction, records its `commit_id` in `txtasks_commits` (a second commit
+of the same id changes nothing and discards what it was given), checks that every reported
+attempt's rows are all there, deletes the rows of attempts it was not given, leaves one key hint
+per task key among the rows it publishes (as every enqueue does: see `txtasks.keys`), copies
+those rows into the hot table as `pending` with one INSERT ... SELECT (dropping rows whose dedup
+key a live task holds, or that repeat a key within the write), and deletes the write's staged
+rows. Abort deletes them.
 
 A write is open from before its first attempt stages until its commit or abort: it has a row in
 `txtasks_writes`. Staging ends by reading that row under a shared lock, and rolls back if it is
@@ -16,8 +18,9 @@ the stagers that hold the lock. So an attempt still running when its write ended
 speculative race, an attempt Spark stopped waiting for) stages nothing, and no staged row
 outlives its write.
 
-Staged rows arrive as Arrow tables (`STAGED_COLUMNS`): dialects send them in bulk (COPY,
-multi-row INSERT; see the modules beside this one). `staging_for` picks a backend's staging by
+Staged rows arrive as Arrow tables (`STAGED_COLUMNS`, then `STAGED_KEY` for a keyed write):
+dialects send them in bulk (COPY, multi-row INSERT, naming the batch's columns; see the modules
+beside this one). `staging_for` picks a backend's staging by
 its name, and the staging works through the driver's public engine and transactions. These
 methods are synchronous, except the cleaner's purge: Spark's Python workers are synchronous.
 This package imports neither PySpark nor (until rows are sent in bulk) PyArrow.
@@ -47,7 +50,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from txtasks.errors import ConfigurationError, TxtasksError
-from txtasks.schema.tables import commits, staged, tasks, writes
+from txtasks.schema.tables import commits, key_hints, staged, tasks, writes
 from txtasks.types import JSON_CONTENT_TYPE, TaskState
 
 if TYPE_CHECKING:
@@ -57,7 +60,7 @@ STAGED = TaskState.STAGED.value
 #: Stage ids per statement when deleting the rows of attempts a commit was not given.
 CHUNK = 1000
 
-#: The columns of a staged batch (an Arrow table), in order.
+#: The columns every staged batch (an Arrow table) has, in order.
 STAGED_COLUMNS = (
     "write_key",
     "stage_id",
@@ -67,6 +70,9 @@ STAGED_COLUMNS = (
     "dedup_key",
     "created_at",
 )
+#: The column a staged batch of a keyed write (option `key`) has besides `STAGED_COLUMNS`:
+#: each task's key, or None. A batch without it stages tasks without a key.
+STAGED_KEY = "partition_key"
 
 #: Each backend's staging (by `Driver.capabilities.name`), as (module, class name).
 BY_BACKEND: dict[str, tuple[str, str]] = {
@@ -95,6 +101,8 @@ class StageTarget:
     max_attempts: int
     #: Whether rows may carry dedup keys (the commit then applies them).
     dedup: bool = False
+    #: Whether rows may carry task keys (the commit then leaves a hint per key).
+    keyed: bool = False
 
 
 class Staging(Protocol):
@@ -146,7 +154,8 @@ class SqlStaging:
             pass  # open already: a re-run with the same commit id, a restarted stream
 
     def stage(self, write_key: str, batches: Iterable[Any]) -> int:
-        """Insert staged rows (Arrow tables of `STAGED_COLUMNS`) in one transaction, which
+        """Insert staged rows (Arrow tables of `STAGED_COLUMNS`, and maybe `STAGED_KEY`) in one
+        transaction, which
         commits only if the write is still open (else raises `WriteClosed`)."""
         count = 0
         with self.driver.sync_engine.begin() as conn:
@@ -204,6 +213,8 @@ class SqlStaging:
             with self.driver.sync_engine.begin() as conn:
                 conn.execute(insert(commits).values(commit_id=commit_id, committed_at=now, tasks=0))
                 _check_and_drop_losers(conn, write_key, stages)
+                if target.keyed:  # before the publish: its dedup check then sees the same tasks
+                    conn.execute(_stmt_hints(write_key, target))
                 count = int(conn.execute(_stmt_publish(write_key, target)).rowcount)
                 _delete_staged(conn, write_key)
                 conn.execute(
@@ -284,9 +295,38 @@ def _check_and_drop_losers(conn: Connection, write_key: str, stages: Mapping[str
     _delete_staged(conn, write_key, [s for s in found if s not in stages])
 
 
+def _published(write_key: str, target: StageTarget) -> Any:
+    """The condition on a write's staged rows that the commit publishes: all of them, less
+    (with dedup keys) those whose key a live task holds or an earlier row of the write has."""
+    mine = staged.c.write_key == write_key
+    if not target.dedup:
+        return mine
+    first = (
+        select(func.min(staged.c.id))
+        .where(mine, staged.c.dedup_key.is_not(None))
+        .group_by(staged.c.dedup_key)
+    )
+    live = exists().where(tasks.c.dedup_key == staged.c.dedup_key)
+    return and_(mine, or_(staged.c.dedup_key.is_(None), and_(staged.c.id.in_(first), ~live)))
+
+
+def _stmt_hints(write_key: str, target: StageTarget) -> Any:
+    """INSERT ... SELECT of one key hint per task key among the rows the commit publishes, due
+    at the key's earliest run_at (run it before the publish, which makes its rows live)."""
+    rows = (
+        select(
+            literal(target.queue, key_hints.c.queue.type),
+            staged.c.partition_key,
+            func.min(staged.c.run_at),
+        )
+        .where(_published(write_key, target), staged.c.partition_key.is_not(None))
+        .group_by(staged.c.partition_key)
+    )
+    return insert(key_hints).from_select(["queue", "partition_key", "run_at"], rows)
+
+
 def _stmt_publish(write_key: str, target: StageTarget) -> Any:
     """INSERT ... SELECT of a write's staged rows into the hot table, as pending tasks."""
-    mine = staged.c.write_key == write_key
     rows = select(
         literal(target.queue, tasks.c.queue.type),
         literal(target.task_name, tasks.c.task_name.type),
@@ -299,15 +339,8 @@ def _stmt_publish(write_key: str, target: StageTarget) -> Any:
         literal(target.max_attempts, tasks.c.max_attempts.type),
         staged.c.created_at,
         staged.c.dedup_key,
-    ).where(mine)
-    if target.dedup:
-        first = (
-            select(func.min(staged.c.id))
-            .where(mine, staged.c.dedup_key.is_not(None))
-            .group_by(staged.c.dedup_key)
-        )
-        live = exists().where(tasks.c.dedup_key == staged.c.dedup_key)
-        rows = rows.where(or_(staged.c.dedup_key.is_(None), and_(staged.c.id.in_(first), ~live)))
+        staged.c.partition_key,
+    ).where(_published(write_key, target))
     columns = [
         "queue",
         "task_name",
@@ -320,6 +353,7 @@ def _stmt_publish(write_key: str, target: StageTarget) -> Any:
         "max_attempts",
         "created_at",
         "dedup_key",
+        "partition_key",
     ]
     publish = insert(tasks).from_select(columns, rows.order_by(staged.c.id))
     return publish.execution_options(preserve_rowcount=True)  # INSERT rowcount: not kept by default

@@ -6,10 +6,11 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from txtasks.spark.staging import STAGED_COLUMNS, SqlStaging
+from txtasks.spark.staging import SqlStaging
 
-#: Staged rows go in as multi-row INSERTs whose values Arrow writes as SQL literals.
-INSERT_STAGED = "INSERT INTO txtasks_staged ({}) VALUES ".format(", ".join(STAGED_COLUMNS))
+#: Staged rows go in as multi-row INSERTs (of the batch's columns) whose values Arrow writes as
+#: SQL literals.
+INSERT_STAGED = "INSERT INTO txtasks_staged ({}) VALUES "
 #: The most bytes of row literals per INSERT statement (under the default max_allowed_packet).
 STATEMENT_BYTES = 4 * 1024 * 1024
 #: PyMySQL's SERVER_STATUS_NO_BACKSLASH_ESCAPES bit.
@@ -25,8 +26,7 @@ def staged_values(batch: Any, backslash_escapes: bool = True) -> list[str]:
     text_type = pa.large_string()
     quote, comma, empty = (pa.scalar(c, text_type) for c in ("'", ",", ""))
     parts: list[Any] = [pa.scalar("(", text_type)]
-    for name in STAGED_COLUMNS:
-        column = batch.column(name)
+    for column in batch.columns:
         text = column.cast(text_type)
         if not pa.types.is_integer(column.type):
             if backslash_escapes:
@@ -57,6 +57,7 @@ class MySQLStaging(SqlStaging):
     def insert_batch(self, conn: Connection, batch: Any) -> None:
         raw: Any = conn.connection.driver_connection
         backslash = not getattr(raw, "server_status", 0) & NO_BACKSLASH_ESCAPES
+        head = INSERT_STAGED.format(", ".join(batch.column_names))
         with raw.cursor() as cursor:
             for values in staged_values(batch, backslash):
-                cursor.execute(INSERT_STAGED + values)
+                cursor.execute(head + values)

@@ -6,10 +6,10 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from txtasks.spark.staging import STAGED_COLUMNS, SqlStaging
+from txtasks.spark.staging import SqlStaging
 
-#: Staged rows go in with COPY: no per-row work in Python.
-COPY_STAGED = "COPY txtasks_staged ({}) FROM STDIN (FORMAT csv)".format(", ".join(STAGED_COLUMNS))
+#: Staged rows go in with COPY (of the batch's columns): no per-row work in Python.
+COPY_STAGED = "COPY txtasks_staged ({}) FROM STDIN (FORMAT csv)"
 
 
 def staged_csv(batch: Any) -> bytes:
@@ -36,5 +36,5 @@ class PostgresStaging(SqlStaging):
             if not hasattr(cursor, "copy"):  # not psycopg 3
                 super().insert_batch(conn, batch)
                 return
-            with cursor.copy(COPY_STAGED) as copy:
+            with cursor.copy(COPY_STAGED.format(", ".join(batch.column_names))) as copy:
                 copy.write(staged_csv(batch))
