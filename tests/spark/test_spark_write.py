@@ -440,6 +440,40 @@ def test_a_keyed_write_gives_each_task_its_key_and_claims_honour_its_limits(
     assert per_key == dict.fromkeys(keys, 1)  # one task of each key, on the first claim
 
 
+def test_a_keyed_commit_hints_only_the_keys_of_the_tasks_it_publishes(database_url: str) -> None:
+    """Rows dropped by dedup (a live task holds their dedup key, or an earlier row of the write
+    does) leave no hint for their key."""
+    import pyarrow as pa
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from txtasks.spark import WriteOptions
+    from txtasks.spark.datasource import TxtasksWriter
+
+    schema = StructType([StructField("k", LongType()), StructField("v", StringType())])
+    options = {"url": database_url, "task": "spark.order", "dedup": "k", "key": "v"}
+
+    def write(rows: list[tuple[int, str | None]]) -> None:
+        writer = TxtasksWriter(WriteOptions.parse(options, schema))
+        batch = pa.RecordBatch.from_pylist([{"k": k, "v": v} for k, v in rows])
+        writer.commit([writer.write(iter([batch]))])
+
+    write([(2, "z")])
+    write([(1, "a"), (1, "b"), (2, "c"), (3, None)])  # "b" repeats k=1, "c" finds k=2 live
+
+    assert {(r["dedup_key"], r["partition_key"]) for r in live_rows(database_url)} == {
+        ("1", "a"),
+        ("2", "z"),
+        ("3", None),
+    }
+    engine = create_engine(url_sync(database_url))
+    try:
+        with engine.connect() as conn:
+            hinted = conn.execute(select(key_hints.c.queue, key_hints.c.partition_key)).all()
+    finally:
+        engine.dispose()
+    assert sorted(hinted) == [("default", "a"), ("default", "z")]
+
+
 # -- streaming ----------------------------------------------------------------------------------
 
 
