@@ -457,6 +457,17 @@ class SqlDialect:
             )
         )
 
+    async def key_overrides(self, conn: AsyncConnection, names: list[str]) -> list[Any]:
+        """The `txtasks_key_limits` rows of keys `names` (mappings)."""
+        return list((await conn.execute(self.stmt_key_overrides(), {"names": names})).mappings())
+
+    async def keys_running(
+        self, conn: AsyncConnection, names: list[str]
+    ) -> list[tuple[str, str, int]]:
+        """(queue, key, tasks processing) of the keys `names` that have some."""
+        result = await conn.execute(self.stmt_keys_running(), {"names": names})
+        return [(q, k, int(n)) for q, k, n in result]
+
     @staticmethod
     @functools.cache
     def stmt_key_overrides() -> Executable:

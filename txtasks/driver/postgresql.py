@@ -103,6 +103,18 @@ KEYS_DUE = text(
     "ORDER BY priority DESC, run_at, id LIMIT k.n) AS t"
 ).bindparams(bindparam("now", type_=Timestamp))
 
+#: The tasks processing per key of $1 (along the lease index, which holds only what runs).
+KEYS_RUNNING_SQL = (
+    "SELECT queue, partition_key, count(*) FROM txtasks_tasks "
+    "WHERE state = 'processing' AND partition_key = ANY($1::varchar[]) "
+    "GROUP BY queue, partition_key"
+)
+#: The limits stored for the keys $1.
+KEY_OVERRIDES_SQL = (
+    "SELECT queue, partition_key, concurrency, ordered, rate_count, rate_per, rate_burst "
+    "FROM txtasks_key_limits WHERE partition_key = ANY($1::varchar[])"
+)
+
 _ARCHIVED = [c for c in TASK_COLUMNS if c not in ("state", "lease_expires_at", "last_error")]
 
 #: Finishing outcomes (completed, failed, discarded, dead) in one autocommit statement: lock the
@@ -228,6 +240,12 @@ def _sqlstate(exc: DBAPIError) -> str | None:
     return getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
 
 
+async def _raw(conn: AsyncConnection) -> Any:
+    """The asyncpg connection under `conn`, inside its transaction (begun by a statement
+    `conn` ran before)."""
+    return (await conn.get_raw_connection()).driver_connection
+
+
 #: The SQLSTATE of a lock wait that ran out of lock_timeout.
 LOCK_NOT_AVAILABLE = "55P03"
 
@@ -295,12 +313,23 @@ class PostgresDialect(SqlDialect):
     async def claim_ids(self, conn: AsyncConnection, params: dict[str, Any]) -> list[TaskRow]:
         """The claim's own statement (as `CLAIM_SQL`), on the asyncpg connection under `conn`,
         inside its transaction."""
-        raw: Any = (await conn.get_raw_connection()).driver_connection
+        raw = await _raw(conn)
         p = params
         records = await raw.fetch(
             CLAIM_IDS_SQL, p["lease_until"], p["worker_id"], p["now"], p["ids"]
         )
         return [TaskRow.from_claim(r, p["worker_id"], p["lease_until"], p["now"]) for r in records]
+
+    async def key_overrides(self, conn: AsyncConnection, names: list[str]) -> list[Any]:
+        """On the asyncpg connection, the keys as one array: one statement whatever their
+        number (an expanding IN prepared a statement per count)."""
+        return await (await _raw(conn)).fetch(KEY_OVERRIDES_SQL, names)  # type: ignore[no-any-return]
+
+    async def keys_running(
+        self, conn: AsyncConnection, names: list[str]
+    ) -> list[tuple[str, str, int]]:
+        """As `key_overrides`: on the asyncpg connection, the keys as one array."""
+        return [(q, k, n) for q, k, n in await (await _raw(conn)).fetch(KEYS_RUNNING_SQL, names)]
 
     async def keys_heads(self, conn: AsyncConnection, pairs: list[tuple[str, str]]) -> list[Any]:
         """One statement whatever the number of keys: a lateral lookup per key."""

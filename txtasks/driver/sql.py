@@ -388,8 +388,7 @@ class SqlDriver(SqlAdmin):
             for h in held
         ]  # fmt: skip
         if any(s.limits.slots is not None for s in slots):
-            counts = await conn.execute(self.sql.stmt_keys_running(), {"names": names})
-            running = {(q, k): int(n) for q, k, n in counts}
+            running = {(q, k): n for q, k, n in await self.sql.keys_running(conn, names)}
             for s in slots:
                 s.running = running.get((s.queue, s.key), 0)
         heads = await self._key_heads(conn, [s for s in slots if s.limits.ordered])
@@ -411,8 +410,8 @@ class SqlDriver(SqlAdmin):
     async def _key_overrides(
         self, conn: AsyncConnection, names: list[str]
     ) -> dict[tuple[str | None, str], KeyOverride]:
-        result = await conn.execute(self.sql.stmt_key_overrides(), {"names": names})
-        return {(o.queue, o.key): o for o in (override_of(row) for row in result.mappings())}
+        rows = await self.sql.key_overrides(conn, names)
+        return {(o.queue, o.key): o for o in (override_of(row) for row in rows)}
 
     async def _key_heads(
         self, conn: AsyncConnection, ordered: list[KeySlot]
