@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, event, make_url, text
 from tests.conftest import BACKENDS, reset_schema, server_url
 from txtasks.clock import utcnow
 from txtasks.driver import driver_for_url
-from txtasks.driver.postgresql import CLAIM_SQL, FINISH_SQL
+from txtasks.driver.postgresql import CLAIM_SQL, FINISH_SQL, KEYS_RUNNING_SQL
 from txtasks.driver.sql import SqlDriver
 from txtasks.driver.urls import url_sync
 from txtasks.types import NewTask
@@ -155,3 +155,40 @@ async def test_finishing_outcomes_looks_up_each_row_whatever_the_statistics_say(
     looped = [n for n in scans if n["Actual Loops"] > 1]
     assert all(n.get("Index Name") == "txtasks_tasks_pkey" for n in looped), read
     assert all(n.get("Rows Removed by Filter", 0) <= 1 for n in looped), read
+
+
+async def test_a_key_claim_counts_each_key_s_running_tasks_along_their_own_index(
+    request: pytest.FixtureRequest, tmp_path: Any
+) -> None:
+    """With thousands of tasks processing, counting those of the keys a claim holds reads only
+    theirs (one probe of the running index per key), not every processing task."""
+    import asyncpg
+
+    url = server_url(request, "postgresql", tmp_path)
+    reset_schema(url)
+    dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            "INSERT INTO txtasks_tasks (queue, task_name, payload, content_type, state, priority,"
+            " run_at, attempt, max_attempts, created_at, partition_key, worker_id,"
+            " lease_expires_at) SELECT 'q', 't', 'null', 'application/json', 'processing', 0,"
+            " now(), 1, 3, now(), CASE WHEN i % 2 = 0 THEN 'k' || (i % 1000) END, 'w',"
+            " now() + interval '1 minute' FROM generate_series(1, 6000) AS i"
+        )
+        await conn.execute("ANALYZE txtasks_tasks")
+        names = [f"k{i}" for i in range(0, 20, 2)]
+        plan = await conn.fetchval(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + KEYS_RUNNING_SQL, ["q"] * len(names), names
+        )
+        counts = await conn.fetch(KEYS_RUNNING_SQL, ["q"] * len(names), names)
+    finally:
+        await conn.close()
+    assert sorted((r["partition_key"], r["n"]) for r in counts) == sorted((k, 6) for k in names)
+    tree = nodes((plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"])
+    scans = [n for n in tree if n.get("Relation Name") == "txtasks_tasks"]
+    read = [
+        (n["Node Type"], n.get("Index Name"), n["Actual Rows"], n["Actual Loops"]) for n in scans
+    ]
+    assert [n.get("Index Name") for n in scans] == ["ix_txtasks_tasks_running"], read
+    assert all(n["Actual Rows"] <= 6 for n in scans), read  # per probe: that key's tasks

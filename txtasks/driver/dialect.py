@@ -462,9 +462,10 @@ class SqlDialect:
         return list((await conn.execute(self.stmt_key_overrides(), {"names": names})).mappings())
 
     async def keys_running(
-        self, conn: AsyncConnection, names: list[str]
+        self, conn: AsyncConnection, pairs: list[tuple[str, str]]
     ) -> list[tuple[str, str, int]]:
-        """(queue, key, tasks processing) of the keys `names` that have some."""
+        """(queue, key, tasks processing) of the keys `pairs` (queue, key) that have some."""
+        names = sorted({k for _q, k in pairs})
         result = await conn.execute(self.stmt_keys_running(), {"names": names})
         return [(q, k, int(n)) for q, k, n in result]
 

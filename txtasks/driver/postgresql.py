@@ -103,11 +103,13 @@ KEYS_DUE = text(
     "ORDER BY priority DESC, run_at, id LIMIT k.n) AS t"
 ).bindparams(bindparam("now", type_=Timestamp))
 
-#: The tasks processing per key of $1 (along the lease index, which holds only what runs).
+#: The tasks processing per key ($1[i], $2[i]): a probe of the running index per key.
 KEYS_RUNNING_SQL = (
-    "SELECT queue, partition_key, count(*) FROM txtasks_tasks "
-    "WHERE state = 'processing' AND partition_key = ANY($1::varchar[]) "
-    "GROUP BY queue, partition_key"
+    "SELECT k.queue, k.partition_key, r.n "
+    "FROM unnest($1::varchar[], $2::varchar[]) AS k(queue, partition_key) "
+    "CROSS JOIN LATERAL (SELECT count(*) AS n FROM txtasks_tasks t "
+    "WHERE t.queue = k.queue AND t.partition_key = k.partition_key "
+    "AND t.state = 'processing') AS r WHERE r.n > 0"
 )
 #: The limits stored for the keys $1.
 KEY_OVERRIDES_SQL = (
@@ -326,10 +328,12 @@ class PostgresDialect(SqlDialect):
         return await (await _raw(conn)).fetch(KEY_OVERRIDES_SQL, names)  # type: ignore[no-any-return]
 
     async def keys_running(
-        self, conn: AsyncConnection, names: list[str]
+        self, conn: AsyncConnection, pairs: list[tuple[str, str]]
     ) -> list[tuple[str, str, int]]:
-        """As `key_overrides`: on the asyncpg connection, the keys as one array."""
-        return [(q, k, n) for q, k, n in await (await _raw(conn)).fetch(KEYS_RUNNING_SQL, names)]
+        """As `key_overrides`: on the asyncpg connection, the keys as arrays."""
+        queues, names = [q for q, _k in pairs], [k for _q, k in pairs]
+        rows = await (await _raw(conn)).fetch(KEYS_RUNNING_SQL, queues, names)
+        return [(q, k, n) for q, k, n in rows]
 
     async def keys_heads(self, conn: AsyncConnection, pairs: list[tuple[str, str]]) -> list[Any]:
         """One statement whatever the number of keys: a lateral lookup per key."""

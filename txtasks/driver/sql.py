@@ -388,7 +388,8 @@ class SqlDriver(SqlAdmin):
             for h in held
         ]  # fmt: skip
         if any(s.limits.slots is not None for s in slots):
-            running = {(q, k): n for q, k, n in await self.sql.keys_running(conn, names)}
+            pairs = [(s.queue, s.key) for s in slots if s.limits.slots is not None]
+            running = {(q, k): n for q, k, n in await self.sql.keys_running(conn, pairs)}
             for s in slots:
                 s.running = running.get((s.queue, s.key), 0)
         heads = await self._key_heads(conn, [s for s in slots if s.limits.ordered])

@@ -170,6 +170,14 @@ Index(
     postgresql_where=text(KEYED),
     sqlite_where=text(KEYED),
 )
+#: The tasks of each key that are processing: a claim counts them, one probe per key.
+Index(
+    "ix_txtasks_tasks_running",
+    tasks.c.queue,
+    tasks.c.partition_key,
+    postgresql_where=text(f"state = 'processing' AND {KEYED}"),
+    sqlite_where=text(f"state = 'processing' AND {KEYED}"),
+).ddl_if(dialect=("postgresql", "sqlite"))  # type: ignore[arg-type]  # a tuple works
 Index(
     "ix_txtasks_tasks_stage",
     tasks.c.stage_id,
