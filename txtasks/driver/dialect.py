@@ -457,6 +457,16 @@ class SqlDialect:
             )
         )
 
+    async def keys_lock(
+        self, conn: AsyncConnection, params: dict[str, Any]
+    ) -> tuple[list[Any], list[Any]]:
+        """The keys a claim serves (`stmt_keys_lock`: locked, longest waiting first) and the
+        `txtasks_key_limits` rows stored for them."""
+        held = (await conn.execute(self.stmt_keys_lock(), params)).all()
+        if not held:
+            return [], []
+        return list(held), await self.key_overrides(conn, sorted({h.partition_key for h in held}))
+
     async def key_overrides(self, conn: AsyncConnection, names: list[str]) -> list[Any]:
         """The `txtasks_key_limits` rows of keys `names` (mappings)."""
         return list((await conn.execute(self.stmt_key_overrides(), {"names": names})).mappings())

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 from collections.abc import Generator, Iterator, Sequence
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
-from sqlalchemy import Connection, Result, bindparam, text
+from sqlalchemy import Connection, Executable, Result, Select, bindparam, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -21,7 +22,7 @@ from txtasks.driver.sql import CLOSE_WITHIN, Claim, SqlDriver
 from txtasks.driver.timeouts import Watchdog, keepalive_set, socket_of
 from txtasks.keys import HINTS_PER_CLAIM
 from txtasks.schema import migrate as schema_migrate
-from txtasks.schema.tables import READY, TASK_COLUMNS, Timestamp, tasks
+from txtasks.schema.tables import READY, TASK_COLUMNS, Timestamp, key_limits, keys, tasks
 from txtasks.types import CLAIMED_COLUMNS, NewTask, Outcome, TaskKey, TaskRow
 
 #: SQLSTATEs worth a fresh transaction: serialization failure, deadlock.
@@ -111,11 +112,8 @@ KEYS_RUNNING_SQL = (
     "WHERE t.queue = k.queue AND t.partition_key = k.partition_key "
     "AND t.state = 'processing') AS r WHERE r.n > 0"
 )
-#: The limits stored for the keys $1.
-KEY_OVERRIDES_SQL = (
-    "SELECT queue, partition_key, concurrency, ordered, rate_count, rate_per, rate_burst "
-    "FROM txtasks_key_limits WHERE partition_key = ANY($1::varchar[])"
-)
+#: The limits a `txtasks_key_limits` row stores.
+_LIMIT_COLUMNS = ("concurrency", "ordered", "rate_count", "rate_per", "rate_burst")
 
 _ARCHIVED = [c for c in TASK_COLUMNS if c not in ("state", "lease_expires_at", "last_error")]
 
@@ -322,15 +320,50 @@ class PostgresDialect(SqlDialect):
         )
         return [TaskRow.from_claim(r, p["worker_id"], p["lease_until"], p["now"]) for r in records]
 
-    async def key_overrides(self, conn: AsyncConnection, names: list[str]) -> list[Any]:
-        """On the asyncpg connection, the keys as one array: one statement whatever their
-        number (an expanding IN prepared a statement per count)."""
-        return await (await _raw(conn)).fetch(KEY_OVERRIDES_SQL, names)  # type: ignore[no-any-return]
+    async def keys_lock(
+        self, conn: AsyncConnection, params: dict[str, Any]
+    ) -> tuple[list[Any], list[Any]]:
+        """One statement: the keys locked, each with the limits stored for it (if any)."""
+        held: dict[int, Any] = {}
+        stored = []
+        for row in await conn.execute(self.stmt_keys_lock_limits(), params):
+            held.setdefault(row.id, row)
+            if row.o_queue is not None:
+                stored.append(
+                    {"queue": row.o_queue, "partition_key": row.partition_key}
+                    | {c: row._mapping[c] for c in _LIMIT_COLUMNS}
+                )
+        return list(held.values()), stored
+
+    @classmethod
+    @functools.cache
+    def stmt_keys_lock_limits(cls) -> Executable:
+        """`stmt_keys_lock`, joined with the limits stored for each key (in its queue or
+        every queue: a row per stored limit) and kept in its order."""
+        locked = cast(Select[Any], cls.stmt_keys_lock())
+        held = locked.add_columns(keys.c.ready_at).cte("held")
+        o = key_limits
+        scope = (o.c.partition_key == held.c.partition_key) & (
+            (o.c.queue == held.c.queue) | (o.c.queue == "*")
+        )
+        return (
+            select(
+                held.c.id,
+                held.c.queue,
+                held.c.partition_key,
+                held.c.next_start_at,
+                o.c.queue.label("o_queue"),
+                *[o.c[c] for c in _LIMIT_COLUMNS],
+            )
+            .select_from(held.outerjoin(o, scope))
+            .order_by(held.c.ready_at, held.c.id)
+        )
 
     async def keys_running(
         self, conn: AsyncConnection, pairs: list[tuple[str, str]]
     ) -> list[tuple[str, str, int]]:
-        """As `key_overrides`: on the asyncpg connection, the keys as arrays."""
+        """On the asyncpg connection, the keys as arrays: one statement whatever their number
+        (an expanding IN prepared a statement per count)."""
         queues, names = [q for q, _k in pairs], [k for _q, k in pairs]
         rows = await (await _raw(conn)).fetch(KEYS_RUNNING_SQL, queues, names)
         return [(q, k, n) for q, k, n in rows]

@@ -39,7 +39,6 @@ from txtasks.errors import SchemaError
 from txtasks.keys import (
     NEXT_DUE,
     KeyLimits,
-    KeyOverride,
     KeySlot,
     fetch_cap,
     limits_for,
@@ -378,11 +377,10 @@ class SqlDriver(SqlAdmin):
         """The tasks claimed, and whether more keys may be armed (as many locked as asked)."""
         now = claim.now
         lock = {"queues": claim.queues, "now": now, "limit": limit}
-        held = (await conn.execute(self.sql.stmt_keys_lock(), lock)).all()
+        held, stored = await self.sql.keys_lock(conn, lock)
         if not held:
             return [], False
-        names = sorted({h.partition_key for h in held})
-        overrides = await self._key_overrides(conn, names)
+        overrides = {(o.queue, o.key): o for o in map(override_of, stored)}
         slots = [
             KeySlot(h.queue, h.partition_key, limits_for(h.queue, h.partition_key, declared, overrides), 0, h.next_start_at)
             for h in held
@@ -407,12 +405,6 @@ class SqlDriver(SqlAdmin):
         looks = await self._keys_settle(conn, held, slots, asks, found, took, heads, now)
         self._keys_wake_note(claim.queues, looks, now)
         return rows, len(held) == limit
-
-    async def _key_overrides(
-        self, conn: AsyncConnection, names: list[str]
-    ) -> dict[tuple[str | None, str], KeyOverride]:
-        rows = await self.sql.key_overrides(conn, names)
-        return {(o.queue, o.key): o for o in (override_of(row) for row in rows)}
 
     async def _key_heads(
         self, conn: AsyncConnection, ordered: list[KeySlot]
