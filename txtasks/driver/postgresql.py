@@ -65,21 +65,19 @@ RETURNING {", ".join(CLAIMED_COLUMNS)}
 #: turns (an `ORDER BY id` read and sorted every hint when the statistics were stale). The ids
 #: travel as an array, so that the delete finds them by the primary key (`IN (SELECT ...)`
 #: became a hash join over a sequential scan of every hint).
-HINTS_TAKE = text(
-    """
+HINTS_TAKE = """
 WITH h AS (
   DELETE FROM txtasks_key_hints WHERE id = ANY(ARRAY(
-    SELECT id FROM txtasks_key_hints WHERE queue = ANY(CAST(:queues AS varchar[]))
-     LIMIT :limit FOR UPDATE SKIP LOCKED))
+    SELECT id FROM txtasks_key_hints WHERE queue = ANY($1::varchar[])
+     LIMIT $2 FOR UPDATE SKIP LOCKED))
   RETURNING queue, partition_key, run_at)
 INSERT INTO txtasks_keys AS k (queue, partition_key, ready_at, updated_at)
-SELECT queue, partition_key, min(run_at), :now FROM h
+SELECT queue, partition_key, min(run_at), $3 FROM h
  GROUP BY queue, partition_key ORDER BY queue, partition_key
 ON CONFLICT (queue, partition_key) DO UPDATE
    SET ready_at = EXCLUDED.ready_at, updated_at = EXCLUDED.updated_at
  WHERE k.ready_at IS NULL OR k.ready_at > EXCLUDED.ready_at
 """
-).bindparams(bindparam("now", type_=Timestamp))
 #: Each held key's next look and rate start, from arrays.
 KEYS_SETTLE = text(
     "UPDATE txtasks_keys AS k SET ready_at = v.ready_at, next_start_at = v.next_start_at, "
@@ -294,10 +292,6 @@ class PostgresDialect(SqlDialect):
         for i, new_id in zip(todo, new_ids, strict=True):
             ids[i] = new_id
 
-    async def hints_take(self, conn: AsyncConnection, queues: list[str], now: datetime) -> None:
-        """One statement: delete the hints and arm their keys."""
-        await conn.execute(HINTS_TAKE, {"queues": queues, "limit": HINTS_PER_CLAIM, "now": now})
-
     async def keys_settle(self, conn: AsyncConnection, params: list[dict[str, Any]]) -> None:
         """One statement of arrays, not one per key."""
         await conn.execute(
@@ -491,6 +485,11 @@ class PostgresDriver(SqlDriver):
                 except asyncio.TimeoutError:
                     pool.terminate()  # stalled connections: closed without a goodbye
         await super().close()
+
+    async def _hints_take(self, claim: Claim) -> None:
+        """One autocommit statement on the claims' pool: delete the hints, arm their keys."""
+        params = (claim.queues, HINTS_PER_CLAIM, claim.now)
+        await self._raw_retrying("claims", HINTS_TAKE, params)
 
     async def plain_claim(self, claim: Claim, limit: int) -> list[TaskRow]:
         c = claim
