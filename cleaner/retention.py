@@ -1,4 +1,5 @@
-"""Retention: archived rows older than their retention are deleted, in batches.
+"""Retention: archived rows older than their retention are deleted, in batches; so are the
+rows of keys idle for `keys_idle` (their scheduling state, see txtasks.keys).
 
 Retention is per outcome (completed, failed, discarded, dead), with per-queue overrides.
 Dead letters are kept until re-driven (`txtasks dlq requeue`) or purged (`txtasks dlq purge`)
@@ -65,9 +66,17 @@ class RetentionConfig(BatchedConfig):
     keep: Keep = field(default_factory=Keep)
     #: Per-queue overrides: queue name -> Keep.
     queues: Mapping[str, Keep] = field(default_factory=dict)
+    #: Seconds after which the scheduling state of a key with no task left (its row in
+    #: `txtasks_keys`) is forgotten; None keeps it. A key that gets a task again starts afresh.
+    keys_idle: float | None = DAY
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.keys_idle is not None and not 0 < self.keys_idle <= MAX_SECONDS:
+            raise ConfigurationError(
+                f"RetentionConfig.keys_idle must be seconds > 0 (100 years at most) or None, "
+                f"got {self.keys_idle!r}"
+            )
         for queue, keep in self.queues.items():
             check_queue_name(queue, setting="RetentionConfig.queues")
             if not isinstance(keep, Keep):
@@ -81,6 +90,8 @@ class RetentionResult(SweepResult):
 
     #: Archived rows deleted, per final state.
     purged: dict[str, int] = field(default_factory=dict)
+    #: Rows of idle keys deleted.
+    keys_forgotten: int = 0
 
 
 ORDER = sorted(FINISHED_STATES, key=lambda s: s.value)
@@ -100,7 +111,17 @@ class Retention(Sweep[RetentionConfig, RetentionResult]):
                 count += await self._purge(state, self.config.queues[queue], [queue], ())
             if count:
                 purged[state.value] = count
-        return RetentionResult(purged=purged)
+        return RetentionResult(purged=purged, keys_forgotten=await self._forget_keys())
+
+    async def _forget_keys(self) -> int:
+        if self.config.keys_idle is None:
+            return 0
+        idle_before = self.app.clock() - timedelta(seconds=self.config.keys_idle)
+        driver = self.driver
+        return await self.batches(
+            lambda size: driver.keys_forget_many(idle_before=idle_before, limit=size),
+            self.config.batch_size,
+        )
 
     async def _purge(
         self,

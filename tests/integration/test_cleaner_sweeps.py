@@ -239,6 +239,24 @@ async def test_retention_purges_per_outcome_and_per_queue(driver: Driver) -> Non
     assert left == {"completed recent", "dead old", "kept queue completed old"}
 
 
+async def test_retention_forgets_keys_idle_for_keys_idle(driver: Driver) -> None:
+    hour = 3600.0
+    [done_task, waiting] = await driver.task_insert_many(
+        [new("q", key="done"), new("q", key="waiting", run_at=at(10 * hour))]
+    )
+    row = await claim_one(driver, done_task, now=T0, worker="w")
+    await driver.outcome_write_many([Outcome(row.key, OutcomeKind.COMPLETE)], now=T0)
+    await driver.task_claim_many(["q"], 10, now=T0, lease_until=at(60), worker_id="w", keys={})
+    app = cleaner_app(driver, ManualClock(at(2 * hour)))
+
+    kept = await Retention(app, RetentionConfig(keys_idle=3 * hour)).run_once()
+    forgot = await Retention(app, RetentionConfig(keys_idle=hour)).run_once()
+    never = await Retention(app, RetentionConfig(keys_idle=None)).run_once()
+
+    assert (kept.keys_forgotten, forgot.keys_forgotten, never.keys_forgotten) == (0, 1, 0)
+    assert (await get(driver, waiting)).state is TaskState.PENDING
+
+
 # -- periodic -----------------------------------------------------------------------------------
 
 

@@ -235,3 +235,30 @@ async def test_neither_an_enqueue_nor_an_outcome_waits_for_a_claim_holding_a_key
         await holder.close()
     assert [r.id for r in await claim(driver, keys=limits)] == [second]
     assert third > second
+
+
+async def test_the_rows_of_idle_keys_are_forgotten_and_made_again_by_a_new_task(
+    driver: Driver,
+) -> None:
+    """The cleaner forgets keys with no task left (their rows would otherwise pile up, one per
+    customer ever seen), but not a key whose rate still spaces its next start."""
+    limits = {"q": KeyLimits(concurrency=1), "paced": KeyLimits(rate=Rate(1, per=7200))}
+    await driver.task_insert_many(
+        [new(1, key="a"), new(2, key="b"), new(3, key="b"), new(4, queue="paced", key="p")]
+    )
+    first = await claim(driver, ["q", "paced"], keys=limits)
+    assert per_key(first) == {"a": 1, "b": 1, "p": 1}
+    await write(driver, *[done(r) for r in first if r.partition_key in ("a", "p")])
+    assert per_key(await claim(driver, ["q", "paced"], keys=limits)) == {}  # a and p looked at
+    assert await driver.keys_forget_many(idle_before=T0, limit=10) == 0  # not idle yet
+
+    # An hour later: "a" has no task and nothing ahead; "b" has tasks; "p"'s rate allows its
+    # next start only two hours after the last one.
+    assert await driver.keys_forget_many(idle_before=at(3600), limit=10) == 1
+    assert await driver.keys_forget_many(idle_before=at(3600), limit=10) == 0
+
+    [again] = await driver.task_insert_many([new(5, key="a", run_at=at(3600))])
+    assert [r.id for r in await claim(driver, keys=limits, now=at(3600))] == [again]
+    [paced] = await driver.task_insert_many([new(6, queue="paced", key="p", run_at=at(3600))])
+    assert await claim(driver, ["paced"], keys=limits, now=at(3600)) == []  # the rate holds
+    assert [r.id for r in await claim(driver, ["paced"], keys=limits, now=at(7200))] == [paced]

@@ -112,10 +112,13 @@ def test_set_changes_one_setting_by_its_type() -> None:
     config = config_with(config, "reannouncer.queues=a, b")
     config = config_with(config, "retention.keep.dead=86400")
     config = config_with(config, "retention.keep.completed=none")
+    config = config_with(config, "retention.keys_idle=3600")
     assert config.rescuer == RescuerConfig(interval=2.5, batch_size=7)
     assert config.reannouncer is not None and config.reannouncer.queues == ("a", "b")
     assert config.retention is not None
     assert config.retention.keep == Keep(dead=86400.0, completed=None)
+    assert config.retention.keys_idle == 3600.0
+    assert config_with(config, "retention.keys_idle=none").retention.keys_idle is None  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
@@ -130,6 +133,7 @@ def test_set_changes_one_setting_by_its_type() -> None:
         ("rescuer.grace=-1", "RescuerConfig.grace must be >= 0"),
         ("reannouncer.queues=bad queue", "ReannouncerConfig.queues"),
         ("retention.keep.completed=-5", "retention completed: expected seconds >= 0"),
+        ("retention.keys_idle=0", "RetentionConfig.keys_idle must be seconds > 0"),
     ],
 )
 def test_bad_settings_name_the_setting(assignment: str, message: str) -> None:

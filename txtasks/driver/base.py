@@ -185,6 +185,11 @@ class Driver(Protocol):
         """Delete up to `limit` archived rows in `state` finished before `before`, of `queues`
         (None: any) except those in `exclude`."""
 
+    async def keys_forget_many(self, *, idle_before: datetime, limit: int) -> int:
+        """Delete up to `limit` rows of keys idle since before `idle_before`: no task of the
+        key in the hot table, nothing armed, no rate start after `idle_before`, and no claim
+        holding the row. A key that gets a task again is created anew by its hint."""
+
     async def periodic_list(self) -> dict[str, PeriodicRow]:
         """Every stored periodic schedule by name."""
 

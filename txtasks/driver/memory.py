@@ -46,6 +46,8 @@ class MemoryDriver:
         self._key_turns: dict[tuple[str, str], int] = {}
         self._keys_wake: dict[tuple[str, ...], datetime] = {}
         self._key_next_start: dict[tuple[str, str], datetime] = {}
+        #: Per key: when a claim last served it (`keys_forget_many`).
+        self._key_touched: dict[tuple[str, str], datetime] = {}
         self._key_overrides: dict[tuple[str | None, str], KeyOverride] = {}
 
     async def open(self) -> None:
@@ -186,6 +188,7 @@ class MemoryDriver:
             if n:
                 picked += rows[:n]
                 self._key_turns[pair] = next(self._turns)
+                self._key_touched[pair] = now
                 after = rate_after(slot.limits.rate, slot.next_start_at, now, n)
                 if after is not None:
                     self._key_next_start[pair] = after
@@ -431,6 +434,21 @@ class MemoryDriver:
                 row = self.live.pop(task_id)
                 self.archived[task_id] = row._replace(lease_expires_at=None, finished_at=now)
         return len(done)
+
+    async def keys_forget_many(self, *, idle_before: datetime, limit: int) -> int:
+        with self._lock:
+            live = {(r.queue, r.partition_key) for r in self.live.values() if r.partition_key}
+            idle = [
+                pair
+                for pair, touched in sorted(self._key_touched.items())
+                if touched < idle_before
+                and pair not in live
+                and self._key_next_start.get(pair, touched) < idle_before
+            ][:limit]
+            for pair in idle:
+                for state in (self._key_touched, self._key_turns, self._key_next_start):
+                    state.pop(pair, None)
+        return len(idle)
 
     async def archive_purge_many(
         self,

@@ -16,6 +16,7 @@ from sqlalchemy import (
     and_,
     case,
     delete,
+    exists,
     func,
     insert,
     literal,
@@ -345,6 +346,32 @@ class SqlAdmin:
                 return 0
             result = await conn.execute(delete(archive).where(archive.c.id.in_(ids)))
             return int(result.rowcount)
+
+        return await self.in_transaction(work)
+
+    async def keys_forget_many(self, *, idle_before: datetime, limit: int) -> int:
+        quiet = (
+            keys.c.ready_at.is_(None),
+            keys.c.updated_at < idle_before,
+            keys.c.next_start_at.is_(None) | (keys.c.next_start_at < idle_before),
+        )
+        live = exists().where(
+            tasks.c.queue == keys.c.queue, tasks.c.partition_key == keys.c.partition_key
+        )
+        pick = (
+            select(keys.c.id)
+            .where(*quiet, ~live)
+            .order_by(keys.c.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+
+        async def work(conn: AsyncConnection) -> int:
+            ids = list((await conn.execute(pick)).scalars())
+            if not ids:
+                return 0
+            gone = await conn.execute(delete(keys).where(keys.c.id.in_(ids), *quiet))
+            return int(gone.rowcount)
 
         return await self.in_transaction(work)
 
