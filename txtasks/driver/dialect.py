@@ -13,8 +13,9 @@ import contextlib
 import functools
 import importlib
 from collections.abc import Generator, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from sqlalchemy import (
     Connection,
@@ -122,6 +123,26 @@ def key_hints_of(
         {"queue": q, "partition_key": k, "run_at": when}
         for (q, k), when in sorted(earliest.items())
     ]
+
+
+class KeyHead(NamedTuple):
+    """The first live task of an ordered key."""
+
+    id: int
+    state: str
+    run_at: datetime
+
+
+@dataclass
+class KeysLook:
+    """What the keys a claim holds have (see `SqlDialect.keys_look`), by (queue, key)."""
+
+    #: Tasks processing, of the keys that have some.
+    running: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: The first live task (id, state, run_at) of each ordered key that has one.
+    heads: dict[tuple[str, str], Any] = field(default_factory=dict)
+    #: Due ready tasks of the other keys, in claim order.
+    due: dict[tuple[str, str], list[int]] = field(default_factory=dict)
 
 
 def keys_param(
@@ -540,6 +561,28 @@ class SqlDialect:
             for i in range(count)
         ]
         return _union(parts)
+
+    async def keys_look(
+        self,
+        conn: AsyncConnection,
+        *,
+        counted: list[tuple[str, str]],
+        ordered: list[tuple[str, str]],
+        asked: list[tuple[str, str, int]],
+        now: datetime,
+    ) -> KeysLook:
+        """The running counts of the keys `counted`, the heads of the keys `ordered`, and up to
+        n due ready tasks of each (queue, key, n) `asked`: one statement each."""
+        look = KeysLook()
+        if counted:
+            look.running = {(q, k): n for q, k, n in await self.keys_running(conn, counted)}
+        if ordered:
+            heads = await self.keys_heads(conn, ordered)
+            look.heads = {(r.queue, r.partition_key): r for r in heads}
+        if asked:
+            for task_id, queue, key in await self.keys_due(conn, asked, now):
+                look.due.setdefault((queue, key), []).append(task_id)
+        return look
 
     async def keys_heads(self, conn: AsyncConnection, pairs: list[tuple[str, str]]) -> list[Any]:
         """The first live task (id, queue, partition_key, state, run_at) of each key."""

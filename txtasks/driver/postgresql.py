@@ -16,13 +16,13 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from txtasks.driver.base import Capabilities, WriteResult
-from txtasks.driver.dialect import SqlDialect
+from txtasks.driver.dialect import KeyHead, KeysLook, SqlDialect
 from txtasks.driver.insert_plan import CopyRows, Statement, Step
 from txtasks.driver.sql import CLOSE_WITHIN, Claim, SqlDriver
 from txtasks.driver.timeouts import Watchdog, keepalive_set, socket_of
 from txtasks.keys import HINTS_PER_CLAIM
 from txtasks.schema import migrate as schema_migrate
-from txtasks.schema.tables import READY, TASK_COLUMNS, Timestamp, key_limits, keys, tasks
+from txtasks.schema.tables import READY, TASK_COLUMNS, Timestamp, key_limits, keys
 from txtasks.types import CLAIMED_COLUMNS, NewTask, Outcome, TaskKey, TaskRow
 
 #: SQLSTATEs worth a fresh transaction: serialization failure, deadlock.
@@ -84,32 +84,36 @@ KEYS_SETTLE = text(
     "updated_at = :now FROM unnest(CAST(:ids AS bigint[]), CAST(:ready AS timestamp[]), "
     "CAST(:next AS timestamp[])) AS v(id, ready_at, next_start_at) WHERE k.id = v.id"
 ).bindparams(bindparam("now", type_=Timestamp))
-#: The first live task of each key (queues[i], names[i]): the head of an ordered key.
-KEYS_HEADS = text(
-    "SELECT t.id, k.queue, k.partition_key, t.state, t.run_at "
-    "FROM unnest(CAST(:queues AS varchar[]), CAST(:names AS varchar[])) AS k(queue, partition_key) "
-    "CROSS JOIN LATERAL (SELECT id, state, run_at FROM txtasks_tasks "
-    "WHERE queue = k.queue AND partition_key = k.partition_key "
-    "AND state IN ('pending', 'retryable', 'processing') ORDER BY id LIMIT 1) AS t"
-).columns(tasks.c.id, tasks.c.queue, tasks.c.partition_key, tasks.c.state, tasks.c.run_at)
-#: Up to asks[i] due ready tasks of each key (queues[i], names[i]), in claim order.
-KEYS_DUE = text(
-    "SELECT t.id, k.queue, k.partition_key "
-    "FROM unnest(CAST(:queues AS varchar[]), CAST(:names AS varchar[]), CAST(:asks AS int[])) "
-    "AS k(queue, partition_key, n) "
-    f"CROSS JOIN LATERAL (SELECT id FROM txtasks_tasks WHERE queue = k.queue "
-    f"AND partition_key = k.partition_key AND {READY} AND run_at <= :now "
-    "ORDER BY priority DESC, run_at, id LIMIT k.n) AS t"
-).bindparams(bindparam("now", type_=Timestamp))
+#: What the keys a claim holds have (`SqlDialect.keys_look`), in one statement: rows 'r' count
+#: the tasks processing of each key ($1[i], $2[i]), one probe of the running index per key;
+#: rows 'h' give the first live task of each ordered key ($3[i], $4[i]); rows 'd' the first
+#: $7[i] due ready tasks of each other key ($5[i], $6[i]), in claim order.
+KEYS_LOOK_SQL = f"""
+SELECT 'r' AS kind, k.queue, k.partition_key, r.n, NULL::bigint AS id, NULL::varchar AS state,
+       NULL::timestamp AS run_at, NULL::bigint[] AS ids
+  FROM unnest($1::varchar[], $2::varchar[]) AS k(queue, partition_key)
+  CROSS JOIN LATERAL (SELECT count(*) AS n FROM txtasks_tasks t
+                       WHERE t.queue = k.queue AND t.partition_key = k.partition_key
+                         AND t.state = 'processing') AS r
+ WHERE r.n > 0
+UNION ALL
+SELECT 'h', k.queue, k.partition_key, NULL, t.id, t.state, t.run_at, NULL
+  FROM unnest($3::varchar[], $4::varchar[]) AS k(queue, partition_key)
+  CROSS JOIN LATERAL (SELECT id, state, run_at FROM txtasks_tasks
+                       WHERE queue = k.queue AND partition_key = k.partition_key
+                         AND state IN ('pending', 'retryable', 'processing')
+                       ORDER BY id LIMIT 1) AS t
+UNION ALL
+SELECT 'd', k.queue, k.partition_key, NULL, NULL, NULL, NULL, d.ids
+  FROM unnest($5::varchar[], $6::varchar[], $7::int[]) AS k(queue, partition_key, n)
+  CROSS JOIN LATERAL (SELECT array_agg(id ORDER BY priority DESC, run_at, id) AS ids
+                        FROM (SELECT id, priority, run_at FROM txtasks_tasks
+                               WHERE queue = k.queue AND partition_key = k.partition_key
+                                 AND {READY} AND run_at <= $8
+                               ORDER BY priority DESC, run_at, id LIMIT k.n) AS x) AS d
+ WHERE d.ids IS NOT NULL
+"""
 
-#: The tasks processing per key ($1[i], $2[i]): a probe of the running index per key.
-KEYS_RUNNING_SQL = (
-    "SELECT k.queue, k.partition_key, r.n "
-    "FROM unnest($1::varchar[], $2::varchar[]) AS k(queue, partition_key) "
-    "CROSS JOIN LATERAL (SELECT count(*) AS n FROM txtasks_tasks t "
-    "WHERE t.queue = k.queue AND t.partition_key = k.partition_key "
-    "AND t.state = 'processing') AS r WHERE r.n > 0"
-)
 #: The limits a `txtasks_key_limits` row stores.
 _LIMIT_COLUMNS = ("concurrency", "ordered", "rate_count", "rate_per", "rate_burst")
 
@@ -353,30 +357,37 @@ class PostgresDialect(SqlDialect):
             .order_by(held.c.ready_at, held.c.id)
         )
 
-    async def keys_running(
-        self, conn: AsyncConnection, pairs: list[tuple[str, str]]
-    ) -> list[tuple[str, str, int]]:
-        """On the asyncpg connection, the keys as arrays: one statement whatever their number
-        (an expanding IN prepared a statement per count)."""
-        queues, names = [q for q, _k in pairs], [k for _q, k in pairs]
-        rows = await (await _raw(conn)).fetch(KEYS_RUNNING_SQL, queues, names)
-        return [(q, k, n) for q, k, n in rows]
-
-    async def keys_heads(self, conn: AsyncConnection, pairs: list[tuple[str, str]]) -> list[Any]:
-        """One statement whatever the number of keys: a lateral lookup per key."""
-        params = {"queues": [q for q, _k in pairs], "names": [k for _q, k in pairs]}
-        return list(await conn.execute(KEYS_HEADS, params))
-
-    async def keys_due(
-        self, conn: AsyncConnection, asked: list[tuple[str, str, int]], now: datetime
-    ) -> list[Any]:
-        params = {
-            "queues": [q for q, _k, _n in asked],
-            "names": [k for _q, k, _n in asked],
-            "asks": [n for _q, _k, n in asked],
-            "now": now,
-        }
-        return list(await conn.execute(KEYS_DUE, params))
+    async def keys_look(
+        self,
+        conn: AsyncConnection,
+        *,
+        counted: list[tuple[str, str]],
+        ordered: list[tuple[str, str]],
+        asked: list[tuple[str, str, int]],
+        now: datetime,
+    ) -> KeysLook:
+        """One statement, on the asyncpg connection, the keys as arrays."""
+        raw = await _raw(conn)
+        rows = await raw.fetch(
+            KEYS_LOOK_SQL,
+            [q for q, _k in counted],
+            [k for _q, k in counted],
+            [q for q, _k in ordered],
+            [k for _q, k in ordered],
+            [q for q, _k, _n in asked],
+            [k for _q, k, _n in asked],
+            [n for _q, _k, n in asked],
+            now,
+        )
+        look = KeysLook()
+        for kind, queue, key, n, task_id, state, run_at, ids in rows:
+            if kind == "r":
+                look.running[(queue, key)] = n
+            elif kind == "h":
+                look.heads[(queue, key)] = KeyHead(task_id, state, run_at)
+            else:
+                look.due[(queue, key)] = ids
+        return look
 
     @classmethod
     def error_is_transient(cls, exc: BaseException) -> bool:

@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from txtasks.driver.base import Capabilities, WriteResult
 from txtasks.driver.dialect import (
+    KeysLook,
     SqlDialect,
     claim_order,
     dialect_for,
@@ -385,16 +386,14 @@ class SqlDriver(SqlAdmin):
             KeySlot(h.queue, h.partition_key, limits_for(h.queue, h.partition_key, declared, overrides), 0, h.next_start_at)
             for h in held
         ]  # fmt: skip
-        if any(s.limits.slots is not None for s in slots):
-            pairs = [(s.queue, s.key) for s in slots if s.limits.slots is not None]
-            running = {(q, k): n for q, k, n in await self.sql.keys_running(conn, pairs)}
-            for s in slots:
-                s.running = running.get((s.queue, s.key), 0)
-        heads = await self._key_heads(conn, [s for s in slots if s.limits.ordered])
+        look = await self._keys_look(conn, slots, limit, now)
+        for s in slots:
+            s.running = look.running.get((s.queue, s.key), 0)
+        heads = look.heads
         wants = [s.want(now) for s in slots]
         cap = fetch_cap(wants, limit)
         asks = [min(w, cap) for w in wants]
-        found = await self._keys_due(conn, slots, asks, heads, now)
+        found = self._keys_found(slots, asks, look, now)
         given = round_robin([min(len(f), a) for f, a in zip(found, asks, strict=True)], limit)
         ids = [i for f, n in zip(found, given, strict=True) for i in f[:n]]
         rows = await self.sql.claim_ids(conn, claim.params(ids=ids)) if ids else []
@@ -406,41 +405,43 @@ class SqlDriver(SqlAdmin):
         self._keys_wake_note(claim.queues, looks, now)
         return rows, len(held) == limit
 
-    async def _key_heads(
-        self, conn: AsyncConnection, ordered: list[KeySlot]
-    ) -> dict[tuple[str, str], Any]:
-        """The first live task of each ordered key (its id, state and due time)."""
-        if not ordered:
-            return {}
-        rows = await self.sql.keys_heads(conn, [(s.queue, s.key) for s in ordered])
-        return {(r.queue, r.partition_key): r for r in rows}
+    async def _keys_look(
+        self, conn: AsyncConnection, slots: list[KeySlot], limit: int, now: datetime
+    ) -> KeysLook:
+        """What the held keys have, read after their rows were locked: the running counts of
+        keys with a slot limit, the heads of ordered keys, and the due tasks of the others.
+        The due tasks are asked for before the running counts are known, as if nothing ran:
+        each key at most its limits allow, and one more (more are due)."""
+        unknown = [s.want(now) for s in slots]  # as if nothing ran
+        cap = fetch_cap(unknown, limit)
+        return await self.sql.keys_look(
+            conn,
+            counted=[(s.queue, s.key) for s in slots if s.limits.slots is not None],
+            ordered=[(s.queue, s.key) for s in slots if s.limits.ordered],
+            asked=[
+                (s.queue, s.key, min(w, cap) + 1)
+                for s, w in zip(slots, unknown, strict=True)
+                if w > 0 and not s.limits.ordered
+            ],
+            now=now,
+        )
 
-    async def _keys_due(
-        self,
-        conn: AsyncConnection,
-        slots: list[KeySlot],
-        asks: list[int],
-        heads: Mapping[tuple[str, str], Any],
-        now: datetime,
+    @staticmethod
+    def _keys_found(
+        slots: list[KeySlot], asks: list[int], look: KeysLook, now: datetime
     ) -> list[list[int]]:
         """The due tasks each key may start, in claim order: an ordered key its head, when it
         is ready and due; another key up to its ask, and one more if there is (more are due)."""
         found: list[list[int]] = [[] for _ in slots]
-        wanted = []
         for i, (s, ask) in enumerate(zip(slots, asks, strict=True)):
             if ask <= 0:
                 continue
             if s.limits.ordered:
-                head = heads.get((s.queue, s.key))
+                head = look.heads.get((s.queue, s.key))
                 if head is not None and head.state != PROCESSING and head.run_at <= now:
                     found[i] = [head.id]
             else:
-                wanted.append(i)
-        if wanted:
-            asked = [(slots[i].queue, slots[i].key, asks[i] + 1) for i in wanted]
-            index = {(slots[i].queue, slots[i].key): i for i in wanted}
-            for task_id, queue, key in await self.sql.keys_due(conn, asked, now):
-                found[index[(queue, key)]].append(task_id)
+                found[i] = look.due.get((s.queue, s.key), [])[: ask + 1]
         return found
 
     async def _keys_settle(
