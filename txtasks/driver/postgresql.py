@@ -10,7 +10,7 @@ from collections.abc import Generator, Iterator, Sequence
 from datetime import datetime
 from typing import Any, ClassVar, cast
 
-from sqlalchemy import Connection, Executable, Result, Select, bindparam, select, text
+from sqlalchemy import Connection, Executable, Result, Select, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -22,7 +22,7 @@ from txtasks.driver.sql import CLOSE_WITHIN, Claim, SqlDriver
 from txtasks.driver.timeouts import Watchdog, keepalive_set, socket_of
 from txtasks.keys import HINTS_PER_CLAIM
 from txtasks.schema import migrate as schema_migrate
-from txtasks.schema.tables import READY, TASK_COLUMNS, Timestamp, key_limits, keys
+from txtasks.schema.tables import READY, TASK_COLUMNS, key_limits, keys
 from txtasks.types import CLAIMED_COLUMNS, NewTask, Outcome, TaskKey, TaskRow
 
 #: SQLSTATEs worth a fresh transaction: serialization failure, deadlock.
@@ -79,11 +79,11 @@ ON CONFLICT (queue, partition_key) DO UPDATE
  WHERE k.ready_at IS NULL OR k.ready_at > EXCLUDED.ready_at
 """
 #: Each held key's next look and rate start, from arrays.
-KEYS_SETTLE = text(
+KEYS_SETTLE = (
     "UPDATE txtasks_keys AS k SET ready_at = v.ready_at, next_start_at = v.next_start_at, "
-    "updated_at = :now FROM unnest(CAST(:ids AS bigint[]), CAST(:ready AS timestamp[]), "
-    "CAST(:next AS timestamp[])) AS v(id, ready_at, next_start_at) WHERE k.id = v.id"
-).bindparams(bindparam("now", type_=Timestamp))
+    "updated_at = $4 FROM unnest($1::bigint[], $2::timestamp[], $3::timestamp[]) "
+    "AS v(id, ready_at, next_start_at) WHERE k.id = v.id"
+)
 #: What the keys a claim holds have (`SqlDialect.keys_look`), in one statement: rows 'r' count
 #: the tasks processing of each key ($1[i], $2[i]), one probe of the running index per key;
 #: rows 'h' give the first live task of each ordered key ($3[i], $4[i]); rows 'd' the first
@@ -297,15 +297,13 @@ class PostgresDialect(SqlDialect):
             ids[i] = new_id
 
     async def keys_settle(self, conn: AsyncConnection, params: list[dict[str, Any]]) -> None:
-        """One statement of arrays, not one per key."""
-        await conn.execute(
+        """One statement of arrays, not one per key, on the asyncpg connection."""
+        await (await _raw(conn)).execute(
             KEYS_SETTLE,
-            {
-                "ids": [p["b_id"] for p in params],
-                "ready": [p["b_ready_at"] for p in params],
-                "next": [p["b_next_start_at"] for p in params],
-                "now": params[0]["now"],
-            },
+            [p["b_id"] for p in params],
+            [p["b_ready_at"] for p in params],
+            [p["b_next_start_at"] for p in params],
+            params[0]["now"],
         )
 
     async def claim_ids(self, conn: AsyncConnection, params: dict[str, Any]) -> list[TaskRow]:
