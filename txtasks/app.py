@@ -20,7 +20,7 @@ from txtasks.enqueue import (
 )
 from txtasks.env import ENV_BROKER_URL, ENV_DATABASE_URL
 from txtasks.errors import ConfigurationError, UnknownTaskError
-from txtasks.keys import NO_LIMITS, KeyLimits
+from txtasks.keys import NO_LIMITS, KeyLimits, Rate
 from txtasks.payload import DEFAULT_MAX_PAYLOAD_BYTES
 from txtasks.periodic import CatchUp, Schedule, schedule_from
 from txtasks.task import (
@@ -107,6 +107,7 @@ class App:
         self._tasks: dict[str, Task] = {}
         self._schedules: dict[str, Schedule] = {}
         self._key_limits: dict[str, KeyLimits] = {}
+        self._queue_rates: dict[str, Rate] = {}
 
     # -- registry -----------------------------------------------------------------------------
 
@@ -167,6 +168,25 @@ class App:
                 f"key_limits: queue {queue!r} already has {known}; one queue, one set of limits"
             )
         self._key_limits[queue] = limits
+
+    def queue_rate(self, queue: str, rate: Rate) -> None:
+        """Declare a rate for the whole of `queue`: at most `rate.count` starts of its tasks,
+        with a key or without, per `rate.per` seconds across every worker (on top of each
+        key's own limits). Declaring a different rate for one queue twice is an error."""
+        check_queue_name(queue, setting="queue_rate: queue")
+        if not isinstance(rate, Rate):
+            raise ConfigurationError(f"queue_rate: expected a Rate, got {rate!r}")
+        known = self._queue_rates.get(queue)
+        if known not in (None, rate):
+            raise ConfigurationError(
+                f"queue_rate: queue {queue!r} already has {known}; one queue, one rate"
+            )
+        self._queue_rates[queue] = rate
+
+    @property
+    def declared_queue_rates(self) -> Mapping[str, Rate]:
+        """The rates declared for whole queues (a read-only view)."""
+        return MappingProxyType(self._queue_rates)
 
     @property
     def declared_key_limits(self) -> Mapping[str, KeyLimits]:

@@ -1,4 +1,5 @@
-"""A rate per key, and limits changed at run time for one key (as `txtasks keys set` does)."""
+"""A rate per key, a rate for the whole queue, and limits changed at run time for one key (as
+`txtasks keys set` does)."""
 
 import asyncio
 import os
@@ -13,6 +14,7 @@ DATABASE_URL = os.environ.get(
 )
 
 app = App("webhooks", database_url=DATABASE_URL)
+app.queue_rate("webhooks", Rate(25, per=1))  # and at most 25 calls a second in all
 starts: dict[str, list[float]] = {}
 
 
@@ -37,6 +39,8 @@ async def main() -> None:
     fast, slow = starts["fast.example"], starts["slow.example"]
     assert fast[-1] - fast[0] >= 4 * 0.05 * 0.9  # 5 starts, 1/20 s apart (a start may lag)
     assert slow[-1] - slow[0] >= 4 * 0.10 * 0.9  # 5 starts, 1/10 s apart
+    every = sorted(fast + slow)
+    assert every[-1] - every[0] >= 9 * 0.04 * 0.9  # 10 starts, 1/25 s apart in all
     await app.aclose()
 
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from datetime import datetime
 
 import pytest
 from sqlalchemy import select
 
-from tests.integration.conformance import T0, at, claim, get, new, write
+from tests.integration.conformance import LEASE, T0, at, claim, get, new, write
 from tests.integration.conftest import another
 from txtasks.driver import Driver, SqlDriver
 from txtasks.keys import KeyLimits, KeyOverride, Rate
@@ -262,3 +263,39 @@ async def test_the_rows_of_idle_keys_are_forgotten_and_made_again_by_a_new_task(
     [paced] = await driver.task_insert_many([new(6, queue="paced", key="p", run_at=at(3600))])
     assert await claim(driver, ["paced"], keys=limits, now=at(3600)) == []  # the rate holds
     assert [r.id for r in await claim(driver, ["paced"], keys=limits, now=at(7200))] == [paced]
+
+
+async def test_a_queue_rate_spaces_the_starts_of_the_whole_queue(driver: Driver) -> None:
+    """A rate for a whole queue counts its tasks with a key and without; a queue without one
+    claimed alongside is not held back; two claimers share the one budget."""
+    rates = {"q": Rate(2, per=10)}  # one start every 5 s in all
+    await driver.task_insert_many(
+        [new(1), new(2), new(3, key="a"), new(4, key="b"), new(5, queue="other")]
+    )
+
+    async def take(now: datetime) -> list[TaskRow]:
+        return await driver.task_claim_many(
+            ["q", "other"], 100, now=now, lease_until=now + LEASE, worker_id="w1",
+            keys=Q, queue_rates=rates,
+        )  # fmt: skip
+
+    first = await take(T0)
+    assert sorted(r.queue for r in first) == ["other", "q"]
+    assert driver.keys_wake_at(["q", "other"], T0) == at(5)
+    assert await take(at(4.9)) == []
+    other = await another(driver)
+    try:
+        both = await asyncio.gather(
+            take(at(5)),
+            other.task_claim_many(
+                ["q"], 100, now=at(5), lease_until=at(35), worker_id="w2",
+                keys=Q, queue_rates=rates,
+            ),
+        )  # fmt: skip
+    finally:
+        if other is not driver:
+            await other.close()  # type: ignore[attr-defined]
+    assert sum(len(b) for b in both) == 1
+    assert len(await take(at(10))) == 1
+    assert len(await take(at(15))) == 1
+    assert await take(at(100)) == []  # all five started

@@ -437,6 +437,21 @@ async def test_an_idle_worker_starts_a_rate_limited_key_s_next_task_on_time(app:
     assert stats.outcomes == {"completed": 4}
 
 
+async def test_an_idle_worker_starts_a_rate_limited_queue_s_next_task_on_time(app: App) -> None:
+    """The same for a rate of a whole queue, tasks without a key included."""
+    started: list[int] = []
+    app.queue_rate("metered", Rate(20))
+
+    @app.task(name="conformance.metered", queue="metered")
+    async def metered(payload: int) -> None:
+        started.append(payload)
+
+    await app.aenqueue_many([metered.new(n) for n in range(4)])
+    stats = await asyncio.wait_for(run_until_empty(app, poll_interval=30), timeout=20)
+    assert sorted(started) == [0, 1, 2, 3]
+    assert stats.outcomes == {"completed": 4}
+
+
 async def test_queues_and_delays_are_respected(app: App, database_url: str) -> None:
     calls = Calls()
     on_a = app.task(name="conformance.on_a", queue="a")(calls)

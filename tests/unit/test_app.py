@@ -2,7 +2,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from txtasks import App, ConfigurationError, MemoryDriver, PayloadError, UnknownTaskError
+from txtasks import App, ConfigurationError, MemoryDriver, PayloadError, Rate, UnknownTaskError
 from txtasks.driver.urls import url_async, url_parse, url_sync
 
 NOW = datetime(2030, 1, 1, 12, 0, 0)
@@ -120,3 +120,16 @@ def test_urls_pick_drivers_and_reject_unknown_schemes() -> None:
         url_parse("oracle://u:secret@h/db")
     with pytest.raises(ConfigurationError, match="database_url: cannot parse"):
         url_parse("not a url")
+
+
+def test_a_queue_rate_is_declared_once_per_queue() -> None:
+    app = make_app()
+    app.queue_rate("webhooks", Rate(100, per=60))
+    app.queue_rate("webhooks", Rate(100, per=60))  # the same again is fine
+    assert dict(app.declared_queue_rates) == {"webhooks": Rate(100, per=60)}
+    with pytest.raises(ConfigurationError, match="already has Rate"):
+        app.queue_rate("webhooks", Rate(10))
+    with pytest.raises(ConfigurationError, match="queue_rate: expected a Rate, got '10/s'"):
+        app.queue_rate("other", "10/s")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="queue_rate: queue"):
+        app.queue_rate("", Rate(10))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from txtasks.keys import KeyLimits, KeyOverride
+from txtasks.keys import KeyLimits, KeyOverride, Rate
 from txtasks.types import (
     KeyStats,
     NewTask,
@@ -91,10 +91,13 @@ class Driver(Protocol):
         lease_until: datetime,
         worker_id: str,
         keys: Mapping[str, KeyLimits] | None = None,
+        queue_rates: Mapping[str, Rate] | None = None,
     ) -> list[TaskRow]:
         """Claim up to `limit` ready tasks: state processing, attempt + 1, leased to the worker.
         Tasks with a key are claimed within their key's limits (`keys`: those the application
-        declares per queue, under the ones set at run time) and in turn (see txtasks.keys)."""
+        declares per queue, under the ones set at run time) and in turn (see txtasks.keys).
+        A queue in `queue_rates` starts at most what its rate allows, with a key or without,
+        across every claimer."""
 
     def keys_wake_at(self, queues: Sequence[str], now: datetime) -> datetime | None:
         """When a key that this driver's claims of `queues` put aside may start a task again

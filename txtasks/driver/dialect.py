@@ -465,6 +465,16 @@ class SqlDialect:
 
     @staticmethod
     @functools.cache
+    def stmt_queue_rate_lock() -> Executable:
+        """The row of `queue`'s own rate (the key ''), locked, unless another claim holds it."""
+        return (
+            select(keys.c.id, keys.c.next_start_at)
+            .where(keys.c.queue == bindparam("queue"), keys.c.partition_key == "")
+            .with_for_update(skip_locked=True)
+        )
+
+    @staticmethod
+    @functools.cache
     def stmt_keys_settle() -> Executable:
         """When to look at a key again, and its rate's next start (params b_id, b_ready_at,
         b_next_start_at, now)."""

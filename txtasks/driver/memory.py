@@ -9,7 +9,16 @@ from datetime import datetime
 from typing import ClassVar
 
 from txtasks.driver.base import Capabilities, WriteResult, requeue_choice
-from txtasks.keys import KeyLimits, KeyOverride, KeySlot, limits_for, rate_after, round_robin
+from txtasks.keys import (
+    KeyLimits,
+    KeyOverride,
+    KeySlot,
+    Rate,
+    limits_for,
+    rate_after,
+    rate_allowance,
+    round_robin,
+)
 from txtasks.types import (
     FINISHED_STATES,
     READY_STATES,
@@ -44,7 +53,7 @@ class MemoryDriver:
         #: limits set at run time.
         self._turns = itertools.count(1)
         self._key_turns: dict[tuple[str, str], int] = {}
-        self._keys_wake: dict[tuple[str, ...], datetime] = {}
+        self._keys_wake: dict[str, datetime] = {}
         self._key_next_start: dict[tuple[str, str], datetime] = {}
         #: Per key: when a claim last served it (`keys_forget_many`).
         self._key_touched: dict[tuple[str, str], datetime] = {}
@@ -108,20 +117,34 @@ class MemoryDriver:
         lease_until: datetime,
         worker_id: str,
         keys: Mapping[str, KeyLimits] | None = None,
+        queue_rates: Mapping[str, Rate] | None = None,
     ) -> list[TaskRow]:
         """Tasks without a key in claim order, and tasks with one by their keys' limits and in
-        turn (as the SQL drivers: see txtasks.keys); which lane goes first alternates."""
+        turn (as the SQL drivers: see txtasks.keys); which lane goes first alternates. A queue
+        with a rate of its own is claimed on its own, at most what its rate allows."""
         with self._lock:
             self._keys_first = not self._keys_first
+            for queue in queues:
+                if self._keys_wake.get(queue, now) <= now:
+                    self._keys_wake.pop(queue, None)
+            rates = queue_rates or {}
+            free = [q for q in queues if q not in rates]
+            groups = [[q] for q in queues if q in rates] + ([free] if free else [])
             picked: list[TaskRow] = []
-            for lane in ("keys", "plain") if self._keys_first else ("plain", "keys"):
-                left = limit - len(picked)
-                if left <= 0:
-                    break
-                if lane == "plain":
-                    picked += self._plain_ready(queues, now)[:left]
-                else:
-                    picked += self._keyed_ready(queues, now, left, keys or {})
+            for group in groups:
+                rate = rates.get(group[0])
+                allowed = limit - len(picked)
+                if rate is not None:
+                    start = self._key_next_start.get((group[0], ""))
+                    allowed = min(allowed, rate_allowance(rate, start, now))
+                got = self._lanes_ready(group, now, allowed, keys or {})
+                if rate is not None:
+                    after = rate_after(rate, start, now, len(got))
+                    if after is not None:
+                        self._key_next_start[(group[0], "")] = after
+                        if len(got) == allowed and after > now:  # more may wait for the rate
+                            self._keys_wake_note(group[0], after)
+                picked += got
             claimed = []
             for row in picked:
                 new = row._replace(
@@ -135,6 +158,24 @@ class MemoryDriver:
                 claimed.append(new)
             claimed.sort(key=lambda r: (-r.priority, r.run_at, r.id))
             return claimed
+
+    def _lanes_ready(
+        self, queues: Sequence[str], now: datetime, limit: int, keys: Mapping[str, KeyLimits]
+    ) -> list[TaskRow]:
+        picked: list[TaskRow] = []
+        for lane in ("keys", "plain") if self._keys_first else ("plain", "keys"):
+            left = limit - len(picked)
+            if left <= 0:
+                break
+            if lane == "plain":
+                picked += self._plain_ready(queues, now)[:left]
+            else:
+                picked += self._keyed_ready(queues, now, left, keys)
+        return picked
+
+    def _keys_wake_note(self, queue: str, when: datetime) -> None:
+        noted = self._keys_wake.get(queue)
+        self._keys_wake[queue] = when if noted is None else min(noted, when)
 
     def _plain_ready(self, queues: Sequence[str], now: datetime) -> list[TaskRow]:
         return sorted(
@@ -182,7 +223,6 @@ class MemoryDriver:
             slots.append(slot)
         given = round_robin([len(f) for f in found], limit)
         picked = []
-        wake = []
         for slot, rows, due_count, n in zip(slots, found, waiting, given, strict=True):
             pair = (slot.queue, slot.key)
             if n:
@@ -194,15 +234,12 @@ class MemoryDriver:
                     self._key_next_start[pair] = after
             next_start = self._key_next_start.get(pair)
             if next_start is not None and next_start > now and due_count > n:
-                wake.append(next_start)  # due tasks wait for the rate
-        if wake:
-            self._keys_wake[tuple(queues)] = min(wake)
-        else:
-            self._keys_wake.pop(tuple(queues), None)
+                self._keys_wake_note(slot.queue, next_start)  # due tasks wait for the rate
         return picked
 
     def keys_wake_at(self, queues: Sequence[str], now: datetime) -> datetime | None:
-        return self._keys_wake.get(tuple(queues))
+        noted = [self._keys_wake[q] for q in queues if q in self._keys_wake]
+        return min(noted) if noted else None
 
     async def key_stats(self, *, now: datetime, limit: int = 10) -> list[KeyStats]:
         with self._lock:

@@ -15,7 +15,7 @@ import math
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
@@ -41,8 +41,11 @@ from txtasks.keys import (
     NEXT_DUE,
     KeyLimits,
     KeySlot,
+    Rate,
     fetch_cap,
     limits_for,
+    rate_after,
+    rate_allowance,
     round_robin,
 )
 from txtasks.schema import migrate as schema_migrate
@@ -116,8 +119,10 @@ class SqlDriver(SqlAdmin):
         #: for tasks with a key (see `task_claim_many`).
         self._keys_first = False
         self._keys_probe_at: dict[tuple[str, ...], datetime] = {}
-        #: Per queue set: the earliest future look at a key its claims wrote (`keys_wake_at`).
-        self._keys_wake: dict[tuple[str, ...], datetime] = {}
+        #: Per queue: the earliest future look at a key its claims wrote (`keys_wake_at`).
+        self._keys_wake: dict[str, datetime] = {}
+        #: Queues whose rate row exists (`rated_claim`).
+        self._rate_rows: set[str] = set()
 
     # -- connections --------------------------------------------------------------------------
 
@@ -290,16 +295,36 @@ class SqlDriver(SqlAdmin):
         lease_until: datetime,
         worker_id: str,
         keys: Mapping[str, KeyLimits] | None = None,
+        queue_rates: Mapping[str, Rate] | None = None,
     ) -> list[TaskRow]:
         """Two lanes: tasks without a key (one statement), and tasks with one, claimed by their
         keys' limits and in turn (`txtasks.keys`); which goes first alternates between claims.
         The keys' lane runs on every claim of a queue in `keys` (the limits the application
-        declares), and on the others at most once per `KEYS_PROBE_EVERY` until it finds work."""
+        declares), and on the others at most once per `KEYS_PROBE_EVERY` until it finds work.
+        A queue with a rate of its own is claimed on its own (`rated_claim`)."""
         claim = Claim(list(queues), now, lease_until, worker_id)
-        keyed = self._keyed_lane_due(claim.queues, keys, now)
-        if keyed and self._keys_wake.get(tuple(queues), now) <= now:
-            self._keys_wake.pop(tuple(queues), None)  # this claim looks at those keys
+        for queue in claim.queues:
+            if self._keys_wake.get(queue, now) <= now:
+                self._keys_wake.pop(queue, None)  # this claim looks at that queue
         self._keys_first = not self._keys_first
+        rows: list[TaskRow] = []
+        rates = queue_rates or {}
+        rated = [q for q in claim.queues if q in rates]
+        for queue in rated:
+            if len(rows) < limit:
+                one = replace(claim, queues=[queue])
+                rows += await self.rated_claim(one, limit - len(rows), rates[queue], keys)
+        if rated:
+            claim = replace(claim, queues=[q for q in claim.queues if q not in rated])
+        if claim.queues:
+            rows += await self._lanes_claim(claim, limit - len(rows), keys)
+        rows.sort(key=claim_order)
+        return rows
+
+    async def _lanes_claim(
+        self, claim: Claim, limit: int, keys: Mapping[str, KeyLimits] | None
+    ) -> list[TaskRow]:
+        keyed = self._keyed_lane_due(claim.queues, keys, claim.now)
         rows: list[TaskRow] = []
         for lane in ("keys", "plain") if self._keys_first else ("plain", "keys"):
             if len(rows) >= limit:
@@ -308,10 +333,58 @@ class SqlDriver(SqlAdmin):
                 rows += await self.plain_claim(claim, limit - len(rows))
             elif keyed:
                 found = await self.keyed_claim(claim, limit - len(rows), keys or {})
-                self._keyed_found(claim.queues, bool(found), now)
+                self._keyed_found(claim.queues, bool(found), claim.now)
                 rows += found
-        rows.sort(key=claim_order)
         return rows
+
+    async def rated_claim(
+        self, claim: Claim, limit: int, rate: Rate, keys: Mapping[str, KeyLimits] | None
+    ) -> list[TaskRow]:
+        """Claim from one queue with a rate of its own: in one transaction, lock the queue's
+        row (the key ''; a claim that finds it held by another claim takes nothing from the
+        queue this time), take at most what the rate allows now from both lanes, and write
+        the rate's next start back."""
+        [queue] = claim.queues
+        if queue not in self._rate_rows:
+            await self._rate_row_make(queue, claim.now)
+        keyed = self._keyed_lane_due(claim.queues, keys, claim.now)
+        if keyed:
+            await self._hints_take(claim)
+
+        async def work(conn: AsyncConnection) -> list[TaskRow]:
+            lock = {"queue": queue}
+            held = (await conn.execute(self.sql.stmt_queue_rate_lock(), lock)).first()
+            if held is None:  # another claim of the queue holds it (or it is gone: made anew)
+                self._rate_rows.discard(queue)
+                return []
+            allowed = min(limit, rate_allowance(rate, held.next_start_at, claim.now))
+            rows: list[TaskRow] = []
+            for lane in ("keys", "plain") if self._keys_first else ("plain", "keys"):
+                left = allowed - len(rows)
+                if left <= 0:
+                    break
+                if lane == "plain":
+                    rows += await self.sql.claim(conn, claim.params(limit=left))
+                elif keyed:
+                    rows += (await self._keyed_claim_on(conn, claim, left, keys or {}))[0]
+            next_start = rate_after(rate, held.next_start_at, claim.now, len(rows))
+            settle = {"b_id": held.id, "b_ready_at": None, "b_next_start_at": next_start}
+            await self.sql.keys_settle(conn, [{**settle, "now": claim.now}])
+            if len(rows) == allowed and next_start is not None:  # more may wait for the rate
+                self._keys_wake_note([(queue, next_start)], claim.now)
+            return rows
+
+        return await self.in_transaction(work)
+
+    async def _rate_row_make(self, queue: str, now: datetime) -> None:
+        """The row that holds a queue's rate (the key ''): made if missing, once a process."""
+        row = {"queue": queue, "partition_key": "", "ready_at": None, "now": now}
+
+        async def work(conn: AsyncConnection) -> None:
+            await conn.execute(self.sql.stmt_keys_arm(), [row])  # never arms it: no look due
+
+        await self.in_transaction(work)
+        self._rate_rows.add(queue)
 
     async def plain_claim(self, claim: Claim, limit: int) -> list[TaskRow]:
         """Claim up to `limit` ready tasks without a key, in claim order."""
@@ -322,16 +395,16 @@ class SqlDriver(SqlAdmin):
         return await self.in_transaction(work)
 
     def keys_wake_at(self, queues: Sequence[str], now: datetime) -> datetime | None:
-        return self._keys_wake.get(tuple(queues))
+        noted = [self._keys_wake[q] for q in queues if q in self._keys_wake]
+        return min(noted) if noted else None
 
-    def _keys_wake_note(self, queues: list[str], settled: Iterable[Any], now: datetime) -> None:
-        """Keep the earliest future look among `settled` and the one noted before."""
-        ahead = [when for when in settled if isinstance(when, datetime) and when > now]
-        noted = self._keys_wake.get(tuple(queues))
-        if noted is not None:
-            ahead.append(noted)
-        if ahead:
-            self._keys_wake[tuple(queues)] = min(ahead)
+    def _keys_wake_note(self, looks: Iterable[tuple[str, Any]], now: datetime) -> None:
+        """Keep, per queue, the earliest future look among `looks` (queue, look) and the one
+        noted before."""
+        for queue, when in looks:
+            if isinstance(when, datetime) and when > now:
+                noted = self._keys_wake.get(queue)
+                self._keys_wake[queue] = when if noted is None else min(noted, when)
 
     def _keyed_lane_due(
         self, queues: list[str], declared: Mapping[str, KeyLimits] | None, now: datetime
@@ -402,7 +475,7 @@ class SqlDriver(SqlAdmin):
             pair = (row.queue, row.partition_key or "")
             took[pair] = took.get(pair, 0) + 1
         looks = await self._keys_settle(conn, held, slots, asks, found, took, heads, now)
-        self._keys_wake_note(claim.queues, looks, now)
+        self._keys_wake_note(zip([s.queue for s in slots], looks, strict=True), now)
         return rows, len(held) == limit
 
     async def _keys_look(

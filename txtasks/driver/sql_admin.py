@@ -351,6 +351,7 @@ class SqlAdmin:
 
     async def keys_forget_many(self, *, idle_before: datetime, limit: int) -> int:
         quiet = (
+            keys.c.partition_key != "",  # a queue's own rate
             keys.c.ready_at.is_(None),
             keys.c.updated_at < idle_before,
             keys.c.next_start_at.is_(None) | (keys.c.next_start_at < idle_before),

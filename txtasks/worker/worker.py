@@ -236,6 +236,7 @@ class Worker:
             lease_until=now + timedelta(seconds=self.config.lease),
             worker_id=self.worker_id,
             keys=self.app.declared_key_limits,
+            queue_rates=self.app.declared_queue_rates,
         )
         self.stats.claimed += len(rows)
         return rows
