@@ -14,7 +14,9 @@ overlaps, from the times the handlers themselves noted:
    time;
 4. hot: one key with most of the tasks (concurrency 64) and 1,000 cold keys of 10 each; when
    the last cold task finished against when the hot key finished;
-5. rate: 4 keys at 50 starts/s each; the starts per second measured per key.
+5. rate: 4 keys at 50 starts/s each; the starts per second measured per key;
+6. queue rate: a queue at 100 starts/s in all (100 tasks without a key, 3 keys of 100); the
+   starts per second measured over the queue.
 
 Throughput is tasks / (last finish - first start), so process start-up is left out.
 """
@@ -78,6 +80,11 @@ def cases(n: int, ordered: int, hot: int) -> list[Case]:
             [("hot", hot), *[(f"c{i}", 10) for i in range(1000)]],
         ),
         Case("keys-rate", "4 keys x 100 at 50/s", [(f"r{i}", 100) for i in range(4)]),
+        Case(
+            "keys-queue-rate",
+            "queue at 100/s: 100 without a key + 3 keys x 100",
+            [(None, 100), *[(f"q{i}", 100) for i in range(3)]],
+        ),
     ]
 
 
@@ -168,6 +175,9 @@ def measure(case: Case, rows: list[Any], runs: list[Run]) -> dict[str, Any]:
         hot_end = max(r.finished_at for r in by_key["hot"])
         cold_end = max(r.finished_at for r in cold)
         result["cold done at"] = seconds(first, cold_end) / seconds(first, hot_end)
+    if case.queue == "keys-queue-rate":
+        starts = sorted(r.started_at for r in rows)
+        result["starts/s in all"] = (len(starts) - 1) / seconds(starts[0], starts[-1])
     if case.queue == "keys-rate":
         rates = []
         for key_rows in by_key.values():
@@ -217,7 +227,8 @@ def report(results: dict[tuple[str, str], list[dict[str, Any]]], args: argparse.
                 f"{statistics.median(rates) / statistics.median(r['tasks/s'] for r in plain):.2f}x"
             )
         checks = []
-        for name in ("in order", "overlaps", "cold done at", "starts/s per key", "rate max"):
+        checks_named = ("in order", "overlaps", "cold done at", "starts/s per key", "rate max")
+        for name in (*checks_named, "starts/s in all"):
             values = [r[name] for r in runs if name in r]
             if values:
                 shown = (

@@ -21,13 +21,18 @@ QUEUES: dict[str, KeyLimits | None] = {
     "keys-ordered": KeyLimits(ordered=True),
     "keys-hot": KeyLimits(concurrency=64),
     "keys-rate": KeyLimits(rate=Rate(50, per=1)),
+    "keys-queue-rate": KeyLimits(),
 }
+#: Queues with a rate of their own (for all their tasks, with a key or without).
+QUEUE_RATES = {"keys-queue-rate": Rate(100, per=1)}
 RATE_PER_SECOND = 50
 
 app = App("keys-bench")
 for queue, limits in QUEUES.items():
     if limits is not None:
         app.key_limits(queue, limits)
+for queue, rate in QUEUE_RATES.items():
+    app.queue_rate(queue, rate)
 
 
 #: Where each worker process writes when its handlers ran (`RUNS_DIR`/<pid>.runs, one line
