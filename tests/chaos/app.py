@@ -43,7 +43,7 @@ from sqlalchemy import (
     update,
 )
 
-from txtasks import App, KeyLimits
+from txtasks import App, KeyLimits, Rate
 from txtasks.driver.sqlite import sqlite_connection_setup
 from txtasks.driver.urls import backend_name, url_sync
 from txtasks.worker.context import TaskContext
@@ -93,6 +93,10 @@ app = App("chaos", default_queue=QUEUE)
 #: Tasks enqueued with keys (`enqueue --keys K`) run at most this many of one key at once.
 KEY_CONCURRENCY = 2
 app.key_limits(QUEUE, KeyLimits(concurrency=KEY_CONCURRENCY))
+#: Starts per second of the whole queue, when the test sets it (`CHAOS_QUEUE_RATE`).
+QUEUE_RATE_VAR = "CHAOS_QUEUE_RATE"
+if os.environ.get(QUEUE_RATE_VAR):
+    app.queue_rate(QUEUE, Rate(int(os.environ[QUEUE_RATE_VAR])))
 
 
 def engine_for(url: str, **options: Any) -> Engine:

@@ -31,6 +31,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
 
@@ -435,6 +436,14 @@ class Chaos:
         report.reruns = sum(twice.values())
         report.in_both = len(live & finished.keys())
         return report
+
+    def archived_starts(self, queue: str) -> list[datetime]:
+        """When each archived task of `queue` started (its last attempt's claim), in order."""
+        with self.engine.connect() as conn:
+            query = select(archive.c.started_at).where(
+                archive.c.queue == queue, archive.c.started_at.is_not(None)
+            )
+            return sorted(conn.execute(query).scalars())
 
     def most_at_once_per_key(self) -> dict[str, int]:
         """For each key, the most of its tasks' handlers that ran at the same time (from the

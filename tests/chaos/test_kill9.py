@@ -3,14 +3,16 @@ is lost, nothing rolled back runs, re-runs stay within the tasks in flight at th
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from tests.chaos.app import KEY_CONCURRENCY
+from tests.chaos.app import KEY_CONCURRENCY, QUEUE, QUEUE_RATE_VAR
 from tests.chaos.conftest import url_of
 from tests.chaos.harness import Chaos, Proc
 
@@ -89,3 +91,35 @@ def test_kill9_loop_keeps_each_key_within_its_concurrency(
     h.check(report, max_reruns=h.in_flight_at_kills)
     assert len(most) == 6 and max(most.values()) <= KEY_CONCURRENCY, most
     assert max(most.values()) == KEY_CONCURRENCY, most  # the limit was reached, not just kept
+
+
+QUEUE_RATE = 40
+RATED_ORDERS = 240
+
+
+@pytest.mark.parametrize("backend", SERVERS)
+def test_kill9_loop_keeps_a_queue_within_its_rate(
+    backend: str,
+    chaos: Callable[..., Chaos],
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A queue at QUEUE_RATE starts a second, tasks with a key and without, while workers
+    are killed: no two starts of the queue come closer than 1 / QUEUE_RATE s (the claims'
+    own times, kept by the archive), and nothing is lost."""
+    monkeypatch.setenv(QUEUE_RATE_VAR, str(QUEUE_RATE))
+    h = chaos(url_of(request, backend, tmp_path))
+    workers = start(h)
+    plain = h.enqueuer(RATED_ORDERS // 2, pause=0.002, max_ms=20)
+    keyed = h.enqueuer(RATED_ORDERS // 2, start=RATED_ORDERS, pause=0.002, max_ms=20, keys=4)
+    kills = kill_loop(h, workers, random.Random(15), KILLS // 2)
+    settled = h.settle(60, enqueuers=[plain, keyed])
+    report = h.report()
+    starts = h.archived_starts(QUEUE)
+    h.stop_all()
+    print(f"{backend}: {report.summary()}; in flight at kills {kills}; settled {settled}")
+    h.check(report, max_reruns=h.in_flight_at_kills)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert len(starts) >= RATED_ORDERS * 0.8, len(starts)  # rollbacks left out
+    assert min(gaps) >= timedelta(seconds=1 / QUEUE_RATE), min(gaps)
