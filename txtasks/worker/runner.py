@@ -10,7 +10,6 @@ whose handler left a context variable set retires, and a fresh one takes the nex
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextvars
 import inspect
 import logging
@@ -51,6 +50,8 @@ FAILURE_NEXT = {
 }
 #: The longest error a log line shows (the task row keeps the whole text).
 LOGGED_ERROR_CHARS = 300
+#: Seconds the idle threads of the handler pool get, in all, to end once the pool is shut down.
+THREADS_EXIT_WITHIN = 1.0
 #: Enum members read once: `Enum.MEMBER` is a slow lookup, paid for every task otherwise.
 _COMPLETE = OutcomeKind.COMPLETE
 _MANUAL = AckPolicy.MANUAL
@@ -104,8 +105,6 @@ class Runner:
         #: Attempts run in an OpenTelemetry span (read by the worker once a claimed batch).
         self.traced = False
         self.threads: ThreadPoolExecutor | None = None
-        #: Sync handlers running in a thread (an idle thread of the pool is not one of them).
-        self.in_threads: set[concurrent.futures.Future[Any]] = set()
         #: Sync handlers still running in their thread after their timeout (by task id).
         self._overrun: dict[TaskKey, asyncio.Future[Any]] = {}
 
@@ -120,6 +119,16 @@ class Runner:
         """Let go of the thread pool; a sync handler still running keeps its thread."""
         if self.threads is not None:
             self.threads.shutdown(wait=False, cancel_futures=True)
+
+    def threads_busy(self, within: float = THREADS_EXIT_WITHIN) -> bool:
+        """After `close()`: whether a thread of the pool is still running a sync handler. Idle
+        threads end as soon as they see the pool shut down: each gets up to `within` seconds
+        in all to do so."""
+        threads = list(getattr(self.threads, "_threads", ()))
+        deadline = time.monotonic() + within
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return any(thread.is_alive() for thread in threads)
 
     def cancel(self) -> list[asyncio.Task[None]]:
         """Drop the rows no runner has taken (handed back at shutdown) and cancel the runners."""
@@ -310,11 +319,7 @@ class Runner:
             return task.handler(*args)
 
         # the thread runs in a copy of this context: the handler sees the attempt's span
-        assert self.threads is not None, "open() starts the thread pool"
-        running = self.threads.submit(contextvars.copy_context().run, call)
-        self.in_threads.add(running)
-        running.add_done_callback(self.in_threads.discard)
-        future = asyncio.wrap_future(running, loop=loop)
+        future = loop.run_in_executor(self.threads, contextvars.copy_context().run, call)
         if timeout is None:
             result = await future
         else:

@@ -139,7 +139,7 @@ class Worker:
     @property
     def threads_alive(self) -> bool:
         """True when a sync handler is still running in a thread after shutdown."""
-        return any(not call.done() for call in list(self._runner.in_threads))
+        return self._runner.threads_busy()
 
     async def run(self) -> WorkerStats:
         """Run until stopped (or, in burst mode, until the queues are empty). While the database
