@@ -324,17 +324,27 @@ class SqlDriver(SqlAdmin):
     async def _lanes_claim(
         self, claim: Claim, limit: int, keys: Mapping[str, KeyLimits] | None
     ) -> list[TaskRow]:
-        keyed = self._keyed_lane_due(claim.queues, keys, claim.now)
+        async def keyed(left: int) -> list[TaskRow]:
+            found = await self.keyed_claim(claim, left, keys or {})
+            self._keyed_found(claim.queues, bool(found), claim.now)
+            return found
+
+        plain = functools.partial(self.plain_claim, claim)
+        due = self._keyed_lane_due(claim.queues, keys, claim.now)
+        return await self._in_turn(limit, plain, keyed if due else None)
+
+    async def _in_turn(
+        self,
+        limit: int,
+        plain: Callable[[int], Awaitable[list[TaskRow]]],
+        keyed: Callable[[int], Awaitable[list[TaskRow]]] | None,
+    ) -> list[TaskRow]:
+        """Up to `limit` tasks from the two lanes (`keyed` None: its lane is not due), each
+        given what the other left; which goes first alternates between claims."""
         rows: list[TaskRow] = []
-        for lane in ("keys", "plain") if self._keys_first else ("plain", "keys"):
-            if len(rows) >= limit:
-                break
-            if lane == "plain":
-                rows += await self.plain_claim(claim, limit - len(rows))
-            elif keyed:
-                found = await self.keyed_claim(claim, limit - len(rows), keys or {})
-                self._keyed_found(claim.queues, bool(found), claim.now)
-                rows += found
+        for lane in (keyed, plain) if self._keys_first else (plain, keyed):
+            if lane is not None and len(rows) < limit:
+                rows += await lane(limit - len(rows))
         return rows
 
     async def rated_claim(
@@ -358,15 +368,14 @@ class SqlDriver(SqlAdmin):
                 self._rate_rows.discard(queue)
                 return []
             allowed = min(limit, rate_allowance(rate, held.next_start_at, claim.now))
-            rows: list[TaskRow] = []
-            for lane in ("keys", "plain") if self._keys_first else ("plain", "keys"):
-                left = allowed - len(rows)
-                if left <= 0:
-                    break
-                if lane == "plain":
-                    rows += await self.sql.claim(conn, claim.params(limit=left))
-                elif keyed:
-                    rows += (await self._keyed_claim_on(conn, claim, left, keys or {}))[0]
+
+            async def plain(left: int) -> list[TaskRow]:
+                return await self.sql.claim(conn, claim.params(limit=left))
+
+            async def with_keys(left: int) -> list[TaskRow]:
+                return (await self._keyed_claim_on(conn, claim, left, keys or {}))[0]
+
+            rows = await self._in_turn(allowed, plain, with_keys if keyed else None)
             next_start = rate_after(rate, held.next_start_at, claim.now, len(rows))
             settle = {"b_id": held.id, "b_ready_at": None, "b_next_start_at": next_start}
             await self.sql.keys_settle(conn, [{**settle, "now": claim.now}])
