@@ -16,6 +16,7 @@ from sqlalchemy import create_engine, event, make_url, text
 from tests.conftest import BACKENDS, reset_schema, server_url
 from txtasks.clock import utcnow
 from txtasks.driver import driver_for_url
+from txtasks.driver.dialect import dialect_for
 from txtasks.driver.postgresql import CLAIM_SQL, FINISH_SQL, KEYS_LOOK_SQL
 from txtasks.driver.sql import SqlDriver
 from txtasks.driver.urls import url_sync
@@ -195,3 +196,64 @@ async def test_a_key_claim_counts_each_key_s_running_tasks_along_their_own_index
     scans = [n for n in tree if n.get("Relation Name") == "txtasks_tasks" and n["Actual Loops"]]
     assert [n.get("Index Name") for n in scans] == ["ix_txtasks_tasks_running"], read
     assert all(n["Actual Rows"] <= 6 for n in scans), read  # per probe: that key's tasks
+
+
+def test_a_key_claim_reads_each_key_s_due_tasks_along_the_claim_index_on_mariadb(
+    request: pytest.FixtureRequest, tmp_path: Any
+) -> None:
+    """MariaDB/MySQL, statistics taken while the table held only tasks without a key, of another
+    queue: the due tasks of the keys a claim holds are still read by one short probe of the
+    claim index per key and task, not by a walk along a whole index until a key's task turns
+    up (the plan those statistics give the probe)."""
+    url = server_url(request, "mysql", tmp_path)
+    reset_schema(url)
+    engine = create_engine(url_sync(url))
+    keys = [f"k{i}" for i in range(980, 1000)]  # last along the index
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("ALTER TABLE txtasks_tasks STATS_AUTO_RECALC=0"))  # kept stale
+            without_key = INSERT_TASKS.format(queue="other", key="NULL", count=20_000)
+            conn.execute(text(without_key))
+            conn.execute(text("ANALYZE TABLE txtasks_tasks"))  # the stale statistics
+            conn.execute(text("DELETE FROM txtasks_tasks"))
+            conn.execute(
+                text(INSERT_TASKS.format(queue="q", key="concat('k', seq MOD 1000)", count=6000))
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO txtasks_keys (queue, partition_key, ready_at, updated_at)"
+                    " SELECT 'q', concat('k', seq), now(6), now(6) FROM seq_980_to_999"
+                )
+            )
+        with engine.begin() as conn:
+            ids = conn.execute(text("SELECT id FROM txtasks_keys")).scalars().all()
+            params = {"ids": ids, "now": utcnow()}
+            statement = dialect_for(conn.dialect).stmt_keys_due_first(1)
+            state = statement.compile(dialect=conn.dialect).construct_expanded_state(params)
+            explain = "EXPLAIN " + state.statement
+            plan = conn.exec_driver_sql(explain, state.parameters).mappings().all()
+            before = handler_reads(conn)
+            due = conn.execute(statement, params).all()
+            read = handler_reads(conn) - before
+    finally:
+        engine.dispose()
+    assert sorted(row.partition_key for row in due) == sorted(keys)
+    assert all(row.d0 is not None for row in due)
+    probes = [dict(row) for row in plan if row["select_type"] == "DEPENDENT SUBQUERY"]
+    assert len(probes) == 1, plan
+    assert all(p["type"] == "ref" and p["key"] == "ix_txtasks_tasks_claim" for p in probes), plan
+    assert read <= len(keys) * 10, read
+
+
+#: `count` ready tasks in `queue`, with the key `key` (SQL of `seq`, MariaDB's sequence).
+INSERT_TASKS = (
+    "INSERT INTO txtasks_tasks (queue, task_name, payload, content_type, state, priority, run_at,"
+    " attempt, max_attempts, created_at, partition_key) SELECT '{queue}', 't', 'null',"
+    " 'application/json', 'pending', 0, now(6), 0, 3, now(6), {key} FROM seq_1_to_{count}"
+)
+
+
+def handler_reads(conn: Any) -> int:
+    """The rows this MariaDB/MySQL session has read so far (index and table reads)."""
+    rows = conn.execute(text("SHOW SESSION STATUS LIKE 'Handler_read%'")).all()
+    return sum(int(value) for _name, value in rows)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
@@ -23,6 +23,7 @@ from sqlalchemy import (
     Executable,
     Integer,
     Result,
+    Select,
     String,
     Table,
     bindparam,
@@ -164,6 +165,20 @@ def keys_arm_values() -> dict[str, Any]:
         "ready_at": bindparam("ready_at", type_=Timestamp),
         "updated_at": bindparam("now", type_=Timestamp),
     }
+
+
+#: Keys asking for at most this many due tasks are read by `SqlDialect.stmt_keys_due_first`
+#: (a column per task), the others by `stmt_keys_due` (a subquery per key): a key with a slot
+#: asks for two (one to start, one to tell whether more are due).
+DUE_FIRST = 2
+
+
+def _force_index(stmt: Select[Any], name: str) -> Select[Any]:
+    """`stmt` reading `txtasks_tasks` along index `name` on MySQL and MariaDB: their optimizer
+    picks the lease index for a key's probe when the statistics are stale (the state is its
+    first column), and then reads every ready task of the queue for each key."""
+    hint = f"FORCE INDEX ({name})"
+    return stmt.with_hint(tasks, hint, "mysql").with_hint(tasks, hint, "mariadb")
 
 
 def _union(parts: Sequence[Any]) -> Executable:
@@ -421,8 +436,18 @@ class SqlDialect:
         )
 
     async def keys_settle(self, conn: AsyncConnection, params: list[dict[str, Any]]) -> None:
-        """Write each key's next look and rate start (params as `stmt_keys_settle`'s)."""
-        await conn.execute(self.stmt_keys_settle(), params)
+        """Write each key's next look and rate start (params b_id, b_ready_at,
+        b_next_start_at, now): one statement per distinct pair of times, which most keys of a
+        claim share (an UPDATE per key is a round trip per key where the driver does not batch
+        them)."""
+        settled: dict[tuple[Any, Any, Any], list[int]] = {}
+        for p in params:
+            settled.setdefault((p["b_ready_at"], p["b_next_start_at"], p["now"]), []).append(
+                p["b_id"]
+            )
+        for (ready_at, next_start_at, now), ids in settled.items():
+            values = {"ready_at": ready_at, "next_start_at": next_start_at, "now": now}
+            await conn.execute(self.stmt_keys_settle(), {"ids": sorted(ids), **values})
 
     @classmethod
     @functools.cache
@@ -476,14 +501,14 @@ class SqlDialect:
     @staticmethod
     @functools.cache
     def stmt_keys_settle() -> Executable:
-        """When to look at a key again, and its rate's next start (params b_id, b_ready_at,
-        b_next_start_at, now)."""
+        """When to look at keys `ids` again, and their rates' next start (params ready_at,
+        next_start_at, now)."""
         return (
             update(keys)
-            .where(keys.c.id == bindparam("b_id"))
+            .where(keys.c.id.in_(bindparam("ids", expanding=True)))
             .values(
-                ready_at=bindparam("b_ready_at", type_=Timestamp),
-                next_start_at=bindparam("b_next_start_at", type_=Timestamp),
+                ready_at=bindparam("ready_at", type_=Timestamp),
+                next_start_at=bindparam("next_start_at", type_=Timestamp),
                 updated_at=bindparam("now", type_=Timestamp),
             )
         )
@@ -534,23 +559,48 @@ class SqlDialect:
 
     @staticmethod
     @functools.cache
-    def stmt_keys_heads(count: int) -> Executable:
-        """The first live task of each of `count` keys (params q_i, k_i): the head of an
-        ordered key, by id."""
+    def stmt_keys_heads() -> Executable:
+        """The first live task (by id) of each key of the rows `ids` of `txtasks_keys`: the
+        head of an ordered key. Each key's head is found by one probe of its key's tasks."""
         live = tasks.c.state.in_([PROCESSING, *(s.value for s in READY_STATES)])
-        parts = [
-            select(tasks.c.id, tasks.c.queue, tasks.c.partition_key, tasks.c.state, tasks.c.run_at)
-            .where(
-                tasks.c.queue == bindparam(f"q{i}"),
-                tasks.c.partition_key == bindparam(f"k{i}"),
-                live,
-            )
+        head = (
+            _force_index(select(tasks.c.id), "ix_txtasks_tasks_keyed")
+            .where(tasks.c.queue == keys.c.queue, tasks.c.partition_key == keys.c.partition_key)
+            .where(live)
             .order_by(tasks.c.id)
             .limit(1)
-            .subquery()
-            for i in range(count)
-        ]
-        return _union(parts)
+            .correlate(keys)
+            .scalar_subquery()
+        )
+        return (
+            select(tasks.c.id, tasks.c.queue, tasks.c.partition_key, tasks.c.state, tasks.c.run_at)
+            .select_from(keys.join(tasks, tasks.c.id == head))
+            .where(keys.c.id.in_(bindparam("ids", expanding=True)))
+        )
+
+    @staticmethod
+    @functools.cache
+    def stmt_keys_due_first(count: int) -> Executable:
+        """The first `count` due ready tasks (columns d0, d1, ...; NULL past the last) of each
+        key of the rows `ids` of `txtasks_keys` (params ids, now), in claim order: one probe of
+        the claim index per key and task, in one small statement whatever the number of keys."""
+
+        def due(offset: int) -> Any:
+            return (
+                _force_index(select(tasks.c.id), "ix_txtasks_tasks_claim")
+                .where(tasks.c.queue == keys.c.queue, tasks.c.partition_key == keys.c.partition_key)
+                .where(IS_READY, tasks.c.run_at <= bindparam("now", type_=Timestamp))
+                .order_by(tasks.c.priority.desc(), tasks.c.run_at, tasks.c.id)
+                .limit(1)
+                .offset(offset)
+                .correlate(keys)
+                .scalar_subquery()
+                .label(f"d{offset}")
+            )
+
+        return select(keys.c.queue, keys.c.partition_key, *map(due, range(count))).where(
+            keys.c.id.in_(bindparam("ids", expanding=True))
+        )
 
     @staticmethod
     @functools.cache
@@ -579,27 +629,37 @@ class SqlDialect:
         counted: list[tuple[str, str]],
         ordered: list[tuple[str, str]],
         asked: list[tuple[str, str, int]],
+        key_ids: Mapping[tuple[str, str], int],
         now: datetime,
     ) -> KeysLook:
         """The running counts of the keys `counted`, the heads of the keys `ordered`, and up to
-        n due ready tasks of each (queue, key, n) `asked`: one statement each."""
+        n due ready tasks of each (queue, key, n) `asked` (`key_ids`: each key's row): one
+        statement each, and one more for keys asking for more than `DUE_FIRST` tasks."""
         look = KeysLook()
         if counted:
             look.running = {(q, k): n for q, k, n in await self.keys_running(conn, counted)}
         if ordered:
-            heads = await self.keys_heads(conn, ordered)
+            heads = await self.keys_heads(conn, [key_ids[pair] for pair in ordered])
             look.heads = {(r.queue, r.partition_key): r for r in heads}
-        if asked:
-            for task_id, queue, key in await self.keys_due(conn, asked, now):
+        few = [(q, k, n) for q, k, n in asked if n <= DUE_FIRST]
+        if few:
+            count = max(n for _q, _k, n in few)
+            wanted = {(q, k): n for q, k, n in few}
+            params = {"ids": [key_ids[(q, k)] for q, k, _n in few], "now": now}
+            for queue, key, *first in await conn.execute(self.stmt_keys_due_first(count), params):
+                due = [task_id for task_id in first[: wanted[(queue, key)]] if task_id is not None]
+                if due:
+                    look.due[(queue, key)] = due
+        many = [(q, k, n) for q, k, n in asked if n > DUE_FIRST]
+        if many:
+            for task_id, queue, key in await self.keys_due(conn, many, now):
                 look.due.setdefault((queue, key), []).append(task_id)
         return look
 
-    async def keys_heads(self, conn: AsyncConnection, pairs: list[tuple[str, str]]) -> list[Any]:
-        """The first live task (id, queue, partition_key, state, run_at) of each key."""
-        params = {}
-        for i, (queue, key) in enumerate(pairs):
-            params.update({f"q{i}": queue, f"k{i}": key})
-        return list(await conn.execute(self.stmt_keys_heads(len(pairs)), params))
+    async def keys_heads(self, conn: AsyncConnection, ids: list[int]) -> list[Any]:
+        """The first live task (id, queue, partition_key, state, run_at) of the keys of rows
+        `ids`."""
+        return list(await conn.execute(self.stmt_keys_heads(), {"ids": ids}))
 
     async def keys_due(
         self, conn: AsyncConnection, asked: list[tuple[str, str, int]], now: datetime

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import functools
 import math
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, ClassVar, cast
 
@@ -362,6 +362,7 @@ class PostgresDialect(SqlDialect):
         counted: list[tuple[str, str]],
         ordered: list[tuple[str, str]],
         asked: list[tuple[str, str, int]],
+        key_ids: Mapping[tuple[str, str], int],
         now: datetime,
     ) -> KeysLook:
         """One statement, on the asyncpg connection, the keys as arrays."""

@@ -468,7 +468,8 @@ class SqlDriver(SqlAdmin):
             KeySlot(h.queue, h.partition_key, limits_for(h.queue, h.partition_key, declared, overrides), 0, h.next_start_at)
             for h in held
         ]  # fmt: skip
-        look = await self._keys_look(conn, slots, limit, now)
+        key_ids = {(h.queue, h.partition_key): h.id for h in held}
+        look = await self._keys_look(conn, slots, key_ids, limit, now)
         for s in slots:
             s.running = look.running.get((s.queue, s.key), 0)
         heads = look.heads
@@ -488,7 +489,12 @@ class SqlDriver(SqlAdmin):
         return rows, len(held) == limit
 
     async def _keys_look(
-        self, conn: AsyncConnection, slots: list[KeySlot], limit: int, now: datetime
+        self,
+        conn: AsyncConnection,
+        slots: list[KeySlot],
+        ids: Mapping[tuple[str, str], int],
+        limit: int,
+        now: datetime,
     ) -> KeysLook:
         """What the held keys have, read after their rows were locked: the running counts of
         keys with a slot limit, the heads of ordered keys, and the due tasks of the others.
@@ -505,6 +511,7 @@ class SqlDriver(SqlAdmin):
                 for s, w in zip(slots, unknown, strict=True)
                 if w > 0 and not s.limits.ordered
             ],
+            key_ids=ids,
             now=now,
         )
 
