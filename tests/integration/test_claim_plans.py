@@ -257,3 +257,59 @@ def handler_reads(conn: Any) -> int:
     """The rows this MariaDB/MySQL session has read so far (index and table reads)."""
     rows = conn.execute(text("SHOW SESSION STATUS LIKE 'Handler_read%'")).all()
     return sum(int(value) for _name, value in rows)
+
+
+async def test_on_mariadb_a_claim_and_an_outcome_reach_key_rows_by_their_primary_keys_only(
+    request: pytest.FixtureRequest, tmp_path: Any
+) -> None:
+    """InnoDB locks every index entry a statement passes. A claim that locked its keys along
+    the index of ready keys held the entries of the full keys it passed as well, so that an
+    outcome arming one of them waited for the claim (or deadlocked with it). Every statement
+    that locks or changes key rows in a claim, and the outcome's arming, reads them by their
+    primary keys."""
+    url = server_url(request, "mysql", tmp_path)
+    reset_schema(url)
+    engine = create_engine(url_sync(url))
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO txtasks_keys (queue, partition_key, ready_at, updated_at)"
+                " SELECT 'q', concat('k', seq), IF(seq % 2 = 0, NULL, now(6) - INTERVAL 1 MINUTE),"
+                " now(6) FROM seq_1_to_2000"
+            )
+        )
+        conn.execute(text("ANALYZE TABLE txtasks_keys"))
+    driver = driver_for_url(url)
+    assert isinstance(driver, SqlDriver)
+    sent: list[tuple[str, Any]] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        sent.append((statement, parameters))
+
+    event.listen(driver.engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        now = utcnow()
+        async with driver.begin() as conn:
+            params = {"queues": ["q"], "now": now, "limit": 50}
+            held, _stored = await driver.sql.keys_lock(conn, params)
+            settle = {"b_ready_at": None, "b_next_start_at": None, "now": now}
+            await driver.sql.keys_settle(conn, [{"b_id": h.id, **settle} for h in held])
+        async with driver.begin() as conn:
+            await driver.sql.keys_wake(conn, [("q", f"k{i}") for i in range(2, 200, 2)], now)
+    finally:
+        await driver.close()
+    assert len(held) == 50
+    changing = [
+        (statement, parameters)
+        for statement, parameters in sent
+        if "txtasks_keys" in statement
+        and (statement.lstrip().upper().startswith("UPDATE") or "SKIP LOCKED" in statement)
+        and "partition_key) IN" not in statement  # an outcome's own keys, by the unique key
+    ]
+    assert len(changing) == 3, [s for s, _p in sent]  # the lock, the settle, the arming
+    with engine.begin() as conn:
+        for statement, parameters in changing:
+            plan = conn.exec_driver_sql("EXPLAIN " + statement, parameters).mappings().all()
+            read = [r for r in plan if r["table"] in ("txtasks_keys", "k")]
+            assert read and all(r["key"] == "PRIMARY" for r in read), (statement, plan)
+    engine.dispose()

@@ -238,6 +238,36 @@ async def test_neither_an_enqueue_nor_an_outcome_waits_for_a_claim_holding_a_key
     assert third > second
 
 
+async def test_an_outcome_does_not_wait_for_a_claim_holding_other_keys(driver: Driver) -> None:
+    """A claim that locks the keys it serves holds nothing else: an outcome arming a key the
+    claim did not take (here one whose slot was full, so that no claim looks at it) goes
+    through while the claim is still deciding. (On MariaDB a claim that locked its keys along
+    the index of ready keys also locked the entries it passed there, among them those of full
+    keys; every outcome of such a key then waited for the claim to end.)"""
+    if not isinstance(driver, SqlDriver) or driver.capabilities.name == "sqlite":
+        pytest.skip("row locks: PostgreSQL and MariaDB")
+    limits = {"q": KeyLimits(concurrency=1)}
+    await driver.task_insert_many([new(1, key=f"a{i % 300}") for i in range(600)])
+    running = await claim(driver, keys=limits, limit=300)  # full until their tasks end
+    assert len(running) == 300
+    await driver.task_insert_many([new(3, key=f"b{i}") for i in range(5)])
+    holder = await another(driver)
+    assert isinstance(holder, SqlDriver)
+    try:
+        async with holder.begin() as conn:  # the new keys armed
+            await holder.sql.hints_take(conn, ["q"], T0)
+        async with holder.begin() as conn:  # a claim deciding, its keys locked
+            held, _stored = await holder.sql.keys_lock(
+                conn, {"queues": ["q"], "now": T0, "limit": 3}
+            )
+            assert sorted(h.partition_key for h in held) == ["b0", "b1", "b2"]
+            await asyncio.wait_for(write(driver, *map(done, running)), 10)
+    finally:
+        await holder.close()
+    again = Counter(r.partition_key for r in await claim(driver, keys=limits, limit=400))
+    assert {k: n for k, n in again.items() if k.startswith("a")} == {f"a{i}": 1 for i in range(300)}
+
+
 async def test_the_rows_of_idle_keys_are_forgotten_and_made_again_by_a_new_task(
     driver: Driver,
 ) -> None:

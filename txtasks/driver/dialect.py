@@ -516,12 +516,17 @@ class SqlDialect:
     async def keys_lock(
         self, conn: AsyncConnection, params: dict[str, Any]
     ) -> tuple[list[Any], list[Any]]:
-        """The keys a claim serves (`stmt_keys_lock`: locked, longest waiting first) and the
-        `txtasks_key_limits` rows stored for them."""
-        held = (await conn.execute(self.stmt_keys_lock(), params)).all()
+        """The keys a claim serves (`keys_held`) and the `txtasks_key_limits` rows stored for
+        them."""
+        held = await self.keys_held(conn, params)
         if not held:
             return [], []
-        return list(held), await self.key_overrides(conn, sorted({h.partition_key for h in held}))
+        return held, await self.key_overrides(conn, sorted({h.partition_key for h in held}))
+
+    async def keys_held(self, conn: AsyncConnection, params: dict[str, Any]) -> list[Any]:
+        """The keys a claim serves, locked, longest waiting first (params as
+        `stmt_keys_lock`'s)."""
+        return list(await conn.execute(self.stmt_keys_lock(), params))
 
     async def key_overrides(self, conn: AsyncConnection, names: list[str]) -> list[Any]:
         """The `txtasks_key_limits` rows of keys `names` (mappings)."""

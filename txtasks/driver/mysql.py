@@ -13,6 +13,7 @@ from sqlalchemy import (
     Connection,
     Engine,
     Executable,
+    Integer,
     String,
     bindparam,
     event,
@@ -29,12 +30,19 @@ from txtasks.driver.dialect import SqlDialect, keys_arm_values
 from txtasks.driver.sql import SqlDriver
 from txtasks.errors import SchemaError
 from txtasks.schema import migrate as schema_migrate
-from txtasks.schema.tables import IS_READY, Timestamp, keys, tasks
-from txtasks.types import TaskRow, TaskState
+from txtasks.schema.tables import Timestamp, keys, tasks
+from txtasks.types import READY_STATES, TaskRow, TaskState
 
 #: A JSON array of ids, or of [id, attempt] pairs, as a table: joined to the tasks table by
 #: STRAIGHT_JOIN, each row is then found by its primary key (MariaDB 10.6+, MySQL 8).
 IDS_TABLE = "JSON_TABLE(:ids, '$[*]' COLUMNS (id BIGINT PATH '$')) AS v"
+#: The rows of `txtasks_keys` whose ids `:ids` holds (a JSON array), each found by its
+#: primary key. A statement that locks or changes keys reaches them this way only: InnoDB
+#: locks every index entry a statement passes, so a claim that locked its keys along the
+#: index of ready keys also held the entries of full keys it passed (their `ready_at` is
+#: NULL), and every outcome arming such a key waited for the claim to end, or deadlocked
+#: with it.
+KEYS_BY_ID = f"{IDS_TABLE} STRAIGHT_JOIN txtasks_keys AS k FORCE INDEX (PRIMARY) ON k.id = v.id"
 KEYS_TABLE = (
     "JSON_TABLE(:keys, '$[*]' COLUMNS (id BIGINT PATH '$[0]', attempt INT PATH '$[1]')) AS k"
 )
@@ -99,6 +107,64 @@ class MySQLDialect(SqlDialect):
             updated_at=stmt.inserted.updated_at,
         )
 
+    async def keys_held(self, conn: AsyncConnection, params: dict[str, Any]) -> list[Any]:
+        """The ready keys read first without a lock, then locked by their primary keys (see
+        `KEYS_BY_ID`), skipping those another claim holds and those no longer ready."""
+        ids = list((await conn.execute(self.stmt_keys_ready(), params)).scalars())
+        if not ids:
+            return []
+        held = await conn.execute(self.stmt_keys_lock_ids(), {"ids": ids, "now": params["now"]})
+        return sorted(held, key=lambda h: (h.ready_at, h.id))
+
+    @staticmethod
+    @functools.cache
+    def stmt_keys_ready() -> Executable:
+        """The ids of `stmt_keys_lock`'s keys, read without locking anything."""
+        return (
+            select(keys.c.id)
+            .where(
+                keys.c.queue.in_(bindparam("queues", expanding=True)),
+                keys.c.ready_at <= bindparam("now", type_=Timestamp),
+            )
+            .order_by(keys.c.ready_at, keys.c.id)
+            .limit(bindparam("limit", type_=Integer))
+        )
+
+    @staticmethod
+    @functools.cache
+    def stmt_keys_lock_ids() -> Executable:
+        """Keys `ids` still ready by `now`, locked, skipping those another claim holds."""
+        return (
+            text(
+                "SELECT k.id, k.queue, k.partition_key, k.next_start_at, k.ready_at "
+                f"FROM {KEYS_BY_ID} WHERE k.ready_at <= :now FOR UPDATE SKIP LOCKED"
+            )
+            .bindparams(bindparam("ids", type_=JSON), bindparam("now", type_=Timestamp))
+            .columns(keys.c.id, keys.c.queue, keys.c.partition_key, keys.c.next_start_at,
+                     keys.c.ready_at)
+        )  # fmt: skip
+
+    @staticmethod
+    @functools.cache
+    def stmt_keys_settle() -> Executable:
+        return text(
+            f"UPDATE {KEYS_BY_ID} SET k.ready_at = :ready_at, "
+            "k.next_start_at = :next_start_at, k.updated_at = :now"
+        ).bindparams(
+            bindparam("ids", type_=JSON),
+            bindparam("ready_at", type_=Timestamp),
+            bindparam("next_start_at", type_=Timestamp),
+            bindparam("now", type_=Timestamp),
+        )
+
+    @staticmethod
+    @functools.cache
+    def stmt_keys_wake() -> Executable:
+        return text(
+            f"UPDATE {KEYS_BY_ID} SET k.ready_at = CASE WHEN k.ready_at IS NULL "
+            "OR k.ready_at > :now THEN :now ELSE k.ready_at END, k.updated_at = :now"
+        ).bindparams(bindparam("ids", type_=JSON), bindparam("now", type_=Timestamp))
+
     async def claim_ids(self, conn: AsyncConnection, params: dict[str, Any]) -> list[TaskRow]:
         """No UPDATE ... RETURNING: the rows read (locked), then marked claimed."""
         found = (await conn.execute(self.stmt_rows_by_ids(), params)).mappings().all()
@@ -107,10 +173,19 @@ class MySQLDialect(SqlDialect):
     @staticmethod
     @functools.cache
     def stmt_rows_by_ids() -> Executable:
+        """The ready rows `ids`, locked, each found by its primary key (a range of ids read
+        from one end to the other locks the rows between, those other workers hold too)."""
+        columns = ", ".join(f"t.{c.name}" for c in tasks.c)
         return (
-            select(*tasks.c)
-            .where(tasks.c.id.in_(bindparam("ids", expanding=True)), IS_READY)
-            .with_for_update()
+            text(
+                f"SELECT {columns} FROM {IDS_TABLE} STRAIGHT_JOIN txtasks_tasks AS t "
+                "FORCE INDEX (PRIMARY) ON t.id = v.id WHERE t.state IN :ready FOR UPDATE"
+            )
+            .bindparams(
+                bindparam("ids", type_=JSON),
+                bindparam("ready", [s.value for s in READY_STATES], expanding=True),
+            )
+            .columns(*tasks.c)
         )
 
     @classmethod
@@ -128,7 +203,7 @@ class MySQLDialect(SqlDialect):
         return (
             text(
                 f"SELECT t.id, t.attempt, t.queue, t.partition_key FROM {KEYS_TABLE} "
-                "STRAIGHT_JOIN txtasks_tasks AS t "
+                "STRAIGHT_JOIN txtasks_tasks AS t FORCE INDEX (PRIMARY) "
                 "ON t.id = k.id AND t.attempt = k.attempt "
                 "WHERE t.state = :processing "
                 "AND (:fence_worker IS NULL OR t.worker_id = :fence_worker) "
@@ -149,7 +224,8 @@ class MySQLDialect(SqlDialect):
     def stmt_delete() -> Executable:
         """Remove rows `ids`, each found by its primary key (see `stmt_lock_keys`)."""
         return text(
-            f"DELETE t FROM {IDS_TABLE} STRAIGHT_JOIN txtasks_tasks AS t ON t.id = v.id"
+            f"DELETE t FROM {IDS_TABLE} STRAIGHT_JOIN txtasks_tasks AS t FORCE INDEX (PRIMARY) "
+            "ON t.id = v.id"
         ).bindparams(bindparam("ids", type_=JSON))
 
     @classmethod
