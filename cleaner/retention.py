@@ -1,5 +1,6 @@
 """Retention: archived rows older than their retention are deleted, in batches; so are the
-rows of keys idle for `keys_idle` (their scheduling state, see txtasks.keys).
+rows of keys idle for `keys_idle` (their scheduling state, see txtasks.keys), and the records
+of publishes dropped for want of a subscriber older than `topic_drops` (see txtasks.topics).
 
 Retention is per outcome (completed, failed, discarded, dead), with per-queue overrides.
 Dead letters are kept until re-driven (`txtasks dlq requeue`) or purged (`txtasks dlq purge`)
@@ -69,14 +70,19 @@ class RetentionConfig(BatchedConfig):
     #: Seconds after which the scheduling state of a key with no task left (its row in
     #: `txtasks_keys`) is forgotten; None keeps it. A key that gets a task again starts afresh.
     keys_idle: float | None = DAY
+    #: Seconds the record of a publish dropped for want of a subscriber is kept (what
+    #: `txtasks topics` counts); None keeps them.
+    topic_drops: float | None = 7 * DAY
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.keys_idle is not None and not 0 < self.keys_idle <= MAX_SECONDS:
-            raise ConfigurationError(
-                f"RetentionConfig.keys_idle must be seconds > 0 (100 years at most) or None, "
-                f"got {self.keys_idle!r}"
-            )
+        for name in ("keys_idle", "topic_drops"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value <= MAX_SECONDS:
+                raise ConfigurationError(
+                    f"RetentionConfig.{name} must be seconds > 0 (100 years at most) or None, "
+                    f"got {value!r}"
+                )
         for queue, keep in self.queues.items():
             check_queue_name(queue, setting="RetentionConfig.queues")
             if not isinstance(keep, Keep):
@@ -92,6 +98,8 @@ class RetentionResult(SweepResult):
     purged: dict[str, int] = field(default_factory=dict)
     #: Rows of idle keys deleted.
     keys_forgotten: int = 0
+    #: Records of dropped publishes deleted.
+    topic_drops_forgotten: int = 0
 
 
 ORDER = sorted(FINISHED_STATES, key=lambda s: s.value)
@@ -111,7 +119,21 @@ class Retention(Sweep[RetentionConfig, RetentionResult]):
                 count += await self._purge(state, self.config.queues[queue], [queue], ())
             if count:
                 purged[state.value] = count
-        return RetentionResult(purged=purged, keys_forgotten=await self._forget_keys())
+        return RetentionResult(
+            purged=purged,
+            keys_forgotten=await self._forget_keys(),
+            topic_drops_forgotten=await self._forget_drops(),
+        )
+
+    async def _forget_drops(self) -> int:
+        if self.config.topic_drops is None:
+            return 0
+        before = self.app.clock() - timedelta(seconds=self.config.topic_drops)
+        driver = self.driver
+        return await self.batches(
+            lambda size: driver.topic_drops_forget_many(before=before, limit=size),
+            self.config.batch_size,
+        )
 
     async def _forget_keys(self) -> int:
         if self.config.keys_idle is None:

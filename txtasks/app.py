@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -14,8 +15,10 @@ from txtasks.driver import Driver, driver_for_url
 from txtasks.driver.timeouts import Timeouts
 from txtasks.enqueue import (
     ainsert_many_tx,
+    apublish_many_tx,
     async_sync_connection,
     insert_many_tx,
+    publish_many_tx,
     sync_connection,
 )
 from txtasks.env import ENV_BROKER_URL, ENV_DATABASE_URL
@@ -34,7 +37,8 @@ from txtasks.task import (
     new_row,
     task_options,
 )
-from txtasks.types import NewTask, TaskState
+from txtasks.topics import check_group_name, check_topic_name, new_publish, subscriptions_of
+from txtasks.types import Delivery, NewPublish, NewTask, Subscription, TaskState
 from txtasks.wakeup import Notifier, NullNotifier, notifier_for_url, wakeup_after_commit
 from txtasks.wakeup.commit import PendingWakeups
 
@@ -43,6 +47,8 @@ if TYPE_CHECKING:
 
     from txtasks.enqueue import AsyncExecutor, SyncExecutor
     from txtasks.task import OptionSettings
+
+log = logging.getLogger("txtasks.topics")
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
@@ -62,6 +68,19 @@ __all__ = [
 def due_now(row: NewTask) -> bool:
     """Claimable as soon as it commits (a delayed task is found by the poll when due)."""
     return row.state is TaskState.PENDING and row.run_at <= row.created_at
+
+
+def deliveries_by_queue(
+    publishes: Sequence[NewPublish], found: Sequence[Sequence[Delivery]]
+) -> dict[str, list[int]]:
+    """Ids of the tasks of publishes due now, grouped by their groups' queues (one wake-up
+    per queue)."""
+    grouped: dict[str, list[int]] = {}
+    for publish, delivered in zip(publishes, found, strict=True):
+        if publish.due_now:
+            for d in delivered:
+                grouped.setdefault(d.queue, []).append(d.id)
+    return grouped
 
 
 def by_queue(rows: Sequence[NewTask], ids: Sequence[int]) -> dict[str, list[int]]:
@@ -108,6 +127,8 @@ class App:
         self._schedules: dict[str, Schedule] = {}
         self._key_limits: dict[str, KeyLimits] = {}
         self._queue_rates: dict[str, Rate] = {}
+        #: Topics this process has seen a publish to dropped (logged once each).
+        self._dropped_topics: set[str] = set()
 
     # -- registry -----------------------------------------------------------------------------
 
@@ -151,9 +172,20 @@ class App:
             self.key_limits(options.queue, key_limits)
         elif options.key is not None:
             self._key_limits.setdefault(options.queue, NO_LIMITS)
+        self._check_groups(options.name, options.group or options.name, options.subscribe)
         task = Task(self, handler, options)
         self._tasks[task_name] = task
         return task
+
+    def _check_groups(self, task_name: str, group: str, topics: Iterable[str]) -> None:
+        """One group of a topic is one task: a second task subscribing as the same group of
+        the same topic is an error."""
+        for sub in self.subscriptions:
+            if sub.group == group and sub.topic in topics and sub.task_name != task_name:
+                raise ConfigurationError(
+                    f"task {task_name}: group {group!r} of topic {sub.topic!r} is already "
+                    f"task {sub.task_name}'s; give one of them another group="
+                )
 
     def key_limits(self, queue: str, limits: KeyLimits) -> None:
         """Declare the limits of every key of `queue` (tasks without a key have none):
@@ -368,6 +400,150 @@ class App:
         ids = await self.driver.task_insert_many(batch)
         self._notify_committed(batch, ids, wakes)
         return ids
+
+    # -- topics -------------------------------------------------------------------------------
+
+    @property
+    def subscriptions(self) -> list[Subscription]:
+        """The subscriptions its tasks declare (`@app.task(subscribe=...)`), by topic and
+        group; `asubscribe` stores them, and so does a worker at start for the queues it
+        serves."""
+        return subscriptions_of(self._tasks.values())
+
+    async def asubscribe(self, topics: Iterable[str] | None = None) -> list[Subscription]:
+        """Store the subscriptions its tasks declare (of `topics` only, when given): every
+        publish committed from then on reaches their groups. Returns those stored."""
+        wanted = None if topics is None else {check_topic_name(t) for t in topics}
+        subs = [s for s in self.subscriptions if wanted is None or s.topic in wanted]
+        await self.driver.subscription_set_many(subs, now=self.clock())
+        return subs
+
+    async def aunsubscribe(self, topic: str, group: str) -> bool:
+        """Delete the subscription of `group` to `topic` (its tasks already delivered stay);
+        False when there was none. A worker that declares it stores it again at its start."""
+        pair = (check_topic_name(topic), check_group_name(group))
+        return await self.driver.subscription_delete_many([pair]) > 0
+
+    def new_publish(
+        self,
+        topic: str,
+        payload: Any = None,
+        *,
+        key: str | None = None,
+        dedup_key: str | None = None,
+        delay: float | timedelta | None = None,
+        run_at: datetime | None = None,
+        priority: int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> NewPublish:
+        """Validate and encode one publish, for `publish_many_tx` (bulk); nothing is written.
+        Errors name the bad option."""
+        return new_publish(
+            topic,
+            payload,
+            clock=self.clock,
+            max_payload_bytes=self.max_payload_bytes,
+            key=key,
+            dedup_key=dedup_key,
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
+            headers=headers,
+        )
+
+    def publish_tx(
+        self, executor: SyncExecutor, topic: str, payload: Any = None, **options: Any
+    ) -> list[int]:
+        """Publish to `topic` in the caller's Connection/Session transaction: one task per
+        group subscribed when it runs, in one statement. Returns their ids (none: no group
+        subscribed, and the drop is counted; or every group's live task held the dedup key)."""
+        publish = self.new_publish(topic, payload, **options)
+        return self.publish_many_tx(executor, [publish])[0]
+
+    async def apublish_tx(
+        self, executor: AsyncExecutor, topic: str, payload: Any = None, **options: Any
+    ) -> list[int]:
+        """`publish_tx` in the caller's AsyncConnection/AsyncSession transaction."""
+        publish = self.new_publish(topic, payload, **options)
+        return (await self.apublish_many_tx(executor, [publish]))[0]
+
+    def publish_many_tx(
+        self, executor: SyncExecutor, publishes: Iterable[NewPublish]
+    ) -> list[list[int]]:
+        """Bulk publish in the caller's sync transaction: one statement per batch of up to 256
+        publishes whatever the number of groups. Each publish's task ids."""
+        batch = list(publishes)
+        wakes = self._wakes_publish(batch)
+        found = publish_many_tx(executor, batch)
+        if wakes:
+            connection = sync_connection(executor)
+            wakeup_after_commit(connection, self.notifier, deliveries_by_queue(batch, found))
+        return self._published(batch, found)
+
+    async def apublish_many_tx(
+        self, executor: AsyncExecutor, publishes: Iterable[NewPublish]
+    ) -> list[list[int]]:
+        """Bulk publish in the caller's async transaction."""
+        batch = list(publishes)
+        wakes = self._wakes_publish(batch)
+        found = await apublish_many_tx(executor, batch)
+        if wakes:
+            connection = await async_sync_connection(executor)
+            wakeup_after_commit(connection, self.notifier, deliveries_by_queue(batch, found))
+        return self._published(batch, found)
+
+    def publish(self, topic: str, payload: Any = None, **options: Any) -> list[int]:
+        """Publish in a transaction of its own (committed on return)."""
+        return self.publish_many([self.new_publish(topic, payload, **options)])[0]
+
+    async def apublish(self, topic: str, payload: Any = None, **options: Any) -> list[int]:
+        """Publish in a transaction of its own (committed on return)."""
+        return (await self.apublish_many([self.new_publish(topic, payload, **options)]))[0]
+
+    def publish_many(self, publishes: Iterable[NewPublish]) -> list[list[int]]:
+        """Bulk publish in a transaction of its own (committed on return)."""
+        batch = list(publishes)
+        wakes = self._wakes_publish(batch)
+        found = self.driver.topic_publish_many_sync(batch)
+        self._notify_published(batch, found, wakes)
+        return self._published(batch, found)
+
+    async def apublish_many(self, publishes: Iterable[NewPublish]) -> list[list[int]]:
+        """Bulk publish in a transaction of its own (committed on return)."""
+        batch = list(publishes)
+        wakes = self._wakes_publish(batch)
+        found = await self.driver.topic_publish_many(batch)
+        self._notify_published(batch, found, wakes)
+        return self._published(batch, found)
+
+    def _wakes_publish(self, publishes: list[NewPublish]) -> bool:
+        if not publishes or isinstance(self.notifier, NullNotifier):
+            return False
+        return any(p.due_now for p in publishes)
+
+    def _notify_published(
+        self, publishes: list[NewPublish], found: list[list[Delivery]], wakes: bool
+    ) -> None:
+        if wakes:
+            pending = PendingWakeups()
+            pending.add(self.notifier, deliveries_by_queue(publishes, found))
+            pending.publish()
+
+    def _published(
+        self, publishes: list[NewPublish], found: list[list[Delivery]]
+    ) -> list[list[int]]:
+        """Each publish's task ids; a publish without a dedup key that wrote none found no
+        subscriber (recorded as dropped): logged once per topic."""
+        for publish, delivered in zip(publishes, found, strict=True):
+            dropped = not delivered and publish.dedup_key is None
+            if dropped and publish.topic not in self._dropped_topics:
+                self._dropped_topics.add(publish.topic)
+                log.warning(
+                    "topic %s has no subscriber: its publishes are dropped and counted "
+                    "(txtasks topics)",
+                    publish.topic,
+                )
+        return [[d.id for d in delivered] for delivered in found]
 
     # -- storage ------------------------------------------------------------------------------
 

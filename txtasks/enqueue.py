@@ -16,7 +16,7 @@ from sqlalchemy import Connection
 from txtasks.driver.dialect import dialect_for
 from txtasks.driver.insert_plan import plan_run_async, plan_run_sync
 from txtasks.errors import ConfigurationError
-from txtasks.types import NewTask
+from txtasks.types import Delivery, NewPublish, NewTask
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Dialect
@@ -101,4 +101,26 @@ async def ainsert_many_tx(executor: AsyncExecutor, rows: Sequence[NewTask]) -> l
     if not rows:
         return []
     plan = dialect_for(executor_dialect(executor)).enqueue_plan(rows)
+    return await plan_run_async(executor, plan)
+
+
+def publish_many_tx(
+    executor: SyncExecutor, publishes: Sequence[NewPublish]
+) -> list[list[Delivery]]:
+    """Publish on a sync Connection or Session, inside its transaction: each publish's tasks."""
+    _check_sync(executor)
+    if not publishes:
+        return []
+    plan = dialect_for(executor_dialect(executor)).publish_plan(publishes)
+    return plan_run_sync(executor, plan)
+
+
+async def apublish_many_tx(
+    executor: AsyncExecutor, publishes: Sequence[NewPublish]
+) -> list[list[Delivery]]:
+    """Publish on an AsyncConnection or AsyncSession, inside its transaction."""
+    _check_async(executor)
+    if not publishes:
+        return []
+    plan = dialect_for(executor_dialect(executor)).publish_plan(publishes)
     return await plan_run_async(executor, plan)

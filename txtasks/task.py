@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -15,6 +15,7 @@ from txtasks.keys import KeyLimits, check_key
 from txtasks.payload import headers_encode, payload_encode
 from txtasks.policy import AckPolicy, RetryPolicy
 from txtasks.retry import RetryStrategy, as_strategy
+from txtasks.topics import check_group_name, check_topic_name
 from txtasks.tracing import headers_with_trace
 from txtasks.types import QUEUE_NAME_RE, NewTask
 
@@ -54,6 +55,10 @@ class TaskOptions:
     deadline: float | None = None
     #: The key of each task from its payload, unless the enqueue names one; None: no key.
     key: KeyFunction | None = None
+    #: Topics whose every publish gives this task's group one task (see txtasks.topics).
+    subscribe: tuple[str, ...] = ()
+    #: The group it subscribes as; None: the task's name.
+    group: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name or len(self.name) > 255:
@@ -69,6 +74,14 @@ class TaskOptions:
         if self.key is not None and not callable(self.key):
             raise ConfigurationError(
                 f"{where}: key must be a function of the payload, got {self.key!r}"
+            )
+        for topic in self.subscribe:
+            check_topic_name(topic, setting=f"{where}: subscribe")
+        if self.subscribe or self.group is not None:
+            check_group_name(
+                self.name if self.group is None else self.group,
+                setting=f"{where}: group"
+                + ("" if self.group else " (the task's name; give group=)"),
             )
 
     @property
@@ -94,6 +107,11 @@ class OptionSettings(TypedDict, total=False):
     deadline: float | timedelta | None
     #: Each task's key from its payload (default: no key); see txtasks.keys.
     key: KeyFunction | None
+    #: A topic, or topics, whose every publish gives the task's group one task (default:
+    #: none); see txtasks.topics.
+    subscribe: str | Iterable[str]
+    #: The group it subscribes as (default: the task's name).
+    group: str | None
 
 
 class TaskSettings(OptionSettings, total=False):
@@ -119,6 +137,8 @@ def task_options(
     timeout: float | timedelta | None = None,
     deadline: float | timedelta | None = None,
     key: KeyFunction | None = None,
+    subscribe: str | Iterable[str] = (),
+    group: str | None = None,
 ) -> TaskOptions:
     """The options of `App.register`'s arguments: strings, callables and timedeltas converted."""
     try:
@@ -138,6 +158,8 @@ def task_options(
         timeout=None if timeout is None else seconds(timeout),
         deadline=None if deadline is None else seconds(deadline),
         key=key,
+        subscribe=(subscribe,) if isinstance(subscribe, str) else tuple(dict.fromkeys(subscribe)),
+        group=group,
     )
 
 

@@ -48,6 +48,15 @@ FINISHED_STATES = frozenset(
 #: Queue names: 1-128 of A-Z a-z 0-9 _ . : -
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
 
+#: Topic names: 1-128 of A-Z a-z 0-9 _ . : - (like queue names); group names the same.
+TOPIC_NAME_RE = QUEUE_NAME_RE
+
+#: Headers every delivery of a publish carries: the topic, the publish's own id (the same in
+#: every group's delivery) and the group it was delivered to (always the last header).
+TOPIC_HEADER = "txtasks-topic"
+MESSAGE_HEADER = "txtasks-message"
+GROUP_HEADER = "txtasks-group"
+
 JSON_CONTENT_TYPE = "application/json"
 BYTES_CONTENT_TYPE = "application/octet-stream"
 
@@ -72,6 +81,79 @@ class NewTask:
     stage_id: str | None = None
     #: The key whose limits the task shares (see txtasks.keys); None: no key.
     partition_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewPublish:
+    """A publish about to be written: one task per group subscribed to `topic` when it runs.
+
+    The headers of a group's delivery are `headers_head + group + headers_tail` (JSON text),
+    so that every group's delivery names its group without a statement per group.
+    """
+
+    topic: str
+    payload: bytes
+    content_type: str
+    run_at: datetime
+    created_at: datetime
+    headers_head: str
+    headers_tail: str
+    #: Each group's delivery gets the dedup key `<group>/<dedup_key>`; None: no dedup.
+    dedup_key: str | None = None
+    #: The key every delivery shares the limits of, in its group's queue; None: no key.
+    partition_key: str | None = None
+    #: Overrides each subscription's priority; None: the subscription's.
+    priority: int | None = None
+
+    @property
+    def due_now(self) -> bool:
+        return self.run_at <= self.created_at
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One task a publish wrote: its id, and its group's queue."""
+
+    id: int
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    """A group subscribed to a topic: each publish to the topic gives the group one task of
+    `task_name` in `queue`."""
+
+    topic: str
+    group: str
+    task_name: str
+    queue: str
+    priority: int = 0
+    max_attempts: int = 5
+    created_at: datetime | None = None
+
+    @classmethod
+    def from_row(cls, row: Any) -> Subscription:
+        return cls(
+            topic=row["topic"],
+            group=row["group_name"],
+            task_name=row["task_name"],
+            queue=row["queue"],
+            priority=int(row["priority"]),
+            max_attempts=int(row["max_attempts"]),
+            created_at=row["created_at"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TopicStats:
+    """One topic for `txtasks topics`: its groups (with the live tasks of each group's task in
+    its queue, by state), and the publishes dropped for want of a subscriber."""
+
+    topic: str
+    groups: tuple[tuple[Subscription, dict[str, int]], ...] = ()
+    #: Publishes to the topic that found no subscriber, kept for the cleaner's retention.
+    dropped: int = 0
+    last_dropped_at: datetime | None = None
 
 
 class TaskRow(NamedTuple):

@@ -173,6 +173,18 @@ def gated_sync(payload: dict[str, Any], ctx: TaskContext) -> None:
     record(ctx, payload)
 
 
+@app.task(name="acc.order_a", subscribe="acc.order", group="acc-a")
+def order_a(payload: Any, ctx: TaskContext) -> None:
+    """One group of the topic `acc.order`: records its run."""
+    record(ctx, payload)
+
+
+@app.task(name="acc.order_b", queue="other", subscribe=["acc.order"], group="acc-b")
+def order_b(payload: Any, ctx: TaskContext) -> None:
+    """Another group of `acc.order`, in another queue: records its run."""
+    record(ctx, payload)
+
+
 @app.task(name="acc.poison", max_attempts=POISON_ATTEMPTS, retry=0)
 def poison(payload: Any) -> None:
     """Always fails: dead-lettered after POISON_ATTEMPTS attempts."""

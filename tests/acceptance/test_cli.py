@@ -171,6 +171,49 @@ def test_enqueue_status_and_run(database_url: str, db: Engine, procs: Processes)
     assert after["other"]["counts"] == {"completed": 1}
 
 
+# -- topics -------------------------------------------------------------------------------------
+
+
+def topics_of(result: Result) -> dict[str, dict[str, Any]]:
+    """`txtasks topics --json` output, by topic."""
+    return {t["topic"]: t for t in json.loads(ok(result))}
+
+
+def test_subscribe_publish_topics_run_unsubscribe(
+    database_url: str, db: Engine, procs: Processes
+) -> None:
+    stored = ok(cli("subscribe", APP_SPEC, url=database_url)).splitlines()
+    assert [line.split("\t")[:2] for line in stored] == [
+        ["acc.order", "acc-a"], ["acc.order", "acc-b"],
+    ]  # fmt: skip
+    published, dropped, table = cli_many(
+        [
+            (["publish", APP_SPEC, "acc.order", '{"n": 1}', "--key", "c1"], database_url),
+            (["publish", APP_SPEC, "nobody.listens", "{}"], database_url),
+            (["topics"], database_url),
+        ]
+    )
+    ids = [int(i) for i in ok(published).split()]
+    assert len(ids) == 2
+    assert ok(dropped).strip() == "dropped: topic nobody.listens has no subscriber"
+    assert "acc-a" in ok(table) and "acc.order_b" in table.stdout
+    listed = topics_of(cli("topics", "--json", url=database_url))
+    assert [(g["group"], g["queue"], g["tasks"]) for g in listed["acc.order"]["groups"]] == [
+        ("acc-a", QUEUE, {"pending": 1}), ("acc-b", "other", {"pending": 1}),
+    ]  # fmt: skip
+    assert (listed["nobody.listens"]["groups"], listed["nobody.listens"]["dropped"]) == ([], 1)
+
+    worker = procs.start("worker", APP_SPEC, "-q", QUEUE, "-q", "other", *BURST, url=database_url)
+    assert worker.wait(timeout=30) == 0, worker.stderr
+    ran = sorted((r.task_name, r.task_id, json.loads(r.payload)) for r in run_rows(db))
+    assert ran == [("acc.order_a", ids[0], {"n": 1}), ("acc.order_b", ids[1], {"n": 1})]
+
+    gone = ok(cli("unsubscribe", "acc.order", "acc-b", url=database_url))
+    assert gone.strip() == "acc.order: 1 subscription(s) deleted"
+    [only] = ok(cli("publish", APP_SPEC, "acc.order", url=database_url)).split()
+    assert live_rows(db) == {int(only): Live("pending", 0, None)}
+
+
 # -- dead letters -------------------------------------------------------------------------------
 
 
@@ -291,6 +334,11 @@ BAD_INPUT: dict[str, tuple[list[str], str | None, str]] = {
         ["enqueue", APP_SPEC, "acc.record", "{}"],
         EMPTY_SQLITE,
         "Error: table txtasks_tasks missing: run txtasks migrate",
+    ),
+    "invalid topic": (
+        ["publish", APP_SPEC, "no spaces please", "{}"],
+        None,
+        "'no spaces please' is not a valid topic name",
     ),
     "unreachable enqueue": (
         ["enqueue", APP_SPEC, "acc.record", "{}"],

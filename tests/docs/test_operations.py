@@ -179,7 +179,7 @@ def test_cli_runs_the_documented_config_and_once(tmp_path: Path) -> None:
     only = run([*txtasks, *spec, "--only", "retention", "--only", "archiver"], tmp_path, url)
     assert json.loads(only.stdout) == {
         "archiver": {"archived": 0, "abandoned": 0},
-        "retention": {"purged": {}, "keys_forgotten": 0},
+        "retention": {"purged": {}, "keys_forgotten": 0, "topic_drops_forgotten": 0},
     }
     page = OPERATIONS.read_text()
     assert "$ txtasks cleaner shop:app --once --only retention --only archiver" in page

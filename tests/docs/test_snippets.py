@@ -42,7 +42,7 @@ QUICKSTART = {"shop.py", "place_order.py"}
 #: pytest modules, run by `test_testing_guide`.
 PYTEST_MODULES = {"testing_unit.py", "testing_database.py"}
 #: Run against every database, not only SQLite.
-ON_SERVERS = sorted(p.name for p in SNIPPETS.glob("enqueue_*.py"))
+ON_SERVERS = sorted(p.name for p in [*SNIPPETS.glob("enqueue_*.py"), *SNIPPETS.glob("topics_*.py")])
 STANDALONE = sorted(
     p.name for p in SNIPPETS.glob("*.py") if p.name not in QUICKSTART | PYTEST_MODULES
 )

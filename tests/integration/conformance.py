@@ -189,7 +189,18 @@ class EnqueueMany:
     rows: list[Any]
 
 
-Step = Write | Enqueue | EnqueueMany
+@dataclass
+class Publish:
+    """One publish to a topic in the transaction (`publishes` set: a bulk publish of them)."""
+
+    app: App
+    topic: str = ""
+    payload: Any = None
+    options: dict[str, Any] = field(default_factory=dict)
+    publishes: list[Any] | None = None
+
+
+Step = Write | Enqueue | EnqueueMany | Publish
 
 
 def step_sync(executor: Connection | Session, step: Step) -> Any:
@@ -198,6 +209,10 @@ def step_sync(executor: Connection | Session, step: Step) -> Any:
         return None
     if isinstance(step, Enqueue):
         return step.task.enqueue_tx(executor, step.payload, **step.options)
+    if isinstance(step, Publish):
+        if step.publishes is not None:
+            return step.app.publish_many_tx(executor, step.publishes)
+        return step.app.publish_tx(executor, step.topic, step.payload, **step.options)
     return step.app.enqueue_many_tx(executor, step.rows)
 
 
@@ -207,6 +222,10 @@ async def step_async(executor: AsyncConnection | AsyncSession, step: Step) -> An
         return None
     if isinstance(step, Enqueue):
         return await step.task.aenqueue_tx(executor, step.payload, **step.options)
+    if isinstance(step, Publish):
+        if step.publishes is not None:
+            return await step.app.apublish_many_tx(executor, step.publishes)
+        return await step.app.apublish_tx(executor, step.topic, step.payload, **step.options)
     return await step.app.aenqueue_many_tx(executor, step.rows)
 
 

@@ -40,6 +40,7 @@ from tests.integration.conformance import (
 from tests.integration.conftest import another
 from txtasks import App
 from txtasks.driver import Driver
+from txtasks.topics import new_publish
 from txtasks.types import NewTask, Outcome, OutcomeKind, TaskRow, TaskState
 
 
@@ -255,6 +256,22 @@ async def test_retention_forgets_keys_idle_for_keys_idle(driver: Driver) -> None
 
     assert (kept.keys_forgotten, forgot.keys_forgotten, never.keys_forgotten) == (0, 1, 0)
     assert (await get(driver, waiting)).state is TaskState.PENDING
+
+
+async def test_retention_forgets_dropped_publishes_after_topic_drops(driver: Driver) -> None:
+    hour = 3600.0
+    for when in (T0, at(hour)):
+        publish = new_publish("nobody.listens", 1, clock=lambda w=when: w, max_payload_bytes=99)
+        assert await driver.topic_publish_many([publish]) == [[]]
+    app = cleaner_app(driver, ManualClock(at(2 * hour)))
+
+    never = await Retention(app, RetentionConfig(topic_drops=None)).run_once()
+    kept = await Retention(app, RetentionConfig(topic_drops=3 * hour)).run_once()
+    forgot = await Retention(app, RetentionConfig(topic_drops=1.5 * hour)).run_once()
+
+    assert [r.topic_drops_forgotten for r in (never, kept, forgot)] == [0, 0, 1]
+    [stats] = await driver.topic_stats()
+    assert (stats.topic, stats.dropped, stats.last_dropped_at) == ("nobody.listens", 1, at(hour))
 
 
 # -- periodic -----------------------------------------------------------------------------------

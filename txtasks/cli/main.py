@@ -1,4 +1,5 @@
-"""`txtasks`: migrate, worker, cleaner, status, dlq, enqueue, demo."""
+"""`txtasks`: migrate, worker, cleaner, status, dlq, keys, enqueue, publish, subscribe,
+unsubscribe, topics, demo."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from txtasks.cli.common import (
     with_driver,
 )
 from txtasks.cli.demo import demo
+from txtasks.cli.topics import COMMANDS as topic_commands
 from txtasks.clock import utcnow
 from txtasks.types import TaskState
 
@@ -516,6 +518,8 @@ def enqueue(
 
 
 main.add_command(demo)
+for _command in topic_commands:
+    main.add_command(_command)
 
 
 def _help_options(command: click.Command) -> None:

@@ -13,14 +13,18 @@ from typing import Protocol
 
 from txtasks.keys import KeyLimits, KeyOverride, Rate
 from txtasks.types import (
+    Delivery,
     KeyStats,
+    NewPublish,
     NewTask,
     Outcome,
     PeriodicRow,
     QueueStats,
+    Subscription,
     TaskKey,
     TaskRow,
     TaskState,
+    TopicStats,
 )
 
 
@@ -81,6 +85,32 @@ class Driver(Protocol):
 
     def task_insert_many_sync(self, rows: Sequence[NewTask]) -> list[int]:
         """The same for synchronous callers."""
+
+    async def topic_publish_many(self, publishes: Sequence[NewPublish]) -> list[list[Delivery]]:
+        """Publish in one transaction of the driver's own: for each publish, one task per group
+        subscribed to its topic (none for a group whose live delivery holds its dedup key), and
+        a drop recorded when its topic has no subscriber. Returns each publish's new tasks."""
+
+    def topic_publish_many_sync(self, publishes: Sequence[NewPublish]) -> list[list[Delivery]]:
+        """The same for synchronous callers."""
+
+    async def subscription_set_many(self, subs: Sequence[Subscription], *, now: datetime) -> None:
+        """Create the subscriptions of (topic, group), or update their task, queue, priority
+        and attempts; publishes from the commit on reach them."""
+
+    async def subscription_delete_many(self, pairs: Sequence[tuple[str, str]]) -> int:
+        """Delete the subscriptions (topic, group); how many there were. Tasks already
+        delivered stay."""
+
+    async def subscription_list(self, topics: Sequence[str] | None = None) -> list[Subscription]:
+        """The subscriptions (of `topics`, or every one), by topic and group."""
+
+    async def topic_stats(self) -> list[TopicStats]:
+        """Every topic with a subscriber or a recorded drop: its groups, the live tasks of each
+        group's task in its queue by state, and the drops kept."""
+
+    async def topic_drops_forget_many(self, *, before: datetime, limit: int) -> int:
+        """Delete up to `limit` recorded drops older than `before`."""
 
     async def task_claim_many(
         self,

@@ -41,6 +41,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities
+from txtasks.driver.dialect_topics import TopicsDialect
 from txtasks.driver.insert_plan import Plan, Step, task_values
 from txtasks.errors import ConfigurationError
 from txtasks.keys import HINTS_PER_CLAIM
@@ -188,8 +189,9 @@ def _union(parts: Sequence[Any]) -> Executable:
     return selects[0] if len(selects) == 1 else union_all(*selects)
 
 
-class SqlDialect:
-    """The SQL every dialect shares; a subclass per database overrides what differs."""
+class SqlDialect(TopicsDialect):
+    """The SQL every dialect shares; a subclass per database overrides what differs (the SQL of
+    topics is in dialect_topics.py)."""
 
     capabilities: ClassVar[Capabilities] = Capabilities("sql")
 

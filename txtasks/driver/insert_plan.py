@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from sqlalchemy import Connection, Executable, Result
 
@@ -36,21 +36,25 @@ class CopyRows:
 Step = Statement | CopyRows
 #: A generator of steps that receives each step's result and returns the new ids.
 Plan = Generator[Step, Result[Any], list[int]]
+#: What a plan returns (the new ids of an enqueue; the tasks of each publish of a publish).
+R = TypeVar("R")
 
 
-def plan_run_sync(executor: Connection | Any, plan: Plan) -> list[int]:
-    """Run an enqueue plan on a sync Connection or Session."""
+def plan_run_sync(executor: Connection | Any, plan: Generator[Step, Result[Any], R]) -> R:
+    """Run an enqueue (or publish) plan on a sync Connection or Session."""
     try:
         step = next(plan)
         while True:
             stmt, params = step.fallback() if isinstance(step, CopyRows) else step
             step = plan.send(executor.execute(stmt, params))
     except StopIteration as stop:
-        return list(stop.value)
+        return stop.value  # type: ignore[no-any-return]
 
 
-async def plan_run_async(executor: AsyncConnection | Any, plan: Plan) -> list[int]:
-    """Run an enqueue plan on an AsyncConnection or AsyncSession."""
+async def plan_run_async(
+    executor: AsyncConnection | Any, plan: Generator[Step, Result[Any], R]
+) -> R:
+    """Run an enqueue (or publish) plan on an AsyncConnection or AsyncSession."""
     try:
         step = next(plan)
         while True:
@@ -60,7 +64,7 @@ async def plan_run_async(executor: AsyncConnection | Any, plan: Plan) -> list[in
             stmt, params = step.fallback() if isinstance(step, CopyRows) else step
             step = plan.send(await executor.execute(stmt, params))
     except StopIteration as stop:
-        return list(stop.value)
+        return stop.value  # type: ignore[no-any-return]
 
 
 async def _copy_async(executor: AsyncConnection | Any, step: CopyRows) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import ClassVar
 
@@ -19,18 +20,23 @@ from txtasks.keys import (
     rate_allowance,
     round_robin,
 )
+from txtasks.topics import delivery_row, topic_stats_of
 from txtasks.types import (
     FINISHED_STATES,
     READY_STATES,
+    Delivery,
     KeyStats,
+    NewPublish,
     NewTask,
     Outcome,
     OutcomeKind,
     PeriodicRow,
     QueueStats,
+    Subscription,
     TaskKey,
     TaskRow,
     TaskState,
+    TopicStats,
 )
 
 #: The states of a key's tasks that hold its place (staged rows are not committed yet).
@@ -58,6 +64,9 @@ class MemoryDriver:
         #: Per key: when a claim last served it (`keys_forget_many`).
         self._key_touched: dict[tuple[str, str], datetime] = {}
         self._key_overrides: dict[tuple[str | None, str], KeyOverride] = {}
+        #: Subscriptions by (topic, group), and the times of publishes that found none.
+        self.subscriptions: dict[tuple[str, str], Subscription] = {}
+        self.topic_drops: list[tuple[str, datetime]] = []
 
     async def open(self) -> None:
         return None
@@ -105,6 +114,68 @@ class MemoryDriver:
             partition_key=row.partition_key,
         )
         return task_id
+
+    # -- topics -------------------------------------------------------------------------------
+
+    def topic_publish_many_sync(self, publishes: Sequence[NewPublish]) -> list[list[Delivery]]:
+        """Each publish: one task per group subscribed now, all under one lock hold (a
+        subscription changes before or after, never during)."""
+        with self._lock:
+            return [self._publish(p) for p in publishes]
+
+    async def topic_publish_many(self, publishes: Sequence[NewPublish]) -> list[list[Delivery]]:
+        return self.topic_publish_many_sync(publishes)
+
+    def _publish(self, publish: NewPublish) -> list[Delivery]:
+        groups = sorted(
+            (s for (topic, _), s in self.subscriptions.items() if topic == publish.topic),
+            key=lambda s: s.group,
+        )
+        if not groups:
+            self.topic_drops.append((publish.topic, publish.created_at))
+        live_keys = {r.dedup_key for r in self.live.values() if r.dedup_key is not None}
+        found = []
+        for sub in groups:
+            row = delivery_row(publish, sub)
+            if row.dedup_key not in live_keys:
+                found.append(Delivery(self._insert(row), row.queue))
+        return found
+
+    async def subscription_set_many(self, subs: Sequence[Subscription], *, now: datetime) -> None:
+        with self._lock:
+            for sub in subs:
+                known = self.subscriptions.get((sub.topic, sub.group))
+                created = now if known is None else known.created_at
+                self.subscriptions[(sub.topic, sub.group)] = replace(sub, created_at=created)
+
+    async def subscription_delete_many(self, pairs: Sequence[tuple[str, str]]) -> int:
+        with self._lock:
+            return sum(self.subscriptions.pop(pair, None) is not None for pair in set(pairs))
+
+    async def subscription_list(self, topics: Sequence[str] | None = None) -> list[Subscription]:
+        with self._lock:
+            found = [s for s in self.subscriptions.values() if topics is None or s.topic in topics]
+        return sorted(found, key=lambda s: (s.topic, s.group))
+
+    async def topic_stats(self) -> list[TopicStats]:
+        subs = await self.subscription_list()
+        with self._lock:
+            counts: dict[tuple[str, str], dict[str, int]] = {}
+            for row in self.live.values():
+                by_state = counts.setdefault((row.queue, row.task_name), {})
+                by_state[row.state.value] = by_state.get(row.state.value, 0) + 1
+            dropped: dict[str, tuple[int, datetime | None]] = {}
+            for topic, at in self.topic_drops:
+                n, last = dropped.get(topic, (0, at))
+                dropped[topic] = (n + 1, max(at, last or at))
+        return topic_stats_of(subs, counts, dropped)
+
+    async def topic_drops_forget_many(self, *, before: datetime, limit: int) -> int:
+        with self._lock:
+            old = [d for d in self.topic_drops if d[1] < before][:limit]
+            for drop in old:
+                self.topic_drops.remove(drop)
+            return len(old)
 
     # -- claim and outcomes -------------------------------------------------------------------
 

@@ -27,10 +27,11 @@ from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities
 from txtasks.driver.dialect import SqlDialect, keys_arm_values
+from txtasks.driver.dialect_topics import PUBLISH_COLUMNS
 from txtasks.driver.sql import SqlDriver
 from txtasks.errors import SchemaError
 from txtasks.schema import migrate as schema_migrate
-from txtasks.schema.tables import Timestamp, keys, tasks
+from txtasks.schema.tables import Timestamp, keys, subscriptions, tasks
 from txtasks.types import READY_STATES, TaskRow, TaskState
 
 #: A JSON array of ids, or of [id, attempt] pairs, as a table: joined to the tasks table by
@@ -88,6 +89,27 @@ class MySQLDialect(SqlDialect):
         """A duplicate key is a no-op update: no error, the caller's transaction goes on."""
         stmt = mysql_insert(tasks)
         return stmt.on_duplicate_key_update(id=tasks.c.id)
+
+    @classmethod
+    def publish_insert(cls, source: Any, dedup: bool) -> Insert:
+        """A live dedup key is a no-op update (MariaDB then returns the live task, which the
+        publish plan tells apart by its headers)."""
+        if not dedup:
+            return super().publish_insert(source, dedup)
+        stmt = mysql_insert(tasks).from_select(PUBLISH_COLUMNS, source)
+        return stmt.on_duplicate_key_update(id=tasks.c.id)
+
+    @classmethod
+    @functools.cache
+    def stmt_subscribe(cls) -> Executable:
+        stmt = mysql_insert(subscriptions).values(**cls.subscribe_values())
+        return stmt.on_duplicate_key_update(
+            task_name=stmt.inserted.task_name,
+            queue=stmt.inserted.queue,
+            priority=stmt.inserted.priority,
+            max_attempts=stmt.inserted.max_attempts,
+            updated_at=stmt.inserted.updated_at,
+        )
 
     @classmethod
     def stmt_dedup_lookup(cls, keys: Sequence[str]) -> Executable:

@@ -34,6 +34,7 @@ from txtasks.driver.dialect import (
 )
 from txtasks.driver.insert_plan import plan_run_async, plan_run_sync
 from txtasks.driver.sql_admin import SqlAdmin, override_of
+from txtasks.driver.sql_topics import SqlTopics
 from txtasks.driver.timeouts import Timeouts, Watchdog, keepalive_set, socket_of
 from txtasks.driver.urls import url_async, url_parse, url_sync
 from txtasks.errors import SchemaError
@@ -84,7 +85,7 @@ class Claim:
 CLOSE_WITHIN = 2.0
 
 
-class SqlDriver(SqlAdmin):
+class SqlDriver(SqlAdmin, SqlTopics):
     """A task store on a SQL database through SQLAlchemy's asyncio engine."""
 
     #: The SQL of this driver's database, until a connection tells it apart (MariaDB from

@@ -304,6 +304,37 @@ key_limits = Table(
     mysql_engine="InnoDB",
 )
 
+#: Groups subscribed to topics (see txtasks.topics): a publish inserts one task per row of its
+#: topic, in one INSERT ... SELECT from this table, with the row's task name, queue, priority
+#: and attempts.
+subscriptions = Table(
+    "txtasks_subscriptions",
+    metadata,
+    Column("topic", ExactString(128), primary_key=True),
+    Column("group_name", ExactString(128), primary_key=True),
+    Column("task_name", String(255), nullable=False),
+    Column("queue", ExactString(128), nullable=False),
+    Column("priority", Integer, nullable=False),
+    Column("max_attempts", Integer, nullable=False),
+    Column("created_at", Timestamp, nullable=False),
+    Column("updated_at", Timestamp, nullable=False),
+    mysql_engine="InnoDB",
+)
+
+#: Publishes that found no subscriber (insert only: a publish never waits for a lock here);
+#: the cleaner's retention sweep forgets them after `retention.topic_drops`.
+topic_drops = Table(
+    "txtasks_topic_drops",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("topic", ExactString(128), nullable=False),
+    Column("dropped_at", Timestamp, nullable=False),
+    mysql_engine="InnoDB",
+    sqlite_autoincrement=True,
+)
+Index("ix_txtasks_topic_drops_topic", topic_drops.c.topic, topic_drops.c.dropped_at)
+Index("ix_txtasks_topic_drops_at", topic_drops.c.dropped_at)
+
 migrations = Table(
     "txtasks_migrations",
     metadata,

@@ -29,6 +29,7 @@ from txtasks.policy import (
     outcome_for_exception,
     sanitized,
 )
+from txtasks.topics import delivery_note
 from txtasks.types import Outcome, OutcomeKind, TaskKey, TaskRow
 from txtasks.worker.config import WorkerStats
 from txtasks.worker.context import TaskContext
@@ -247,7 +248,8 @@ class Runner:
         try:
             task = self.app.get_task(row.task_name)
         except LookupError as exc:
-            return Outcome(key, OutcomeKind.DEAD, error=f"{exc} (worker {self.worker_id})")
+            error = f"{exc} (worker {self.worker_id}){delivery_note(row.headers)}"
+            return Outcome(key, OutcomeKind.DEAD, error=error)
         if row.attempt > row.max_attempts:
             error = f"attempt {row.attempt} exceeds max_attempts {row.max_attempts}"
             return Outcome(key, OutcomeKind.DEAD, error=error)

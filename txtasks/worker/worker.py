@@ -150,6 +150,7 @@ class Worker:
             if not await self._open():
                 log.info("worker %s stopped before the database answered", self.worker_id)
                 return self.stats
+            await self._subscribe()
             return await self._serve()
         finally:
             if self.health_server is not None:
@@ -164,6 +165,18 @@ class Worker:
             return await open_when_reachable(self.driver, log, self._stopping)
         finally:
             self._connecting = False
+
+    async def _subscribe(self) -> None:
+        """Store the subscriptions of the tasks of the queues it serves (see txtasks.topics):
+        publishes from now on reach their groups."""
+        subs = [s for s in self.app.subscriptions if s.queue in self.queues]
+        if subs:
+            await self.driver.subscription_set_many(subs, now=self.app.clock())
+            log.info(
+                "worker %s subscribed %s",
+                self.worker_id,
+                ", ".join(f"{s.group} to {s.topic}" for s in subs),
+            )
 
     async def _serve(self) -> WorkerStats:
         self._runner.open()
