@@ -18,7 +18,9 @@ overlaps, from the times the handlers themselves noted:
 6. queue rate: a queue at 100 starts/s in all (100 tasks without a key, 3 keys of 100); the
    starts per second measured over the queue.
 
-Throughput is tasks / (last finish - first start), so process start-up is left out.
+Throughput is tasks / (last finish - first start), so process start-up is left out. The CPU the
+worker processes used, per task, is reported too (start-up and exit included): on a busy machine
+it moves less than throughput does.
 """
 
 from __future__ import annotations
@@ -208,9 +210,11 @@ async def run_case(url: str, case: Case, args: argparse.Namespace) -> dict[str, 
     ]  # fmt: skip
     with tempfile.TemporaryDirectory() as logs:
         env = {**os.environ, "PYTHONPATH": str(REPO), "TXTASKS_BENCH_RUNS_DIR": logs}
-        await run_processes([argv] * args.processes, env, Path(logs), args.timeout)
+        _ended, cpu = await run_processes([argv] * args.processes, env, Path(logs), args.timeout)
         runs = runs_read(Path(logs))
-    return measure(case, archived(url, case.queue), runs)
+    result = measure(case, archived(url, case.queue), runs)
+    result["worker cpu µs/task"] = cpu / case.n * 1e6  # start-up and exit included
+    return result
 
 
 def report(results: dict[tuple[str, str], list[dict[str, Any]]], args: argparse.Namespace) -> str:
@@ -228,7 +232,7 @@ def report(results: dict[tuple[str, str], list[dict[str, Any]]], args: argparse.
             )
         checks = []
         checks_named = ("in order", "overlaps", "cold done at", "starts/s per key", "rate max")
-        for name in (*checks_named, "starts/s in all"):
+        for name in (*checks_named, "starts/s in all", "worker cpu µs/task"):
             values = [r[name] for r in runs if name in r]
             if values:
                 shown = (

@@ -279,6 +279,7 @@ async def test_on_mariadb_a_claim_and_an_outcome_reach_key_rows_by_their_primary
             )
         )
         conn.execute(text("ANALYZE TABLE txtasks_keys"))
+        conn.execute(text(INSERT_TASKS.format(queue="q", key="concat('k', seq * 2)", count=100)))
     driver = driver_for_url(url)
     assert isinstance(driver, SqlDriver)
     sent: list[tuple[str, Any]] = []

@@ -16,7 +16,7 @@ from tests.integration.conformance import LEASE, T0, at, claim, get, new, write
 from tests.integration.conftest import another
 from txtasks.driver import Driver, SqlDriver
 from txtasks.keys import KeyLimits, KeyOverride, Rate
-from txtasks.schema.tables import keys
+from txtasks.schema.tables import key_hints, keys
 from txtasks.types import Outcome, OutcomeKind, TaskRow
 
 Q = {"q": KeyLimits()}
@@ -266,6 +266,28 @@ async def test_an_outcome_does_not_wait_for_a_claim_holding_other_keys(driver: D
         await holder.close()
     again = Counter(r.partition_key for r in await claim(driver, keys=limits, limit=400))
     assert {k: n for k, n in again.items() if k.startswith("a")} == {f"a{i}": 1 for i in range(300)}
+
+
+async def test_an_outcome_arms_only_the_keys_that_have_a_ready_task_left(driver: Driver) -> None:
+    """Arming a key whose last task just ended would only send a claim to look at it for
+    nothing: the key with a task left is armed, the other is not (and gets no hint); a task
+    enqueued later arms it again."""
+    if not isinstance(driver, SqlDriver):
+        pytest.skip("the rows of keys: SQL drivers")
+    limits = {"q": KeyLimits(concurrency=1)}
+    _a1, a2, _b1 = await driver.task_insert_many(
+        [new(1, key="a"), new(2, key="a"), new(3, key="b")]
+    )
+    running = await claim(driver, keys=limits)
+    assert per_key(running) == {"a": 1, "b": 1}
+    await write(driver, *map(done, running))
+    async with driver.begin() as conn:
+        armed = dict((await conn.execute(select(keys.c.partition_key, keys.c.ready_at))).all())
+        hinted = (await conn.execute(select(key_hints.c.partition_key))).scalars().all()
+    assert armed["a"] is not None and armed["b"] is None, armed
+    assert hinted == []
+    [later] = await driver.task_insert_many([new(4, key="b")])
+    assert sorted(r.id for r in await claim(driver, keys=limits)) == sorted([a2, later])
 
 
 async def test_the_rows_of_idle_keys_are_forgotten_and_made_again_by_a_new_task(

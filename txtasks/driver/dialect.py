@@ -402,16 +402,37 @@ class SqlDialect(TopicsDialect):
         self, conn: AsyncConnection, pairs: Sequence[tuple[str, str]], now: datetime
     ) -> None:
         """Arm the keys (queue, key) of attempts that just ended (a slot freed, a head moved
-        on or was retried): their rows at once, unless a claim holds one; a hint for those,
-        taken by a later claim. An outcome never waits for a claim."""
+        on or was retried) and that have a ready task left (read after this transaction's
+        own changes; a task enqueued later brings its own hint): their rows at once, unless a
+        claim holds one; a hint for those, taken by a later claim. An outcome never waits for
+        a claim."""
         wanted = set(pairs)
         rows = (await conn.execute(self.stmt_keys_of(), {"pairs": sorted(wanted)})).all()
         if rows:
-            await conn.execute(self.stmt_keys_wake(), {"ids": [r.id for r in rows], "now": now})
-        armed = {(r.queue, r.partition_key) for r in rows}
-        hints = [{"queue": q, "partition_key": k, "run_at": now} for q, k in sorted(wanted - armed)]
+            ids = {"ids": [r.id for r in rows]}
+            busy = list((await conn.execute(self.stmt_keys_busy(), ids)).scalars())
+            if busy:
+                await conn.execute(self.stmt_keys_wake(), {"ids": busy, "now": now})
+        locked = {(r.queue, r.partition_key) for r in rows}
+        hints = [
+            {"queue": q, "partition_key": k, "run_at": now} for q, k in sorted(wanted - locked)
+        ]
         if hints:
             await conn.execute(self.stmt_hints_add(), hints)
+
+    @staticmethod
+    @functools.cache
+    def stmt_keys_busy() -> Executable:
+        """Which of the keys of rows `ids` have a ready task (one probe of the claim index per
+        key; read without a lock)."""
+        ready = (
+            _force_index(select(tasks.c.id), "ix_txtasks_tasks_claim")
+            .where(tasks.c.queue == keys.c.queue, tasks.c.partition_key == keys.c.partition_key)
+            .where(IS_READY)
+            .correlate(keys)
+            .exists()
+        )
+        return select(keys.c.id).where(keys.c.id.in_(bindparam("ids", expanding=True)), ready)
 
     @staticmethod
     @functools.cache

@@ -123,7 +123,8 @@ _ARCHIVED = [c for c in TASK_COLUMNS if c not in ("state", "lease_expires_at", "
 #: outcomes' rows in id order and keep the still-current attempts (the fence: id, attempt,
 #: processing, held by worker $5 unless NULL, lease expired before $6 unless NULL), delete them
 #: from the hot table and copy them into the archive with their final state (completed ones
-#: only when $8), and arm the keys they had (`SqlDialect.keys_wake`, see txtasks.keys). Each
+#: only when $8), and arm the keys they had that still have a ready task (`SqlDialect.keys_wake`,
+#: see txtasks.keys; the statement still sees the rows it deletes, hence `NOT IN done`). Each
 #: outcome finds its row by the primary key whatever the statistics say (a join planned from
 #: stale ones compared every row with every outcome); `OFFSET 0` keeps the
 #: fence out of the lookup, so that no partial index stands in for the primary key, and a row
@@ -153,7 +154,12 @@ WITH o AS (
   SELECT {", ".join(_ARCHIVED)}, final_state, NULL, coalesce(error, last_error), $7
     FROM done WHERE $8 OR final_state <> 'completed'
 ), ended AS (
-  SELECT DISTINCT queue, partition_key FROM done WHERE partition_key IS NOT NULL
+  SELECT DISTINCT d.queue, d.partition_key FROM done d
+   WHERE d.partition_key IS NOT NULL
+     AND EXISTS (SELECT 1 FROM txtasks_tasks t
+                  WHERE t.queue = d.queue AND t.partition_key = d.partition_key
+                    AND t.state IN ('pending', 'retryable')
+                    AND t.id NOT IN (SELECT id FROM done))
 ), held AS (
   SELECT k.id, k.queue, k.partition_key, k.ready_at
     FROM txtasks_keys k JOIN ended e USING (queue, partition_key)
