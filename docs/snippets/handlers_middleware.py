@@ -5,8 +5,7 @@ import os
 import tempfile
 import time
 
-from txtasks import App, Drop, TaskContext, TaskState
-from txtasks.middleware import AttemptEnd, Middleware
+from txtasks import App, AttemptEnd, Drop, Middleware, TaskContext, TaskState
 from txtasks.testing import run_until_empty
 
 DATABASE_URL = os.environ.get(

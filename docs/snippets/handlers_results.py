@@ -4,8 +4,7 @@ import asyncio
 import os
 import tempfile
 
-from txtasks import App, Reject, TaskContext
-from txtasks.errors import TaskFailed
+from txtasks import App, Reject, TaskContext, TaskFailed
 from txtasks.testing import run_until_empty
 
 DATABASE_URL = os.environ.get(
