@@ -15,18 +15,23 @@ if _typing.TYPE_CHECKING:
     from txtasks.errors import (
         ConfigurationError,
         Drop,
+        LeaseLost,
         PayloadError,
         Reject,
+        ResultTimeout,
         Retry,
         SchemaError,
+        TaskFailed,
+        TaskNotFound,
         TxtasksError,
         UnknownTaskError,
     )
     from txtasks.keys import KeyLimits, KeyOverride, Rate
+    from txtasks.middleware import AttemptEnd, Middleware
     from txtasks.policy import AckPolicy
     from txtasks.retry import Constant, Custom, Exponential, Linear, RetryStrategy
     from txtasks.task import TaskSettings
-    from txtasks.types import NewTask, TaskRow, TaskState
+    from txtasks.types import NewTask, Progress, TaskRow, TaskState
     from txtasks.worker import TaskContext, Worker, WorkerConfig, WorkerStats
 
 __version__ = "0.1.0"
@@ -34,6 +39,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AckPolicy",
     "App",
+    "AttemptEnd",
     "ConfigurationError",
     "Constant",
     "Custom",
@@ -42,17 +48,23 @@ __all__ = [
     "Exponential",
     "KeyLimits",
     "KeyOverride",
+    "LeaseLost",
     "Linear",
     "MemoryDriver",
+    "Middleware",
     "NewTask",
     "PayloadError",
+    "Progress",
     "Rate",
     "Reject",
+    "ResultTimeout",
     "Retry",
     "RetryStrategy",
     "SchemaError",
     "Task",
     "TaskContext",
+    "TaskFailed",
+    "TaskNotFound",
     "TaskOptions",
     "TaskRow",
     "TaskSettings",
@@ -87,14 +99,20 @@ _SOURCES = {
     "KeyLimits": "txtasks.keys",
     "KeyOverride": "txtasks.keys",
     "Rate": "txtasks.keys",
+    "AttemptEnd": "txtasks.middleware",
+    "Middleware": "txtasks.middleware",
     **dict.fromkeys(
         (
             "ConfigurationError",
             "Drop",
             "PayloadError",
+            "LeaseLost",
             "Reject",
+            "ResultTimeout",
             "Retry",
             "SchemaError",
+            "TaskFailed",
+            "TaskNotFound",
             "TxtasksError",
             "UnknownTaskError",
         ),
@@ -104,7 +122,7 @@ _SOURCES = {
     **dict.fromkeys(
         ("Constant", "Custom", "Exponential", "Linear", "RetryStrategy"), "txtasks.retry"
     ),
-    **dict.fromkeys(("NewTask", "TaskRow", "TaskState"), "txtasks.types"),
+    **dict.fromkeys(("NewTask", "Progress", "TaskRow", "TaskState"), "txtasks.types"),
     **dict.fromkeys(("TaskContext", "Worker", "WorkerConfig", "WorkerStats"), "txtasks.worker"),
 }
 

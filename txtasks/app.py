@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import MappingProxyType
@@ -22,9 +24,16 @@ from txtasks.enqueue import (
     sync_connection,
 )
 from txtasks.env import ENV_BROKER_URL, ENV_DATABASE_URL
-from txtasks.errors import ConfigurationError, UnknownTaskError
+from txtasks.errors import (
+    ConfigurationError,
+    ResultTimeout,
+    TaskFailed,
+    TaskNotFound,
+    UnknownTaskError,
+)
 from txtasks.keys import NO_LIMITS, KeyLimits, Rate
-from txtasks.payload import DEFAULT_MAX_PAYLOAD_BYTES
+from txtasks.middleware import Middleware
+from txtasks.payload import DEFAULT_MAX_PAYLOAD_BYTES, json_decode
 from txtasks.periodic import CatchUp, Schedule, schedule_from
 from txtasks.task import (
     DEFAULT_MAX_ATTEMPTS,
@@ -38,7 +47,7 @@ from txtasks.task import (
     task_options,
 )
 from txtasks.topics import check_group_name, check_topic_name, new_publish, subscriptions_of
-from txtasks.types import Delivery, NewPublish, NewTask, Subscription, TaskState
+from txtasks.types import Delivery, NewPublish, NewTask, Subscription, TaskRow, TaskState
 from txtasks.wakeup import Notifier, NullNotifier, notifier_for_url, wakeup_after_commit
 from txtasks.wakeup.commit import PendingWakeups
 
@@ -92,6 +101,23 @@ def by_queue(rows: Sequence[NewTask], ids: Sequence[int]) -> dict[str, list[int]
     return grouped
 
 
+#: `App.result`'s backoff between two reads of a task that has not finished (seconds).
+RESULT_POLL_FIRST = 0.01
+RESULT_POLL_MAX = 0.5
+_NOT_YET = object()
+
+
+def result_of(task_id: int, row: TaskRow | None) -> Any:
+    """A finished task's result (or its final error, raised); `_NOT_YET` while it is live."""
+    if row is None:
+        raise TaskNotFound(f"no task {task_id} (never enqueued, or purged from the archive)")
+    if row.state is TaskState.COMPLETED:
+        return None if row.result is None else json_decode(row.result)
+    if row.state.is_live:
+        return _NOT_YET
+    raise TaskFailed(task_id, row.state.value, row.last_error)
+
+
 class App:
     """Holds the task registry and where tasks are stored.
 
@@ -111,6 +137,7 @@ class App:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         clock: Clock = utcnow,
         timeouts: Timeouts | None = None,
+        middleware: Iterable[Middleware] = (),
     ) -> None:
         check_number("max_payload_bytes", max_payload_bytes, minimum=1, maximum=None, integer=True)
         self.name = name
@@ -129,6 +156,12 @@ class App:
         self._queue_rates: dict[str, Rate] = {}
         #: Topics this process has seen a publish to dropped (logged once each).
         self._dropped_topics: set[str] = set()
+        #: `aresult` calls waiting in this process, by task id.
+        self._finished: dict[int, asyncio.Event] = {}
+        #: Middleware around every attempt and enqueue, in order (txtasks.middleware).
+        self._middleware: tuple[Middleware, ...] = ()
+        for m in middleware:
+            self.middleware(m)
 
     # -- registry -----------------------------------------------------------------------------
 
@@ -176,6 +209,24 @@ class App:
         task = Task(self, handler, options)
         self._tasks[task_name] = task
         return task
+
+    def middleware(self, middleware: Middleware) -> Middleware:
+        """Add a middleware after those registered before: its hooks run around every
+        attempt of every task (outside the tasks' own) and before every enqueue. Returns it."""
+        if not isinstance(middleware, Middleware):
+            raise ConfigurationError(
+                f"middleware: expected a txtasks.middleware.Middleware, got {middleware!r}"
+            )
+        self._middleware = (*self._middleware, middleware)
+        return middleware
+
+    def _before_enqueue(self, rows: list[NewTask]) -> list[NewTask]:
+        """The rows as the middleware's `before_enqueue` hooks leave them."""
+        for middleware in self._middleware:
+            changed = middleware.before_enqueue(rows)
+            if changed is not None:
+                rows = list(changed)
+        return rows
 
     def _check_groups(self, task_name: str, group: str, topics: Iterable[str]) -> None:
         """One group of a topic is one task: a second task subscribing as the same group of
@@ -342,6 +393,8 @@ class App:
         With a broker, a wake-up per queue goes out when that transaction commits.
         """
         batch = list(rows)
+        if self._middleware:
+            batch = self._before_enqueue(batch)
         wakes = self._wakes(batch)  # before the insert: a bad broker URL fails the call cleanly
         ids = insert_many_tx(executor, batch)
         if wakes:
@@ -354,6 +407,8 @@ class App:
         With a broker, a wake-up per queue goes out when that transaction commits.
         """
         batch = list(rows)
+        if self._middleware:
+            batch = self._before_enqueue(batch)
         wakes = self._wakes(batch)
         ids = await ainsert_many_tx(executor, batch)
         if wakes:
@@ -388,6 +443,8 @@ class App:
     def enqueue_many(self, rows: Iterable[NewTask]) -> list[int]:
         """Insert in a transaction of its own (committed on return)."""
         batch = list(rows)
+        if self._middleware:
+            batch = self._before_enqueue(batch)
         wakes = self._wakes(batch)
         ids = self.driver.task_insert_many_sync(batch)
         self._notify_committed(batch, ids, wakes)
@@ -396,6 +453,8 @@ class App:
     async def aenqueue_many(self, rows: Iterable[NewTask]) -> list[int]:
         """Insert in a transaction of its own (committed on return)."""
         batch = list(rows)
+        if self._middleware:
+            batch = self._before_enqueue(batch)
         wakes = self._wakes(batch)
         ids = await self.driver.task_insert_many(batch)
         self._notify_committed(batch, ids, wakes)
@@ -544,6 +603,63 @@ class App:
                     publish.topic,
                 )
         return [[d.id for d in delivered] for delivered in found]
+
+    # -- results ------------------------------------------------------------------------------
+
+    async def aresult(self, task_id: int, *, timeout: float | None = None) -> Any:
+        """The result of task `task_id` once it has finished: its kept return value (None for
+        a task that does not keep its result). Raises `TaskFailed` if it was dead-lettered,
+        failed or discarded, `ResultTimeout` after `timeout` seconds (None: no limit), and
+        `TaskNotFound` for an unknown id.
+
+        Waits by reading the task with a backoff (10 ms, doubling up to `RESULT_POLL_MAX`
+        seconds); a worker in this process wakes it as soon as it records the outcome."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        delay = RESULT_POLL_FIRST
+        while True:
+            found = result_of(task_id, await self.driver.task_get(task_id))
+            if found is not _NOT_YET:
+                return found
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                raise ResultTimeout(f"task {task_id} has not finished within {timeout} s")
+            wait = delay if left is None else min(delay, left)
+            await self._finished_wait(task_id, wait)
+            delay = min(RESULT_POLL_MAX, delay * 2)
+
+    def result(self, task_id: int, *, timeout: float | None = None) -> Any:
+        """`aresult` for synchronous callers (it reads with a backoff, in this thread)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = RESULT_POLL_FIRST
+        while True:
+            found = result_of(task_id, self.driver.task_get_sync(task_id))
+            if found is not _NOT_YET:
+                return found
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise ResultTimeout(f"task {task_id} has not finished within {timeout} s")
+            time.sleep(delay if left is None else min(delay, left))
+            delay = min(RESULT_POLL_MAX, delay * 2)
+
+    async def _finished_wait(self, task_id: int, seconds: float) -> None:
+        event = self._finished.setdefault(task_id, asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            if self._finished.get(task_id) is event and not event.is_set():
+                del self._finished[task_id]
+
+    def tasks_finished(self, ids: Iterable[int]) -> None:
+        """Wake the `aresult` calls of this process waiting for tasks `ids` (a worker calls
+        it once their outcomes are stored)."""
+        if self._finished:
+            for task_id in ids:
+                event = self._finished.pop(task_id, None)
+                if event is not None:
+                    event.set()
 
     # -- storage ------------------------------------------------------------------------------
 

@@ -68,3 +68,28 @@ class Reject(HandlerSignal):
 class LeaseExpired(TxtasksError):
     """The worker running an attempt stopped heartbeating (it died or was cut off): the
     cleaner treats the attempt as failed with this error, under the task's ack policy."""
+
+
+class LeaseLost(TxtasksError):
+    """The attempt is no longer this worker's (its lease ran out and the task was rescued or
+    claimed again, or it already completed): its transaction was rolled back, so nothing it
+    wrote in it is stored, and its outcome is not recorded."""
+
+
+class TaskFailed(TxtasksError):
+    """`App.result` of a task that ended without completing: dead-lettered, failed or
+    discarded. `state` says which, `error` is the task's last error."""
+
+    def __init__(self, task_id: int, state: str, error: str | None) -> None:
+        super().__init__(f"task {task_id} ended {state}: {error or 'no reason given'}")
+        self.task_id = task_id
+        self.state = state
+        self.error = error
+
+
+class ResultTimeout(TxtasksError, TimeoutError):
+    """`App.result` waited its whole timeout and the task had not finished."""
+
+
+class TaskNotFound(TxtasksError, LookupError):
+    """No task with that id, live or archived (never enqueued, or purged by retention)."""

@@ -20,7 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from txtasks.errors import cannot_listen
-from txtasks.types import KeyStats, QueueStats
+from txtasks.types import KeyStats, Progress, QueueStats
 from txtasks.wakeup import WakeupStats
 
 log = logging.getLogger("txtasks.metrics")
@@ -103,6 +103,18 @@ class Metrics:
             ["queue", "key"],
             registry=r,
         )
+        self.progress_reports = Counter(
+            "txtasks_progress_reports",
+            "Progress reports of running attempts (ctx.progress)",
+            ["queue", "task"],
+            registry=r,
+        )
+        self.progress = Gauge(
+            "txtasks_task_progress_ratio",
+            "done / total of the latest progress report with a total, per task name",
+            ["queue", "task"],
+            registry=r,
+        )
         self._children: dict[tuple[str, ...], Any] = {}
         self._port: int | None = None
 
@@ -115,6 +127,12 @@ class Metrics:
         self._child(self.finished, (queue, task, outcome)).inc()
         if seconds is not None:
             self._child(self.duration, (queue, task)).observe(seconds)
+
+    def task_progress(self, queue: str, task: str, report: Progress) -> None:
+        self._child(self.progress_reports, (queue, task)).inc()
+        fraction = report.fraction
+        if fraction is not None:
+            self._child(self.progress, (queue, task)).set(fraction)
 
     def watch_wakeups(self, stats: WakeupStats) -> None:
         """Export a notifier's counters (once per process)."""

@@ -39,6 +39,24 @@ def payload_encode(payload: Any, *, limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> t
     return data, content_type
 
 
+def result_encode(value: Any, *, limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
+    """A handler's return value as JSON text for the archive; PayloadError when it is not
+    JSON-serialisable or is over `limit` bytes (the application's `max_payload_bytes`)."""
+    try:
+        text = _ENCODER.encode(value)
+    except RecursionError as exc:
+        raise PayloadError("result is not JSON-serialisable: nested too deeply") from exc
+    except Exception as exc:
+        detail = str(exc) or type(exc).__name__
+        raise PayloadError(f"result is not JSON-serialisable: {detail}") from exc
+    size = len(text.encode("utf-8"))
+    if size > limit:
+        raise PayloadError(
+            f"result is {size} bytes, over the limit of {limit} bytes (max_payload_bytes)"
+        )
+    return text
+
+
 def payload_decode(data: bytes, content_type: str) -> Any:
     """Decode a stored payload; raise PayloadError naming what was wrong."""
     if content_type == BYTES_CONTENT_TYPE:

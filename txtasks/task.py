@@ -12,6 +12,7 @@ from txtasks._checks import check_number
 from txtasks.clock import Clock, as_utc, seconds
 from txtasks.errors import ConfigurationError
 from txtasks.keys import KeyLimits, check_key
+from txtasks.middleware import Middleware
 from txtasks.payload import headers_encode, payload_encode
 from txtasks.policy import AckPolicy, RetryPolicy
 from txtasks.retry import RetryStrategy, as_strategy
@@ -59,6 +60,10 @@ class TaskOptions:
     subscribe: tuple[str, ...] = ()
     #: The group it subscribes as; None: the task's name.
     group: str | None = None
+    #: Keep each completed attempt's return value (JSON) with the archived task.
+    keep_result: bool = False
+    #: Middleware around each of its attempts, inside the application's (txtasks.middleware).
+    middleware: tuple[Middleware, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name or len(self.name) > 255:
@@ -112,6 +117,10 @@ class OptionSettings(TypedDict, total=False):
     subscribe: str | Iterable[str]
     #: The group it subscribes as (default: the task's name).
     group: str | None
+    #: Keep the return value of its completed attempt, for `App.result` (default: no).
+    keep_result: bool
+    #: Middleware around each of its attempts, inside the application's (default: none).
+    middleware: Iterable[Middleware]
 
 
 class TaskSettings(OptionSettings, total=False):
@@ -139,6 +148,8 @@ def task_options(
     key: KeyFunction | None = None,
     subscribe: str | Iterable[str] = (),
     group: str | None = None,
+    keep_result: bool = False,
+    middleware: Iterable[Middleware] = (),
 ) -> TaskOptions:
     """The options of `App.register`'s arguments: strings, callables and timedeltas converted."""
     try:
@@ -160,7 +171,19 @@ def task_options(
         key=key,
         subscribe=(subscribe,) if isinstance(subscribe, str) else tuple(dict.fromkeys(subscribe)),
         group=group,
+        keep_result=bool(keep_result),
+        middleware=_middleware_of(name, middleware),
     )
+
+
+def _middleware_of(name: str, middleware: Iterable[Any]) -> tuple[Middleware, ...]:
+    found = tuple(middleware)
+    for m in found:
+        if not isinstance(m, Middleware):
+            raise ConfigurationError(
+                f"task {name}: middleware: expected a txtasks.middleware.Middleware, got {m!r}"
+            )
+    return found
 
 
 class Task:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -185,6 +186,10 @@ class TaskRow(NamedTuple):
     finished_at: datetime | None = None
     stage_id: str | None = None
     partition_key: str | None = None
+    #: The last progress its handler reported, as JSON text (`progress_report` reads it).
+    progress: str | None = None
+    #: A finished task that keeps its result: its return value, as JSON text.
+    result: str | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> TaskRow:
@@ -212,6 +217,8 @@ class TaskRow(NamedTuple):
             finished_at=row.get("finished_at"),
             stage_id=row.get("stage_id"),
             partition_key=row.get("partition_key"),
+            progress=row.get("progress"),
+            result=row.get("result"),
         )
 
     @classmethod
@@ -235,6 +242,40 @@ class TaskRow(NamedTuple):
     def key(self) -> TaskKey:
         """The fencing key of the attempt this row describes."""
         return TaskKey(self.id, self.attempt)
+
+    @property
+    def progress_report(self) -> Progress | None:
+        """The last progress its handler reported, or None."""
+        return None if self.progress is None else Progress.from_json(self.progress)
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """How far an attempt got, as its handler reported it (`TaskContext.progress`)."""
+
+    done: float
+    total: float | None = None
+    note: str | None = None
+    #: The attempt that reported it.
+    attempt: int | None = None
+
+    @property
+    def fraction(self) -> float | None:
+        """done / total, between 0 and 1; None without a total."""
+        if not self.total:
+            return None
+        return max(0.0, min(1.0, self.done / self.total))
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"done": self.done, "total": self.total, "note": self.note, "attempt": self.attempt},
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Progress:
+        data = json.loads(text)
+        return cls(data.get("done", 0), data.get("total"), data.get("note"), data.get("attempt"))
 
 
 class TaskKey(NamedTuple):
@@ -274,6 +315,8 @@ class Outcome(NamedTuple):
     error: str | None = None
     run_at: datetime | None = None
     checkpoint: str | None = None
+    #: A completed attempt of a task that keeps its result: the return value as JSON text.
+    result: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,10 @@ the image, is the working directory). The database comes from TXTASKS_DATABASE_U
 optional RabbitMQ broker from TXTASKS_BROKER_URL.
 
 The handler's effect is observable in the same database: the order's status becomes
-"shipped", with the time and the worker process that shipped it. It is idempotent: a second
-run of the same task (after a rescue, say) finds the order shipped and changes nothing.
+"shipped", with the time and the worker process that shipped it. The handler writes it in a
+transaction that also records the task's completion (`ctx.transaction_sync()`): the order is
+shipped exactly when the task completes, and an attempt whose lease was lost (rescued while
+it ran) writes nothing.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def database_url() -> str:
 
 @cache
 def engine() -> Engine:
-    """The handlers' own connection to the shop's database (one engine per process)."""
+    """A connection to the shop's database for the web side (one engine per process)."""
     return create_engine(database_url(), pool_pre_ping=True)
 
 
@@ -68,8 +70,8 @@ def utcnow() -> datetime:
 
 @app.task(name="shop.ship_order", max_attempts=5)
 def ship_order(payload: dict[str, int], ctx: TaskContext) -> None:
-    """Mark the order shipped (once: an order already shipped is left as it is)."""
-    with engine().begin() as conn:
+    """Mark the order shipped, in the transaction that completes the task."""
+    with ctx.transaction_sync() as conn:
         conn.execute(
             update(orders)
             .where(orders.c.id == payload["order_id"], orders.c.status == "new")

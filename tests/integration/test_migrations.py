@@ -89,7 +89,7 @@ def test_a_database_at_a_shipped_version_upgrades_to_the_declared_schema(
             migrate(conn, target=start)
         with engine.begin() as conn:
             applied = [m.version for m in migrate(conn)]
-            assert applied == list(range(start + 1, latest_version() + 1))
+            assert applied == [m.version for m in migrations_all() if m.version > start]
     finally:
         engine.dispose()
     assert schema_diff(database_url) == []

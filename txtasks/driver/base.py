@@ -7,9 +7,10 @@ only call these methods. Every method is a few statements at most, batched over 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from txtasks.keys import KeyLimits, KeyOverride, Rate
 from txtasks.types import (
@@ -37,6 +38,9 @@ class Capabilities:
     concurrent_claims: bool = True
     #: Reachable from other processes and hosts (not an in-process store).
     shared: bool = True
+    #: A handler can complete its task in a transaction of its own on the database
+    #: (`attempt_transaction`): a SQL database, not the in-memory store.
+    transactions: bool = True
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,23 @@ class WriteResult:
 
     applied: int
     stale: tuple[TaskKey, ...] = ()
+
+
+class AttemptFinish(Protocol):
+    """What an attempt's transaction records when it commits (see `attempt_transaction`)."""
+
+    def outcome(self) -> Outcome:
+        """The outcome to write, asked for as the block ends."""
+        ...
+
+    def now(self) -> datetime:
+        """The time written as its finish."""
+        ...
+
+    @property
+    def archive_completed(self) -> bool:
+        """Whether a completed task is kept in the archive (see `outcome_write_many`)."""
+        ...
 
 
 def requeue_choice(dead: Iterable[tuple[int, str | None]], live_keys: set[str]) -> list[int]:
@@ -160,12 +181,35 @@ class Driver(Protocol):
         holding the claim when `worker_id` is given, and on a lease expired before
         `expired_before` when that is given (the cleaner's rescue)."""
 
+    def attempt_transaction(
+        self, key: TaskKey, *, worker_id: str, finish: AttemptFinish
+    ) -> AbstractAsyncContextManager[Any]:
+        """A transaction on the database (an `AsyncConnection`) that locks the attempt `key`
+        first, fenced on (id, attempt, processing, worker): `LeaseLost` and nothing written if
+        it is no longer the worker's. When the block ends without an exception, the outcome
+        `finish.outcome()` is written in the same transaction (as `outcome_write_many` writes
+        it, keys armed alike), which then commits; an exception rolls everything back."""
+        ...
+
+    def attempt_transaction_sync(
+        self, key: TaskKey, *, worker_id: str, finish: AttemptFinish
+    ) -> AbstractContextManager[Any]:
+        """The same on a sync `Connection`, for sync handlers (in the worker's threads)."""
+        ...
+
     async def lease_extend_many(
-        self, keys: Sequence[TaskKey], *, lease_until: datetime, worker_id: str | None = None
+        self,
+        keys: Sequence[TaskKey],
+        *,
+        lease_until: datetime,
+        worker_id: str | None = None,
+        progress: Mapping[TaskKey, str] | None = None,
     ) -> int:
         """Push the leases of in-flight attempts forward (the heartbeat), fenced likewise,
         leaving out (not waiting for) rows another transaction has locked. Returns how many of
-        `keys` are still this worker's attempts, extended or left out; the rest were lost."""
+        `keys` are still this worker's attempts, extended or left out; the rest were lost.
+        `progress` (JSON text by attempt) is stored on the rows extended, in the same
+        transaction."""
 
     async def live_count(
         self, queues: Sequence[str] | None, *, now: datetime, due_before: datetime
@@ -173,7 +217,11 @@ class Driver(Protocol):
         """Tasks still to do: ready before `due_before`, or processing under a valid lease."""
 
     async def task_get(self, task_id: int) -> TaskRow | None:
-        """One task by id, live or archived."""
+        """One task by id, live or archived: its state, attempts, last error, headers, and
+        its `progress` and `result` (JSON text; see `TaskRow.progress_report`)."""
+
+    def task_get_sync(self, task_id: int) -> TaskRow | None:
+        """The same for synchronous callers."""
 
     async def queue_stats(self, *, now: datetime, archived: bool = True) -> list[QueueStats]:
         """Counts per queue and state (of live tasks only unless `archived`), and the age of

@@ -42,7 +42,7 @@ from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities
 from txtasks.driver.dialect_topics import TopicsDialect
-from txtasks.driver.insert_plan import Plan, Step, task_values
+from txtasks.driver.insert_plan import Plan, Statement, Step, plan_run_async, task_values
 from txtasks.errors import ConfigurationError
 from txtasks.keys import HINTS_PER_CLAIM
 from txtasks.schema.tables import (
@@ -401,24 +401,30 @@ class SqlDialect(TopicsDialect):
     async def keys_wake(
         self, conn: AsyncConnection, pairs: Sequence[tuple[str, str]], now: datetime
     ) -> None:
+        """`keys_wake_plan` on `conn`."""
+        await plan_run_async(conn, self.keys_wake_plan(pairs, now))
+
+    def keys_wake_plan(
+        self, pairs: Sequence[tuple[str, str]], now: datetime
+    ) -> Generator[Statement, Result[Any], None]:
         """Arm the keys (queue, key) of attempts that just ended (a slot freed, a head moved
         on or was retried) and that have a ready task left (read after this transaction's
         own changes; a task enqueued later brings its own hint): their rows at once, unless a
         claim holds one; a hint for those, taken by a later claim. An outcome never waits for
         a claim."""
         wanted = set(pairs)
-        rows = (await conn.execute(self.stmt_keys_of(), {"pairs": sorted(wanted)})).all()
+        rows = (yield self.stmt_keys_of(), {"pairs": sorted(wanted)}).all()
         if rows:
-            ids = {"ids": [r.id for r in rows]}
-            busy = list((await conn.execute(self.stmt_keys_busy(), ids)).scalars())
-            if busy:
-                await conn.execute(self.stmt_keys_wake(), {"ids": busy, "now": now})
+            busy = yield self.stmt_keys_busy(), {"ids": [r.id for r in rows]}
+            ids = list(busy.scalars())
+            if ids:
+                yield self.stmt_keys_wake(), {"ids": ids, "now": now}
         locked = {(r.queue, r.partition_key) for r in rows}
         hints = [
             {"queue": q, "partition_key": k, "run_at": now} for q, k in sorted(wanted - locked)
         ]
         if hints:
-            await conn.execute(self.stmt_hints_add(), hints)
+            yield self.stmt_hints_add(), hints
 
     @staticmethod
     @functools.cache
@@ -770,6 +776,16 @@ class SqlDialect(TopicsDialect):
 
     @staticmethod
     @functools.cache
+    def stmt_archive_result() -> Executable:
+        """Record each completed attempt's result on its archived row."""
+        return (
+            update(archive)
+            .where(archive.c.id == bindparam("b_id"))
+            .values(result=bindparam("b_result"))
+        )
+
+    @staticmethod
+    @functools.cache
     def stmt_retry() -> Executable:
         """Schedule the next attempt of a failed one (fenced)."""
         return (
@@ -809,6 +825,16 @@ class SqlDialect(TopicsDialect):
     def stmt_count_keys() -> Executable:
         """How many of the attempts `keys` are still current (a plain read: no lock)."""
         return select(func.count()).select_from(tasks).where(keys_match())
+
+    @staticmethod
+    @functools.cache
+    def stmt_progress_set() -> Executable:
+        """Store each attempt's last progress report (rows locked by the caller)."""
+        return (
+            update(tasks)
+            .where(tasks.c.id == bindparam("b_id"))
+            .values(progress=bindparam("b_progress"))
+        )
 
     @staticmethod
     @functools.cache

@@ -5,11 +5,13 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import replace
 from datetime import datetime
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from txtasks.driver.base import Capabilities, WriteResult, requeue_choice
+from txtasks.driver.base import AttemptFinish, Capabilities, WriteResult, requeue_choice
+from txtasks.errors import ConfigurationError
 from txtasks.keys import (
     KeyLimits,
     KeyOverride,
@@ -39,6 +41,14 @@ from txtasks.types import (
     TopicStats,
 )
 
+
+def no_transactions() -> ConfigurationError:
+    return ConfigurationError(
+        "ctx.transaction(): the in-memory driver has no database to open a transaction on; "
+        "run this handler's tests on SQLite (see txtasks.testing)"
+    )
+
+
 #: The states of a key's tasks that hold its place (staged rows are not committed yet).
 _KEY_LIVE = (TaskState.PENDING, TaskState.RETRYABLE, TaskState.PROCESSING)
 
@@ -46,7 +56,7 @@ _KEY_LIVE = (TaskState.PENDING, TaskState.RETRYABLE, TaskState.PROCESSING)
 class MemoryDriver:
     """Tasks in a dict, guarded by a lock; claims are atomic like SKIP LOCKED on one host."""
 
-    capabilities: ClassVar[Capabilities] = Capabilities("memory", shared=False)
+    capabilities: ClassVar[Capabilities] = Capabilities("memory", shared=False, transactions=False)
 
     def __init__(self) -> None:
         self.live: dict[int, TaskRow] = {}
@@ -389,12 +399,13 @@ class MemoryDriver:
         kind = outcome.kind
         if kind.finishes:
             del self.live[row.id]
-            if kind is not OutcomeKind.COMPLETE or archive:
+            if kind is not OutcomeKind.COMPLETE or archive or outcome.result is not None:
                 self.archived[row.id] = row._replace(
                     state=TaskState(kind.value),
                     last_error=outcome.error or row.last_error,
                     lease_expires_at=None,
                     finished_at=now,
+                    result=outcome.result,
                 )
         elif kind is OutcomeKind.RETRY:
             assert outcome.run_at is not None
@@ -414,15 +425,31 @@ class MemoryDriver:
                 worker_id=None,
             )
 
+    def attempt_transaction(
+        self, key: TaskKey, *, worker_id: str, finish: AttemptFinish
+    ) -> AbstractAsyncContextManager[Any]:
+        raise no_transactions()
+
+    def attempt_transaction_sync(
+        self, key: TaskKey, *, worker_id: str, finish: AttemptFinish
+    ) -> AbstractContextManager[Any]:
+        raise no_transactions()
+
     async def lease_extend_many(
-        self, keys: Sequence[TaskKey], *, lease_until: datetime, worker_id: str | None = None
+        self,
+        keys: Sequence[TaskKey],
+        *,
+        lease_until: datetime,
+        worker_id: str | None = None,
+        progress: Mapping[TaskKey, str] | None = None,
     ) -> int:
         count = 0
         with self._lock:
             for key in keys:
                 row = self._current(key, worker_id)
                 if row is not None:
-                    self.live[key.id] = row._replace(lease_expires_at=lease_until)
+                    report = progress.get(key, row.progress) if progress else row.progress
+                    self.live[key.id] = row._replace(lease_expires_at=lease_until, progress=report)
                     count += 1
         return count
 
@@ -447,6 +474,9 @@ class MemoryDriver:
             )
 
     async def task_get(self, task_id: int) -> TaskRow | None:
+        return self.task_get_sync(task_id)
+
+    def task_get_sync(self, task_id: int) -> TaskRow | None:
         return self.live.get(task_id) or self.archived.get(task_id)
 
     async def queue_stats(self, *, now: datetime, archived: bool = True) -> list[QueueStats]:

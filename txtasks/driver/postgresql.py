@@ -523,10 +523,10 @@ class PostgresDriver(SqlDriver):
         worker_id: str | None = None,
         expired_before: datetime | None = None,
     ) -> WriteResult:
-        """Finishing outcomes in one statement (it locks their rows in id order); retries and
-        releases the generic way."""
-        finishing = [o for o in outcomes if o.kind.finishes]
-        others = [o for o in outcomes if not o.kind.finishes]
+        """Finishing outcomes in one statement (it locks their rows in id order); retries,
+        releases and results the generic way."""
+        finishing = [o for o in outcomes if o.kind.finishes and o.result is None]
+        others = [o for o in outcomes if not o.kind.finishes or o.result is not None]
         stale: list[TaskKey] = []
         if finishing:
             errors = [o.error for o in finishing]

@@ -14,17 +14,26 @@ import functools
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, Result, create_engine, event
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from txtasks.driver.base import Capabilities, WriteResult
+from txtasks.driver.base import AttemptFinish, Capabilities, WriteResult
 from txtasks.driver.dialect import (
     KeysLook,
     SqlDialect,
@@ -32,12 +41,12 @@ from txtasks.driver.dialect import (
     dialect_for,
     keys_param,
 )
-from txtasks.driver.insert_plan import plan_run_async, plan_run_sync
+from txtasks.driver.insert_plan import Statement, plan_run_async, plan_run_sync
 from txtasks.driver.sql_admin import SqlAdmin, override_of
 from txtasks.driver.sql_topics import SqlTopics
 from txtasks.driver.timeouts import Timeouts, Watchdog, keepalive_set, socket_of
 from txtasks.driver.urls import url_async, url_parse, url_sync
-from txtasks.errors import SchemaError
+from txtasks.errors import LeaseLost, SchemaError
 from txtasks.keys import (
     NEXT_DUE,
     KeyLimits,
@@ -60,6 +69,13 @@ KEYS_PROBE_EVERY = timedelta(seconds=1)
 #: Transactions a claim of the keys' lane takes at most (see `keyed_claim`).
 KEY_ROUNDS = 3
 T = TypeVar("T")
+
+
+def lease_lost(key: TaskKey) -> LeaseLost:
+    return LeaseLost(
+        f"task {key.id} attempt {key.attempt} is no longer this worker's (its lease ran out, "
+        "or it already completed): its transaction was rolled back"
+    )
 
 
 @dataclass(frozen=True)
@@ -617,57 +633,108 @@ class SqlDriver(SqlAdmin, SqlTopics):
         archive_completed: bool,
         fence: Mapping[str, Any],
     ) -> set[TaskKey]:
-        """Lock the still-current attempts once, in id order, then write what applies to them.
+        """`outcomes_plan` on `conn`, inside its transaction: the attempts it wrote."""
+        return await plan_run_async(
+            conn, self.outcomes_plan(outcomes, now, archive_completed, fence)
+        )
+
+    def outcomes_plan(
+        self,
+        outcomes: Sequence[Outcome],
+        now: datetime,
+        archive_completed: bool,
+        fence: Mapping[str, Any],
+    ) -> Generator[Statement, Result[Any], set[TaskKey]]:
+        """Lock the still-current attempts once, in id order, then write what applies to them;
+        the attempts written. A plan (txtasks.driver.insert_plan): the same statements run on
+        the worker's async connections and on a sync handler's transaction.
 
         `fence` holds the `keys_match` parameters other than the keys.
         """
-        held = await self._locked_keys(conn, [o.key for o in outcomes], fence)
+        held = yield from self.attempts_lock_plan([o.key for o in outcomes], fence)
         mine = [o for o in outcomes if o.key in held]
         woken = sorted({(q, k) for q, k in (held[o.key] for o in mine) if k is not None})
         finishing = [o for o in mine if o.kind.finishes]
         if finishing:
-            await self._finish(conn, finishing, now, archive_completed)
+            yield from self._finish_plan(finishing, now, archive_completed)
         retries = [o for o in mine if o.kind is OutcomeKind.RETRY]
         if retries:
-            await self._retry(conn, retries)
+            yield self.sql.stmt_retry(), self._retry_params(retries)
         releases = [o.key for o in mine if o.kind is OutcomeKind.RELEASE]
         if releases:
-            await conn.execute(self.sql.stmt_release(), {**keys_param(releases), **fence})
+            yield self.sql.stmt_release(), {**keys_param(releases), **fence}
         if woken:  # a slot freed, a head moved on or retried: the claims look at the keys again
-            await self.sql.keys_wake(conn, woken, now)
+            yield from self.sql.keys_wake_plan(woken, now)
         return {o.key for o in mine}
 
-    async def _locked_keys(
-        self, conn: AsyncConnection, keys: Sequence[TaskKey], fence: Mapping[str, Any]
-    ) -> dict[TaskKey, tuple[str, str | None]]:
+    def attempts_lock_plan(
+        self, keys: Sequence[TaskKey], fence: Mapping[str, Any]
+    ) -> Generator[Statement, Result[Any], dict[TaskKey, tuple[str, str | None]]]:
         """Lock the rows of still-current attempts (in id order): their queues and keys."""
         params = {**keys_param(keys), **fence}
-        rows = await conn.execute(self.sql.stmt_lock_keys(), params)
-        return {TaskKey(row[0], row[1]): (row[2], row[3]) for row in rows}
+        locked: list[Any] = list((yield self.sql.stmt_lock_keys(), params))
+        return {TaskKey(row[0], row[1]): (row[2], row[3]) for row in locked}
 
-    async def _finish(
-        self,
-        conn: AsyncConnection,
-        outcomes: Sequence[Outcome],
-        now: datetime,
-        archive_completed: bool,
-    ) -> None:
-        """Move finished attempts (rows locked by the caller) to the archive."""
-        mine = outcomes
-        for kind in {o.kind for o in mine}:
-            if kind is OutcomeKind.COMPLETE and not archive_completed:
-                continue
-            ids = sorted(o.key.id for o in mine if o.kind is kind)
-            params = {"ids": ids, "state": kind.value, "now": now}
-            await conn.execute(self.sql.stmt_archive_copy(), params)
-        errors = [{"b_id": o.key.id, "b_error": o.error} for o in mine if o.error]
+    # -- an attempt's own transaction ----------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def attempt_transaction(
+        self, key: TaskKey, *, worker_id: str, finish: AttemptFinish
+    ) -> AsyncIterator[AsyncConnection]:
+        """Not bounded by the command timeout as a whole (the handler decides what it does in
+        it); each statement still is, by the server's settings."""
+        fence = {"fence_worker": worker_id, "fence_expired": None}
+        async with self.connect(bounded=False) as conn, conn.begin():
+            if not await plan_run_async(conn, self.attempts_lock_plan([key], fence)):
+                raise lease_lost(key)
+            yield conn
+            plan = self.outcomes_plan(
+                [finish.outcome()], finish.now(), finish.archive_completed, fence
+            )
+            if not await plan_run_async(conn, plan):  # the row is locked: cannot happen
+                raise lease_lost(key)
+
+    @contextlib.contextmanager
+    def attempt_transaction_sync(
+        self, key: TaskKey, *, worker_id: str, finish: AttemptFinish
+    ) -> Iterator[Connection]:
+        fence = {"fence_worker": worker_id, "fence_expired": None}
+        with self.sync_engine.connect() as conn, conn.begin():
+            if not plan_run_sync(conn, self.attempts_lock_plan([key], fence)):
+                raise lease_lost(key)
+            yield conn
+            plan = self.outcomes_plan(
+                [finish.outcome()], finish.now(), finish.archive_completed, fence
+            )
+            if not plan_run_sync(conn, plan):
+                raise lease_lost(key)
+
+    def _finish_plan(
+        self, outcomes: Sequence[Outcome], now: datetime, archive_completed: bool
+    ) -> Generator[Statement, Result[Any], None]:
+        """Move finished attempts (rows locked by the plan) to the archive; a completed one
+        without `archive_completed` only when it keeps its result."""
+        for kind in {o.kind for o in outcomes}:
+            ids = sorted(
+                o.key.id
+                for o in outcomes
+                if o.kind is kind
+                and (kind is not OutcomeKind.COMPLETE or archive_completed or o.result is not None)
+            )
+            if ids:
+                yield self.sql.stmt_archive_copy(), {"ids": ids, "state": kind.value, "now": now}
+        errors = [{"b_id": o.key.id, "b_error": o.error} for o in outcomes if o.error]
         if errors:
-            await conn.execute(self.sql.stmt_archive_error(), errors)
-        await conn.execute(self.sql.stmt_delete(), {"ids": sorted(o.key.id for o in mine)})
+            yield self.sql.stmt_archive_error(), errors
+        results = [{"b_id": o.key.id, "b_result": o.result} for o in outcomes if o.result]
+        if results:
+            yield self.sql.stmt_archive_result(), results
+        yield self.sql.stmt_delete(), {"ids": sorted(o.key.id for o in outcomes)}
 
-    async def _retry(self, conn: AsyncConnection, outcomes: Sequence[Outcome]) -> None:
-        """Schedule the next attempts (rows locked by the caller)."""
-        params = [
+    @staticmethod
+    def _retry_params(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
+        """The next attempts of failed ones (rows locked by the plan)."""
+        return [
             {
                 "b_id": o.key.id,
                 "b_attempt": o.key.attempt,
@@ -677,28 +744,40 @@ class SqlDriver(SqlAdmin, SqlTopics):
             }
             for o in outcomes
         ]
-        await conn.execute(self.sql.stmt_retry(), params)
 
     async def lease_extend_many(
-        self, keys: Sequence[TaskKey], *, lease_until: datetime, worker_id: str | None = None
+        self,
+        keys: Sequence[TaskKey],
+        *,
+        lease_until: datetime,
+        worker_id: str | None = None,
+        progress: Mapping[TaskKey, str] | None = None,
     ) -> int:
         """Rows another transaction holds are left out, not waited for: an outcome write is
-        finishing them, a rescuer taking them (their lease is over anyway), or a session whose
-        client vanished holds them until the server ends it. Waiting would let every other
-        lease of the worker run out meanwhile."""
+        finishing them, a rescuer taking them (their lease is over anyway), a handler's own
+        transaction holds them, or a session whose client vanished holds them until the server
+        ends it. Waiting would let every other lease of the worker run out meanwhile."""
         if not keys:
             return 0
         params = keys_param(keys, worker_id)
 
         async def work(conn: AsyncConnection) -> int:
             rows = await conn.execute(self.sql.stmt_lock_keys(skip_locked=True), params)
-            ids = [row[0] for row in rows]
-            if ids:
+            locked = [TaskKey(row[0], row[1]) for row in rows]
+            if locked:
+                ids = [k.id for k in locked]
                 await conn.execute(
                     self.sql.stmt_lease_set(), {"ids": ids, "lease_until": lease_until}
                 )
-            if len(ids) == len(keys):
-                return len(ids)
+                reports = [
+                    {"b_id": k.id, "b_progress": progress[k]}
+                    for k in locked
+                    if progress and k in progress
+                ]
+                if reports:  # the rows are locked and still this worker's
+                    await conn.execute(self.sql.stmt_progress_set(), reports)
+            if len(locked) == len(keys):
+                return len(locked)
             held = await conn.execute(self.sql.stmt_count_keys(), params)  # a read: never waits
             return int(held.scalar_one())
 

@@ -30,6 +30,8 @@ from txtasks.driver.base import requeue_choice
 from txtasks.driver.dialect import key_hints_of
 
 if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
     from txtasks.driver.dialect import SqlDialect
 from txtasks.clock import utcnow
 from txtasks.keys import KeyOverride, Rate
@@ -106,6 +108,9 @@ class SqlAdmin:
 
         sql: SqlDialect
 
+        @property
+        def sync_engine(self) -> Engine: ...
+
     # -- inspection ---------------------------------------------------------------------------
 
     async def ping(self) -> None:
@@ -129,6 +134,14 @@ class SqlAdmin:
             for table in (tasks, archive):
                 row = (await conn.execute(select(table).where(table.c.id == task_id))).mappings()
                 found = row.first()
+                if found is not None:
+                    return TaskRow.from_row(found)
+        return None
+
+    def task_get_sync(self, task_id: int) -> TaskRow | None:
+        with self.sync_engine.connect() as conn:
+            for table in (tasks, archive):
+                found = conn.execute(select(table).where(table.c.id == task_id)).mappings().first()
                 if found is not None:
                     return TaskRow.from_row(found)
         return None

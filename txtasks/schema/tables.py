@@ -102,6 +102,8 @@ def _task_columns() -> list[Column[object]]:
         Column("stage_id", String(64), nullable=True),
         # the key whose limits the task shares (see txtasks.keys); None: no key
         Column("partition_key", ExactString(255), nullable=True),
+        # the last progress a handler reported, as JSON (see TaskContext.progress)
+        Column("progress", LongText, nullable=True),
     ]
 
 
@@ -191,6 +193,8 @@ archive = Table(
     Column("id", Id, primary_key=True, autoincrement=False),
     *_task_columns(),
     Column("finished_at", Timestamp, nullable=False),
+    # the return value of a task that keeps its result, as JSON (`keep_result=True`)
+    Column("result", LongText, nullable=True),
     mysql_engine="InnoDB",
 )
 #: Finished rows by state and age: dead letters newest first, retention oldest first (a queue,

@@ -2,22 +2,41 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol
 
-from txtasks.errors import PayloadError
-from txtasks.payload import headers_decode
-from txtasks.types import OutcomeKind
+from txtasks.errors import LeaseLost, PayloadError
+from txtasks.payload import headers_decode, result_encode
+from txtasks.types import Outcome, OutcomeKind, Progress
 
 if TYPE_CHECKING:
+    from sqlalchemy import Connection
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
     from txtasks.app import App, Task
+    from txtasks.driver import Driver
     from txtasks.types import TaskRow
 
 
 TASK_LOGGER = logging.getLogger("txtasks.task")
+#: The longest note a progress report keeps.
+PROGRESS_NOTE_CHARS = 200
+
+
+class AttemptHost(Protocol):
+    """What a context needs of the worker running its attempt."""
+
+    driver: Driver
+    archive_completed: bool
+
+    def progress_report(self, row: TaskRow, report: Progress) -> None:
+        """Keep the attempt's latest report, for the next heartbeat."""
 
 
 @dataclass
@@ -41,6 +60,22 @@ class TaskContext:
     logger: logging.Logger = TASK_LOGGER
     decision: Decision | None = None
     new_checkpoint: str | None = None
+    #: The worker running the attempt (None: a context made by hand, as in unit tests).
+    host: AttemptHost | None = None
+    #: The decoded payload the handler is called with (middleware may replace it).
+    payload: Any = None
+    #: The handler's transaction recorded the task's completion (`transaction()`).
+    completed: bool = False
+    #: The result `set_result` gave, as JSON text (None: not set).
+    result_json: str | None = None
+    _extra: dict[str, Any] | None = None
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """Room for middleware: what a hook keeps for a later one (timers, spans, ...)."""
+        if self._extra is None:
+            self._extra = {}
+        return self._extra
 
     @property
     def task_id(self) -> int:
@@ -79,6 +114,76 @@ class TaskContext:
             self.new_checkpoint = json.dumps(value, separators=(",", ":"))
         except (TypeError, ValueError) as exc:
             raise PayloadError(f"checkpoint is not JSON-serialisable: {exc}") from exc
+
+    # -- transactional completion -------------------------------------------------------------
+
+    def transaction(self) -> AbstractAsyncContextManager[AsyncConnection]:
+        """`async with ctx.transaction() as conn:` a transaction on the application's database
+        that also records this task's completion: the handler's writes on `conn` (and tasks
+        it enqueues with `enqueue_tx(conn, ...)`) commit together with the completion, or not
+        at all. The attempt is locked first, fenced on its attempt and worker: if its lease
+        was lost, `LeaseLost` is raised and nothing is written. An exception in the block rolls
+        everything back, and the attempt fails as any other."""
+        return self._transaction_async()
+
+    @contextlib.asynccontextmanager
+    async def _transaction_async(self) -> AsyncIterator[AsyncConnection]:
+        driver = self._transactional()
+        async with driver.attempt_transaction(
+            self.row.key, worker_id=self.worker_id, finish=self
+        ) as conn:
+            yield conn
+        self.completed = True
+
+    @contextlib.contextmanager
+    def transaction_sync(self) -> Iterator[Connection]:
+        """`with ctx.transaction_sync() as conn:` the same for sync handlers, on a sync
+        `Connection`."""
+        driver = self._transactional()
+        with driver.attempt_transaction_sync(
+            self.row.key, worker_id=self.worker_id, finish=self
+        ) as conn:
+            yield conn
+        self.completed = True
+
+    def _transactional(self) -> Driver:
+        if self.completed:
+            raise LeaseLost(f"task {self.task_id} already completed in its transaction")
+        return self.host.driver if self.host is not None else self.app.driver
+
+    def outcome(self) -> Outcome:
+        """The completion its transaction records (with the result set so far, if it keeps
+        its result)."""
+        if not self.task.options.keep_result:
+            return Outcome(self.row.key, OutcomeKind.COMPLETE)
+        return Outcome(self.row.key, OutcomeKind.COMPLETE, result=self.result_json or "null")
+
+    def now(self) -> datetime:
+        return self.app.clock()
+
+    @property
+    def archive_completed(self) -> bool:
+        return self.host.archive_completed if self.host is not None else True
+
+    # -- results and progress ------------------------------------------------------------------
+
+    def set_result(self, value: Any) -> None:
+        """The result to keep (a task with `keep_result=True`), instead of the handler's
+        return value: for a handler that completes in `transaction()`, set it before the block
+        ends. Raises PayloadError if it is not JSON-serialisable or over `max_payload_bytes`."""
+        self.result_json = result_encode(value, limit=self.app.max_payload_bytes)
+
+    def progress(self, done: float, total: float | None = None, note: str | None = None) -> None:
+        """Report how far the attempt got. Cheap: the last report of each attempt is stored
+        with the worker's next heartbeat (at most one write per attempt per beat), shown by
+        `txtasks inspect` and the worker's metrics."""
+        if note is not None and len(note) > PROGRESS_NOTE_CHARS:
+            note = note[: PROGRESS_NOTE_CHARS - 3] + "..."
+        report = Progress(done, total, note, self.row.attempt)
+        if self.host is not None:
+            self.host.progress_report(self.row, report)
+
+    # -- manual acknowledgement ----------------------------------------------------------------
 
     def ack(self) -> None:
         """Complete the task, whatever the handler does next."""

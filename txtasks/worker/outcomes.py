@@ -87,6 +87,11 @@ class OutcomeBuffer:
         if len(self._pending) >= self.max_batch:
             self._full.set()
 
+    def written_elsewhere(self, outcome: Outcome) -> None:
+        """An outcome the handler's own transaction wrote: counted as if flushed here."""
+        if self.on_written is not None:
+            self.on_written([outcome], ())
+
     async def run(self) -> None:
         """Flush until `stop()`; a flush under way is never interrupted half-written."""
         backoff = 0.0

@@ -20,8 +20,9 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from txtasks import tracing
-from txtasks.errors import PayloadError
-from txtasks.payload import headers_decode, payload_decode
+from txtasks.errors import LeaseLost, PayloadError
+from txtasks.middleware import AttemptEnd, Middleware
+from txtasks.payload import headers_decode, payload_decode, result_encode
 from txtasks.policy import (
     AckPolicy,
     error_text,
@@ -30,13 +31,14 @@ from txtasks.policy import (
     sanitized,
 )
 from txtasks.topics import delivery_note
-from txtasks.types import Outcome, OutcomeKind, TaskKey, TaskRow
+from txtasks.types import Outcome, OutcomeKind, Progress, TaskKey, TaskRow
 from txtasks.worker.config import WorkerStats
 from txtasks.worker.context import TaskContext
 from txtasks.worker.outcomes import OutcomeBuffer
 
 if TYPE_CHECKING:
     from txtasks.app import App
+    from txtasks.driver import Driver
     from txtasks.metrics import Metrics
     from txtasks.task import Task
 
@@ -108,6 +110,14 @@ class Runner:
         self.threads: ThreadPoolExecutor | None = None
         #: Sync handlers still running in their thread after their timeout (by task id).
         self._overrun: dict[TaskKey, asyncio.Future[Any]] = {}
+        #: Attempts whose handler's transaction recorded the outcome (or found the lease lost).
+        self._handled: set[TaskKey] = set()
+        #: The store handlers' transactions use, and whether completed tasks are archived.
+        self.driver: Driver = outcomes.driver
+        self.archive_completed = outcomes.archive_completed
+        #: The latest progress report of each running attempt not stored yet (the heartbeat
+        #: takes them).
+        self.progress: dict[TaskKey, str] = {}
 
     # -- the runners --------------------------------------------------------------------------
 
@@ -208,7 +218,12 @@ class Runner:
             overrun = self._overrun.pop(key, None)
             if overrun is not None:  # still running in its thread: no retry may overlap with it
                 await asyncio.wait({overrun})
-        self._outcomes.add(outcome if outcome.error is None else sanitized(outcome))
+        if self._handled and key in self._handled:  # written by the handler's transaction
+            self._handled.discard(key)
+            if outcome.kind is _COMPLETE:  # else the lease was lost: nothing to count
+                self._outcomes.written_elsewhere(outcome)
+        else:
+            self._outcomes.add(outcome if outcome.error is None else sanitized(outcome))
         self.finished(key)
 
     def _log_failure(self, row: TaskRow, outcome: Outcome) -> None:
@@ -238,6 +253,12 @@ class Runner:
             extra=fields,
         )
 
+    def progress_report(self, row: TaskRow, report: Progress) -> None:
+        """Keep an attempt's latest report for the next heartbeat (older ones are replaced)."""
+        self.progress[row.key] = report.to_json()
+        if self.metrics is not None:
+            self.metrics.task_progress(row.queue, row.task_name, report)
+
     def finished(self, key: TaskKey) -> None:
         """The slot is free; the outcome is in the buffer (its lease still extended there)."""
         self._held.discard(key)
@@ -259,39 +280,116 @@ class Runner:
             payload = payload_decode(row.payload, row.content_type)
         except PayloadError as exc:
             return Outcome(key, OutcomeKind.DEAD, error=f"cannot decode payload: {exc}")
-        ctx = TaskContext(self.app, task, row, self.worker_id)
+        ctx = TaskContext(self.app, task, row, self.worker_id, host=self, payload=payload)
         self.stats.started += 1
+        if self.app._middleware or task.options.middleware:
+            return await self._attempt_chained(task, ctx)
         try:
             if self.traced:
-                await self._traced_call(task, payload, ctx)
+                value = await self._traced_call(task, payload, ctx)
             else:
-                await self._call(task, payload, ctx)
+                value = await self._call(task, payload, ctx)
         except asyncio.CancelledError as exc:
             if self._stopping.is_set():  # the worker cancelled it: shutdown
                 raise
-            return outcome_for_exception(  # the handler raised it: a failure like any other
-                key,
-                task.policy,
-                exc,
-                now=self.app.clock(),
-                expires_at=row.expires_at,
-                max_attempts=row.max_attempts,
-            )
+            return self._failed(ctx, exc)  # the handler raised it: a failure like any other
         except Exception as exc:
-            return self._decided(ctx) or outcome_for_exception(
-                key,
-                task.policy,
-                exc,
-                now=self.app.clock(),
-                expires_at=row.expires_at,
-                max_attempts=row.max_attempts,
-                checkpoint=ctx.new_checkpoint,
-            )
+            return self._failed(ctx, exc)
+        if ctx.completed:
+            return self._written_by_handler(ctx)
         if ctx.decision is None and task.policy.ack_policy is not _MANUAL:
+            if task.options.keep_result:
+                return self._kept(ctx, value)
             return Outcome(key, _COMPLETE)  # the common case, without more calls
-        return self._decided(ctx) or self._returned(ctx)
+        return self._decided(ctx, value) or self._returned(ctx, value)
 
-    async def _traced_call(self, task: Task, payload: Any, ctx: TaskContext) -> None:
+    def _failed(self, ctx: TaskContext, exc: BaseException) -> Outcome:
+        """The outcome of an attempt whose handler raised `exc`."""
+        row = ctx.row
+        if ctx.completed or isinstance(exc, LeaseLost):
+            if ctx.completed:
+                log.warning("task %d raised after its transaction completed it: %r", row.id, exc)
+            return self._written_by_handler(ctx)
+        cancelled = isinstance(exc, asyncio.CancelledError)
+        return (None if cancelled else self._decided(ctx, None)) or outcome_for_exception(
+            row.key,
+            ctx.task.policy,
+            exc,
+            now=self.app.clock(),
+            expires_at=row.expires_at,
+            max_attempts=row.max_attempts,
+            checkpoint=ctx.new_checkpoint,
+        )
+
+    def _written_by_handler(self, ctx: TaskContext) -> Outcome:
+        """The handler's transaction recorded the completion, or found the attempt lost:
+        nothing is left to write (`_execute` skips it)."""
+        self._handled.add(ctx.row.key)
+        if ctx.completed:
+            return ctx.outcome()
+        return Outcome(
+            ctx.row.key,
+            OutcomeKind.RELEASE,
+            error="lease lost (taken over elsewhere): nothing written",
+        )
+
+    def _kept(self, ctx: TaskContext, value: Any) -> Outcome:
+        """A completion that keeps its result: `set_result`'s, or the return value."""
+        result = ctx.result_json
+        if result is None:
+            try:
+                result = result_encode(value, limit=self.app.max_payload_bytes)
+            except PayloadError as exc:
+                return self._failed(ctx, exc)
+        return Outcome(ctx.row.key, _COMPLETE, result=result)
+
+    async def _attempt_chained(self, task: Task, ctx: TaskContext) -> Outcome:
+        """The attempt inside its middleware (the application's, then the task's)."""
+        chain = (*self.app._middleware, *task.options.middleware)
+        entered: list[Middleware] = []
+        started = time.perf_counter()
+        value: Any = None
+        error: BaseException | None = None
+        try:
+            for middleware in chain:
+                entered.append(middleware)
+                done = middleware.before_attempt(ctx)
+                if done is not None:
+                    await done
+            if self.traced:
+                value = await self._traced_call(task, ctx.payload, ctx)
+            else:
+                value = await self._call(task, ctx.payload, ctx)
+        except asyncio.CancelledError as exc:
+            if self._stopping.is_set():
+                raise
+            error, outcome = exc, self._failed(ctx, exc)
+        except Exception as exc:
+            error, outcome = exc, self._failed(ctx, exc)
+        else:
+            if ctx.completed:
+                outcome = self._written_by_handler(ctx)
+            elif ctx.decision is None and task.policy.ack_policy is not _MANUAL:
+                outcome = (
+                    self._kept(ctx, value)
+                    if task.options.keep_result
+                    else Outcome(ctx.row.key, _COMPLETE)
+                )
+            else:
+                outcome = self._decided(ctx, value) or self._returned(ctx, value)
+        end = AttemptEnd(outcome, value, error, time.perf_counter() - started)
+        for middleware in reversed(entered):
+            try:
+                done = middleware.after_attempt(ctx, end)
+                if done is not None:
+                    await done
+            except Exception:
+                log.exception(
+                    "task %d: middleware %r failed after the attempt", ctx.row.id, middleware
+                )
+        return outcome
+
+    async def _traced_call(self, task: Task, payload: Any, ctx: TaskContext) -> Any:
         """`_call` inside an OpenTelemetry span continuing the enqueuer's trace."""
         try:
             headers = headers_decode(ctx.row.headers)
@@ -299,20 +397,19 @@ class Runner:
             headers = {}
         with tracing.attempt_span(ctx.row, headers) as span:
             try:
-                await self._call(task, payload, ctx)
+                return await self._call(task, payload, ctx)
             except BaseException as exc:
                 tracing.span_failed(span, exc)
                 raise
 
-    async def _call(self, task: Task, payload: Any, ctx: TaskContext) -> None:
+    async def _call(self, task: Task, payload: Any, ctx: TaskContext) -> Any:
+        """Run the handler (sync ones in the thread pool); what it returned."""
         args = (payload, ctx) if task.wants_context else (payload,)
         timeout = task.options.timeout
         if task.is_async:
             if timeout is None:
-                await task.handler(*args)
-            else:
-                await asyncio.wait_for(task.handler(*args), timeout)
-            return
+                return await task.handler(*args)
+            return await asyncio.wait_for(task.handler(*args), timeout)
         loop = asyncio.get_running_loop()
         started = asyncio.Event()
 
@@ -333,22 +430,27 @@ class Runner:
                 self.stats.overruns += 1
                 raise
         if inspect.isawaitable(result):  # a callable object or wrapper returning a coroutine
-            await asyncio.wait_for(result, timeout)
+            return await asyncio.wait_for(result, timeout)
+        return result
 
-    def _returned(self, ctx: TaskContext) -> Outcome:
+    def _returned(self, ctx: TaskContext, value: Any) -> Outcome:
         """The handler returned without a manual decision."""
         key = ctx.row.key
         if ctx.task.policy.ack_policy is AckPolicy.MANUAL:
             return self._nack(ctx, "handler returned without ack/nack/reject (ack_policy manual)")
+        if ctx.task.options.keep_result:
+            return self._kept(ctx, value)
         return Outcome(key, OutcomeKind.COMPLETE)
 
-    def _decided(self, ctx: TaskContext) -> Outcome | None:
+    def _decided(self, ctx: TaskContext, value: Any) -> Outcome | None:
         """The outcome the handler chose with ctx.ack()/nack()/reject()/drop(), if any."""
         decision = ctx.decision
         if decision is None:
             return None
         if decision.kind is OutcomeKind.RETRY:
             return self._nack(ctx, decision.reason, decision.delay)
+        if decision.kind is OutcomeKind.COMPLETE and ctx.task.options.keep_result:
+            return self._kept(ctx, value)
         error = None if decision.kind is OutcomeKind.COMPLETE else decision.reason
         return Outcome(ctx.row.key, decision.kind, error=error)
 

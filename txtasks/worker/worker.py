@@ -312,6 +312,7 @@ class Worker:
         """Outcomes are stored: count them; a task with a key that left processing freed a
         slot of its key (or moved an ordered key on), so claim now rather than at the poll."""
         self.stats.count(batch, stale)
+        self.app.tasks_finished(o.key.id for o in batch if o.kind.finishes)
         if self._keyed and any(o.key in self._keyed for o in batch):
             self._keyed.difference_update(o.key for o in batch)
             self._wake.set()
@@ -330,12 +331,15 @@ class Worker:
 
     async def _leases_extend(self, keys: list[TaskKey]) -> None:
         until = self.app.clock() + timedelta(seconds=self.config.lease)
+        reports, self._runner.progress = self._runner.progress, {}
         try:
             held = await self.driver.lease_extend_many(
-                keys, lease_until=until, worker_id=self.worker_id
+                keys, lease_until=until, worker_id=self.worker_id, progress=reports or None
             )
             self._beat_outage.ok()
         except Exception as exc:
+            for key, report in reports.items():  # keep them for the next beat, unless newer
+                self._runner.progress.setdefault(key, report)
             self._beat_outage.failed(exc)
             return
         if held < len(keys):  # some may have been written meanwhile: count those still ours
