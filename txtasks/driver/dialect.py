@@ -430,13 +430,17 @@ class SqlDialect(TopicsDialect):
     @functools.cache
     def stmt_keys_busy() -> Executable:
         """Which of the keys of rows `ids` have a ready task (one probe of the claim index per
-        key; read without a lock)."""
+        key, from its far end: a busy key's first entries are those of its claimed and
+        finished tasks, left there until the database cleans them; read without a lock)."""
         ready = (
             _force_index(select(tasks.c.id), "ix_txtasks_tasks_claim")
             .where(tasks.c.queue == keys.c.queue, tasks.c.partition_key == keys.c.partition_key)
             .where(IS_READY)
+            .order_by(tasks.c.priority, tasks.c.run_at.desc(), tasks.c.id.desc())
+            .limit(1)
             .correlate(keys)
-            .exists()
+            .scalar_subquery()
+            .is_not(None)
         )
         return select(keys.c.id).where(keys.c.id.in_(bindparam("ids", expanding=True)), ready)
 

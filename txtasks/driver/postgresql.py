@@ -124,7 +124,9 @@ _ARCHIVED = [c for c in TASK_COLUMNS if c not in ("state", "lease_expires_at", "
 #: processing, held by worker $5 unless NULL, lease expired before $6 unless NULL), delete them
 #: from the hot table and copy them into the archive with their final state (completed ones
 #: only when $8), and arm the keys they had that still have a ready task (`SqlDialect.keys_wake`,
-#: see txtasks.keys; the statement still sees the rows it deletes, hence `NOT IN done`). Each
+#: see txtasks.keys: a probe per key of the claim index from its far end, away from the entries
+#: its claimed and finished tasks leave until a vacuum; an EXISTS would be planned as a
+#: sequential scan for a key with many tasks). Each
 #: outcome finds its row by the primary key whatever the statistics say (a join planned from
 #: stale ones compared every row with every outcome); `OFFSET 0` keeps the
 #: fence out of the lookup, so that no partial index stands in for the primary key, and a row
@@ -154,12 +156,12 @@ WITH o AS (
   SELECT {", ".join(_ARCHIVED)}, final_state, NULL, coalesce(error, last_error), $7
     FROM done WHERE $8 OR final_state <> 'completed'
 ), ended AS (
-  SELECT DISTINCT d.queue, d.partition_key FROM done d
-   WHERE d.partition_key IS NOT NULL
-     AND EXISTS (SELECT 1 FROM txtasks_tasks t
-                  WHERE t.queue = d.queue AND t.partition_key = d.partition_key
-                    AND t.state IN ('pending', 'retryable')
-                    AND t.id NOT IN (SELECT id FROM done))
+  SELECT e.queue, e.partition_key
+    FROM (SELECT DISTINCT queue, partition_key FROM done WHERE partition_key IS NOT NULL) AS e
+   WHERE (SELECT 1 FROM txtasks_tasks t
+           WHERE t.queue = e.queue AND t.partition_key = e.partition_key
+             AND t.state IN ('pending', 'retryable')
+           ORDER BY t.priority, t.run_at DESC, t.id DESC LIMIT 1) IS NOT NULL
 ), held AS (
   SELECT k.id, k.queue, k.partition_key, k.ready_at
     FROM txtasks_keys k JOIN ended e USING (queue, partition_key)
