@@ -41,6 +41,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities
+from txtasks.driver.dialect_control import ControlDialect
 from txtasks.driver.dialect_topics import TopicsDialect
 from txtasks.driver.insert_plan import Plan, Step, task_values
 from txtasks.errors import ConfigurationError
@@ -189,9 +190,9 @@ def _union(parts: Sequence[Any]) -> Executable:
     return selects[0] if len(selects) == 1 else union_all(*selects)
 
 
-class SqlDialect(TopicsDialect):
+class SqlDialect(TopicsDialect, ControlDialect):
     """The SQL every dialect shares; a subclass per database overrides what differs (the SQL of
-    topics is in dialect_topics.py)."""
+    topics is in dialect_topics.py, of cancel, pause and inspection in dialect_control.py)."""
 
     capabilities: ClassVar[Capabilities] = Capabilities("sql")
 
@@ -317,11 +318,13 @@ class SqlDialect(TopicsDialect):
     @staticmethod
     @functools.cache
     def stmt_ready() -> Any:
-        """Ready task ids of `queues`, in claim order, up to `limit`, locked, skipping locked."""
+        """Ready task ids of `queues` (those not paused), in claim order, up to `limit`,
+        locked, skipping locked."""
         return (
             select(tasks.c.id)
             .where(
                 tasks.c.queue.in_(bindparam("queues", expanding=True)),
+                tasks.c.queue.not_in(ControlDialect.paused_queue_names()),
                 tasks.c.partition_key.is_(None),
                 IS_READY,
                 tasks.c.run_at <= bindparam("now", type_=Timestamp),
@@ -477,12 +480,13 @@ class SqlDialect(TopicsDialect):
     @staticmethod
     @functools.cache
     def stmt_keys_lock() -> Executable:
-        """Keys of `queues` ready by `now`, longest waiting first, up to `limit`, locked,
-        skipping those another claim holds."""
+        """Keys of `queues` (those not paused) ready by `now`, longest waiting first, up to
+        `limit`, locked, skipping those another claim holds."""
         return (
             select(keys.c.id, keys.c.queue, keys.c.partition_key, keys.c.next_start_at)
             .where(
                 keys.c.queue.in_(bindparam("queues", expanding=True)),
+                keys.c.queue.not_in(ControlDialect.paused_queue_names()),
                 keys.c.ready_at <= bindparam("now", type_=Timestamp),
             )
             .order_by(keys.c.ready_at, keys.c.id)
@@ -711,7 +715,13 @@ class SqlDialect(TopicsDialect):
         """Lock the rows of still-current attempts, in id order; with `skip_locked`, leaving out
         the rows another transaction holds instead of waiting for them."""
         return (
-            select(tasks.c.id, tasks.c.attempt, tasks.c.queue, tasks.c.partition_key)
+            select(
+                tasks.c.id,
+                tasks.c.attempt,
+                tasks.c.queue,
+                tasks.c.partition_key,
+                tasks.c.cancel_requested_at,
+            )
             .where(keys_match())
             .order_by(tasks.c.id)
             .with_for_update(skip_locked=skip_locked)

@@ -33,7 +33,8 @@ TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})
 #: BEGIN/COMMIT, no SQLAlchemy row processing on the latency-critical path. Tasks with a key are
 #: claimed by the keys' lane (`SqlDriver.keyed_claim`), not here. Each queue is read
 #: on its own along the claim index (an index scan cannot merge several queues in order), at
-#: most `limit` rows each; the first `limit` of those in claim order are taken.
+#: most `limit` rows each; the first `limit` of those in claim order are taken. A paused queue
+#: is not read at all (a one-time filter of its lookup: one probe of a tiny table per queue).
 CLAIM_SQL = f"""
 WITH claimed AS (
 UPDATE txtasks_tasks SET state = 'processing', attempt = attempt + 1,
@@ -42,6 +43,8 @@ UPDATE txtasks_tasks SET state = 'processing', attempt = attempt + 1,
               LATERAL (SELECT id, priority, run_at FROM txtasks_tasks
                         WHERE queue = q.name AND partition_key IS NULL AND {READY}
                           AND run_at <= $3
+                          AND NOT EXISTS (SELECT 1 FROM txtasks_paused_queues p
+                                           WHERE p.queue = q.name)
                         ORDER BY priority DESC, run_at, id
                         LIMIT $5
                         FOR UPDATE SKIP LOCKED) AS r
