@@ -510,7 +510,9 @@ class MemoryDriver:
                 )[:limit]
             found = [self._cancel(task_id, now) for task_id in dict.fromkeys(ids)]
         live = [
-            (f.id, f.state.value, f.queue, f.partition_key, f.cancel_requested_at) for f in found if f
+            (f.id, f.state.value, f.queue, f.partition_key, f.cancel_requested_at)
+            for f in found
+            if f
         ]
         archived = {i: r.state.value for i, r in self.archived.items() if i in set(ids)}
         return cancels_of(list(dict.fromkeys(ids)), live, archived)

@@ -412,6 +412,7 @@ class PostgresDriver(SqlDriver):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._pools: dict[str, tuple[asyncio.AbstractEventLoop, Any]] = {}
+        self._pool_locks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Lock]] = {}
 
     def server_settings(self) -> dict[str, str]:
         """The server's side of the bounds: it ends a session left idle in a transaction (its
@@ -446,7 +447,12 @@ class PostgresDriver(SqlDriver):
 
         loop = asyncio.get_running_loop()
         held = self._pools.get(purpose)
-        if held is None or held[0] is not loop:
+        if held is not None and held[0] is loop:
+            return held[1]
+        async with self._pool_lock(purpose, loop):  # callers racing at start share one pool
+            held = self._pools.get(purpose)
+            if held is not None and held[0] is loop:
+                return held[1]
             dsn = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
             # a plan per batch: a generic plan of the outcome statement walks the lease index
             # (every claimed-then-deleted row leaves a dead entry there) instead of the ids
@@ -463,7 +469,14 @@ class PostgresDriver(SqlDriver):
                 server_settings={**self.server_settings(), **settings},
                 init=self._raw_init,
             )
-            self._pools[purpose] = held = (loop, pool)
+            self._pools[purpose] = (loop, pool)
+            return pool
+
+    def _pool_lock(self, purpose: str, loop: asyncio.AbstractEventLoop) -> asyncio.Lock:
+        """What callers wait on while the pool of `purpose` is made on `loop`."""
+        held = self._pool_locks.get(purpose)
+        if held is None or held[0] is not loop:
+            held = self._pool_locks[purpose] = (loop, asyncio.Lock())
         return held[1]
 
     async def _raw_init(self, connection: Any) -> None:
