@@ -89,11 +89,11 @@ class Rescuer(Sweep[RescuerConfig, RescueResult]):
         A task whose cancel was asked for is archived as cancelled instead (and if the cancel
         arrives after this read, the database records the retry as cancelled all the same)."""
         if row.cancel_requested_at is not None:
-            error = (
+            reason = (
                 f"cancelled: worker {row.worker_id} stopped heartbeating before it stopped the "
                 "task (rescued by the cleaner)"
             )
-            return Outcome(row.key, OutcomeKind.CANCEL, error=error)
+            return Outcome(row.key, OutcomeKind.CANCEL, error=reason)
         task = self.app.tasks.get(row.task_name)
         policy = task.policy if task is not None else RetryPolicy(as_strategy(None))
         error = LeaseExpired(
