@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from txtasks.errors import ConfigurationError
 from txtasks.types import (
     READY_STATES,
     Cancel,
@@ -22,8 +23,16 @@ from txtasks.types import (
 #: The states a cancel acts on (a staged row belongs to a write not committed yet).
 CANCELLABLE = (*(s.value for s in READY_STATES), TaskState.PROCESSING.value)
 _READY_VALUES = frozenset(s.value for s in READY_STATES)
-_PROCESSING = TaskState.PROCESSING.value
-_CANCELLED = TaskState.CANCELLED.value
+_RUNNING = TaskState.PROCESSING
+
+
+def task_state(value: TaskState | str) -> TaskState:
+    """A state by its name; an unknown one is an error naming the known ones."""
+    try:
+        return TaskState(value)
+    except ValueError:
+        known = ", ".join(s.value for s in TaskState)
+        raise ConfigurationError(f"state: unknown state {value!r}; known: {known}") from None
 
 
 @dataclass(frozen=True)
@@ -68,11 +77,11 @@ def cancels_of(
             else:
                 results.append(Cancel(task_id, CancelResult.FINISHED, TaskState(state)))
         elif row[1] in _READY_VALUES:
-            results.append(Cancel(task_id, CancelResult.CANCELLED, TaskState(row[1])))
+            results.append(Cancel(task_id, CancelResult.CANCELLED, TaskState(row[1]), row[2]))
         elif row[4] is None:
-            results.append(Cancel(task_id, CancelResult.REQUESTED, TaskState.PROCESSING))
+            results.append(Cancel(task_id, CancelResult.REQUESTED, _RUNNING, row[2]))
         else:
-            results.append(Cancel(task_id, CancelResult.ALREADY_REQUESTED, TaskState.PROCESSING))
+            results.append(Cancel(task_id, CancelResult.ALREADY_REQUESTED, _RUNNING, row[2]))
     return results
 
 

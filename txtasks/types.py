@@ -328,6 +328,8 @@ class Cancel(NamedTuple):
     id: int
     result: CancelResult
     state: TaskState | None = None
+    #: The queue of a task found live (for the wake-up of its worker), else None.
+    queue: str | None = None
 
     def describe(self) -> str:
         """One line for people: `task 7: cancelled (was pending)`."""

@@ -33,6 +33,7 @@ def test_a_row_by_position_equals_the_row_by_name() -> None:
         "expires_at": t0 + timedelta(seconds=4),
         "stage_id": "s",
         "partition_key": "customer:42",
+        "cancel_requested_at": None,  # a claim takes only waiting rows: never cancel-requested
     }
     assert set(values) == set(TASK_COLUMNS)
     claimed = tuple(values[c] for c in CLAIMED_COLUMNS)

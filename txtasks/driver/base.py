@@ -172,7 +172,8 @@ class Driver(Protocol):
     async def live_count(
         self, queues: Sequence[str] | None, *, now: datetime, due_before: datetime
     ) -> int:
-        """Tasks still to do: ready before `due_before`, or processing under a valid lease."""
+        """Tasks still to do: ready before `due_before` in a queue not paused, or processing
+        under a valid lease."""
 
     async def task_get(self, task_id: int) -> TaskRow | None:
         """One task by id, live or archived."""

@@ -453,7 +453,11 @@ class MemoryDriver:
                 for r in self.live.values()
                 if (queues is None or r.queue in queues)
                 and (
-                    (r.state in READY_STATES and r.run_at <= due_before)
+                    (
+                        r.state in READY_STATES
+                        and r.run_at <= due_before
+                        and r.queue not in self.paused
+                    )
                     or (
                         r.state is TaskState.PROCESSING
                         and r.lease_expires_at is not None

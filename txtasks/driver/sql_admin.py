@@ -117,7 +117,11 @@ class SqlAdmin:
     async def live_count(
         self, queues: Sequence[str] | None, *, now: datetime, due_before: datetime
     ) -> int:
-        ready = and_(IS_READY, tasks.c.run_at <= due_before)
+        ready = and_(
+            IS_READY,
+            tasks.c.run_at <= due_before,
+            tasks.c.queue.not_in(select(paused_queues.c.queue)),
+        )
         running = (tasks.c.state == PROCESSING) & (tasks.c.lease_expires_at > now)
         stmt = select(func.count()).select_from(tasks).where(ready | running)
         if queues is not None:

@@ -15,6 +15,7 @@ import inspect
 import logging
 import time
 from collections import deque
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,10 @@ LOGGED_ERROR_CHARS = 300
 THREADS_EXIT_WITHIN = 1.0
 #: Enum members read once: `Enum.MEMBER` is a slow lookup, paid for every task otherwise.
 _COMPLETE = OutcomeKind.COMPLETE
+_CANCEL = OutcomeKind.CANCEL
+#: The errors of cancelled attempts.
+CANCELLED_RUNNING = "cancelled while running"
+NOT_STARTED = "cancelled before its handler started"
 _MANUAL = AckPolicy.MANUAL
 
 
@@ -108,6 +113,9 @@ class Runner:
         self.threads: ThreadPoolExecutor | None = None
         #: Sync handlers still running in their thread after their timeout (by task id).
         self._overrun: dict[TaskKey, asyncio.Future[Any]] = {}
+        #: Attempts whose handler is running: their context, and for an async handler the
+        #: asyncio task it runs in (a cancel is delivered there).
+        self._running: dict[TaskKey, tuple[TaskContext, asyncio.Task[Any] | None]] = {}
 
     # -- the runners --------------------------------------------------------------------------
 
@@ -142,6 +150,29 @@ class Runner:
     async def shut_down(self) -> None:
         """`cancel()`, then wait until every runner has ended."""
         await asyncio.gather(*self.cancel(), return_exceptions=True)
+
+    def cancel_attempts(self, keys: Iterable[TaskKey]) -> int:
+        """A cancel of these attempts was asked for: a handler running sees `ctx.cancelled`
+        (and an async one `CancelledError` at its next await); a row not started yet is
+        recorded as cancelled at once. How many were not known to be cancelled yet."""
+        count = 0
+        for key in keys:
+            running = self._running.get(key)
+            if running is not None:
+                ctx, task = running
+                if not ctx.cancelled:
+                    ctx.cancelled = True
+                    count += 1
+                    if task is not None:
+                        task.cancel()
+                continue
+            waiting = next((item for item in self.ready if item[1] == key), None)
+            if waiting is not None:
+                self.ready.remove(waiting)
+                self._outcomes.add(Outcome(key, OutcomeKind.CANCEL, error=NOT_STARTED))
+                self.finished(key)
+                count += 1
+        return count
 
     def dispatch(self) -> None:
         """Rows are ready: make sure a runner will look at them, unless one already will."""
@@ -199,7 +230,9 @@ class Runner:
             raise
         except Exception as exc:  # deciding the outcome failed: never leave the row behind
             outcome = Outcome(key, OutcomeKind.DEAD, error=f"outcome failed: {error_text(exc)}")
-        if outcome.kind is not _COMPLETE or outcome.error is not None:
+        if outcome.kind is _CANCEL:
+            log.info("task %d %s attempt %d cancelled", row.id, row.task_name, row.attempt)
+        elif outcome.kind is not _COMPLETE or outcome.error is not None:
             self._log_failure(row, outcome)
         if self.metrics is not None:
             seconds = time.perf_counter() - started
@@ -261,12 +294,15 @@ class Runner:
             return Outcome(key, OutcomeKind.DEAD, error=f"cannot decode payload: {exc}")
         ctx = TaskContext(self.app, task, row, self.worker_id)
         self.stats.started += 1
+        self._running[key] = (ctx, asyncio.current_task() if task.is_async else None)
         try:
             if self.traced:
                 await self._traced_call(task, payload, ctx)
             else:
                 await self._call(task, payload, ctx)
         except asyncio.CancelledError as exc:
+            if ctx.cancelled and not self._stopping.is_set():  # the cancel of the task
+                return self._cancelled(ctx)
             if self._stopping.is_set():  # the worker cancelled it: shutdown
                 raise
             return outcome_for_exception(  # the handler raised it: a failure like any other
@@ -278,6 +314,8 @@ class Runner:
                 max_attempts=row.max_attempts,
             )
         except Exception as exc:
+            if ctx.cancelled:
+                return self._cancelled(ctx)
             return self._decided(ctx) or outcome_for_exception(
                 key,
                 task.policy,
@@ -287,9 +325,22 @@ class Runner:
                 max_attempts=row.max_attempts,
                 checkpoint=ctx.new_checkpoint,
             )
+        finally:
+            self._running.pop(key, None)
+        if ctx.cancelled:
+            return self._cancelled(ctx)
         if ctx.decision is None and task.policy.ack_policy is not _MANUAL:
             return Outcome(key, _COMPLETE)  # the common case, without more calls
         return self._decided(ctx) or self._returned(ctx)
+
+    def _cancelled(self, ctx: TaskContext) -> Outcome:
+        """The attempt of a task whose cancel the worker saw: recorded as cancelled, whatever
+        the handler did after. The cancel delivered to an async handler is spent here."""
+        running = asyncio.current_task()
+        uncancel = getattr(running, "uncancel", None)  # Python 3.11+
+        if ctx.task.is_async and uncancel is not None and running.cancelling():  # type: ignore[union-attr]
+            uncancel()
+        return Outcome(ctx.row.key, OutcomeKind.CANCEL, error=CANCELLED_RUNNING)
 
     async def _traced_call(self, task: Task, payload: Any, ctx: TaskContext) -> None:
         """`_call` inside an OpenTelemetry span continuing the enqueuer's trace."""
