@@ -40,7 +40,8 @@ def test_a_row_by_position_equals_the_row_by_name() -> None:
     by_position = TaskRow.from_claim(claimed, "w", values["lease_expires_at"], values["started_at"])
     assert by_position == TaskRow.from_row(values)
     assert set(TASK_COLUMNS) - set(CLAIMED_COLUMNS) == {
-        "state", "worker_id", "lease_expires_at", "started_at"
+        "state", "worker_id", "lease_expires_at", "started_at",  # what the claim writes
+        "cancel_requested_at",  # NULL on every waiting row: a cancel archives those at once
     }  # fmt: skip
     assert by_position.state is TaskState.PROCESSING
     assert by_position.payload == b'{"a":1}' and type(by_position.payload) is bytes
