@@ -26,7 +26,7 @@ if _typing.TYPE_CHECKING:
     from txtasks.policy import AckPolicy
     from txtasks.retry import Constant, Custom, Exponential, Linear, RetryStrategy
     from txtasks.task import TaskSettings
-    from txtasks.types import NewTask, TaskRow, TaskState
+    from txtasks.types import Cancel, CancelResult, NewTask, TaskRow, TaskState
     from txtasks.worker import TaskContext, Worker, WorkerConfig, WorkerStats
 
 __version__ = "0.1.0"
@@ -34,6 +34,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AckPolicy",
     "App",
+    "Cancel",
+    "CancelResult",
     "ConfigurationError",
     "Constant",
     "Custom",
@@ -104,7 +106,7 @@ _SOURCES = {
     **dict.fromkeys(
         ("Constant", "Custom", "Exponential", "Linear", "RetryStrategy"), "txtasks.retry"
     ),
-    **dict.fromkeys(("NewTask", "TaskRow", "TaskState"), "txtasks.types"),
+    **dict.fromkeys(("Cancel", "CancelResult", "NewTask", "TaskRow", "TaskState"), "txtasks.types"),
     **dict.fromkeys(("TaskContext", "Worker", "WorkerConfig", "WorkerStats"), "txtasks.worker"),
 }
 
