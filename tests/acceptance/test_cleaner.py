@@ -88,7 +88,10 @@ def rescued(cleaner: Proc) -> Counter[str]:
     for line in cleaner.stderr.splitlines():
         if "sweep=rescuer ok=true" in line:
             total.update(
-                {k: int(v) for k, v in re.findall(r"(retried|dead|finished|skipped)=(\d+)", line)}
+                {
+                    k: int(v)
+                    for k, v in re.findall(r"(retried|dead|finished|skipped|cancelled)=(\d+)", line)
+                }
             )
     return total
 
