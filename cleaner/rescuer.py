@@ -4,7 +4,8 @@ A worker extends the leases of its in-flight tasks with a heartbeat, so a lease 
 when its worker stopped (killed, machine gone, cut off from the database). The rescuer then
 decides the attempt exactly as a worker decides a failed one (`policy.outcome_for_exception`
 with a `LeaseExpired` error): under the default ack policy, retry after the task's backoff while
-attempts remain, else dead-letter. The write is fenced on
+attempts remain, else dead-letter. A task whose cancel was asked for is archived as cancelled
+instead, never retried. The write is fenced on
 (id, attempt, processing) and on the lease still being expired, so a task whose heartbeat
 arrived meanwhile, or that another cleaner rescued first, is left alone.
 """
@@ -51,6 +52,8 @@ class RescueResult(SweepResult):
     finished: int = 0
     #: Expired tasks left alone: a heartbeat or another cleaner got there first.
     skipped: int = 0
+    #: Expired tasks whose cancel was asked for: archived as cancelled, never retried.
+    cancelled: int = 0
 
 
 class Rescuer(Sweep[RescuerConfig, RescueResult]):
@@ -59,7 +62,7 @@ class Rescuer(Sweep[RescuerConfig, RescueResult]):
     name = "rescuer"
 
     async def run_once(self) -> RescueResult:
-        retried = dead = finished = skipped = 0
+        retried = dead = finished = skipped = cancelled = 0
         for _ in range(MAX_BATCHES):
             now = self.app.clock()
             cutoff = now - timedelta(seconds=self.config.grace)
@@ -72,14 +75,25 @@ class Rescuer(Sweep[RescuerConfig, RescueResult]):
             dead += sum(o.kind is OutcomeKind.DEAD for o in applied)
             finished += sum(o.kind in (OutcomeKind.DISCARD, OutcomeKind.COMPLETE) for o in applied)
             skipped += len(stale)
+            cancelled += sum(o.kind is OutcomeKind.CANCEL for o in applied)
             self._wake(rows, applied, now)
             if len(rows) < self.config.batch_size:
                 break
-        return RescueResult(retried=retried, dead=dead, finished=finished, skipped=skipped)
+        return RescueResult(
+            retried=retried, dead=dead, finished=finished, skipped=skipped, cancelled=cancelled
+        )
 
     def outcome(self, row: TaskRow, now: datetime) -> Outcome:
         """The outcome of an attempt whose worker stopped: a failure with `LeaseExpired`,
-        under the task's own ack policy and retry strategy (as a worker decides a failure)."""
+        under the task's own ack policy and retry strategy (as a worker decides a failure).
+        A task whose cancel was asked for is archived as cancelled instead (and if the cancel
+        arrives after this read, the database records the retry as cancelled all the same)."""
+        if row.cancel_requested_at is not None:
+            reason = (
+                f"cancelled: worker {row.worker_id} stopped heartbeating before it stopped the "
+                "task (rescued by the cleaner)"
+            )
+            return Outcome(row.key, OutcomeKind.CANCEL, error=reason)
         task = self.app.tasks.get(row.task_name)
         policy = task.policy if task is not None else RetryPolicy(as_strategy(None))
         error = LeaseExpired(

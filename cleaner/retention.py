@@ -33,6 +33,7 @@ class Keep:
     failed: float | timedelta | None = 30 * DAY
     discarded: float | timedelta | None = 7 * DAY
     dead: float | timedelta | None = None
+    cancelled: float | timedelta | None = 7 * DAY
 
     def __post_init__(self) -> None:
         for f in fields(self):

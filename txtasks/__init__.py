@@ -31,7 +31,7 @@ if _typing.TYPE_CHECKING:
     from txtasks.policy import AckPolicy
     from txtasks.retry import Constant, Custom, Exponential, Linear, RetryStrategy
     from txtasks.task import TaskSettings
-    from txtasks.types import NewTask, Progress, TaskRow, TaskState
+    from txtasks.types import Cancel, CancelResult, NewTask, Progress, TaskRow, TaskState
     from txtasks.worker import TaskContext, Worker, WorkerConfig, WorkerStats
 
 __version__ = "0.1.0"
@@ -40,6 +40,8 @@ __all__ = [
     "AckPolicy",
     "App",
     "AttemptEnd",
+    "Cancel",
+    "CancelResult",
     "ConfigurationError",
     "Constant",
     "Custom",
@@ -122,7 +124,9 @@ _SOURCES = {
     **dict.fromkeys(
         ("Constant", "Custom", "Exponential", "Linear", "RetryStrategy"), "txtasks.retry"
     ),
-    **dict.fromkeys(("NewTask", "Progress", "TaskRow", "TaskState"), "txtasks.types"),
+    **dict.fromkeys(
+        ("Cancel", "CancelResult", "NewTask", "Progress", "TaskRow", "TaskState"), "txtasks.types"
+    ),
     **dict.fromkeys(("TaskContext", "Worker", "WorkerConfig", "WorkerStats"), "txtasks.worker"),
 }
 

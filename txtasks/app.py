@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, cast, overload
 
 from txtasks._checks import check_number
 from txtasks.clock import Clock, utcnow
+from txtasks.control import TaskFilter, task_state
 from txtasks.driver import Driver, driver_for_url
 from txtasks.driver.timeouts import Timeouts
 from txtasks.enqueue import (
@@ -47,7 +48,16 @@ from txtasks.task import (
     task_options,
 )
 from txtasks.topics import check_group_name, check_topic_name, new_publish, subscriptions_of
-from txtasks.types import Delivery, NewPublish, NewTask, Subscription, TaskRow, TaskState
+from txtasks.types import (
+    Cancel,
+    CancelResult,
+    Delivery,
+    NewPublish,
+    NewTask,
+    Subscription,
+    TaskRow,
+    TaskState,
+)
 from txtasks.wakeup import Notifier, NullNotifier, notifier_for_url, wakeup_after_commit
 from txtasks.wakeup.commit import PendingWakeups
 
@@ -660,6 +670,107 @@ class App:
                 event = self._finished.pop(task_id, None)
                 if event is not None:
                     event.set()
+
+    # -- control (see docs/control.md) ---------------------------------------------------------
+
+    def cancel(self, task_id: int) -> Cancel:
+        """Cancel one task: a waiting one never starts (archived as cancelled); a running one
+        is stopped by its worker and recorded as cancelled; a finished one is left as it is.
+        Returns what was done (`Cancel.describe()` says it in words)."""
+        return self.driver.task_cancel_many_sync([task_id], now=self.clock())[0]
+
+    async def acancel(self, task_id: int) -> Cancel:
+        """`cancel`, for async callers; a running task's worker is woken to stop it at once."""
+        [result] = await self.acancel_many([task_id])
+        return result
+
+    async def acancel_many(
+        self,
+        ids: Iterable[int] | None = None,
+        *,
+        queue: str | None = None,
+        task: Task | str | None = None,
+        key: str | None = None,
+        batch: int = 1000,
+    ) -> list[Cancel]:
+        """Cancel the tasks `ids`, or every live task of `queue`, of task `task` and with key
+        `key` (those given), in transactions of up to `batch` tasks. What was done to each."""
+        where = self._task_filter(queue, task, key)
+        now = self.clock()
+        if ids is not None:
+            if not where.empty:
+                raise ConfigurationError("cancel: give task ids, or queue/task/key, not both")
+            results = await self.driver.task_cancel_many(list(ids), now=now)
+        elif where.empty:
+            raise ConfigurationError("cancel: give task ids, or a queue, a task or a key")
+        else:
+            results = []
+            while True:
+                found = await self.driver.task_cancel_many(where=where, now=now, limit=batch)
+                results += found
+                if len(found) < batch:
+                    break
+        self._wake_cancelled(results)
+        return results
+
+    def _wake_cancelled(self, results: Sequence[Cancel]) -> None:
+        """A wake-up to the queues of running tasks asked to stop: their workers look now."""
+        if isinstance(self.notifier, NullNotifier):
+            return
+        requested = [c.id for c in results if c.result is CancelResult.REQUESTED]
+        for queue in sorted({c.queue for c in results if c.queue and c.id in requested}):
+            self.notifier.notify(queue, [c.id for c in results if c.queue == queue])
+
+    @staticmethod
+    def _task_filter(queue: str | None, task: Task | str | None, key: str | None) -> TaskFilter:
+        name = task.name if isinstance(task, Task) else task
+        if queue is not None:
+            check_queue_name(queue, setting="queue")
+        return TaskFilter(queue=queue, task_name=name, key=key)
+
+    def pause(self, queue: str) -> datetime | None:
+        """Pause `queue`: no worker starts a task of it until `resume`; running tasks finish.
+        Returns when it was paused, if it was already (else None)."""
+        return self.driver.queue_pause_sync(check_queue_name(queue), now=self.clock())
+
+    async def apause(self, queue: str) -> datetime | None:
+        """`pause`, for async callers."""
+        return await self.driver.queue_pause(check_queue_name(queue), now=self.clock())
+
+    def resume(self, queue: str) -> bool:
+        """Resume a paused queue (False: it was not paused); workers are woken to claim."""
+        resumed = self.driver.queue_resume_sync(check_queue_name(queue))
+        if resumed and not isinstance(self.notifier, NullNotifier):
+            self.notify(queue)
+        return resumed
+
+    async def aresume(self, queue: str) -> bool:
+        """`resume`, for async callers."""
+        resumed = await self.driver.queue_resume(check_queue_name(queue))
+        if resumed and not isinstance(self.notifier, NullNotifier):
+            self.notify(queue)
+        return resumed
+
+    async def ainspect(self, task_id: int) -> TaskRow | None:
+        """One task by id, live or finished (None: no such task)."""
+        return await self.driver.task_get(task_id)
+
+    async def atasks(
+        self,
+        *,
+        states: Iterable[TaskState | str] | None = None,
+        queue: str | None = None,
+        task: Task | str | None = None,
+        key: str | None = None,
+        limit: int = 100,
+    ) -> list[TaskRow]:
+        """Up to `limit` tasks in `states` (default: every live state) of `queue`, of task
+        `task` and with key `key` (those given): live ones newest first, then finished ones
+        last finished first."""
+        check_number("limit", limit, minimum=1, maximum=None, integer=True)
+        chosen = None if states is None else [task_state(s) for s in states]
+        where = self._task_filter(queue, task, key)
+        return await self.driver.task_list(states=chosen, where=where, limit=limit)
 
     # -- storage ------------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ class TaskState(str, enum.Enum):
     FAILED = "failed"
     DISCARDED = "discarded"
     DEAD = "dead"
+    CANCELLED = "cancelled"
 
     @property
     def is_live(self) -> bool:
@@ -43,7 +44,13 @@ CLAIMED_COLUMNS = (
     "expires_at", "stage_id", "partition_key",
 )  # fmt: skip
 FINISHED_STATES = frozenset(
-    {TaskState.COMPLETED, TaskState.FAILED, TaskState.DISCARDED, TaskState.DEAD}
+    {
+        TaskState.COMPLETED,
+        TaskState.FAILED,
+        TaskState.DISCARDED,
+        TaskState.DEAD,
+        TaskState.CANCELLED,
+    }
 )
 
 #: Queue names: 1-128 of A-Z a-z 0-9 _ . : -
@@ -190,6 +197,8 @@ class TaskRow(NamedTuple):
     progress: str | None = None
     #: A finished task that keeps its result: its return value, as JSON text.
     result: str | None = None
+    #: When a cancel was asked for while the task was processing (see docs/control.md).
+    cancel_requested_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> TaskRow:
@@ -219,6 +228,7 @@ class TaskRow(NamedTuple):
             partition_key=row.get("partition_key"),
             progress=row.get("progress"),
             result=row.get("result"),
+            cancel_requested_at=row.get("cancel_requested_at"),
         )
 
     @classmethod
@@ -294,6 +304,7 @@ class OutcomeKind(str, enum.Enum):
     DEAD = "dead"
     RETRY = "retryable"
     RELEASE = "pending"
+    CANCEL = "cancelled"
 
     @property
     def finishes(self) -> bool:
@@ -302,7 +313,13 @@ class OutcomeKind(str, enum.Enum):
 
 
 FINISHING = frozenset(
-    {OutcomeKind.COMPLETE, OutcomeKind.FAIL, OutcomeKind.DISCARD, OutcomeKind.DEAD}
+    {
+        OutcomeKind.COMPLETE,
+        OutcomeKind.FAIL,
+        OutcomeKind.DISCARD,
+        OutcomeKind.DEAD,
+        OutcomeKind.CANCEL,
+    }
 )
 _FINISHING_VALUES = frozenset(k.value for k in FINISHING)  # str hashing, not Enum.__hash__
 
@@ -326,6 +343,48 @@ class QueueStats:
     queue: str
     counts: dict[str, int] = field(default_factory=dict)
     oldest_ready_age: float | None = None
+    #: When the queue was paused (its tasks are not claimed), or None.
+    paused_at: datetime | None = None
+
+
+class CancelResult(str, enum.Enum):
+    """What a cancel did to one task."""
+
+    #: It was waiting (pending or retryable): archived as cancelled, it never starts.
+    CANCELLED = "cancelled"
+    #: It is processing: its worker stops it, and its outcome is recorded as cancelled.
+    REQUESTED = "requested"
+    #: It is processing and a cancel was already asked for.
+    ALREADY_REQUESTED = "already requested"
+    #: It had already finished (its state says how): nothing changed.
+    FINISHED = "finished"
+    #: No task has this id (or it is staged: its write has not committed yet).
+    NOT_FOUND = "not found"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Cancel(NamedTuple):
+    """One task a cancel looked at: what it did, and the state the task was found in."""
+
+    id: int
+    result: CancelResult
+    state: TaskState | None = None
+    #: The queue of a task found live (for the wake-up of its worker), else None.
+    queue: str | None = None
+
+    def describe(self) -> str:
+        """One line for people: `task 7: cancelled (was pending)`."""
+        if self.result is CancelResult.NOT_FOUND:
+            return f"task {self.id}: not found"
+        if self.result is CancelResult.FINISHED:
+            return f"task {self.id}: already finished ({self.state}), nothing to cancel"
+        if self.result is CancelResult.CANCELLED:
+            return f"task {self.id}: cancelled (was {self.state}); it will never start"
+        if self.result is CancelResult.REQUESTED:
+            return f"task {self.id}: running; cancel requested, its worker stops it"
+        return f"task {self.id}: running; cancel was already requested"
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,10 @@ def rescued(cleaner: Proc) -> Counter[str]:
     for line in cleaner.stderr.splitlines():
         if "sweep=rescuer ok=true" in line:
             total.update(
-                {k: int(v) for k, v in re.findall(r"(retried|dead|finished|skipped)=(\d+)", line)}
+                {
+                    k: int(v)
+                    for k, v in re.findall(r"(retried|dead|finished|skipped|cancelled)=(\d+)", line)
+                }
             )
     return total
 
@@ -135,7 +138,13 @@ def test_tasks_of_a_killed_worker_are_rescued_and_run_once(
     assert live_rows(db) == {}
     assert effects_per_task(db) == dict.fromkeys(ids, 1), "each task takes effect exactly once"
     assert {r.pid for r in run_rows(db)} == {worker.pid}, "the killed worker finished nothing"
-    assert rescued(cleaner) == {"retried": SLOTS, "dead": 0, "finished": 0, "skipped": 0}, seen
+    assert rescued(cleaner) == {
+        "retried": SLOTS,
+        "dead": 0,
+        "finished": 0,
+        "skipped": 0,
+        "cancelled": 0,
+    }, seen
 
 
 def test_task_that_kills_its_worker_is_dead_lettered(
@@ -188,6 +197,7 @@ def test_task_that_kills_its_worker_is_dead_lettered(
         "dead": 1,
         "finished": 0,
         "skipped": 0,
+        "cancelled": 0,
     }, seen
 
 
@@ -333,7 +343,7 @@ def test_once_runs_each_sweep_once_and_rescues_expired_tasks(
     result = cli("cleaner", APP_SPEC, "--once", "--only", "rescuer", url=database_url)
 
     assert result.returncode == 0, result.stderr
-    rescue = {"retried": 1, "dead": 1, "finished": 0, "skipped": 0}
+    rescue = {"retried": 1, "dead": 1, "finished": 0, "skipped": 0, "cancelled": 0}
     assert json.loads(result.stdout) == {"rescuer": rescue}
     live = live_rows(db)
     assert live == {retry: Live("retryable", 1, None), alive: Live("processing", 1, "busy")}

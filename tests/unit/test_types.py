@@ -34,13 +34,16 @@ def test_a_row_by_position_equals_the_row_by_name() -> None:
         "stage_id": "s",
         "partition_key": "customer:42",
         "progress": None,  # not read by a claim: a handler reports its own
+        "cancel_requested_at": None,  # a claim takes only waiting rows: never cancel-requested
     }
     assert set(values) == set(TASK_COLUMNS)
     claimed = tuple(values[c] for c in CLAIMED_COLUMNS)
     by_position = TaskRow.from_claim(claimed, "w", values["lease_expires_at"], values["started_at"])
     assert by_position == TaskRow.from_row(values)
     assert set(TASK_COLUMNS) - set(CLAIMED_COLUMNS) == {
-        "state", "worker_id", "lease_expires_at", "started_at", "progress"
+        "state", "worker_id", "lease_expires_at", "started_at",  # what the claim writes
+        "progress",  # not read by a claim: a handler reports its own
+        "cancel_requested_at",  # NULL on every waiting row: a cancel archives those at once
     }  # fmt: skip
     assert by_position.state is TaskState.PROCESSING
     assert by_position.payload == b'{"a":1}' and type(by_position.payload) is bytes

@@ -1,5 +1,5 @@
 """`txtasks`: migrate, worker, cleaner, status, dlq, keys, enqueue, publish, subscribe,
-unsubscribe, topics, demo."""
+unsubscribe, topics, cancel, pause, resume, inspect, tasks, demo."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ from txtasks.cli.common import (
     timeout_options,
     with_driver,
 )
+from txtasks.cli.control import COMMANDS as control_commands
 from txtasks.cli.demo import demo
 from txtasks.cli.topics import COMMANDS as topic_commands
 from txtasks.clock import utcnow
@@ -258,7 +259,8 @@ def worker(
 @database_url_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(database_url: str | None, as_json: bool) -> None:
-    """Counts per queue and state, and the age of the oldest ready task."""
+    """Counts per queue and state, the age of the oldest ready task, and which queues are
+    paused."""
     from rich.console import Console
     from rich.table import Table
 
@@ -268,16 +270,20 @@ def status(database_url: str | None, as_json: bool) -> None:
 
     stats, busiest = with_driver(database_url, both)
     if as_json:
-        click.echo(json.dumps([dataclasses.asdict(s) for s in stats], indent=2))
+        rows = [dataclasses.asdict(s) for s in stats]
+        click.echo(json.dumps(rows, default=json_default, indent=2))
         return
     table = Table(title="txtasks status")
     table.add_column("queue")
     for state in STATE_COLUMNS:
         table.add_column(state, justify="right")
     table.add_column("oldest ready", justify="right")
+    table.add_column("paused")
     for s in stats:
         age = "-" if s.oldest_ready_age is None else f"{s.oldest_ready_age:.1f}s"
-        table.add_row(s.queue, *[str(s.counts.get(state, 0)) for state in STATE_COLUMNS], age)
+        paused = "" if s.paused_at is None else "yes"
+        counts = [str(s.counts.get(state, 0)) for state in STATE_COLUMNS]
+        table.add_row(s.queue, *counts, age, paused)
     Console().print(table)
     if busiest:
         keys_table = Table(title="busiest keys")
@@ -518,7 +524,7 @@ def enqueue(
 
 
 main.add_command(demo)
-for _command in topic_commands:
+for _command in (*topic_commands, *control_commands):
     main.add_command(_command)
 
 

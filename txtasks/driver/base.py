@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from txtasks.control import TaskFilter
 from txtasks.keys import KeyLimits, KeyOverride, Rate
 from txtasks.types import (
+    Cancel,
     Delivery,
     KeyStats,
     NewPublish,
@@ -214,7 +216,8 @@ class Driver(Protocol):
     async def live_count(
         self, queues: Sequence[str] | None, *, now: datetime, due_before: datetime
     ) -> int:
-        """Tasks still to do: ready before `due_before`, or processing under a valid lease."""
+        """Tasks still to do: ready before `due_before` in a queue not paused, or processing
+        under a valid lease."""
 
     async def task_get(self, task_id: int) -> TaskRow | None:
         """One task by id, live or archived: its state, attempts, last error, headers, and
@@ -242,6 +245,60 @@ class Driver(Protocol):
         self, ids: Sequence[int] | None = None, *, queue: str | None = None
     ) -> int:
         """Delete dead-lettered tasks for good."""
+
+    # -- control (see docs/control.md) ---------------------------------------------------------
+
+    async def task_cancel_many(
+        self,
+        ids: Sequence[int] | None = None,
+        *,
+        where: TaskFilter | None = None,
+        now: datetime,
+        limit: int = 1000,
+    ) -> list[Cancel]:
+        """Cancel the tasks `ids` (or up to `limit` live tasks matching `where` whose cancel
+        is not asked for yet), in one transaction: a waiting task (pending, retryable) moves
+        to the archive as cancelled, atomically with respect to claims, and its key is armed;
+        a processing one is marked for its worker. What was done to each, in order."""
+
+    def task_cancel_many_sync(
+        self,
+        ids: Sequence[int] | None = None,
+        *,
+        where: TaskFilter | None = None,
+        now: datetime,
+        limit: int = 1000,
+    ) -> list[Cancel]:
+        """The same for synchronous callers."""
+
+    async def cancel_requested_list(self, keys: Sequence[TaskKey]) -> list[TaskKey]:
+        """Of the attempts `keys`, those whose cancel was asked for (a read by primary key)."""
+
+    async def queue_pause(self, queue: str, *, now: datetime) -> datetime | None:
+        """Pause `queue`: claims take none of its tasks from the commit on. When it was paused
+        already: since when (else None)."""
+
+    def queue_pause_sync(self, queue: str, *, now: datetime) -> datetime | None:
+        """The same for synchronous callers."""
+
+    async def queue_resume(self, queue: str) -> bool:
+        """Resume `queue`; False when it was not paused."""
+
+    def queue_resume_sync(self, queue: str) -> bool:
+        """The same for synchronous callers."""
+
+    async def queue_paused_list(self) -> dict[str, datetime]:
+        """The paused queues, by name, with when each was paused."""
+
+    async def task_list(
+        self,
+        *,
+        states: Sequence[TaskState] | None = None,
+        where: TaskFilter | None = None,
+        limit: int = 100,
+    ) -> list[TaskRow]:
+        """Up to `limit` tasks in `states` (default: the live ones) matching `where`: live ones
+        newest first, then finished ones last finished first."""
 
     # -- the cleaner's sweeps -----------------------------------------------------------------
 

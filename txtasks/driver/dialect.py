@@ -41,6 +41,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities
+from txtasks.driver.dialect_control import ControlDialect
 from txtasks.driver.dialect_topics import TopicsDialect
 from txtasks.driver.insert_plan import Plan, Statement, Step, plan_run_async, task_values
 from txtasks.errors import ConfigurationError
@@ -189,9 +190,9 @@ def _union(parts: Sequence[Any]) -> Executable:
     return selects[0] if len(selects) == 1 else union_all(*selects)
 
 
-class SqlDialect(TopicsDialect):
+class SqlDialect(TopicsDialect, ControlDialect):
     """The SQL every dialect shares; a subclass per database overrides what differs (the SQL of
-    topics is in dialect_topics.py)."""
+    topics is in dialect_topics.py, of cancel, pause and inspection in dialect_control.py)."""
 
     capabilities: ClassVar[Capabilities] = Capabilities("sql")
 
@@ -317,11 +318,13 @@ class SqlDialect(TopicsDialect):
     @staticmethod
     @functools.cache
     def stmt_ready() -> Any:
-        """Ready task ids of `queues`, in claim order, up to `limit`, locked, skipping locked."""
+        """Ready task ids of `queues` (those not paused), in claim order, up to `limit`,
+        locked, skipping locked."""
         return (
             select(tasks.c.id)
             .where(
                 tasks.c.queue.in_(bindparam("queues", expanding=True)),
+                tasks.c.queue.not_in(ControlDialect.paused_queue_names()),
                 tasks.c.partition_key.is_(None),
                 IS_READY,
                 tasks.c.run_at <= bindparam("now", type_=Timestamp),
@@ -404,8 +407,9 @@ class SqlDialect(TopicsDialect):
         """`keys_wake_plan` on `conn`."""
         await plan_run_async(conn, self.keys_wake_plan(pairs, now))
 
+    @classmethod
     def keys_wake_plan(
-        self, pairs: Sequence[tuple[str, str]], now: datetime
+        cls, pairs: Sequence[tuple[str, str]], now: datetime
     ) -> Generator[Statement, Result[Any], None]:
         """Arm the keys (queue, key) of attempts that just ended (a slot freed, a head moved
         on or was retried) and that have a ready task left (read after this transaction's
@@ -413,18 +417,18 @@ class SqlDialect(TopicsDialect):
         claim holds one; a hint for those, taken by a later claim. An outcome never waits for
         a claim."""
         wanted = set(pairs)
-        rows = (yield self.stmt_keys_of(), {"pairs": sorted(wanted)}).all()
+        rows = (yield cls.stmt_keys_of(), {"pairs": sorted(wanted)}).all()
         if rows:
-            busy = yield self.stmt_keys_busy(), {"ids": [r.id for r in rows]}
+            busy = yield cls.stmt_keys_busy(), {"ids": [r.id for r in rows]}
             ids = list(busy.scalars())
             if ids:
-                yield self.stmt_keys_wake(), {"ids": ids, "now": now}
+                yield cls.stmt_keys_wake(), {"ids": ids, "now": now}
         locked = {(r.queue, r.partition_key) for r in rows}
         hints = [
             {"queue": q, "partition_key": k, "run_at": now} for q, k in sorted(wanted - locked)
         ]
         if hints:
-            yield self.stmt_hints_add(), hints
+            yield cls.stmt_hints_add(), hints
 
     @staticmethod
     @functools.cache
@@ -508,12 +512,13 @@ class SqlDialect(TopicsDialect):
     @staticmethod
     @functools.cache
     def stmt_keys_lock() -> Executable:
-        """Keys of `queues` ready by `now`, longest waiting first, up to `limit`, locked,
-        skipping those another claim holds."""
+        """Keys of `queues` (those not paused) ready by `now`, longest waiting first, up to
+        `limit`, locked, skipping those another claim holds."""
         return (
             select(keys.c.id, keys.c.queue, keys.c.partition_key, keys.c.next_start_at)
             .where(
                 keys.c.queue.in_(bindparam("queues", expanding=True)),
+                keys.c.queue.not_in(ControlDialect.paused_queue_names()),
                 keys.c.ready_at <= bindparam("now", type_=Timestamp),
             )
             .order_by(keys.c.ready_at, keys.c.id)
@@ -742,7 +747,13 @@ class SqlDialect(TopicsDialect):
         """Lock the rows of still-current attempts, in id order; with `skip_locked`, leaving out
         the rows another transaction holds instead of waiting for them."""
         return (
-            select(tasks.c.id, tasks.c.attempt, tasks.c.queue, tasks.c.partition_key)
+            select(
+                tasks.c.id,
+                tasks.c.attempt,
+                tasks.c.queue,
+                tasks.c.partition_key,
+                tasks.c.cancel_requested_at,
+            )
             .where(keys_match())
             .order_by(tasks.c.id)
             .with_for_update(skip_locked=skip_locked)

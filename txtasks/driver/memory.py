@@ -10,6 +10,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, ClassVar
 
+from txtasks.control import CANCELLABLE, TaskFilter, cancel_wins, cancels_of, task_list_order
 from txtasks.driver.base import AttemptFinish, Capabilities, WriteResult, requeue_choice
 from txtasks.errors import ConfigurationError
 from txtasks.keys import (
@@ -25,7 +26,9 @@ from txtasks.keys import (
 from txtasks.topics import delivery_row, topic_stats_of
 from txtasks.types import (
     FINISHED_STATES,
+    LIVE_STATES,
     READY_STATES,
+    Cancel,
     Delivery,
     KeyStats,
     NewPublish,
@@ -46,6 +49,14 @@ def no_transactions() -> ConfigurationError:
     return ConfigurationError(
         "ctx.transaction(): the in-memory driver has no database to open a transaction on; "
         "run this handler's tests on SQLite (see txtasks.testing)"
+    )
+
+
+def _matches(row: TaskRow, where: TaskFilter) -> bool:
+    return (
+        (where.queue is None or row.queue == where.queue)
+        and (where.task_name is None or row.task_name == where.task_name)
+        and (where.key is None or row.partition_key == where.key)
     )
 
 
@@ -77,6 +88,8 @@ class MemoryDriver:
         #: Subscriptions by (topic, group), and the times of publishes that found none.
         self.subscriptions: dict[tuple[str, str], Subscription] = {}
         self.topic_drops: list[tuple[str, datetime]] = []
+        #: Paused queues, with when each was paused.
+        self.paused: dict[str, datetime] = {}
 
     async def open(self) -> None:
         return None
@@ -204,6 +217,7 @@ class MemoryDriver:
         turn (as the SQL drivers: see txtasks.keys); which lane goes first alternates. A queue
         with a rate of its own is claimed on its own, at most what its rate allows."""
         with self._lock:
+            queues = [q for q in queues if q not in self.paused]
             self._keys_first = not self._keys_first
             for queue in queues:
                 if self._keys_wake.get(queue, now) <= now:
@@ -396,6 +410,7 @@ class MemoryDriver:
         return WriteResult(len(outcomes) - len(stale), tuple(stale))
 
     def _apply(self, row: TaskRow, outcome: Outcome, now: datetime, archive: bool) -> None:
+        outcome = cancel_wins(outcome, row.cancel_requested_at is not None)
         kind = outcome.kind
         if kind.finishes:
             del self.live[row.id]
@@ -464,7 +479,11 @@ class MemoryDriver:
                 for r in self.live.values()
                 if (queues is None or r.queue in queues)
                 and (
-                    (r.state in READY_STATES and r.run_at <= due_before)
+                    (
+                        r.state in READY_STATES
+                        and r.run_at <= due_before
+                        and r.queue not in self.paused
+                    )
                     or (
                         r.state is TaskState.PROCESSING
                         and r.lease_expires_at is not None
@@ -489,10 +508,116 @@ class MemoryDriver:
                 counts[row.state.value] = counts.get(row.state.value, 0) + 1
                 if row.state in READY_STATES and row.run_at <= now:
                     oldest[row.queue] = min(oldest.get(row.queue, row.run_at), row.run_at)
+            for queue in self.paused:
+                stats.setdefault(queue, QueueStats(queue))
+            paused = dict(self.paused)
         return [
-            QueueStats(q, s.counts, (now - oldest[q]).total_seconds() if q in oldest else None)
+            QueueStats(
+                q,
+                s.counts,
+                (now - oldest[q]).total_seconds() if q in oldest else None,
+                paused.get(q),
+            )
             for q, s in sorted(stats.items())
         ]
+
+    # -- control ------------------------------------------------------------------------------
+
+    def task_cancel_many_sync(
+        self,
+        ids: Sequence[int] | None = None,
+        *,
+        where: TaskFilter | None = None,
+        now: datetime,
+        limit: int = 1000,
+    ) -> list[Cancel]:
+        with self._lock:
+            if ids is None:
+                assert where is not None
+                ids = sorted(
+                    r.id
+                    for r in self.live.values()
+                    if r.state.value in CANCELLABLE
+                    and r.cancel_requested_at is None
+                    and _matches(r, where)
+                )[:limit]
+            found = [self._cancel(task_id, now) for task_id in dict.fromkeys(ids)]
+        live = [
+            (f.id, f.state.value, f.queue, f.partition_key, f.cancel_requested_at)
+            for f in found
+            if f
+        ]
+        archived = {i: r.state.value for i, r in self.archived.items() if i in set(ids)}
+        return cancels_of(list(dict.fromkeys(ids)), live, archived)
+
+    def _cancel(self, task_id: int, now: datetime) -> TaskRow | None:
+        """Cancel one live task; the row as it was found (None: not live, or staged)."""
+        row = self.live.get(task_id)
+        if row is None or row.state.value not in CANCELLABLE:
+            return None
+        if row.state in READY_STATES:
+            del self.live[task_id]
+            self.archived[task_id] = row._replace(state=TaskState.CANCELLED, finished_at=now)
+        elif row.cancel_requested_at is None:
+            self.live[task_id] = row._replace(cancel_requested_at=now)
+        return row
+
+    async def task_cancel_many(
+        self,
+        ids: Sequence[int] | None = None,
+        *,
+        where: TaskFilter | None = None,
+        now: datetime,
+        limit: int = 1000,
+    ) -> list[Cancel]:
+        return self.task_cancel_many_sync(ids, where=where, now=now, limit=limit)
+
+    async def cancel_requested_list(self, keys: Sequence[TaskKey]) -> list[TaskKey]:
+        with self._lock:
+            return [
+                k
+                for k in keys
+                if (r := self.live.get(k.id)) is not None
+                and r.attempt == k.attempt
+                and r.cancel_requested_at is not None
+            ]
+
+    def queue_pause_sync(self, queue: str, *, now: datetime) -> datetime | None:
+        with self._lock:
+            earlier = self.paused.get(queue)
+            self.paused.setdefault(queue, now)
+            return earlier
+
+    async def queue_pause(self, queue: str, *, now: datetime) -> datetime | None:
+        return self.queue_pause_sync(queue, now=now)
+
+    def queue_resume_sync(self, queue: str) -> bool:
+        with self._lock:
+            return self.paused.pop(queue, None) is not None
+
+    async def queue_resume(self, queue: str) -> bool:
+        return self.queue_resume_sync(queue)
+
+    async def queue_paused_list(self) -> dict[str, datetime]:
+        with self._lock:
+            return dict(sorted(self.paused.items()))
+
+    async def task_list(
+        self,
+        *,
+        states: Sequence[TaskState] | None = None,
+        where: TaskFilter | None = None,
+        limit: int = 100,
+    ) -> list[TaskRow]:
+        chosen = set(states) if states else set(LIVE_STATES)
+        flt = where or TaskFilter()
+        with self._lock:
+            rows = [
+                r
+                for r in itertools.chain(self.live.values(), self.archived.values())
+                if r.state in chosen and _matches(r, flt)
+            ]
+        return task_list_order(rows)[:limit]
 
     # -- dead letters -------------------------------------------------------------------------
 
@@ -529,6 +654,7 @@ class MemoryDriver:
                     worker_id=None,
                     lease_expires_at=None,
                     started_at=None,
+                    cancel_requested_at=None,
                 )
         return sorted(r.id for r in chosen)
 

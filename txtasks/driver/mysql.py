@@ -31,7 +31,7 @@ from txtasks.driver.dialect_topics import PUBLISH_COLUMNS
 from txtasks.driver.sql import SqlDriver
 from txtasks.errors import SchemaError
 from txtasks.schema import migrate as schema_migrate
-from txtasks.schema.tables import Timestamp, keys, subscriptions, tasks
+from txtasks.schema.tables import Timestamp, keys, paused_queues, subscriptions, tasks
 from txtasks.types import READY_STATES, TaskRow, TaskState
 
 #: A JSON array of ids, or of [id, attempt] pairs, as a table: joined to the tasks table by
@@ -122,6 +122,14 @@ class MySQLDialect(SqlDialect):
 
     @classmethod
     @functools.cache
+    def stmt_pause(cls) -> Executable:
+        """A queue paused already keeps its time (a no-op update)."""
+        values = {"queue": bindparam("queue"), "paused_at": bindparam("now", type_=Timestamp)}
+        stmt = mysql_insert(paused_queues).values(**values)
+        return stmt.on_duplicate_key_update(paused_at=paused_queues.c.paused_at)
+
+    @classmethod
+    @functools.cache
     def stmt_keys_arm(cls) -> Executable:
         stmt = mysql_insert(keys).values(**keys_arm_values())
         return stmt.on_duplicate_key_update(
@@ -146,6 +154,7 @@ class MySQLDialect(SqlDialect):
             select(keys.c.id)
             .where(
                 keys.c.queue.in_(bindparam("queues", expanding=True)),
+                keys.c.queue.not_in(SqlDialect.paused_queue_names()),
                 keys.c.ready_at <= bindparam("now", type_=Timestamp),
             )
             .order_by(keys.c.ready_at, keys.c.id)
@@ -224,7 +233,8 @@ class MySQLDialect(SqlDialect):
         skip = " SKIP LOCKED" if skip_locked else ""
         return (
             text(
-                f"SELECT t.id, t.attempt, t.queue, t.partition_key FROM {KEYS_TABLE} "
+                "SELECT t.id, t.attempt, t.queue, t.partition_key, t.cancel_requested_at "
+                f"FROM {KEYS_TABLE} "
                 "STRAIGHT_JOIN txtasks_tasks AS t FORCE INDEX (PRIMARY) "
                 "ON t.id = k.id AND t.attempt = k.attempt "
                 "WHERE t.state = :processing "
@@ -238,7 +248,13 @@ class MySQLDialect(SqlDialect):
                 bindparam("fence_worker", type_=String),
                 bindparam("fence_expired", type_=Timestamp),
             )
-            .columns(tasks.c.id, tasks.c.attempt, tasks.c.queue, tasks.c.partition_key)
+            .columns(
+                tasks.c.id,
+                tasks.c.attempt,
+                tasks.c.queue,
+                tasks.c.partition_key,
+                tasks.c.cancel_requested_at,
+            )
         )
 
     @staticmethod

@@ -33,7 +33,8 @@ TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})
 #: BEGIN/COMMIT, no SQLAlchemy row processing on the latency-critical path. Tasks with a key are
 #: claimed by the keys' lane (`SqlDriver.keyed_claim`), not here. Each queue is read
 #: on its own along the claim index (an index scan cannot merge several queues in order), at
-#: most `limit` rows each; the first `limit` of those in claim order are taken.
+#: most `limit` rows each; the first `limit` of those in claim order are taken. A paused queue
+#: is not read at all (a one-time filter of its lookup: one probe of a tiny table per queue).
 CLAIM_SQL = f"""
 WITH claimed AS (
 UPDATE txtasks_tasks SET state = 'processing', attempt = attempt + 1,
@@ -42,6 +43,8 @@ UPDATE txtasks_tasks SET state = 'processing', attempt = attempt + 1,
               LATERAL (SELECT id, priority, run_at FROM txtasks_tasks
                         WHERE queue = q.name AND partition_key IS NULL AND {READY}
                           AND run_at <= $3
+                          AND NOT EXISTS (SELECT 1 FROM txtasks_paused_queues p
+                                           WHERE p.queue = q.name)
                         ORDER BY priority DESC, run_at, id
                         LIMIT $5
                         FOR UPDATE SKIP LOCKED) AS r
@@ -417,6 +420,7 @@ class PostgresDriver(SqlDriver):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._pools: dict[str, tuple[asyncio.AbstractEventLoop, Any]] = {}
+        self._pool_locks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Lock]] = {}
 
     def server_settings(self) -> dict[str, str]:
         """The server's side of the bounds: it ends a session left idle in a transaction (its
@@ -451,7 +455,12 @@ class PostgresDriver(SqlDriver):
 
         loop = asyncio.get_running_loop()
         held = self._pools.get(purpose)
-        if held is None or held[0] is not loop:
+        if held is not None and held[0] is loop:
+            return held[1]
+        async with self._pool_lock(purpose, loop):  # callers racing at start share one pool
+            held = self._pools.get(purpose)
+            if held is not None and held[0] is loop:
+                return held[1]
             dsn = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
             # a plan per batch: a generic plan of the outcome statement walks the lease index
             # (every claimed-then-deleted row leaves a dead entry there) instead of the ids
@@ -468,7 +477,14 @@ class PostgresDriver(SqlDriver):
                 server_settings={**self.server_settings(), **settings},
                 init=self._raw_init,
             )
-            self._pools[purpose] = held = (loop, pool)
+            self._pools[purpose] = (loop, pool)
+            return pool
+
+    def _pool_lock(self, purpose: str, loop: asyncio.AbstractEventLoop) -> asyncio.Lock:
+        """What callers wait on while the pool of `purpose` is made on `loop`."""
+        held = self._pool_locks.get(purpose)
+        if held is None or held[0] is not loop:
+            held = self._pool_locks[purpose] = (loop, asyncio.Lock())
         return held[1]
 
     async def _raw_init(self, connection: Any) -> None:

@@ -33,6 +33,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from txtasks.control import cancel_wins
 from txtasks.driver.base import AttemptFinish, Capabilities, WriteResult
 from txtasks.driver.dialect import (
     KeysLook,
@@ -43,6 +44,7 @@ from txtasks.driver.dialect import (
 )
 from txtasks.driver.insert_plan import Statement, plan_run_async, plan_run_sync
 from txtasks.driver.sql_admin import SqlAdmin, override_of
+from txtasks.driver.sql_control import SqlControl
 from txtasks.driver.sql_topics import SqlTopics
 from txtasks.driver.timeouts import Timeouts, Watchdog, keepalive_set, socket_of
 from txtasks.driver.urls import url_async, url_parse, url_sync
@@ -101,7 +103,7 @@ class Claim:
 CLOSE_WITHIN = 2.0
 
 
-class SqlDriver(SqlAdmin, SqlTopics):
+class SqlDriver(SqlAdmin, SqlTopics, SqlControl):
     """A task store on a SQL database through SQLAlchemy's asyncio engine."""
 
     #: The SQL of this driver's database, until a connection tells it apart (MariaDB from
@@ -652,8 +654,8 @@ class SqlDriver(SqlAdmin, SqlTopics):
         `fence` holds the `keys_match` parameters other than the keys.
         """
         held = yield from self.attempts_lock_plan([o.key for o in outcomes], fence)
-        mine = [o for o in outcomes if o.key in held]
-        woken = sorted({(q, k) for q, k in (held[o.key] for o in mine) if k is not None})
+        mine = [cancel_wins(o, held[o.key][2]) for o in outcomes if o.key in held]
+        woken = sorted({(q, k) for q, k, _c in (held[o.key] for o in mine) if k is not None})
         finishing = [o for o in mine if o.kind.finishes]
         if finishing:
             yield from self._finish_plan(finishing, now, archive_completed)
@@ -669,11 +671,12 @@ class SqlDriver(SqlAdmin, SqlTopics):
 
     def attempts_lock_plan(
         self, keys: Sequence[TaskKey], fence: Mapping[str, Any]
-    ) -> Generator[Statement, Result[Any], dict[TaskKey, tuple[str, str | None]]]:
-        """Lock the rows of still-current attempts (in id order): their queues and keys."""
+    ) -> Generator[Statement, Result[Any], dict[TaskKey, tuple[str, str | None, bool]]]:
+        """Lock the rows of still-current attempts (in id order): their queues and keys, and
+        whether a cancel was asked for."""
         params = {**keys_param(keys), **fence}
         locked: list[Any] = list((yield self.sql.stmt_lock_keys(), params))
-        return {TaskKey(row[0], row[1]): (row[2], row[3]) for row in locked}
+        return {TaskKey(row[0], row[1]): (row[2], row[3], row[4] is not None) for row in locked}
 
     # -- an attempt's own transaction ----------------------------------------------------------
 

@@ -43,6 +43,7 @@ from txtasks.schema.tables import (
     key_hints,
     key_limits,
     keys,
+    paused_queues,
     periodic,
     tasks,
 )
@@ -121,7 +122,11 @@ class SqlAdmin:
     async def live_count(
         self, queues: Sequence[str] | None, *, now: datetime, due_before: datetime
     ) -> int:
-        ready = and_(IS_READY, tasks.c.run_at <= due_before)
+        ready = and_(
+            IS_READY,
+            tasks.c.run_at <= due_before,
+            tasks.c.queue.not_in(select(paused_queues.c.queue)),
+        )
         running = (tasks.c.state == PROCESSING) & (tasks.c.lease_expires_at > now)
         stmt = select(func.count()).select_from(tasks).where(ready | running)
         if queues is not None:
@@ -161,7 +166,13 @@ class SqlAdmin:
                 .group_by(tasks.c.queue)
             )
             ages = {q: (now - t).total_seconds() for q, t in (await conn.execute(oldest)).all()}
-        return [QueueStats(q, s.counts, ages.get(q)) for q, s in sorted(stats.items())]
+            paused_stmt = select(paused_queues.c.queue, paused_queues.c.paused_at)
+            paused = {q: at for q, at in (await conn.execute(paused_stmt)).all()}
+        for queue in paused:
+            stats.setdefault(queue, QueueStats(queue))
+        return [
+            QueueStats(q, s.counts, ages.get(q), paused.get(q)) for q, s in sorted(stats.items())
+        ]
 
     async def key_stats(self, *, now: datetime, limit: int = 10) -> list[KeyStats]:
         waiting = func.sum(case((IS_READY & (tasks.c.run_at <= now), 1), else_=0))
@@ -226,6 +237,7 @@ class SqlAdmin:
                 "worker_id": literal(None, String),
                 "lease_expires_at": literal(None, Timestamp),
                 "started_at": literal(None, Timestamp),
+                "cancel_requested_at": literal(None, Timestamp),
             }
             cols = [c for c in TASK_COLUMNS if c not in fresh]
             source = select(

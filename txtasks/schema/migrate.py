@@ -46,9 +46,9 @@ def migrations_all() -> list[Migration]:
         if info.name.startswith("v")
     ]
     found.sort(key=lambda m: m.version)
-    numbers = [m.version for m in found]
-    if len(set(numbers)) != len(numbers) or (numbers and numbers[0] != 1):
-        raise RuntimeError(f"migration versions are not 1, 2, ...: {numbers}")
+    expected = list(range(1, len(found) + 1))
+    if [m.version for m in found] != expected:
+        raise RuntimeError(f"migration versions are not 1..n: {[m.version for m in found]}")
     return found
 
 

@@ -104,6 +104,8 @@ def _task_columns() -> list[Column[object]]:
         Column("partition_key", ExactString(255), nullable=True),
         # the last progress a handler reported, as JSON (see TaskContext.progress)
         Column("progress", LongText, nullable=True),
+        # when a cancel was asked for while the task was processing (see docs/control.md)
+        Column("cancel_requested_at", Timestamp, nullable=True),
     ]
 
 
@@ -338,6 +340,16 @@ topic_drops = Table(
 )
 Index("ix_txtasks_topic_drops_topic", topic_drops.c.topic, topic_drops.c.dropped_at)
 Index("ix_txtasks_topic_drops_at", topic_drops.c.dropped_at)
+
+#: Paused queues (`txtasks pause`): claims take no task of a queue that has a row here.
+#: Tiny, and read by every claim along its primary key.
+paused_queues = Table(
+    "txtasks_paused_queues",
+    metadata,
+    Column("queue", ExactString(128), primary_key=True),
+    Column("paused_at", Timestamp, nullable=False),
+    mysql_engine="InnoDB",
+)
 
 migrations = Table(
     "txtasks_migrations",

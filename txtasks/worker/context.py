@@ -60,6 +60,10 @@ class TaskContext:
     logger: logging.Logger = TASK_LOGGER
     decision: Decision | None = None
     new_checkpoint: str | None = None
+    #: True once the worker has seen a cancel of this task (see docs/control.md): a sync
+    #: handler polls it and returns; an async one gets `CancelledError` at its next await.
+    #: Whatever the handler does next, the attempt is recorded as cancelled.
+    cancelled: bool = False
     #: The worker running the attempt (None: a context made by hand, as in unit tests).
     host: AttemptHost | None = None
     #: The decoded payload the handler is called with (middleware may replace it).

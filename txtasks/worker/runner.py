@@ -15,6 +15,7 @@ import inspect
 import logging
 import time
 from collections import deque
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,10 @@ LOGGED_ERROR_CHARS = 300
 THREADS_EXIT_WITHIN = 1.0
 #: Enum members read once: `Enum.MEMBER` is a slow lookup, paid for every task otherwise.
 _COMPLETE = OutcomeKind.COMPLETE
+_CANCEL = OutcomeKind.CANCEL
+#: The errors of cancelled attempts.
+CANCELLED_RUNNING = "cancelled while running"
+NOT_STARTED = "cancelled before its handler started"
 _MANUAL = AckPolicy.MANUAL
 
 
@@ -118,6 +123,9 @@ class Runner:
         #: The latest progress report of each running attempt not stored yet (the heartbeat
         #: takes them).
         self.progress: dict[TaskKey, str] = {}
+        #: Attempts whose handler is running: their context, and for an async handler the
+        #: asyncio task it runs in (a cancel is delivered there).
+        self._running: dict[TaskKey, tuple[TaskContext, asyncio.Task[Any] | None]] = {}
 
     # -- the runners --------------------------------------------------------------------------
 
@@ -152,6 +160,29 @@ class Runner:
     async def shut_down(self) -> None:
         """`cancel()`, then wait until every runner has ended."""
         await asyncio.gather(*self.cancel(), return_exceptions=True)
+
+    def cancel_attempts(self, keys: Iterable[TaskKey]) -> int:
+        """A cancel of these attempts was asked for: a handler running sees `ctx.cancelled`
+        (and an async one `CancelledError` at its next await); a row not started yet is
+        recorded as cancelled at once. How many were not known to be cancelled yet."""
+        count = 0
+        for key in keys:
+            running = self._running.get(key)
+            if running is not None:
+                ctx, task = running
+                if not ctx.cancelled:
+                    ctx.cancelled = True
+                    count += 1
+                    if task is not None:
+                        task.cancel()
+                continue
+            waiting = next((item for item in self.ready if item[1] == key), None)
+            if waiting is not None:
+                self.ready.remove(waiting)
+                self._outcomes.add(Outcome(key, OutcomeKind.CANCEL, error=NOT_STARTED))
+                self.finished(key)
+                count += 1
+        return count
 
     def dispatch(self) -> None:
         """Rows are ready: make sure a runner will look at them, unless one already will."""
@@ -209,7 +240,9 @@ class Runner:
             raise
         except Exception as exc:  # deciding the outcome failed: never leave the row behind
             outcome = Outcome(key, OutcomeKind.DEAD, error=f"outcome failed: {error_text(exc)}")
-        if outcome.kind is not _COMPLETE or outcome.error is not None:
+        if outcome.kind is _CANCEL:
+            log.info("task %d %s attempt %d cancelled", row.id, row.task_name, row.attempt)
+        elif outcome.kind is not _COMPLETE or outcome.error is not None:
             self._log_failure(row, outcome)
         if self.metrics is not None:
             seconds = time.perf_counter() - started
@@ -282,21 +315,27 @@ class Runner:
             return Outcome(key, OutcomeKind.DEAD, error=f"cannot decode payload: {exc}")
         ctx = TaskContext(self.app, task, row, self.worker_id, host=self, payload=payload)
         self.stats.started += 1
-        if self.app._middleware or task.options.middleware:
-            return await self._attempt_chained(task, ctx)
+        self._running[key] = (ctx, asyncio.current_task() if task.is_async else None)
         try:
-            if self.traced:
-                value = await self._traced_call(task, payload, ctx)
-            else:
-                value = await self._call(task, payload, ctx)
-        except asyncio.CancelledError as exc:
-            if self._stopping.is_set():  # the worker cancelled it: shutdown
-                raise
-            return self._failed(ctx, exc)  # the handler raised it: a failure like any other
-        except Exception as exc:
-            return self._failed(ctx, exc)
+            if self.app._middleware or task.options.middleware:
+                return await self._attempt_chained(task, ctx)
+            try:
+                if self.traced:
+                    value = await self._traced_call(task, payload, ctx)
+                else:
+                    value = await self._call(task, payload, ctx)
+            except asyncio.CancelledError as exc:
+                if self._stopping.is_set():  # the worker cancelled it: shutdown
+                    raise
+                return self._failed(ctx, exc)  # the task's cancel, or the handler raised it
+            except Exception as exc:
+                return self._failed(ctx, exc)
+        finally:
+            self._running.pop(key, None)
         if ctx.completed:
             return self._written_by_handler(ctx)
+        if ctx.cancelled:
+            return self._cancelled(ctx)
         if ctx.decision is None and task.policy.ack_policy is not _MANUAL:
             if task.options.keep_result:
                 return self._kept(ctx, value)
@@ -310,6 +349,8 @@ class Runner:
             if ctx.completed:
                 log.warning("task %d raised after its transaction completed it: %r", row.id, exc)
             return self._written_by_handler(ctx)
+        if ctx.cancelled:  # whatever the handler raised after the worker saw the cancel
+            return self._cancelled(ctx)
         cancelled = isinstance(exc, asyncio.CancelledError)
         return (None if cancelled else self._decided(ctx, None)) or outcome_for_exception(
             row.key,
@@ -369,6 +410,8 @@ class Runner:
         else:
             if ctx.completed:
                 outcome = self._written_by_handler(ctx)
+            elif ctx.cancelled:
+                outcome = self._cancelled(ctx)
             elif ctx.decision is None and task.policy.ack_policy is not _MANUAL:
                 outcome = (
                     self._kept(ctx, value)
@@ -388,6 +431,15 @@ class Runner:
                     "task %d: middleware %r failed after the attempt", ctx.row.id, middleware
                 )
         return outcome
+
+    def _cancelled(self, ctx: TaskContext) -> Outcome:
+        """The attempt of a task whose cancel the worker saw: recorded as cancelled, whatever
+        the handler did after. The cancel delivered to an async handler is spent here."""
+        running = asyncio.current_task()
+        uncancel = getattr(running, "uncancel", None)  # Python 3.11+
+        if ctx.task.is_async and uncancel is not None and running.cancelling():  # type: ignore[union-attr]
+            uncancel()
+        return Outcome(ctx.row.key, OutcomeKind.CANCEL, error=CANCELLED_RUNNING)
 
     async def _traced_call(self, task: Task, payload: Any, ctx: TaskContext) -> Any:
         """`_call` inside an OpenTelemetry span continuing the enqueuer's trace."""

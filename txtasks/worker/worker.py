@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("txtasks.worker")
 
 CLAIM_ERROR_BACKOFF_MAX = 5.0
+#: Seconds between two looks for cancels prompted by wake-ups (the heartbeat looks anyway).
+CANCEL_LOOK_SPACING = 0.25
 #: Seconds /readyz waits for the database's answer.
 READY_TIMEOUT = 3.0
 
@@ -80,6 +82,8 @@ class Worker:
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
         self._beat_stop = asyncio.Event()
+        #: A wake-up arrived while tasks run: look for cancels (`_cancels_watch`).
+        self._cancel_look = asyncio.Event()
         #: Set while the worker waits for a wake-up or its next poll (its last claim was empty).
         self.idle = asyncio.Event()
         self._force = False
@@ -135,6 +139,8 @@ class Worker:
         says why the worker woke."""
         self.stats.wakeups += 1
         self._wake.set()
+        if self._held:  # it may be a cancel of a running task
+            self._cancel_look.set()
 
     @property
     def threads_alive(self) -> bool:
@@ -182,7 +188,8 @@ class Worker:
         self._runner.open()
         flusher = asyncio.create_task(self._outcomes.run(), name="txtasks-flush")
         heartbeat = asyncio.create_task(self._heartbeat(), name="txtasks-heartbeat")
-        self._loops = [flusher, heartbeat]
+        cancels = asyncio.create_task(self._cancels_watch(), name="txtasks-cancels")
+        self._loops = [flusher, heartbeat, cancels]
         log.info("worker %s serving %s", self.worker_id, ", ".join(self.queues))
         try:
             await self.notifier.subscribe(self.queues, self.wake)
@@ -192,7 +199,7 @@ class Worker:
             await self._shutdown()
             self._beat_stop.set()
             self._outcomes.stop()
-            await asyncio.gather(flusher, heartbeat, return_exceptions=True)
+            await asyncio.gather(flusher, heartbeat, cancels, return_exceptions=True)
             await self._outcomes.drain(give_up=lambda: self._force)
             self._runner.close()
         log.info("worker %s stopped: %s", self.worker_id, self.stats)
@@ -327,7 +334,43 @@ class Worker:
             keys = [*self._held, *self._outcomes.keys()]
             if keys:
                 await self._leases_extend(keys)
+                await self._cancels_look()
             pulse.beat()
+
+    async def _cancels_look(self) -> None:
+        """Ask the database which held attempts were asked to cancel, and stop them (see
+        docs/control.md): every heartbeat, and soon after a wake-up while tasks run."""
+        keys = list(self._held)
+        if not keys:
+            return
+        try:
+            found = await self.driver.cancel_requested_list(keys)
+        except Exception as exc:
+            self._beat_outage.failed(exc)
+            return
+        if found:
+            self._runner.cancel_attempts(found)
+
+    async def _cancels_watch(self) -> None:
+        """Look for cancels soon after a wake-up arrives while tasks run (a cancel sends one
+        to the queue of each running task it asks to stop): at most one look per
+        `CANCEL_LOOK_SPACING` seconds, however many wake-ups arrive."""
+        while True:
+            waiters = {
+                asyncio.ensure_future(self._cancel_look.wait()),
+                asyncio.ensure_future(self._beat_stop.wait()),
+            }
+            try:
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waiters:
+                    waiter.cancel()
+            if self._beat_stop.is_set():
+                return
+            self._cancel_look.clear()
+            await self._cancels_look()
+            if await event_wait(self._beat_stop, CANCEL_LOOK_SPACING):
+                return
 
     async def _leases_extend(self, keys: list[TaskKey]) -> None:
         until = self.app.clock() + timedelta(seconds=self.config.lease)

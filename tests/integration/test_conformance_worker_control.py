@@ -1,0 +1,180 @@
+"""Conformance suite: cancel and pause seen by a running worker, on every database.
+
+A running task is stopped by its worker within a heartbeat, or at once after a wake-up; its
+outcome is recorded as cancelled. Each test waits for observable state (events the handlers
+set, rows in the store), never for a fixed time, and bounds every wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from typing import Any
+
+from tests.waiting import until
+from txtasks import App
+from txtasks.testing import run_until_empty
+from txtasks.types import CancelResult, TaskRow, TaskState
+from txtasks.worker.context import TaskContext
+from txtasks.worker.worker import Worker, WorkerConfig
+
+#: Seconds a test waits for what it expects.
+BOUND = 10.0
+
+
+async def final(app: App, task_id: int) -> TaskRow:
+    async def done() -> TaskRow | None:
+        row = await app.driver.task_get(task_id)
+        return row if row is not None and not row.state.is_live else None
+
+    return await until(done, f"task {task_id} to finish", timeout=BOUND)
+
+
+@asynccontextmanager
+async def serving(app: App, **config: Any) -> AsyncIterator[Worker]:
+    """A worker running in the background, stopped at the end of the block."""
+    worker = Worker(app, WorkerConfig(poll_interval=0.05, **config))
+    running = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        await asyncio.wait_for(running, BOUND)
+
+
+async def test_an_async_handler_gets_cancelled_error_and_is_recorded_cancelled(app: App) -> None:
+    started, seen = asyncio.Event(), []
+
+    @app.task(name="control.slow")
+    async def slow(payload: Any, ctx: TaskContext) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            seen.append(ctx.cancelled)
+            raise
+
+    task_id = await slow.aenqueue(None)
+    async with serving(app, heartbeat=0.05, lease=5) as worker:
+        await asyncio.wait_for(started.wait(), BOUND)
+        result = await app.acancel(task_id)
+        assert result.result is CancelResult.REQUESTED
+        row = await final(app, task_id)
+    assert (row.state, row.last_error, seen) == (
+        TaskState.CANCELLED,
+        "cancelled while running",
+        [True],
+    )
+    assert worker.stats.outcomes == {"cancelled": 1}
+    assert (
+        (await app.acancel(task_id))
+        .describe()
+        .endswith("already finished (cancelled), nothing to cancel")
+    )
+
+
+async def test_a_sync_handler_polls_ctx_cancelled(app: App) -> None:
+    started = threading.Event()
+
+    @app.task(name="control.sync")
+    def busy(payload: Any, ctx: TaskContext) -> str:
+        started.set()
+        for _ in range(int(BOUND / 0.01)):
+            if ctx.cancelled:
+                return "stopped early"
+            threading.Event().wait(0.01)  # a unit of the handler's own work
+        return "ran to the end"
+
+    task_id = await busy.aenqueue(None)
+    async with serving(app, heartbeat=0.05, lease=5):
+        await asyncio.to_thread(started.wait, BOUND)
+        # the sync API, from a thread of its own (as sync code calls it): it waits for the
+        # row's lock, which a claim on this event loop may hold for a moment
+        result = await asyncio.to_thread(app.cancel, task_id)
+        assert result.result is CancelResult.REQUESTED
+        row = await final(app, task_id)
+    assert row.state is TaskState.CANCELLED
+
+
+async def test_a_handler_that_swallows_the_cancel_is_still_recorded_cancelled(app: App) -> None:
+    started, after = asyncio.Event(), []
+
+    @app.task(name="control.stubborn")
+    async def stubborn(payload: Any) -> None:
+        started.set()
+        with suppress(asyncio.CancelledError):
+            await asyncio.sleep(3600)
+        await asyncio.sleep(0)  # the runner's task is not left cancelled: this await works
+        after.append(True)
+
+    @app.task(name="control.next")
+    async def following(payload: Any) -> None:
+        await asyncio.sleep(0)
+
+    task_id = await stubborn.aenqueue(None)
+    async with serving(app, heartbeat=0.05, lease=5, concurrency=1):
+        await asyncio.wait_for(started.wait(), BOUND)
+        await app.acancel(task_id)
+        assert (await final(app, task_id)).state is TaskState.CANCELLED
+        next_id = await following.aenqueue(None)  # the same runner goes on working
+        assert (await final(app, next_id)).state is TaskState.COMPLETED
+    assert after == [True]
+
+
+async def test_a_wake_up_makes_the_worker_look_before_its_heartbeat(app: App) -> None:
+    """With the broker up, a cancel wakes the task's queue: the worker looks at once (here
+    the wake-up is delivered by hand; the heartbeat would take 30 s)."""
+    started = asyncio.Event()
+
+    @app.task(name="control.woken")
+    async def slow(payload: Any) -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    task_id = await slow.aenqueue(None)
+    async with serving(app, heartbeat=30, lease=90) as worker:
+        await asyncio.wait_for(started.wait(), BOUND)
+        await app.acancel(task_id)
+        worker.wake("default")
+        row = await final(app, task_id)
+    assert row.state is TaskState.CANCELLED
+
+
+async def test_a_cancelled_queued_task_never_runs(app: App) -> None:
+    ran: list[int] = []
+
+    @app.task(name="control.queued")
+    def record(payload: int) -> None:
+        ran.append(payload)
+
+    ids = [await record.aenqueue(n) for n in range(3)]
+    [result] = await app.acancel_many([ids[1]])
+    assert result.result is CancelResult.CANCELLED
+    await run_until_empty(app)
+    assert ran == [0, 2]
+    assert (await app.ainspect(ids[1])).state is TaskState.CANCELLED  # type: ignore[union-attr]
+
+
+async def test_a_paused_queue_waits_and_a_burst_worker_does_not(app: App) -> None:
+    ran: list[str] = []
+
+    @app.task(name="control.paused", queue="reports")
+    def report(payload: str) -> None:
+        ran.append(payload)
+
+    @app.task(name="control.other", queue="mail")
+    def mail(payload: str) -> None:
+        ran.append(payload)
+
+    assert await app.apause("reports") is None
+    await report.aenqueue("report")
+    await mail.aenqueue("mail")
+    await run_until_empty(app)  # returns: what is paused is not to do now
+    assert ran == ["mail"]
+    [stats] = [s for s in await app.driver.queue_stats(now=app.clock()) if s.queue == "reports"]
+    assert stats.paused_at is not None and stats.counts == {"pending": 1}
+    assert await app.aresume("reports") is True
+    await run_until_empty(app)
+    assert ran == ["mail", "report"]

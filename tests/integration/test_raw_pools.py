@@ -1,0 +1,25 @@
+"""PostgreSQL's raw asyncpg pools: one per purpose and event loop, however many callers ask at
+once (a claim and a cancel check racing at a worker's start), and every one closed with the
+driver."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.conftest import reset_schema
+from txtasks.driver import driver_for_url
+from txtasks.driver.postgresql import PostgresDriver
+
+
+async def test_callers_racing_for_a_pool_share_one(postgres_url: str) -> None:
+    reset_schema(postgres_url)
+    driver = driver_for_url(postgres_url)
+    assert isinstance(driver, PostgresDriver)
+    try:
+        pools = await asyncio.gather(*[driver.raw_pool("claims") for _ in range(4)])
+        assert len({id(p) for p in pools}) == 1  # before: one pool each, three never closed
+        rows = await asyncio.gather(*[driver.raw_fetch("writes", "SELECT 1") for _ in range(3)])
+        assert [r[0][0] for r in rows] == [1, 1, 1]
+        assert len(driver._pools) == 2
+    finally:
+        await driver.close()

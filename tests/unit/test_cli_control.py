@@ -1,0 +1,115 @@
+"""`txtasks cancel`, `pause`, `resume`, `inspect` and `tasks` on a SQLite file: what they print,
+and a clear message naming what was wrong for bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from txtasks import App
+from txtasks.cli.main import main
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    database = f"sqlite:///{tmp_path / 'control.sqlite3'}"
+    assert CliRunner().invoke(main, ["migrate", "--database-url", database]).exit_code == 0
+    return database
+
+
+def run(url: str, *args: str, code: int = 0) -> Result:
+    result = CliRunner().invoke(main, [*args, "--database-url", url])
+    assert result.exit_code == code, result.output
+    return result
+
+
+def enqueue(url: str, n: int, queue: str = "reports") -> list[int]:
+    app = App("cli-control", database_url=url)
+    task = app.task(name="cli.report", queue=queue)(lambda payload: None)
+    return [task.enqueue({"n": i}, headers={"trace": "t"}) for i in range(n)]
+
+
+def test_cancel_by_id_says_what_happened_to_each(url: str) -> None:
+    ids = enqueue(url, 2)
+    out = run(url, "cancel", str(ids[0]))
+    assert out.output == f"task {ids[0]}: cancelled (was pending); it will never start\n"
+    again = run(url, "cancel", str(ids[0]), "424242", code=1)
+    assert again.output.splitlines() == [
+        f"task {ids[0]}: already finished (cancelled), nothing to cancel",
+        "task 424242: not found",
+    ]
+
+
+def test_cancel_by_queue_counts_and_json(url: str) -> None:
+    enqueue(url, 3)
+    enqueue(url, 1, queue="mail")
+    out = run(url, "cancel", "--queue", "reports", "--json")
+    rows = json.loads(out.output)
+    assert [r["result"] for r in rows] == ["cancelled"] * 3
+    assert run(url, "cancel", "--queue", "reports").output == (
+        "no live task matched: nothing cancelled\n"
+    )
+    assert "cancelled 1 waiting task(s)" in run(url, "cancel", "--task", "cli.report").output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["cancel"], "give task ids, or --queue, --task or --key"),
+        (["cancel", "1", "--queue", "q"], "give task ids, or --queue/--task/--key, not both"),
+        (["cancel", "--queue", "no spaces"], "'no spaces' is not a valid queue name"),
+        (["pause", "bad/name"], "'bad/name' is not a valid queue name"),
+        (["tasks", "--state", "sleeping"], "'sleeping' is not one of"),
+        (["inspect", "0"], "0 is not in the range x>=1"),
+    ],
+)
+def test_bad_input_is_named(url: str, args: list[str], message: str) -> None:
+    result = run(url, *args, code=2)
+    assert message in result.output
+
+
+def test_pause_resume_and_status(url: str) -> None:
+    assert run(url, "pause", "reports").output == "queue reports: paused\n"
+    assert "already paused since" in run(url, "pause", "reports").output
+    [stats] = json.loads(run(url, "status", "--json").output)
+    assert stats["queue"] == "reports" and stats["paused_at"] is not None
+    assert run(url, "resume", "reports").output == "queue reports: resumed\n"
+    assert run(url, "resume", "reports").output == "queue reports: was not paused\n"
+    assert json.loads(run(url, "status", "--json").output) == []  # nothing left to show
+
+
+def test_inspect_shows_a_task_and_the_places_of_its_result_and_progress(url: str) -> None:
+    [task_id] = enqueue(url, 1)
+    text = run(url, "inspect", str(task_id)).output
+    assert f"task {task_id}\nstate:        pending\nqueue:        reports\n" in text
+    assert 'headers:      {"trace": "t"}' in text and "result:       -" in text
+    data = json.loads(run(url, "inspect", str(task_id), "--json").output)
+    assert (data["state"], data["payload"], data["result"], data["progress"]) == (
+        "pending",
+        {"n": 0},
+        None,
+        None,
+    )
+    missing = run(url, "inspect", "999", code=1)
+    assert missing.output == "Error: task 999: not found (no live or archived task)\n"
+
+
+def test_tasks_lists_live_and_archived_tasks(url: str) -> None:
+    ids = enqueue(url, 3)
+    run(url, "cancel", str(ids[1]))
+    live = json.loads(run(url, "tasks", "--json").output)
+    assert [r["id"] for r in live] == [ids[2], ids[0]]
+    both = json.loads(
+        run(url, "tasks", "--state", "cancelled", "--state", "pending", "--json").output
+    )
+    assert [(r["id"], r["state"]) for r in both] == [
+        (ids[2], "pending"),
+        (ids[0], "pending"),
+        (ids[1], "cancelled"),
+    ]
+    one = json.loads(run(url, "tasks", "--queue", "reports", "--limit", "1", "--json").output)
+    assert [r["id"] for r in one] == [ids[2]]
+    assert "tasks (0)" in run(url, "tasks", "--task", "other").output
