@@ -15,7 +15,9 @@ succeeded (its stage id and row count), so the commit publishes exactly those at
 checks none is missing, and deletes the write's other staged rows (attempts that failed or lost
 a speculative race); an abort deletes them all. The commit is recorded under a commit id (the
 write's, or `stream:<stream_id>:<batch id>` for streaming), so a repeated commit (a restarted
-stream replaying a micro-batch) publishes nothing twice.
+stream replaying a micro-batch) publishes nothing twice. A write with option `topic` instead of
+`task` is staged alike; its commit fans each row out to the groups subscribed to the topic at
+that moment (`txtasks.spark.staging.fanout`).
 """
 
 from __future__ import annotations
