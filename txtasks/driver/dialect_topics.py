@@ -164,6 +164,8 @@ class TopicsDialect:
         ).where(s.topic == p.c.topic)
         if dedup:  # keys in order: the first publish of a key wins, and transactions inserting
             source = source.order_by(dedup_key, p.c.i)  # the same keys lock them alike
+        else:  # ids in publish order: a key's tasks are claimed in the order of their ids
+            source = source.order_by(p.c.i, s.group_name)
         return cls.publish_insert(source, dedup).returning(
             tasks.c.id, tasks.c.queue, tasks.c.headers
         )
