@@ -248,3 +248,22 @@ async def test_a_subscription_change_never_splits_one_publish(driver: Driver) ->
     assert len(rows) == 3 * sizes.count(3)
     messages = Counter(json.loads(r.headers or "")[MESSAGE_HEADER] for r in rows)
     assert set(messages.values()) == {3}
+
+
+async def test_a_bulk_publish_across_statements_keeps_publish_order_in_each_group(
+    driver: Driver,
+) -> None:
+    """1,100 keyed publishes span several statements on every database (256 publishes per
+    statement, 1,000 on PostgreSQL): each group's tasks of the key are in publish order."""
+    await subscribe(driver, *GROUPS)
+    batch = [pub({"n": n}, key="customer:7") for n in range(1100)]
+    found = await publish(driver, *batch)
+    assert [len(ids) for ids in found] == [3] * 1100
+    by_queue: dict[str, list[int]] = {}
+    for n, ids in enumerate(found):
+        for task_id in ids:
+            row = await get(driver, task_id)
+            assert payload_decode(row.payload, row.content_type) == {"n": n}
+            by_queue.setdefault(row.queue, []).append(task_id)
+    assert sorted(by_queue) == QUEUES
+    assert all(ids == sorted(ids) for ids in by_queue.values())  # ids: the key's order

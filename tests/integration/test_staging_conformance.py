@@ -8,10 +8,12 @@ one promise, through what a worker can claim and what is left in the staging tab
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 import threading
+from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -24,17 +26,19 @@ from sqlalchemy import func, select
 
 from txtasks.driver import MemoryDriver, SqlDriver, driver_for_url
 from txtasks.errors import ConfigurationError
-from txtasks.schema.tables import commits, staged, writes
+from txtasks.schema.tables import commits, key_hints, staged, topic_drops, writes
 from txtasks.spark.staging import (
     STAGED_COLUMNS,
+    STAGED_KEY,
     SqlStaging,
     StagedRowsMissing,
     StageTarget,
+    TopicTarget,
     WriteClosed,
     purge_abandoned,
     staging_for,
 )
-from txtasks.types import JSON_CONTENT_TYPE, NewTask, TaskRow, TaskState
+from txtasks.types import JSON_CONTENT_TYPE, NewTask, Subscription, TaskRow, TaskState
 
 T0 = datetime(2030, 1, 2, 3, 4, 5, 678901)
 TARGET = StageTarget("q", "staged.task", max_attempts=4)
@@ -277,6 +281,269 @@ async def test_of_concurrent_attempts_of_a_partition_only_the_reported_one_count
         staging.stage("w", [attempt("w", "w.late", ["x0"])])
     assert await claimed_values(sql) == ["w0", "w1", "w2"]
     assert staged_rows(staging) == {}
+
+
+# -- topics -------------------------------------------------------------------------------------
+
+TOPIC = TopicTarget("order.created")
+#: Three groups in two queues, each with its own task name, priority and attempts.
+GROUPS = [
+    Subscription("order.created", "billing", "bill", "q", priority=3, max_attempts=7),
+    Subscription("order.created", "audit", "audit", "q", priority=1, max_attempts=2),
+    Subscription("order.created", "shipping", "ship", "q2", priority=5, max_attempts=9),
+]
+
+
+async def claim_all(driver: SqlDriver, queues: Sequence[str] = ("q", "q2")) -> list[TaskRow]:
+    now = at(10)
+    return await driver.task_claim_many(
+        list(queues), 1000, now=now, lease_until=at(40), worker_id="w"
+    )
+
+
+def table_rows(staging: SqlStaging, query: Any) -> list[Any]:
+    with staging.driver.sync_engine.connect() as conn:
+        return list(conn.execute(query).all())
+
+
+def keyed_attempt(
+    key: str, stage_id: str, rows: Sequence[tuple[Any, str | None, str | None]]
+) -> pa.Table:
+    """An attempt of a keyed write: (value, dedup key, task key) per row."""
+    table = attempt(key, stage_id, [v for v, _, _ in rows], dedup=[d for _, d, _ in rows])
+    return table.append_column(STAGED_KEY, pa.array([k for _, _, k in rows], pa.large_string()))
+
+
+async def test_a_topic_commit_gives_each_row_to_every_group_subscribed_at_the_commit(
+    sql: SqlDriver, staging: SqlStaging
+) -> None:
+    await sql.subscription_set_many(GROUPS[:2], now=T0)
+    staging.open("w", T0)
+    staging.stage("w", [attempt("w", "w.a", ["a", "b"]), attempt("w", "w.a", ["c"])])
+    staging.stage("w", [attempt("w", "w.b", AWKWARD)])
+    await sql.subscription_set_many(GROUPS[2:], now=T0)  # after staging, before the commit
+    assert await claim_all(sql) == []  # staged: invisible to workers
+
+    rows = 3 + len(AWKWARD)
+    published = staging.commit("c", "w", {"w.a": 3, "w.b": len(AWKWARD)}, TOPIC, now=at(1))
+
+    assert published == {"q": 2 * rows, "q2": rows}
+    claimed = await claim_all(sql)
+    by_group: dict[str, list[Any]] = {}
+    messages: dict[Any, set[str]] = {}
+    for row in claimed:
+        headers = json.loads(row.headers or "{}")
+        assert headers["txtasks-topic"] == "order.created"
+        group = headers["txtasks-group"]
+        by_group.setdefault(group, []).append(json.loads(row.payload)["v"])
+        sub = next(g for g in GROUPS if g.group == group)
+        assert (row.queue, row.task_name, row.priority, row.max_attempts) == (
+            sub.queue, sub.task_name, sub.priority, sub.max_attempts,
+        )  # fmt: skip
+        assert (row.content_type, row.run_at, row.created_at) == (JSON_CONTENT_TYPE, T0, T0)
+        messages.setdefault(json.loads(row.payload)["v"], set()).add(headers["txtasks-message"])
+    expected = sorted_values([*"abc", *AWKWARD])
+    assert {g: sorted_values(v) for g, v in by_group.items()} == dict.fromkeys(
+        ("billing", "audit", "shipping"), expected
+    )
+    # one message id per staged row, the same in every group's task of it
+    assert all(len(ids) == 1 for ids in messages.values())
+    assert len({next(iter(ids)) for ids in messages.values()}) == rows
+    assert ledger(staging) == {"c": 3 * rows}
+    assert staged_rows(staging) == {}
+
+
+async def test_a_topic_commit_is_one_statement_whatever_the_number_of_groups(
+    sql: SqlDriver, staging: SqlStaging
+) -> None:
+    from sqlalchemy import event
+
+    groups = [Subscription("order.created", f"g{n}", f"t{n}", "q") for n in range(10)]
+    await sql.subscription_set_many(groups, now=T0)
+    staging.open("w", T0)
+    staging.stage("w", [attempt("w", "w.a", list(range(20)))])
+    inserts: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("INSERT INTO TXTASKS_TASKS"):
+            inserts.append(statement)
+
+    engine = staging.driver.sync_engine
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        assert staging.commit("c", "w", {"w.a": 20}, TOPIC, now=T0) == {"q": 200}
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert len(inserts) == 1
+    assert len(await claim_all(sql)) == 200
+
+
+async def test_a_topic_commit_applies_dedup_keys_per_group(
+    sql: SqlDriver, staging: SqlStaging
+) -> None:
+    await sql.subscription_set_many(GROUPS, now=T0)
+    [live] = await sql.task_insert_many([new("live", dedup_key="billing/k1")])
+    staging.open("w", T0)
+    keys = ["k1", "k2", "k2", None]
+    staging.stage("w", [attempt("w", "w.a", ["a", "b", "c", "d"], dedup=keys)])
+
+    target = replace(TOPIC, dedup=True)
+    published = staging.commit("c", "w", {"w.a": 4}, target, now=T0)
+
+    # billing holds k1 already; a repeated key within the write: its first row only
+    assert published == {"q": 2 + 3, "q2": 3}
+    found = {
+        (json.loads(r.headers or "{}").get("txtasks-group"), r.dedup_key): json.loads(r.payload)[
+            "v"
+        ]
+        for r in await claim_all(sql)
+        if r.id != live
+    }
+    assert found == {
+        ("billing", "billing/k2"): "b", ("billing", None): "d",
+        ("audit", "audit/k1"): "a", ("audit", "audit/k2"): "b", ("audit", None): "d",
+        ("shipping", "shipping/k1"): "a", ("shipping", "shipping/k2"): "b", ("shipping", None): "d",
+    }  # fmt: skip
+    assert ledger(staging) == {"c": 8}
+
+    staging.open("w", T0)  # the same keys again: every group holds them
+    staging.stage("w", [attempt("w", "w.b", ["e", "f"], dedup=["k1", "k2"])])
+    assert staging.commit("c2", "w", {"w.b": 2}, target, now=T0) == {}
+    assert ledger(staging) == {"c": 8, "c2": 0}
+
+
+async def test_a_keyed_topic_commit_hints_each_key_in_each_group_queue_it_publishes_to(
+    sql: SqlDriver, staging: SqlStaging
+) -> None:
+    await sql.subscription_set_many(GROUPS, now=T0)
+    [_live] = await sql.task_insert_many([new("live", dedup_key="shipping/d2")])
+    staging.open("w", T0)
+    rows = [("a", "d1", "x"), ("b", "d1", "y"), ("c", "d2", "z"), ("d", None, None)]
+    staging.stage("w", [keyed_attempt("w", "w.a", rows)])
+
+    target = replace(TOPIC, dedup=True, keyed=True)
+    assert staging.commit("c", "w", {"w.a": 4}, target, now=T0) == {"q": 6, "q2": 2}
+
+    hinted = table_rows(staging, select(key_hints.c.queue, key_hints.c.partition_key))
+    # "y" repeats dedup key d1: no task, no hint; "z" in q2: shipping holds d2 already
+    assert sorted(hinted) == [("q", "x"), ("q", "z"), ("q2", "x")]
+    keyed = {
+        (r.queue, json.loads(r.headers or "{}")["txtasks-group"], r.partition_key)
+        for r in await claim_all(sql)
+        if r.headers
+    }
+    assert keyed == {
+        ("q", "billing", "x"), ("q", "billing", "z"), ("q", "billing", None),
+        ("q", "audit", "x"), ("q", "audit", "z"), ("q", "audit", None),
+        ("q2", "shipping", "x"), ("q2", "shipping", None),
+    }  # fmt: skip
+
+
+async def test_a_topic_commit_with_a_priority_column_uses_each_rows_priority(
+    sql: SqlDriver, staging: SqlStaging
+) -> None:
+    await sql.subscription_set_many(GROUPS, now=T0)
+    staging.open("w", T0)
+    staging.stage("w", [attempt("w", "w.a", ["a", "b", "c"])])  # priorities 0, 1, 2
+
+    staging.commit("c", "w", {"w.a": 3}, replace(TOPIC, ranked=True), now=T0)
+
+    found = Counter((json.loads(r.payload)["v"], r.priority) for r in await claim_all(sql))
+    assert found == {("a", 0): 3, ("b", 1): 3, ("c", 2): 3}
+
+
+async def test_a_topic_commit_without_a_subscriber_drops_the_rows_and_counts_them(
+    sql: SqlDriver, staging: SqlStaging
+) -> None:
+    await sql.subscription_set_many(
+        [Subscription("order.cancelled", "billing", "bill", "q")], now=T0
+    )
+    staging.open("w", T0)
+    staging.stage("w", [attempt("w", "w.a", ["a", "b", "c"], dedup=["k", "k", None])])
+    staging.stage("w", [attempt("w", "w.lost", ["x"])])  # an attempt Spark did not report
+
+    assert staging.commit("c", "w", {"w.a": 3}, replace(TOPIC, dedup=True), now=at(5)) == {}
+
+    assert await claim_all(sql) == []
+    drops = table_rows(staging, select(topic_drops.c.topic, topic_drops.c.dropped_at))
+    assert drops == [("order.created", at(5))] * 3
+    assert ledger(staging) == {"c": 0}
+    assert staged_rows(staging) == {}
+    stats = {s.topic: s.dropped for s in await sql.topic_stats()}
+    assert stats == {"order.created": 3, "order.cancelled": 0}
+
+
+async def test_a_repeated_topic_commit_id_publishes_nothing_twice(
+    sql: SqlDriver, staging: SqlStaging
+) -> None:
+    await sql.subscription_set_many(GROUPS, now=T0)
+    staging.open("stream", T0)
+    staging.stage("stream", [attempt("stream", "stream.a", [0, 1])])
+    assert staging.commit("s:7", "stream", {"stream.a": 2}, TOPIC, now=T0) == {"q": 4, "q2": 2}
+
+    staging.open("stream", T0)  # the restarted stream replays micro-batch 7
+    staging.stage("stream", [attempt("stream", "stream.b", [0, 1])])
+    assert staging.commit("s:7", "stream", {"stream.b": 2}, TOPIC, now=T0) is None
+
+    assert len(await claim_all(sql)) == 6
+    assert staged_rows(staging) == {}
+    assert ledger(staging) == {"s:7": 6}
+
+
+async def test_a_topic_commit_missing_staged_rows_publishes_and_drops_nothing(
+    sql: SqlDriver, staging: SqlStaging
+) -> None:
+    staging.open("w", T0)
+    staging.stage("w", [attempt("w", "w.a", [0, 1])])
+    with pytest.raises(StagedRowsMissing):
+        staging.commit("c", "w", {"w.a": 3}, TOPIC, now=T0)
+    assert table_rows(staging, select(topic_drops.c.id)) == []
+    assert ledger(staging) == {}
+
+
+async def test_an_unsubscribe_during_a_topic_commit_waits_for_it(
+    sql: SqlDriver, staging: SqlStaging
+) -> None:
+    """The commit reads the topic's groups under a shared lock: a group unsubscribed (or moved
+    to another queue) while the commit runs is changed after it, never half-way."""
+    from sqlalchemy import event
+
+    if sql.capabilities.name == "sqlite":
+        pytest.skip("SQLite runs one writer at a time: the commit excludes every change")
+    await sql.subscription_set_many(GROUPS, now=T0)
+    staging.open("w", T0)
+    staging.stage("w", [keyed_attempt("w", "w.a", [("a", None, "x")])])
+    engine = staging.driver.sync_engine
+    read, go = threading.Event(), threading.Event()
+
+    def hold(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        if "txtasks_subscriptions" in statement and statement.lstrip().upper().startswith("SELECT"):
+            read.set()
+            go.wait(60)
+
+    async def unsubscribe() -> int:
+        return await sql.subscription_delete_many([("order.created", "shipping")])
+
+    event.listen(engine, "after_cursor_execute", hold)
+    pool = ThreadPoolExecutor(1)
+    try:
+        commit = pool.submit(
+            staging.commit, "c", "w", {"w.a": 1}, replace(TOPIC, keyed=True), now=T0
+        )
+        assert read.wait(60)
+        change = asyncio.ensure_future(unsubscribe())
+        done, _ = await asyncio.wait([change], timeout=1.0)
+        assert not done  # it waits for the commit's lock on the group
+        go.set()
+        assert commit.result(60) == {"q": 2, "q2": 1}
+        assert await asyncio.wait_for(change, 60) == 1
+    finally:
+        go.set()
+        pool.shutdown()
+        event.remove(engine, "after_cursor_execute", hold)
+    hinted = table_rows(staging, select(key_hints.c.queue, key_hints.c.partition_key))
+    assert sorted(hinted) == [("q", "x"), ("q2", "x")]
+    assert len(await claim_all(sql)) == 3
 
 
 # -- the cleaner's purge --------------------------------------------------------------------------

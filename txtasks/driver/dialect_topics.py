@@ -101,6 +101,16 @@ class TopicsDialect:
 
     # -- publish ------------------------------------------------------------------------------
 
+    @staticmethod
+    def publish_chunks(publishes: Sequence[NewPublish]) -> list[tuple[int, int]]:
+        """(start, size) of each statement of a batch (see `publish_chunks`)."""
+        return publish_chunks(publishes)
+
+    @staticmethod
+    def publish_params(chunk: Sequence[NewPublish]) -> dict[str, Any]:
+        """The bound values of `stmt_publish` for `chunk` (see `publish_params`)."""
+        return publish_params(chunk)
+
     @classmethod
     def publish_insert(cls, source: Any, dedup: bool) -> Insert:
         """INSERT ... `source`; with `dedup`, skipping a group's delivery whose dedup key is
@@ -154,6 +164,8 @@ class TopicsDialect:
         ).where(s.topic == p.c.topic)
         if dedup:  # keys in order: the first publish of a key wins, and transactions inserting
             source = source.order_by(dedup_key, p.c.i)  # the same keys lock them alike
+        else:  # ids in publish order: a key's tasks are claimed in the order of their ids
+            source = source.order_by(p.c.i, s.group_name)
         return cls.publish_insert(source, dedup).returning(
             tasks.c.id, tasks.c.queue, tasks.c.headers
         )
@@ -178,10 +190,10 @@ class TopicsDialect:
             return (yield from cls._publish_read_first(publishes))
         found: list[list[Delivery]] = [[] for _ in publishes]
         seen: set[int] = set()
-        for start, size in publish_chunks(publishes):
+        for start, size in cls.publish_chunks(publishes):
             chunk = publishes[start : start + size]
             dedup = any(p.dedup_key is not None for p in chunk)
-            result = yield cls.stmt_publish(size, dedup), publish_params(chunk)
+            result = yield cls.stmt_publish(size, dedup), cls.publish_params(chunk)
             heads = {p.headers_head: start + i for i, p in enumerate(chunk)}
             returned = cast("list[tuple[int, str, str | None]]", result.all())
             for task_id, queue, headers in returned:

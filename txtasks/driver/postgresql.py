@@ -23,7 +23,7 @@ from txtasks.driver.timeouts import Watchdog, keepalive_set, socket_of
 from txtasks.keys import HINTS_PER_CLAIM
 from txtasks.schema import migrate as schema_migrate
 from txtasks.schema.tables import READY, TASK_COLUMNS, key_limits, keys
-from txtasks.types import CLAIMED_COLUMNS, NewTask, Outcome, TaskKey, TaskRow
+from txtasks.types import CLAIMED_COLUMNS, NewPublish, NewTask, Outcome, TaskKey, TaskRow
 
 #: SQLSTATEs worth a fresh transaction: serialization failure, deadlock.
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})
@@ -210,6 +210,49 @@ INSERT_ARRAYS = text(
 )
 
 
+#: The publishes of a bulk publish, one array per field, with the array type each travels in.
+_PUBLISH_ARRAYS = {
+    "topic": "varchar[]",
+    "payload": "bytea[]",
+    "content_type": "varchar[]",
+    "run_at": "timestamp[]",
+    "created_at": "timestamp[]",
+    "dedup": "varchar[]",
+    "head": "text[]",
+    "tail": "text[]",
+    "partition_key": "varchar[]",
+    "priority": "int[]",
+}
+#: The most publishes one statement of arrays carries (and the most payload bytes).
+PUBLISH_ARRAY_CHUNK = 1000
+PUBLISH_ARRAY_BYTES = 16 * 1024 * 1024
+
+
+def _publish_arrays_sql(dedup: bool) -> str:
+    """A bulk publish as one INSERT ... SELECT of arrays (one per field, whatever the number of
+    publishes) joined to the subscriptions; with dedup keys, in key order and skipping a
+    group's delivery whose key is live."""
+    fields = ", ".join(_PUBLISH_ARRAYS)
+    arrays = ", ".join(f"CAST(:{f} AS {t})" for f, t in _PUBLISH_ARRAYS.items())
+    dedup_key = "s.group_name || '/' || p.dedup" if dedup else "NULL"
+    order = f"{dedup_key}, p.i" if dedup else "p.i, s.group_name"
+    skip = " ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING" if dedup else ""
+    return (
+        "INSERT INTO txtasks_tasks (queue, task_name, payload, content_type, state, priority, "
+        "run_at, attempt, max_attempts, created_at, dedup_key, headers, partition_key) "
+        "SELECT s.queue, s.task_name, p.payload, p.content_type, 'pending', "
+        "coalesce(p.priority, s.priority), p.run_at, 0, s.max_attempts, p.created_at, "
+        f"{dedup_key}, p.head || s.group_name || p.tail, p.partition_key "
+        f"FROM unnest({arrays}) WITH ORDINALITY AS p({fields}, i) "
+        f"JOIN txtasks_subscriptions s ON s.topic = p.topic ORDER BY {order}{skip} "
+        "RETURNING id, queue, headers"
+    )
+
+
+#: A bulk publish (see `_publish_arrays_sql`), without and with dedup keys.
+PUBLISH_ARRAYS = {dedup: text(_publish_arrays_sql(dedup)) for dedup in (False, True)}
+
+
 def _bulk_record(new_id: int, row: NewTask) -> tuple[Any, ...]:
     """A new task as a record of `BULK_COLUMNS`."""
     return (
@@ -290,6 +333,46 @@ class PostgresDialect(SqlDialect):
             raise
         _lock_settings(conn, *saved)
         yield
+
+    @classmethod
+    @functools.cache
+    def stmt_publish(cls, count: int, dedup: bool) -> Executable:
+        """Fan publishes out to their topics' groups in one INSERT ... SELECT of arrays: one
+        statement shape whatever the number of publishes (a `UNION ALL` of bound rows takes
+        PostgreSQL long to plan)."""
+        return PUBLISH_ARRAYS[dedup]
+
+    @staticmethod
+    def publish_chunks(publishes: Sequence[NewPublish]) -> list[tuple[int, int]]:
+        """Up to PUBLISH_ARRAY_CHUNK publishes per statement, within PUBLISH_ARRAY_BYTES."""
+        chunks, start, size, size_bytes = [], 0, 0, 0
+        for p in publishes:
+            if size and (
+                size == PUBLISH_ARRAY_CHUNK or size_bytes + len(p.payload) > PUBLISH_ARRAY_BYTES
+            ):
+                chunks.append((start, size))
+                start, size, size_bytes = start + size, 0, 0
+            size += 1
+            size_bytes += len(p.payload)
+        if size:
+            chunks.append((start, size))
+        return chunks
+
+    @staticmethod
+    def publish_params(chunk: Sequence[NewPublish]) -> dict[str, Any]:
+        """The arrays of `stmt_publish`."""
+        return {
+            "topic": [p.topic for p in chunk],
+            "payload": [p.payload for p in chunk],
+            "content_type": [p.content_type for p in chunk],
+            "run_at": [p.run_at for p in chunk],
+            "created_at": [p.created_at for p in chunk],
+            "dedup": [p.dedup_key for p in chunk],
+            "head": [p.headers_head for p in chunk],
+            "tail": [p.headers_tail for p in chunk],
+            "partition_key": [p.partition_key for p in chunk],
+            "priority": [p.priority for p in chunk],
+        }
 
     @classmethod
     def _insert_plain(

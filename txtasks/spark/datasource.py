@@ -15,7 +15,9 @@ succeeded (its stage id and row count), so the commit publishes exactly those at
 checks none is missing, and deletes the write's other staged rows (attempts that failed or lost
 a speculative race); an abort deletes them all. The commit is recorded under a commit id (the
 write's, or `stream:<stream_id>:<batch id>` for streaming), so a repeated commit (a restarted
-stream replaying a micro-batch) publishes nothing twice.
+stream replaying a micro-batch) publishes nothing twice. A write with option `topic` instead of
+`task` is staged alike; its commit fans each row out to the groups subscribed to the topic at
+that moment (`txtasks.spark.staging.fanout`).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from txtasks.driver import SqlDriver, driver_for_url
 from txtasks.errors import ConfigurationError
 from txtasks.spark.encode import staged_from_arrow, staged_from_rows
 from txtasks.spark.options import WAKEUP_TIMEOUT, WriteOptions
-from txtasks.spark.staging import SqlStaging, StageTarget, staging_for
+from txtasks.spark.staging import SqlStaging, StageTarget, TopicTarget, staging_for
 from txtasks.wakeup import WakeupStats
 
 #: PySpark 4.1+ hands streaming micro-batches over as Arrow record batches too; 4.0 as rows.
@@ -126,15 +128,20 @@ def _stage(options: WriteOptions, key: str, encode: Encoder) -> StagedMessage:
     return StagedMessage(stage_id, partition, count)
 
 
+def _target(options: WriteOptions) -> StageTarget | TopicTarget:
+    """What the commit adds to the staged rows: a task name and queue, or a topic whose
+    groups (those subscribed at the commit) each get a task of every row."""
+    dedup, keyed = options.dedup is not None, options.key is not None
+    if options.topic is not None:
+        ranked = options.priority is not None
+        return TopicTarget(options.topic, dedup=dedup, keyed=keyed, ranked=ranked)
+    assert options.task is not None  # WriteOptions.parse requires one of them
+    return StageTarget(options.queue, options.task, options.max_attempts, dedup=dedup, keyed=keyed)
+
+
 def _commit(options: WriteOptions, key: str, commit_id: str, messages: list[Any]) -> None:
     stages = {m.stage_id: m.rows for m in messages if isinstance(m, StagedMessage)}
-    target = StageTarget(
-        options.queue,
-        options.task,
-        options.max_attempts,
-        dedup=options.dedup is not None,
-        keyed=options.key is not None,
-    )
+    target = _target(options)
     published = _staging(options.url).commit(commit_id, key, stages, target, now=utcnow())
     if published and options.broker_url:
         _wake(options.broker_url, published)

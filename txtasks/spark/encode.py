@@ -34,11 +34,9 @@ from pyspark.sql.types import (
 
 from txtasks.errors import ConfigurationError, PayloadError
 from txtasks.payload import DEFAULT_MAX_PAYLOAD_BYTES
-from txtasks.spark.options import INTEGRAL, WriteOptions
+from txtasks.spark.options import INTEGRAL, MAX_KEY_BYTES, WriteOptions
 from txtasks.spark.staging import STAGED_COLUMNS, STAGED_KEY
 
-#: The longest dedup key or task key the hot table holds, in bytes.
-MAX_KEY_BYTES = 255
 TEXT = pa.large_string()
 TIMESTAMP = pa.timestamp("us")
 #: Characters a JSON string escapes with a short escape (json.dumps's choice).
@@ -93,19 +91,19 @@ def staged_from_arrow(
         column(options.dedup),
         column(options.key),
     )
-    return _staged(batch.num_rows, payload, special, write_key, stage_id, now)
+    return _staged(batch.num_rows, payload, special, (write_key, stage_id, now), options)
 
 
 def _staged(
     count: int,
     payload: Any,
     special: tuple[Any, Any, Any, Any],
-    write_key: str,
-    stage_id: str,
-    now: datetime,
+    attempt: tuple[str, str, datetime],
+    options: WriteOptions,
 ) -> pa.Table:
     """The staged table; `special` holds the priority, run_at, dedup and key columns (or
-    None)."""
+    None), `attempt` the write key, stage id and staging time."""
+    write_key, stage_id, now = attempt
     payload = payload.cast(pa.large_binary())
     _check_sizes(payload)
     rank, due, unique, key = special
@@ -118,7 +116,7 @@ def _staged(
     dedup = pa.nulls(count, TEXT)
     if unique is not None:
         dedup = unique.cast(TEXT)
-        _check_keys(dedup, "dedup")
+        _check_keys(dedup, "dedup", limit=options.dedup_bytes)
     columns = {
         "write_key": pa.repeat(pa.scalar(write_key, TEXT), count),
         "stage_id": pa.repeat(pa.scalar(stage_id, TEXT), count),
@@ -145,14 +143,17 @@ def _check_sizes(payload: Any) -> None:
         )
 
 
-def _check_keys(values: Any, option: str, *, task_key: bool = False) -> None:
+def _check_keys(
+    values: Any, option: str, *, limit: int = MAX_KEY_BYTES, task_key: bool = False
+) -> None:
     """Refuse a value of the `option` column that the hot table cannot hold: one longer than
-    MAX_KEY_BYTES, or for a task key (as `txtasks.keys.check_key`) an empty one or one with NUL."""
+    `limit` bytes (a topic's dedup keys leave room for the group), or for a task key (as
+    `txtasks.keys.check_key`) an empty one or one with NUL."""
     lengths = pc.binary_length(values)
-    rule = f"at most {MAX_KEY_BYTES} bytes"
+    rule = f"at most {limit} bytes"
     if task_key:
-        rule = f"a key is 1-{MAX_KEY_BYTES} bytes of UTF-8 without NUL"
-    checks = [(pc.greater(lengths, MAX_KEY_BYTES), "is too long")]
+        rule = f"a key is 1-{limit} bytes of UTF-8 without NUL"
+    checks = [(pc.greater(lengths, limit), "is too long")]
     if task_key:
         checks += [
             (pc.equal(lengths, 0), "is empty"),
@@ -282,7 +283,7 @@ def staged_from_rows(
         None if options.dedup is None else pa.array([_text_or_none(v) for v in unique], TEXT),
         None if options.key is None else pa.array([_text_or_none(v) for v in key], TEXT),
     )
-    return _staged(len(texts), pa.array(texts, TEXT), special, write_key, stage_id, now)
+    return _staged(len(texts), pa.array(texts, TEXT), special, (write_key, stage_id, now), options)
 
 
 def _utc_or_none(value: datetime | None, kind: str) -> datetime | None:

@@ -30,8 +30,11 @@ from pyspark.sql.types import (
 
 from txtasks.app import ENV_BROKER_URL, ENV_DATABASE_URL, check_queue_name
 from txtasks.errors import ConfigurationError
+from txtasks.topics import MAX_PUBLISH_DEDUP_BYTES, check_topic_name
 
 DEFAULT_MAX_ATTEMPTS = 5
+#: The longest dedup key or task key the hot table holds, in bytes.
+MAX_KEY_BYTES = 255
 #: The longest commit_id / stream_id (the ledger's key has room for a prefix and a batch id).
 MAX_ID_BYTES = 200
 #: Seconds the commit waits for its wake-ups to be published.
@@ -63,8 +66,12 @@ class WriteOptions:
     """The options of a write, checked against the DataFrame's schema on the driver."""
 
     url: str
-    task: str
+    #: The task name workers run; None with `topic`.
+    task: str | None
     queue: str = "default"
+    #: The topic each row is published to (every group subscribed at the commit gets a task
+    #: of it); None with `task`.
+    topic: str | None = None
     payload: tuple[str, ...] = ()
     dedup: str | None = None
     #: The column of each task's key (see docs/keys.md); None: no task has a key.
@@ -84,6 +91,11 @@ class WriteOptions:
     #: The DataFrame's schema (the Arrow path converts the other payload columns by type).
     schema: StructType = field(default_factory=StructType)
 
+    @property
+    def dedup_bytes(self) -> int:
+        """The longest dedup key a row may have (a topic's groups add `<group>/` to it)."""
+        return MAX_PUBLISH_DEDUP_BYTES if self.topic else MAX_KEY_BYTES
+
     @classmethod
     def parse(cls, options: Mapping[str, str], schema: StructType) -> WriteOptions:
         """Validate `options` for `schema`; errors name the option or column."""
@@ -93,9 +105,22 @@ class WriteOptions:
             raise ConfigurationError(
                 f"txtasks write: option 'url' is required (or {ENV_DATABASE_URL})"
             )
-        task = get("task")
-        if not task:
-            raise ConfigurationError("txtasks write: option 'task' (the task name) is required")
+        task, topic = get("task"), get("topic")
+        if not task and not topic:
+            raise ConfigurationError(
+                "txtasks write: option 'task' (the task name) or 'topic' (a topic to publish "
+                "each row to) is required"
+            )
+        if task and topic:
+            raise ConfigurationError("txtasks write: give option 'task' or 'topic', not both")
+        if topic:
+            check_topic_name(topic, setting="txtasks write: topic")
+            for option in ("queue", "max_attempts"):
+                if get(option) is not None:
+                    raise ConfigurationError(
+                        f"txtasks write: option '{option}' does not apply with 'topic' "
+                        f"(each group's tasks get its subscription's {option})"
+                    )
         columns = {f.name: f.dataType for f in schema.fields}
         special = {k: get(k) for k in ("dedup", "key", "priority", "run_at")}
         for option, column in special.items():
@@ -145,7 +170,8 @@ class WriteOptions:
                 )
         return cls(
             url=url,
-            task=task,
+            task=task or None,
+            topic=topic or None,
             queue=check_queue_name(get("queue") or "default", setting="txtasks write: queue"),
             payload=payload,
             dedup=dedup,

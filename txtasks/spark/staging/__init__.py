@@ -29,6 +29,7 @@ This package imports neither PySpark nor (until rows are sent in bulk) PyArrow.
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -51,11 +52,34 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from txtasks.errors import ConfigurationError, TxtasksError
 from txtasks.schema.tables import commits, key_hints, staged, tasks, writes
+from txtasks.spark.staging.fanout import (
+    TopicTarget,
+    fanout_counts,
+    first_of_keys,
+    groups_lock,
+    stmt_drops,
+    stmt_fanout,
+    stmt_fanout_hints,
+)
 from txtasks.types import JSON_CONTENT_TYPE, TaskState
 
 if TYPE_CHECKING:
     from txtasks.driver import Driver, SqlDriver
 
+__all__ = [
+    "STAGED_COLUMNS",
+    "STAGED_KEY",
+    "SqlStaging",
+    "StageTarget",
+    "StagedRowsMissing",
+    "Staging",
+    "TopicTarget",
+    "WriteClosed",
+    "purge_abandoned",
+    "staging_for",
+]
+
+log = logging.getLogger("txtasks.spark")
 STAGED = TaskState.STAGED.value
 #: Stage ids per statement when deleting the rows of attempts a commit was not given.
 CHUNK = 1000
@@ -195,14 +219,16 @@ class SqlStaging:
         commit_id: str,
         write_key: str,
         stages: Mapping[str, int],
-        target: StageTarget,
+        target: StageTarget | TopicTarget,
         *,
         now: datetime,
     ) -> dict[str, int] | None:
         """Make the rows of the attempts in `stages` (stage id -> rows it staged) claimable,
         once per `commit_id`, and delete the write's other staged rows.
 
-        Returns how many tasks became claimable per queue, or None when `commit_id` was
+        A `TopicTarget` fans each row out to the groups subscribed to its topic at the
+        commit (see `txtasks.spark.staging.fanout`). Returns how many tasks became claimable
+        per queue, or None when `commit_id` was
         committed before (then every staged row of the write is deleted: it repeats that
         commit). Raises `StagedRowsMissing`, publishing nothing, if an attempt's rows are
         not all there. The write is closed first (a stream opens it again for its next
@@ -213,14 +239,17 @@ class SqlStaging:
             with self.driver.sync_engine.begin() as conn:
                 conn.execute(insert(commits).values(commit_id=commit_id, committed_at=now, tasks=0))
                 _check_and_drop_losers(conn, write_key, stages)
-                if target.keyed:  # before the publish: its dedup check then sees the same tasks
-                    conn.execute(_stmt_hints(write_key, target))
-                count = int(conn.execute(_stmt_publish(write_key, target)).rowcount)
+                if isinstance(target, TopicTarget):
+                    rows = sum(stages.values())
+                    count, published = _publish_topic(conn, write_key, target, rows, now)
+                else:
+                    count = _publish_task(conn, write_key, target)
+                    published = {target.queue: count} if count else {}
                 _delete_staged(conn, write_key)
                 conn.execute(
                     update(commits).where(commits.c.commit_id == commit_id).values(tasks=count)
                 )
-                return {target.queue: count} if count else {}
+                return published
         except IntegrityError:
             if not self.commit_seen(commit_id):
                 raise  # not a repeated commit: a real conflict
@@ -295,17 +324,43 @@ def _check_and_drop_losers(conn: Connection, write_key: str, stages: Mapping[str
     _delete_staged(conn, write_key, [s for s in found if s not in stages])
 
 
+def _publish_task(conn: Connection, write_key: str, target: StageTarget) -> int:
+    """Publish a write's staged rows as tasks of one task name and queue; how many."""
+    if target.keyed:  # before the publish: its dedup check then sees the same tasks
+        conn.execute(_stmt_hints(write_key, target))
+    return int(conn.execute(_stmt_publish(write_key, target)).rowcount)
+
+
+def _publish_topic(
+    conn: Connection, write_key: str, target: TopicTarget, rows: int, now: datetime
+) -> tuple[int, dict[str, int]]:
+    """Fan a write's staged rows (`rows` of them) out to the groups subscribed to its topic:
+    how many tasks, and how many per queue; with no group, record the rows as dropped."""
+    groups = groups_lock(conn, target.topic)
+    if not groups:
+        dropped = int(conn.execute(stmt_drops(write_key, target.topic, now)).rowcount)
+        if dropped:
+            log.warning(
+                "topic %s has no subscriber: the %d rows of this write are dropped and counted "
+                "(txtasks topics)",
+                target.topic,
+                dropped,
+            )
+        return 0, {}
+    if target.keyed:  # before the publish: its dedup check then sees the same tasks
+        conn.execute(stmt_fanout_hints(write_key, target, groups))
+    counts = fanout_counts(conn, write_key, target, groups, rows)
+    count = int(conn.execute(stmt_fanout(write_key, target, groups)).rowcount)
+    return count, {queue: n for queue, n in counts.items() if n}
+
+
 def _published(write_key: str, target: StageTarget) -> Any:
     """The condition on a write's staged rows that the commit publishes: all of them, less
     (with dedup keys) those whose key a live task holds or an earlier row of the write has."""
     mine = staged.c.write_key == write_key
     if not target.dedup:
         return mine
-    first = (
-        select(func.min(staged.c.id))
-        .where(mine, staged.c.dedup_key.is_not(None))
-        .group_by(staged.c.dedup_key)
-    )
+    first = first_of_keys(write_key)
     live = exists().where(tasks.c.dedup_key == staged.c.dedup_key)
     return and_(mine, or_(staged.c.dedup_key.is_(None), and_(staged.c.id.in_(first), ~live)))
 
