@@ -3,14 +3,20 @@ and a clear message naming what was wrong for bad input."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
 
 from txtasks import App
 from txtasks.cli.main import main
+from txtasks.clock import utcnow
+from txtasks.driver import driver_for_url
+from txtasks.types import Outcome, OutcomeKind, Progress
 
 
 @pytest.fixture
@@ -95,6 +101,39 @@ def test_inspect_shows_a_task_and_the_places_of_its_result_and_progress(url: str
     )
     missing = run(url, "inspect", "999", code=1)
     assert missing.output == "Error: task 999: not found (no live or archived task)\n"
+
+
+def test_inspect_shows_the_progress_reported_and_the_result_kept(url: str) -> None:
+    """A running task shows its handler's last progress report; a finished task that keeps
+    its result shows the value."""
+    [task_id] = enqueue(url, 1)
+
+    async def start(driver: Any) -> Any:
+        now = utcnow()
+        [row] = await driver.task_claim_many(
+            ["reports"], 1, now=now, lease_until=now + timedelta(seconds=30), worker_id="w"
+        )
+        report = Progress(3, 4, "pages", row.attempt).to_json()
+        extended = await driver.lease_extend_many(
+            [row.key], lease_until=now + timedelta(seconds=60), progress={row.key: report}
+        )
+        assert extended == 1
+        await driver.close()
+        return row.key
+
+    async def finish(driver: Any, key: Any) -> None:
+        done = Outcome(key, OutcomeKind.COMPLETE, result='{"pages": 4}')
+        await driver.outcome_write_many([done], now=utcnow())
+        await driver.close()
+
+    key = asyncio.run(start(driver_for_url(url)))
+    running = json.loads(run(url, "inspect", str(task_id), "--json").output)
+    assert running["progress"] == {
+        "done": 3, "total": 4, "fraction": 0.75, "note": "pages", "attempt": 1
+    }  # fmt: skip
+    asyncio.run(finish(driver_for_url(url), key))
+    finished = json.loads(run(url, "inspect", str(task_id), "--json").output)
+    assert (finished["state"], finished["result"]) == ("completed", {"pages": 4})
 
 
 def test_tasks_lists_live_and_archived_tasks(url: str) -> None:

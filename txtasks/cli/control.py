@@ -168,8 +168,8 @@ def resume(database_url: str | None, broker_url: str | None, queue: str) -> None
 
 
 def inspect_json(row: TaskRow) -> dict[str, Any]:
-    """A task as `txtasks inspect --json` shows it: every stored field, and the places of
-    its result and progress."""
+    """A task as `txtasks inspect --json` shows it: every stored field, its kept result and
+    its last progress report, decoded."""
     data = task_json(row)
     data["result"] = task_result(row)
     data["progress"] = task_progress(row)
@@ -177,13 +177,22 @@ def inspect_json(row: TaskRow) -> dict[str, Any]:
 
 
 def task_result(row: TaskRow) -> Any:
-    """The value the task returned: None while tasks keep no results."""
-    return None
+    """The value the task returned, when its task keeps results (`keep_result`), else None."""
+    return None if row.result is None else json.loads(row.result)
 
 
 def task_progress(row: TaskRow) -> Any:
-    """The progress the task reported: None while tasks report none."""
-    return None
+    """The last progress the task's handler reported (`ctx.progress`), or None."""
+    report = row.progress_report
+    if report is None:
+        return None
+    return {
+        "done": report.done,
+        "total": report.total,
+        "fraction": report.fraction,
+        "note": report.note,
+        "attempt": report.attempt,
+    }
 
 
 #: The lines of `txtasks inspect`, in order: (label, field).
