@@ -332,14 +332,15 @@ class Worker:
         while not await event_wait(self._beat_stop, self.config.heartbeat_interval):
             # never waits for a flush: rows an outcome write has locked are left out
             keys = [*self._held, *self._outcomes.keys()]
-            if keys:
-                await self._leases_extend(keys)
-                await self._cancels_look()
+            if keys and await self._leases_extend(keys):
+                self._cancel_look.set()  # looked for apart: a beat never waits for it
             pulse.beat()
 
     async def _cancels_look(self) -> None:
         """Ask the database which held attempts were asked to cancel, and stop them (see
-        docs/control.md): every heartbeat, and soon after a wake-up while tasks run."""
+        docs/control.md): after every heartbeat that reached the database, and soon after a
+        wake-up while tasks run; in a task of its own (`_cancels_watch`), so that a look
+        stuck on a failing network never holds back the next lease extension."""
         keys = list(self._held)
         if not keys:
             return
@@ -372,7 +373,8 @@ class Worker:
             if await event_wait(self._beat_stop, CANCEL_LOOK_SPACING):
                 return
 
-    async def _leases_extend(self, keys: list[TaskKey]) -> None:
+    async def _leases_extend(self, keys: list[TaskKey]) -> bool:
+        """Extend the leases of `keys`; whether the database answered."""
         until = self.app.clock() + timedelta(seconds=self.config.lease)
         reports, self._runner.progress = self._runner.progress, {}
         try:
@@ -384,12 +386,13 @@ class Worker:
             for key, report in reports.items():  # keep them for the next beat, unless newer
                 self._runner.progress.setdefault(key, report)
             self._beat_outage.failed(exc)
-            return
+            return False
         if held < len(keys):  # some may have been written meanwhile: count those still ours
             pending = set(self._outcomes.keys())
             lost = sum(1 for k in keys if k in self._held or k in pending) - held
             if lost > 0:
                 log.warning("%d of %d leases were lost (rescued elsewhere)", lost, len(keys))
+        return True
 
     # -- health -------------------------------------------------------------------------------
 
