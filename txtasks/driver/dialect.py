@@ -511,9 +511,9 @@ class SqlDialect(TopicsDialect, ControlDialect):
 
     @staticmethod
     @functools.cache
-    def stmt_keys_lock() -> Executable:
+    def stmt_keys_ready() -> Select[Any]:
         """Keys of `queues` (those not paused) ready by `now`, longest waiting first, up to
-        `limit`, locked, skipping those another claim holds."""
+        `limit`: id, queue, partition_key, next_start_at."""
         return (
             select(keys.c.id, keys.c.queue, keys.c.partition_key, keys.c.next_start_at)
             .where(
@@ -523,8 +523,13 @@ class SqlDialect(TopicsDialect, ControlDialect):
             )
             .order_by(keys.c.ready_at, keys.c.id)
             .limit(bindparam("limit", type_=Integer))
-            .with_for_update(skip_locked=True)
         )
+
+    @classmethod
+    @functools.cache
+    def stmt_keys_lock(cls) -> Executable:
+        """`stmt_keys_ready`'s keys, locked, skipping those another claim holds."""
+        return cls.stmt_keys_ready().with_for_update(skip_locked=True)
 
     @staticmethod
     @functools.cache

@@ -13,7 +13,6 @@ from sqlalchemy import (
     Connection,
     Engine,
     Executable,
-    Integer,
     String,
     bindparam,
     event,
@@ -140,26 +139,11 @@ class MySQLDialect(SqlDialect):
     async def keys_held(self, conn: AsyncConnection, params: dict[str, Any]) -> list[Any]:
         """The ready keys read first without a lock, then locked by their primary keys (see
         `KEYS_BY_ID`), skipping those another claim holds and those no longer ready."""
-        ids = list((await conn.execute(self.stmt_keys_ready(), params)).scalars())
+        ids = list((await conn.execute(self.stmt_keys_ready(), params)).scalars())  # the ids
         if not ids:
             return []
         held = await conn.execute(self.stmt_keys_lock_ids(), {"ids": ids, "now": params["now"]})
         return sorted(held, key=lambda h: (h.ready_at, h.id))
-
-    @staticmethod
-    @functools.cache
-    def stmt_keys_ready() -> Executable:
-        """The ids of `stmt_keys_lock`'s keys, read without locking anything."""
-        return (
-            select(keys.c.id)
-            .where(
-                keys.c.queue.in_(bindparam("queues", expanding=True)),
-                keys.c.queue.not_in(SqlDialect.paused_queue_names()),
-                keys.c.ready_at <= bindparam("now", type_=Timestamp),
-            )
-            .order_by(keys.c.ready_at, keys.c.id)
-            .limit(bindparam("limit", type_=Integer))
-        )
 
     @staticmethod
     @functools.cache
