@@ -174,3 +174,10 @@ async def test_a_health_port_in_use_is_an_error_naming_the_port() -> None:
 def test_a_bad_health_port_is_refused(port: float) -> None:
     with pytest.raises(ConfigurationError, match="health_port"):
         WorkerConfig(health_port=port)  # type: ignore[arg-type]
+
+
+def test_a_worker_still_starting_is_live() -> None:
+    """Between reaching the database and starting its loops (it stores its subscriptions
+    then), a worker is live: /livez answered 503 there, though /readyz had said ready."""
+    report = new_worker(MemoryDriver()).liveness()
+    assert report["live"] is True and report["starting"] is True, report

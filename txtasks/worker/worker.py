@@ -399,10 +399,12 @@ class Worker:
     def liveness(self) -> dict[str, Any]:
         """`live`: the claim loop and the heartbeat each turned within their interval plus
         `stall_after`, no outcome write has been under way longer than the heartbeat interval
-        plus `stall_after`, and no loop has ended. Waiting for the database at start is live:
-        a restart would not bring it."""
+        plus `stall_after`, and no loop has ended. Waiting for the database at start, and the
+        start itself, are live: a restart would not bring it sooner."""
         if self._connecting:
             return {"live": True, "connecting": True, "seconds_since_turned": {}, "stuck": []}
+        if not self._loops:  # starting: its subscriptions are being stored (`_subscribe`)
+            return {"live": True, "starting": True, "seconds_since_turned": {}, "stuck": []}
         now = time.monotonic()
         bounds = {
             "claimer": self.config.poll_interval * 1.1,
