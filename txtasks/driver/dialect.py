@@ -175,6 +175,13 @@ def keys_arm_values() -> dict[str, Any]:
 DUE_FIRST = 2
 
 
+def _key_probe(index: str) -> Select[Any]:
+    """The ids of the tasks of a key of `txtasks_keys` (correlated to it), read along `index`
+    (forced on MySQL and MariaDB, see `_force_index`); callers add filters, order and limit."""
+    same_key = (tasks.c.queue == keys.c.queue) & (tasks.c.partition_key == keys.c.partition_key)
+    return _force_index(select(tasks.c.id), index).where(same_key).correlate(keys)
+
+
 def _force_index(stmt: Select[Any], name: str) -> Select[Any]:
     """`stmt` reading `txtasks_tasks` along index `name` on MySQL and MariaDB: their optimizer
     picks the lease index for a key's probe when the statistics are stale (the state is its
@@ -437,12 +444,10 @@ class SqlDialect(TopicsDialect, ControlDialect):
         key, from its far end: a busy key's first entries are those of its claimed and
         finished tasks, left there until the database cleans them; read without a lock)."""
         ready = (
-            _force_index(select(tasks.c.id), "ix_txtasks_tasks_claim")
-            .where(tasks.c.queue == keys.c.queue, tasks.c.partition_key == keys.c.partition_key)
+            _key_probe("ix_txtasks_tasks_claim")
             .where(IS_READY)
             .order_by(tasks.c.priority, tasks.c.run_at.desc(), tasks.c.id.desc())
             .limit(1)
-            .correlate(keys)
             .scalar_subquery()
             .is_not(None)
         )
@@ -612,12 +617,10 @@ class SqlDialect(TopicsDialect, ControlDialect):
         head of an ordered key. Each key's head is found by one probe of its key's tasks."""
         live = tasks.c.state.in_([PROCESSING, *(s.value for s in READY_STATES)])
         head = (
-            _force_index(select(tasks.c.id), "ix_txtasks_tasks_keyed")
-            .where(tasks.c.queue == keys.c.queue, tasks.c.partition_key == keys.c.partition_key)
+            _key_probe("ix_txtasks_tasks_keyed")
             .where(live)
             .order_by(tasks.c.id)
             .limit(1)
-            .correlate(keys)
             .scalar_subquery()
         )
         return (
@@ -635,13 +638,11 @@ class SqlDialect(TopicsDialect, ControlDialect):
 
         def due(offset: int) -> Any:
             return (
-                _force_index(select(tasks.c.id), "ix_txtasks_tasks_claim")
-                .where(tasks.c.queue == keys.c.queue, tasks.c.partition_key == keys.c.partition_key)
+                _key_probe("ix_txtasks_tasks_claim")
                 .where(IS_READY, tasks.c.run_at <= bindparam("now", type_=Timestamp))
                 .order_by(tasks.c.priority.desc(), tasks.c.run_at, tasks.c.id)
                 .limit(1)
                 .offset(offset)
-                .correlate(keys)
                 .scalar_subquery()
                 .label(f"d{offset}")
             )
