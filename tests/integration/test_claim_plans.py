@@ -17,8 +17,8 @@ from tests.conftest import BACKENDS, reset_schema, server_url
 from txtasks.clock import utcnow
 from txtasks.driver import driver_for_url
 from txtasks.driver.dialect import dialect_for
-from txtasks.driver.postgresql import CLAIM_SQL, FINISH_SQL, KEYS_LOOK_SQL
-from txtasks.driver.sql import SqlDriver
+from txtasks.driver.postgresql import CLAIM_SQL, FINISH_SQL, KEYS_LOOK_SQL, PostgresDriver
+from txtasks.driver.sql import Claim, SqlDriver
 from txtasks.driver.urls import url_sync
 from txtasks.types import NewTask
 
@@ -317,3 +317,60 @@ async def test_on_mariadb_a_claim_and_an_outcome_reach_key_rows_by_their_primary
             read = [r for r in plan if r["table"] in ("txtasks_keys", "k")]
             assert read and all(r["key"] == "PRIMARY" for r in read), (statement, plan)
     engine.dispose()
+
+
+async def test_a_key_claim_locks_the_keys_that_waited_longest_along_their_index_only(
+    request: pytest.FixtureRequest, tmp_path: Any
+) -> None:
+    """Statistics taken while no key was armed (the keys of an idle queue, the usual moment for
+    autovacuum to analyze them) must not turn the lock of a claim's keys, once a burst of tasks
+    armed them, into reading and sorting every armed key."""
+    url = server_url(request, "postgresql", tmp_path)
+    reset_schema(url)
+    engine = create_engine(url_sync(url))
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO txtasks_keys (queue, partition_key, updated_at)"
+                " SELECT 'q', 'k' || i, now() FROM generate_series(1, 5000) AS i"
+            )
+        )
+        for _ in range(6):  # armed and put aside by earlier claims, not vacuumed yet
+            conn.execute(text("UPDATE txtasks_keys SET ready_at = now()"))
+            conn.execute(text("UPDATE txtasks_keys SET ready_at = NULL"))
+        conn.execute(text("ANALYZE txtasks_keys"))  # idle: none armed
+        conn.execute(text("UPDATE txtasks_keys SET ready_at = now() - id * interval '1 second'"))
+    engine.dispose()
+    driver = driver_for_url(url)
+    assert isinstance(driver, PostgresDriver)
+    plans: list[Any] = []
+
+    @event.listens_for(driver.engine.sync_engine, "before_cursor_execute")
+    def explain(conn: Any, cursor: Any, statement: str, params: Any, *_: Any) -> None:
+        if "FROM txtasks_keys" in statement and "FOR UPDATE" in statement:
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params)
+            plans.append(cursor.fetchall()[0][0])
+            # the planner's choice on these statistics depends on the sizes of the table and
+            # its index (a bloated index of 10,000 keys took the bitmap scan): none is left
+            cursor.execute("SHOW enable_bitmapscan")
+            plans.append(cursor.fetchall()[0][0])
+
+    now = utcnow()
+    try:
+        claimed = await driver.keyed_claim(
+            Claim(["q"], now, now + timedelta(minutes=1), "w"), LIMIT, {}
+        )
+        # and the intake of key hints, on the claims' pool, reads the first hints of its queues
+        # (a bitmap scan read every hint of the backlog to take a thousand)
+        intake = await driver.raw_fetch("claims", "SHOW enable_bitmapscan")
+    finally:
+        await driver.close()
+    assert claimed == [] and plans[1] == "off"  # keys without tasks: locked, put aside
+    assert intake[0][0] == "off"
+    tree = nodes((plans[0] if isinstance(plans[0], list) else json.loads(plans[0]))[0]["Plan"])
+    read = [
+        (n["Node Type"], n.get("Index Name"), n["Actual Rows"])
+        for n in tree
+        if n.get("Relation Name") == "txtasks_keys"
+    ]
+    assert read == [("Index Scan", "ix_txtasks_keys_ready", LIMIT)], read

@@ -87,6 +87,13 @@ KEYS_SETTLE = (
     "updated_at = $4 FROM unnest($1::bigint[], $2::timestamp[], $3::timestamp[]) "
     "AS v(id, ready_at, next_start_at) WHERE k.id = v.id"
 )
+#: The plans of a claim of the keys' lane, for its transaction: every statement of it reads a
+#: few rows along an index in that index's order, and a bitmap scan reads every match before it
+#: sorts them. Statistics taken before a queue's keys were armed (a new queue, a burst of new
+#: keys: the table grows faster than autovacuum analyzes it) estimate a row or two, and the lock
+#: of the keys that waited longest then read and sorted every armed key (10,000 keys: 9,607 rows
+#: sorted to lock 107), per claim.
+KEYS_PLANS = "SET LOCAL enable_bitmapscan = off"
 #: What the keys a claim holds have (`SqlDialect.keys_look`), in one statement: rows 'r' count
 #: the tasks processing of each key ($1[i], $2[i]), one probe of the running index per key;
 #: rows 'h' give the first live task of each ordered key ($3[i], $4[i]); rows 'd' the first
@@ -413,7 +420,9 @@ class PostgresDialect(SqlDialect):
     async def keys_lock(
         self, conn: AsyncConnection, params: dict[str, Any]
     ) -> tuple[list[Any], list[Any]]:
-        """One statement: the keys locked, each with the limits stored for it (if any)."""
+        """One statement: the keys locked, each with the limits stored for it (if any).
+        First the claim's transaction turns bitmap scans off (`KEYS_PLANS`)."""
+        await conn.exec_driver_sql(KEYS_PLANS)  # begins the transaction, as its first statement
         held: dict[int, Any] = {}
         stored = []
         for row in await conn.execute(self.stmt_keys_lock_limits(), params):
@@ -547,8 +556,11 @@ class PostgresDriver(SqlDriver):
             dsn = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
             # a plan per batch: a generic plan of the outcome statement walks the lease index
             # (every claimed-then-deleted row leaves a dead entry there) instead of the ids
+            # claims: no bitmap scan either, as in a claim of the keys' lane (`KEYS_PLANS`): the
+            # intake of key hints read every hint of its queues, from stale statistics, to take
+            # a thousand of them
             settings = (
-                {"synchronous_commit": "off"}
+                {"synchronous_commit": "off", "enable_bitmapscan": "off"}
                 if purpose == "claims"
                 else {"plan_cache_mode": "force_custom_plan"}
             )
