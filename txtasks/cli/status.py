@@ -107,7 +107,9 @@ class Grid:
 
     def width_needed(self, name_width: int = 12) -> int:
         """Columns for every value on one line with names folded to `name_width`."""
-        widths = [max(len(h), *(len(r[i]) for r in self.rows)) for i, h in enumerate(self.headers)]
+        widths = [
+            max([len(h), *(len(r[i]) for r in self.rows)]) for i, h in enumerate(self.headers)
+        ]
         return name_width + sum(widths[1:]) + 3 * len(self.headers) + 1
 
     def render(self, width: int) -> Any:
