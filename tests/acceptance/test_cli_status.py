@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import select
 import signal
 import subprocess
@@ -239,3 +240,18 @@ def test_watch_on_a_terminal_redraws_in_place_until_ctrl_c(sqlite_url: str) -> N
         os.close(main)
     assert b"\x1b[" in seen  # cursor moves: the frame is redrawn, not printed again
     assert b"Traceback" not in seen
+
+
+def test_the_documented_json_document_has_the_fields_status_prints() -> None:
+    """docs/cli.md shows an example document and a table of its fields: both name exactly
+    the fields `txtasks status --json` prints."""
+    page = (REPO / "docs" / "cli.md").read_text()
+    section = page[page.index("### `--json`") :]
+    body = section.index("```json\n") + 8
+    example = json.loads(section[body : section.index("\n```", body)])
+    assert set(example) == {"version", "at", "window_seconds", "queues", "keys"}
+    assert [set(q) for q in example["queues"]] == [QUEUE_FIELDS]
+    assert [set(k) for k in example["keys"]] == [KEY_FIELDS]
+    table = section[section.index("| Field |") : section.index("\n\n", section.index("| Field |"))]
+    described = set(re.findall(r"`(\w+)(?:\[\])?`", table)) - {"null"}
+    assert described == (QUEUE_FIELDS | KEY_FIELDS | set(example)) - {"queue", "key"}

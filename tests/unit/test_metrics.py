@@ -4,14 +4,17 @@ over HTTP."""
 from __future__ import annotations
 
 import asyncio
+import re
 import urllib.request
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from cleaner import Cleaner, CleanerConfig
 from txtasks import App, Retry, Worker, WorkerConfig
 from txtasks.driver import MemoryDriver
 from txtasks.metrics import Metrics
+from txtasks.schema.tables import metadata
 from txtasks.wakeup import WakeupStats
 
 
@@ -124,3 +127,17 @@ async def test_cleaner_exports_arrival_and_finish_rates_per_queue() -> None:
     finished = "txtasks_queue_finished_per_second"
     assert value(finished, {"queue": "mq", "state": "completed"}) == 3 / 60
     assert value(finished, {"queue": "mq", "state": "dead"}) == 1 / 60
+
+
+def test_every_metric_the_docs_name_exists() -> None:
+    """The metrics named in the operations and deployment guides are the ones served."""
+    metrics = Metrics()
+    metrics.watch_wakeups(WakeupStats())
+    families = {m.name for m in metrics.registry.collect()}
+    docs = Path(__file__).parents[2] / "docs"
+    tables = set(metadata.tables)
+    named = set()
+    for page in ("operations.md", "deployment.md"):
+        named |= set(re.findall(r"\btxtasks_[a-z_]+[a-z]", (docs / page).read_text())) - tables
+    unknown = {n for n in named if re.sub(r"_(total|bucket|count|sum)$", "", n) not in families}
+    assert named and not unknown, sorted(unknown)
