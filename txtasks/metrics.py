@@ -98,6 +98,12 @@ class Metrics:
             ["queue"],
             registry=r,
         )
+        self.paused = Gauge(
+            "txtasks_queue_paused",
+            "1 while the queue is paused (its ready tasks wait for a resume, not for workers)",
+            ["queue"],
+            registry=r,
+        )
         self.enqueued_rate = Gauge(
             "txtasks_queue_enqueued_per_second",
             "Tasks enqueued per second per queue, over the stats sweep's window (60 s)",
@@ -167,7 +173,7 @@ class Metrics:
                 self._child(self.sweep_rows, (sweep, counter)).inc(value)
 
     def queues_seen(self, stats: Iterable[QueueStats]) -> None:
-        """Depth, backlog and oldest ready age now; series not seen this time read 0."""
+        """Depth, backlog, oldest ready age and paused now; series not seen this time read 0."""
         depth: dict[tuple[str, ...], float] = {}
         per_queue: dict[tuple[str, ...], QueueStats] = {}
         for queue in stats:
@@ -176,6 +182,9 @@ class Metrics:
                 depth[(queue.queue, state)] = count
         self._gauge_set(self.depth, depth)
         self._gauge_set(self.ready, {k: q.ready for k, q in per_queue.items()})
+        self._gauge_set(
+            self.paused, {k: int(q.paused_at is not None) for k, q in per_queue.items()}
+        )
         self._gauge_set(self.oldest, {k: q.oldest_ready_age or 0.0 for k, q in per_queue.items()})
 
     def rates_seen(self, rates: Iterable[QueueRates]) -> None:

@@ -103,12 +103,18 @@ async def test_queue_gauges_fall_to_zero_when_a_queue_empties() -> None:
     assert value("txtasks_queue_tasks", {"queue": "mq", "state": "pending"}) == 1
     assert value("txtasks_queue_ready_tasks", {"queue": "mq"}) == 1
 
+    await app.apause("mq")
+    await cleaner.run_once()
+    assert value("txtasks_queue_paused", {"queue": "mq"}) == 1
+
     await app.acancel(task_id)
+    await app.aresume("mq")
     await cleaner.run_once()
 
     assert value("txtasks_queue_tasks", {"queue": "mq", "state": "pending"}) == 0
     assert value("txtasks_queue_ready_tasks", {"queue": "mq"}) == 0
     assert value("txtasks_queue_oldest_ready_seconds", {"queue": "mq"}) == 0
+    assert value("txtasks_queue_paused", {"queue": "mq"}) == 0
 
 
 async def test_cleaner_exports_arrival_and_finish_rates_per_queue() -> None:
