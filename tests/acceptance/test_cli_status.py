@@ -5,6 +5,7 @@ Ctrl-C, on a pipe and on a terminal.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pty
@@ -19,7 +20,9 @@ from typing import Any
 import pytest
 
 from tests.acceptance.apps import REPO, cli_env, command
-from tests.waiting import until_sync
+from tests.conftest import reset_schema
+from tests.tcp_proxy import TcpProxy
+from tests.waiting import until, until_sync
 from txtasks.clock import utcnow
 from txtasks.driver import driver_for_url
 from txtasks.types import NewTask, Outcome, OutcomeKind
@@ -255,3 +258,55 @@ def test_the_documented_json_document_has_the_fields_status_prints() -> None:
     table = section[section.index("| Field |") : section.index("\n\n", section.index("| Field |"))]
     described = set(re.findall(r"`(\w+)(?:\[\])?`", table)) - {"null"}
     assert described == (QUEUE_FIELDS | KEY_FIELDS | set(example)) - {"queue", "key"}
+
+
+@pytest.mark.postgresql
+async def test_watch_outlives_a_database_outage(postgres_url: str) -> None:
+    """While the database does not answer, `--watch` says so once on stderr and keeps trying;
+    when it answers again, it says so and the snapshots resume."""
+    reset_schema(postgres_url)
+    proxy = await TcpProxy.for_url(postgres_url)
+    url = proxy.url_for(postgres_url)
+    proc = await asyncio.create_subprocess_exec(
+        *command("status", "--watch", "0.2", "--json"),
+        cwd=REPO,
+        env=cli_env(url),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+
+        async def line(stream: asyncio.StreamReader) -> str:
+            return (await asyncio.wait_for(stream.readline(), 30)).decode()
+
+        assert json.loads(await line(proc.stdout))["queues"] == []
+        await proxy.refuse()
+        assert "cannot connect" in await line(proc.stderr)
+        await proxy.accept()
+        assert "the database answers again" in await line(proc.stderr)
+        await driver_insert(postgres_url, [task("after")])
+
+        async def shows_the_new_task() -> bool:
+            document = json.loads(await line(proc.stdout))
+            return [q["queue"] for q in document["queues"]] == ["after"]
+
+        await until(shows_the_new_task, "a snapshot after the outage", timeout=30)
+        proc.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        rest = (await proc.stderr.read()).decode()
+        assert "Traceback" not in rest and "cannot connect" not in rest  # said once
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await proxy.close()
+
+
+async def driver_insert(url: str, rows: list[NewTask]) -> None:
+    driver = driver_for_url(url)
+    try:
+        await driver.task_insert_many(rows)
+    finally:
+        await driver.close()

@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from txtasks.cli.common import database_url_option, json_default, with_driver
+from txtasks.cli.common import (
+    database_url_option,
+    error_message,
+    json_default,
+    resolve_url,
+    with_driver,
+)
 from txtasks.clock import utcnow
 from txtasks.types import KeyStats, QueueRates, QueueStats, TaskState
 
@@ -226,25 +232,52 @@ def status(database_url: str | None, as_json: bool, watch: float | None, key_cou
             return
         snapshot_print(snapshot)
         return
-    with_driver(database_url, lambda driver: _watch(driver, watch, key_count, as_json))
+    url = resolve_url(database_url)
+    with_driver(url, lambda driver: _watch(driver, url, watch, key_count, as_json))
 
 
-async def _watch(driver: Driver, interval: float, key_count: int, as_json: bool) -> None:
+async def _watch(driver: Driver, url: str, interval: float, key_count: int, as_json: bool) -> None:
     """Refresh until SIGINT or SIGTERM: in place on a terminal, one snapshot after another
-    otherwise (and always with --json)."""
+    otherwise (and always with --json). The first look must succeed (a wrong URL or schema
+    ends the command); after it, a database that does not answer is reported on stderr once,
+    retried every interval, and reported again when it answers."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    failing = False
     try:
         with Screen(as_json) as screen:
-            while not stop.is_set():
-                screen.show(await snapshot_take(driver, key_count))
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), interval)
+            screen.show(await snapshot_take(driver, key_count))
+            while not await _stopped(stop, interval):
+                try:
+                    snapshot = await snapshot_take(driver, key_count)
+                except Exception as exc:
+                    message = error_message(exc, url)
+                    if message is None:  # a bug: a traceback
+                        raise
+                    if not failing:
+                        _note(f"{message}; trying again every {interval:g}s")
+                    failing = True
+                    continue
+                if failing:
+                    _note("the database answers again")
+                failing = False
+                screen.show(snapshot)
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
+
+
+async def _stopped(stop: asyncio.Event, interval: float) -> bool:
+    """Wait `interval` seconds or until stopped; whether stopped."""
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(stop.wait(), interval)
+    return stop.is_set()
+
+
+def _note(text: str) -> None:
+    click.echo(f"{utcnow():%Y-%m-%d %H:%M:%S} UTC: {text}", err=True)
 
 
 class Screen:
