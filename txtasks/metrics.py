@@ -5,7 +5,8 @@
 
 Workers count claims and outcomes per queue and task, time handlers, and export their
 wake-up counters; the cleaner counts sweep passes and what they changed, and exports queue
-depth and the age of the oldest ready task (refreshed by its `stats` sweep). Each process has
+depth, the ready backlog, the age of the oldest ready task and the rates of arrival and
+completion per queue (refreshed by its `stats` sweep): what an autoscaler reads. Each process has
 its own `Metrics` on its own registry, so two in one process never collide.
 """
 
@@ -20,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from txtasks.errors import cannot_listen
-from txtasks.types import KeyStats, Progress, QueueStats
+from txtasks.types import KeyStats, Progress, QueueRates, QueueStats
 from txtasks.wakeup import WakeupStats
 
 log = logging.getLogger("txtasks.metrics")
@@ -91,6 +92,30 @@ class Metrics:
             ["queue"],
             registry=r,
         )
+        self.ready = Gauge(
+            "txtasks_queue_ready_tasks",
+            "Tasks ready to start now per queue (pending or retryable, and due): the backlog",
+            ["queue"],
+            registry=r,
+        )
+        self.paused = Gauge(
+            "txtasks_queue_paused",
+            "1 while the queue is paused (its ready tasks wait for a resume, not for workers)",
+            ["queue"],
+            registry=r,
+        )
+        self.enqueued_rate = Gauge(
+            "txtasks_queue_enqueued_per_second",
+            "Tasks enqueued per second per queue, over the stats sweep's window (60 s)",
+            ["queue"],
+            registry=r,
+        )
+        self.finished_rate = Gauge(
+            "txtasks_queue_finished_per_second",
+            "Tasks finished (archived) per second per queue and final state, over the window",
+            ["queue", "state"],
+            registry=r,
+        )
         self.key_depth = Gauge(
             "txtasks_key_tasks",
             "Tasks waiting (due) and processing of the busiest keys (see `keys_seen`)",
@@ -116,6 +141,7 @@ class Metrics:
             registry=r,
         )
         self._children: dict[tuple[str, ...], Any] = {}
+        self._seen: dict[str, set[tuple[str, ...]]] = {}
         self._port: int | None = None
 
     # -- workers ------------------------------------------------------------------------------
@@ -147,10 +173,30 @@ class Metrics:
                 self._child(self.sweep_rows, (sweep, counter)).inc(value)
 
     def queues_seen(self, stats: Iterable[QueueStats]) -> None:
+        """Depth, backlog, oldest ready age and paused now; series not seen this time read 0."""
+        depth: dict[tuple[str, ...], float] = {}
+        per_queue: dict[tuple[str, ...], QueueStats] = {}
         for queue in stats:
+            per_queue[(queue.queue,)] = queue
             for state, count in queue.counts.items():
-                self.depth.labels(queue.queue, state).set(count)
-            self.oldest.labels(queue.queue).set(queue.oldest_ready_age or 0.0)
+                depth[(queue.queue, state)] = count
+        self._gauge_set(self.depth, depth)
+        self._gauge_set(self.ready, {k: q.ready for k, q in per_queue.items()})
+        self._gauge_set(
+            self.paused, {k: int(q.paused_at is not None) for k, q in per_queue.items()}
+        )
+        self._gauge_set(self.oldest, {k: q.oldest_ready_age or 0.0 for k, q in per_queue.items()})
+
+    def rates_seen(self, rates: Iterable[QueueRates]) -> None:
+        """Arrival and finish rates per queue over the window; series not seen read 0."""
+        enqueued: dict[tuple[str, ...], float] = {}
+        finished: dict[tuple[str, ...], float] = {}
+        for r in rates:
+            enqueued[(r.queue,)] = r.enqueued_per_second
+            for state, count in r.finished.items():
+                finished[(r.queue, state)] = count / r.window
+        self._gauge_set(self.enqueued_rate, enqueued)
+        self._gauge_set(self.finished_rate, finished)
 
     def keys_seen(self, stats: Iterable[KeyStats]) -> None:
         """The busiest keys now: series of keys no longer among them go (bounded labels)."""
@@ -172,6 +218,16 @@ class Metrics:
         self._port = int(server.server_address[1])
         log.info("metrics on http://%s:%d/metrics", host, self._port)
         return self._port
+
+    def _gauge_set(self, gauge: Gauge, values: Mapping[tuple[str, ...], float]) -> None:
+        """Set a gauge's series to `values`; those set before and missing now read 0 (never
+        removed, so a scrape never sees a series vanish for a moment)."""
+        seen = self._seen.setdefault(gauge._name, set())
+        for labels in seen - values.keys():
+            gauge.labels(*labels).set(0)
+        for labels, value in values.items():
+            gauge.labels(*labels).set(value)
+        seen.update(values)
 
     def _child(self, metric: Any, labels: tuple[str, ...]) -> Any:
         key = (metric._name, *labels)

@@ -345,6 +345,30 @@ class QueueStats:
     oldest_ready_age: float | None = None
     #: When the queue was paused (its tasks are not claimed), or None.
     paused_at: datetime | None = None
+    #: Tasks ready to start now (pending or retryable, and due): the backlog workers face.
+    ready: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRates:
+    """What arrived in one queue and what finished there over a recent window, for
+    `txtasks status` and the metrics (autoscaling)."""
+
+    queue: str
+    #: The window, in seconds before the time asked about.
+    window: float
+    #: Tasks enqueued in the window (still live, or already archived).
+    enqueued: int = 0
+    #: Tasks archived in the window, by final state (completed, dead, ...).
+    finished: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def enqueued_per_second(self) -> float:
+        return self.enqueued / self.window
+
+    @property
+    def finished_per_second(self) -> float:
+        return sum(self.finished.values()) / self.window
 
 
 class CancelResult(str, enum.Enum):

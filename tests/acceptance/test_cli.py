@@ -51,7 +51,7 @@ def ok(result: Result) -> str:
 
 def status_of(result: Result) -> dict[str, dict[str, Any]]:
     """`txtasks status --json` output, by queue."""
-    return {q["queue"]: q for q in json.loads(ok(result))}
+    return {q["queue"]: q for q in json.loads(ok(result))["queues"]}
 
 
 def dead_of(result: Result) -> dict[int, dict[str, Any]]:

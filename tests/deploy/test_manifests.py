@@ -330,3 +330,190 @@ def test_the_readmes_exist() -> None:
     for path in manifest_files():
         assert path.name in text, f"deploy/kubernetes/README.md does not explain {path.name}"
     assert COMPOSE.name in (DEPLOY / "README.md").read_text()
+
+
+# -- deploy/kubernetes/keda ----------------------------------------------------------------
+
+KEDA_DIR = DEPLOY / "kubernetes" / "keda"
+
+#: The part of KEDA's ScaledObject schema (keda.sh/v1alpha1) the example uses, strict: a field
+#: misspelt or misplaced fails, as the API server would refuse it. Kubernetes' own schemas do
+#: not include KEDA's resources; the autoscaler behavior is checked against them below.
+SCALED_OBJECT = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "ScaledObject"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["scaleTargetRef", "triggers"],
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["name"],
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "name": {"type": "string"},
+                        "envSourceContainerName": {"type": "string"},
+                    },
+                },
+                **{
+                    field: {"type": "integer", "minimum": 0}
+                    for field in (
+                        "pollingInterval",
+                        "cooldownPeriod",
+                        "initialCooldownPeriod",
+                        "idleReplicaCount",
+                        "minReplicaCount",
+                        "maxReplicaCount",
+                    )
+                },
+                "advanced": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "restoreToOriginalReplicaCount": {"type": "boolean"},
+                        "horizontalPodAutoscalerConfig": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "properties": {"name": {"type": "string"}, "behavior": {}},
+                        },
+                    },
+                },
+                "triggers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["type", "metadata"],
+                        "properties": {
+                            "type": {"type": "string"},
+                            "name": {"type": "string"},
+                            "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                            "useCachedMetrics": {"type": "boolean"},
+                            "authenticationRef": {"type": "object", "required": ["name"]},
+                            # KEDA reads trigger metadata as strings only
+                            "metadata": {
+                                "type": "object",
+                                "additionalProperties": {"type": "string"},
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+#: What KEDA's PostgreSQL scaler reads from its metadata.
+POSTGRESQL_METADATA = {
+    "connectionFromEnv",
+    "query",
+    "targetQueryValue",
+    "activationTargetQueryValue",
+}
+
+
+def scaled_objects() -> list[dict[str, Any]]:
+    found = []
+    for path in sorted(KEDA_DIR.glob("*.yaml")):
+        found.extend(d for d in yaml.safe_load_all(path.read_text()) if d is not None)
+    return found
+
+
+def scaled_object_errors(document: Any) -> list[str]:
+    validator = jsonschema.Draft202012Validator(SCALED_OBJECT)
+    return [
+        f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in validator.iter_errors(document)
+    ]
+
+
+def test_the_keda_scaled_object_has_the_shape_keda_reads() -> None:
+    [scaled] = scaled_objects()
+    assert scaled_object_errors(scaled) == []
+    [trigger] = scaled["spec"]["triggers"]
+    assert trigger["type"] == "postgresql"
+    assert set(trigger["metadata"]) == POSTGRESQL_METADATA
+    assert float(trigger["metadata"]["targetQueryValue"]) > 0
+    assert float(trigger["metadata"]["activationTargetQueryValue"]) >= 0
+
+
+def test_the_keda_structure_check_catches_mistakes() -> None:
+    [scaled] = scaled_objects()
+    scaled["spec"]["minReplicas"] = scaled["spec"].pop("minReplicaCount")
+    assert scaled_object_errors(scaled)
+    [scaled] = scaled_objects()
+    scaled["spec"]["triggers"][0]["metadata"]["targetQueryValue"] = 200
+    assert scaled_object_errors(scaled)
+
+
+def test_the_keda_scaled_object_scales_the_worker_deployment_within_sane_bounds() -> None:
+    [scaled] = scaled_objects()
+    spec = scaled["spec"]
+    target = spec["scaleTargetRef"]
+    assert (target.get("kind", "Deployment"), target.get("apiVersion", "apps/v1")) == (
+        "Deployment",
+        "apps/v1",
+    )
+    deployment = objects("Deployment")[target["name"]]
+    pod = deployment["spec"]["template"]["spec"]
+    # the pods run the cleaner: scaling them to zero would stop rescues, retries and periodics
+    assert any(c["args"][0] == "cleaner" for c in containers(pod))
+    assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+    # the autoscaler behavior is Kubernetes' own: validate it in an HPA of the same target
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": scaled["metadata"]["name"]},
+        "spec": {
+            "scaleTargetRef": {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "name": target["name"],
+            },
+            "minReplicas": spec["minReplicaCount"],
+            "maxReplicas": spec["maxReplicaCount"],
+            "behavior": spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"],
+        },
+    }
+    kubernetes_validate.validate(hpa, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_keda_query_reads_the_workers_database_and_queue() -> None:
+    """The scaler connects with the URL in the target's first container's environment (the
+    worker's), counts the queue that the example app's tasks use, and reads txtasks tables."""
+    [scaled] = scaled_objects()
+    metadata = scaled["spec"]["triggers"][0]["metadata"]
+    deployment = objects("Deployment")[scaled["spec"]["scaleTargetRef"]["name"]]
+    worker = containers(deployment["spec"]["template"]["spec"])[0]
+    assert worker["args"][0] == "worker"
+    secrets = objects("Secret")
+    env = {
+        name
+        for source in worker["envFrom"]
+        if "secretRef" in source
+        for name in secrets[source["secretRef"]["name"]]["stringData"]
+    }
+    assert metadata["connectionFromEnv"] in env
+    assert secrets["shop-txtasks-urls"]["stringData"][metadata["connectionFromEnv"]].startswith(
+        "postgresql://"
+    )
+    shop = (ROOT / "deploy" / "example" / "shop.py").read_text()
+    [queue] = re.findall(r'^QUEUE = "([^"]+)"', shop, re.M)
+    query = metadata["query"]
+    assert query.count(f"queue = '{queue}'") == 3  # both parts and the paused check
+    assert set(re.findall(r"\btxtasks_\w+", query)) == {"txtasks_tasks", "txtasks_paused_queues"}
+
+
+def test_the_keda_example_is_not_applied_with_the_other_manifests() -> None:
+    """`kubectl apply -f deploy/kubernetes/` must not need KEDA: its manifest is apart."""
+    assert not [o for _, o in manifests() if o["apiVersion"].startswith("keda.sh/")]
+    text = (DEPLOY / "kubernetes" / "README.md").read_text()
+    assert "keda/worker-scaledobject.yaml" in text

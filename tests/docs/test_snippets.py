@@ -226,9 +226,9 @@ def test_quickstart(tmp_path: Path) -> None:
     worker = run([*txtasks, "worker", "shop:app", "--burst", "--burst-horizon", "0"], tmp_path, url)
     assert "order 1: confirmation sent to ada@example.com" in worker.stdout
     status = json.loads(run([*txtasks, "status", "--json"], tmp_path, url).stdout)
-    assert status == [
-        {"queue": "emails", "counts": {"completed": 1}, "oldest_ready_age": None, "paused_at": None}
-    ]
+    [emails] = status["queues"]
+    assert (emails["queue"], emails["counts"], emails["ready"]) == ("emails", {"completed": 1}, 0)
+    assert (emails["enqueued"], emails["finished"]) == (1, {"completed": 1})
 
 
 def test_testing_guide(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ Time is passed in (`now`), so every test controls it exactly.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,7 +18,16 @@ from tests.integration.conformance import LEASE, T0, at, claim, get, new, write
 from tests.integration.conftest import another
 from txtasks.driver import Driver, MemoryDriver
 from txtasks.schema.tables import tasks
-from txtasks.types import Outcome, OutcomeKind, QueueStats, TaskKey, TaskRow, TaskState
+from txtasks.types import (
+    NewTask,
+    Outcome,
+    OutcomeKind,
+    QueueRates,
+    QueueStats,
+    TaskKey,
+    TaskRow,
+    TaskState,
+)
 
 # ----------------------------------------------------------------------------- insert and get
 
@@ -423,11 +433,53 @@ async def test_queue_stats_counts_and_oldest_ready_age(driver: Driver) -> None:
     await fill_for_stats(driver)
     stats = await driver.queue_stats(now=T0)
     assert stats == [
-        QueueStats("a", {"pending": 2, "processing": 1, "completed": 1}, 10.0),
-        QueueStats("b", {"retryable": 1, "dead": 1}, 5.0),
+        QueueStats("a", {"pending": 2, "processing": 1, "completed": 1}, 10.0, ready=1),
+        QueueStats("b", {"retryable": 1, "dead": 1}, 5.0, ready=1),
         QueueStats("c", {"pending": 1}, None),
     ]
     assert await MemoryDriver().queue_stats(now=T0) == []
+
+
+async def test_queue_stats_counts_ready_tasks_with_and_without_a_key(driver: Driver) -> None:
+    await driver.task_insert_many(
+        [
+            new("plain", run_at=at(-3)),
+            new("keyed", key="k1", run_at=at(-2)),
+            new("keyed later", key="k1", run_at=at(5)),
+            new("other key", key="k2", run_at=at(-9)),
+        ]
+    )
+    [stats] = await driver.queue_stats(now=T0, archived=False)
+    assert (stats.ready, stats.oldest_ready_age) == (3, 9.0)
+
+
+async def test_queue_rates_count_arrivals_and_finishes_in_the_window(driver: Driver) -> None:
+    def created(seconds: float, queue: str = "q") -> NewTask:
+        return dataclasses.replace(
+            new(seconds, queue=queue, run_at=at(-120)), created_at=at(seconds)
+        )
+
+    await driver.task_insert_many([created(-400, queue="s")])
+    old_done, recent_done, recent_dead, _old_live, _ = await driver.task_insert_many(
+        [created(-300), created(-30), created(-20), created(-200), created(-10)]
+    )
+    await driver.task_insert_many([created(-5, queue="r")])
+    rows = {r.id: r for r in await claim(driver, ["q"], limit=3)}
+    assert set(rows) == {old_done, recent_done, recent_dead}
+    await write(driver, Outcome(rows[old_done].key, OutcomeKind.COMPLETE), now=at(-90))
+    await write(driver, Outcome(rows[recent_done].key, OutcomeKind.COMPLETE), now=at(-15))
+    await write(driver, Outcome(rows[recent_dead].key, OutcomeKind.DEAD, error="x"), now=at(-1))
+
+    rates = await driver.queue_rates(now=T0, window=60.0)
+
+    # q: enqueued in the last minute: recent_done, recent_dead (archived) and one live task;
+    # finished: recent_done and recent_dead (old_done finished 90 s ago). s: nothing recent.
+    assert rates == [
+        QueueRates("q", 60.0, 3, {"completed": 1, "dead": 1}),
+        QueueRates("r", 60.0, 1, {}),
+    ]
+    assert (rates[0].enqueued_per_second, rates[0].finished_per_second) == (3 / 60, 2 / 60)
+    assert await driver.queue_rates(now=at(3600), window=60.0) == []
 
 
 async def test_live_count_counts_due_tasks_and_valid_leases(driver: Driver) -> None:

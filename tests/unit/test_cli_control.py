@@ -80,11 +80,11 @@ def test_bad_input_is_named(url: str, args: list[str], message: str) -> None:
 def test_pause_resume_and_status(url: str) -> None:
     assert run(url, "pause", "reports").output == "queue reports: paused\n"
     assert "already paused since" in run(url, "pause", "reports").output
-    [stats] = json.loads(run(url, "status", "--json").output)
-    assert stats["queue"] == "reports" and stats["paused_at"] is not None
+    [stats] = json.loads(run(url, "status", "--json").output)["queues"]
+    assert stats["queue"] == "reports" and stats["paused"] and stats["paused_at"] is not None
     assert run(url, "resume", "reports").output == "queue reports: resumed\n"
     assert run(url, "resume", "reports").output == "queue reports: was not paused\n"
-    assert json.loads(run(url, "status", "--json").output) == []  # nothing left to show
+    assert json.loads(run(url, "status", "--json").output)["queues"] == []  # nothing to show
 
 
 def test_inspect_shows_a_task_and_the_places_of_its_result_and_progress(url: str) -> None:

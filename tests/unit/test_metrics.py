@@ -4,14 +4,17 @@ over HTTP."""
 from __future__ import annotations
 
 import asyncio
+import re
 import urllib.request
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from cleaner import Cleaner, CleanerConfig
 from txtasks import App, Retry, Worker, WorkerConfig
 from txtasks.driver import MemoryDriver
 from txtasks.metrics import Metrics
+from txtasks.schema.tables import metadata
 from txtasks.wakeup import WakeupStats
 
 
@@ -86,3 +89,61 @@ async def test_cleaner_counts_sweeps_and_sets_queue_gauges_and_serves_them() -> 
     text = body.decode()
     assert 'txtasks_queue_tasks{queue="mq",state="pending"} 2.0' in text
     assert 'txtasks_sweep_passes_total{ok="true",sweep="periodic"} 1.0' in text
+
+
+async def test_queue_gauges_fall_to_zero_when_a_queue_empties() -> None:
+    """A backlog that drains must read 0, not its last non-zero count: an autoscaler on it
+    would otherwise never scale in."""
+    app = make_app()
+    [task_id] = [await app.aenqueue("ok", 1)]
+    metrics = Metrics()
+    cleaner = Cleaner(app, CleanerConfig(), metrics=metrics)
+    await cleaner.run_once()
+    value = metrics.registry.get_sample_value
+    assert value("txtasks_queue_tasks", {"queue": "mq", "state": "pending"}) == 1
+    assert value("txtasks_queue_ready_tasks", {"queue": "mq"}) == 1
+
+    await app.apause("mq")
+    await cleaner.run_once()
+    assert value("txtasks_queue_paused", {"queue": "mq"}) == 1
+
+    await app.acancel(task_id)
+    await app.aresume("mq")
+    await cleaner.run_once()
+
+    assert value("txtasks_queue_tasks", {"queue": "mq", "state": "pending"}) == 0
+    assert value("txtasks_queue_ready_tasks", {"queue": "mq"}) == 0
+    assert value("txtasks_queue_oldest_ready_seconds", {"queue": "mq"}) == 0
+    assert value("txtasks_queue_paused", {"queue": "mq"}) == 0
+
+
+async def test_cleaner_exports_arrival_and_finish_rates_per_queue() -> None:
+    app = make_app()
+    for n in range(3):
+        await app.aenqueue("ok", n)
+    await app.aenqueue("flaky")
+    config = WorkerConfig(burst=True, burst_horizon=0, poll_interval=0.01, flush_interval=0.001)
+    await Worker(app, config).run()
+    metrics = Metrics()
+
+    await Cleaner(app, CleanerConfig(), metrics=metrics).run_once()
+
+    value = metrics.registry.get_sample_value
+    assert value("txtasks_queue_enqueued_per_second", {"queue": "mq"}) == 4 / 60
+    finished = "txtasks_queue_finished_per_second"
+    assert value(finished, {"queue": "mq", "state": "completed"}) == 3 / 60
+    assert value(finished, {"queue": "mq", "state": "dead"}) == 1 / 60
+
+
+def test_every_metric_the_docs_name_exists() -> None:
+    """The metrics named in the operations and deployment guides are the ones served."""
+    metrics = Metrics()
+    metrics.watch_wakeups(WakeupStats())
+    families = {m.name for m in metrics.registry.collect()}
+    docs = Path(__file__).parents[2] / "docs"
+    tables = set(metadata.tables)
+    named = set()
+    for page in ("operations.md", "deployment.md"):
+        named |= set(re.findall(r"\btxtasks_[a-z_]+[a-z]", (docs / page).read_text())) - tables
+    unknown = {n for n in named if re.sub(r"_(total|bucket|count|sum)$", "", n) not in families}
+    assert named and not unknown, sorted(unknown)

@@ -38,6 +38,7 @@ from txtasks.cli.common import (
 )
 from txtasks.cli.control import COMMANDS as control_commands
 from txtasks.cli.demo import demo
+from txtasks.cli.status import status
 from txtasks.cli.topics import COMMANDS as topic_commands
 from txtasks.clock import utcnow
 from txtasks.types import TaskState
@@ -46,7 +47,6 @@ if TYPE_CHECKING:  # each command imports what it runs: the group and --help nee
     from txtasks.driver import Driver
 
 log = logging.getLogger("txtasks.cli")
-STATE_COLUMNS = [s.value for s in TaskState]
 
 
 class WorkerDefault:
@@ -252,51 +252,7 @@ def worker(
         os._exit(0)
 
 
-# -- status and dead letters -------------------------------------------------------------------
-
-
-@main.command()
-@database_url_option
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def status(database_url: str | None, as_json: bool) -> None:
-    """Counts per queue and state, the age of the oldest ready task, and which queues are
-    paused."""
-    from rich.console import Console
-    from rich.table import Table
-
-    async def both(driver: Driver) -> tuple[Any, Any]:
-        now = utcnow()
-        return await driver.queue_stats(now=now), await driver.key_stats(now=now)
-
-    stats, busiest = with_driver(database_url, both)
-    if as_json:
-        rows = [dataclasses.asdict(s) for s in stats]
-        click.echo(json.dumps(rows, default=json_default, indent=2))
-        return
-    table = Table(title="txtasks status")
-    table.add_column("queue")
-    for state in STATE_COLUMNS:
-        table.add_column(state, justify="right")
-    table.add_column("oldest ready", justify="right")
-    table.add_column("paused")
-    for s in stats:
-        age = "-" if s.oldest_ready_age is None else f"{s.oldest_ready_age:.1f}s"
-        paused = "" if s.paused_at is None else "yes"
-        counts = [str(s.counts.get(state, 0)) for state in STATE_COLUMNS]
-        table.add_row(s.queue, *counts, age, paused)
-    Console().print(table)
-    if busiest:
-        keys_table = Table(title="busiest keys")
-        for column in ("queue", "key", "waiting", "processing", "rate-limited until"):
-            keys_table.add_column(
-                column, justify="right" if column in ("waiting", "processing") else "left"
-            )
-        for k in busiest:
-            until = (
-                "" if k.rate_limited_until is None else f"{k.rate_limited_until:%H:%M:%S.%f}"[:-3]
-            )
-            keys_table.add_row(k.queue, k.key, str(k.waiting), str(k.processing), until)
-        Console().print(keys_table)
+# -- dead letters -------------------------------------------------------------------------
 
 
 @main.group()
@@ -524,6 +480,7 @@ def enqueue(
 
 
 main.add_command(demo)
+main.add_command(status)
 for _command in (*topic_commands, *control_commands):
     main.add_command(_command)
 

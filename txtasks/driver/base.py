@@ -22,6 +22,7 @@ from txtasks.types import (
     NewTask,
     Outcome,
     PeriodicRow,
+    QueueRates,
     QueueStats,
     Subscription,
     TaskKey,
@@ -227,8 +228,13 @@ class Driver(Protocol):
         """The same for synchronous callers."""
 
     async def queue_stats(self, *, now: datetime, archived: bool = True) -> list[QueueStats]:
-        """Counts per queue and state (of live tasks only unless `archived`), and the age of
-        the oldest ready task."""
+        """Counts per queue and state (of live tasks only unless `archived`), the age of the
+        oldest ready task, and the count of ready tasks due at `now`."""
+
+    async def queue_rates(self, *, now: datetime, window: float = 60.0) -> list[QueueRates]:
+        """Per queue: tasks enqueued and tasks finished (archived, by final state) in the
+        `window` seconds before `now`; queues with neither are left out. Each statement reads
+        an index: the live tasks enqueued since, the archived tasks finished since."""
 
     async def dead_list(self, *, queue: str | None = None, limit: int = 100) -> list[TaskRow]:
         """Dead-lettered tasks, newest first."""

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 from txtasks.control import CANCELLABLE, TaskFilter, cancel_wins, cancels_of, task_list_order
@@ -36,6 +36,7 @@ from txtasks.types import (
     Outcome,
     OutcomeKind,
     PeriodicRow,
+    QueueRates,
     QueueStats,
     Subscription,
     TaskKey,
@@ -501,6 +502,7 @@ class MemoryDriver:
     async def queue_stats(self, *, now: datetime, archived: bool = True) -> list[QueueStats]:
         stats: dict[str, QueueStats] = {}
         oldest: dict[str, datetime] = {}
+        ready: dict[str, int] = {}
         with self._lock:
             finished = self.archived.values() if archived else ()
             for row in itertools.chain(self.live.values(), finished):
@@ -508,6 +510,7 @@ class MemoryDriver:
                 counts[row.state.value] = counts.get(row.state.value, 0) + 1
                 if row.state in READY_STATES and row.run_at <= now:
                     oldest[row.queue] = min(oldest.get(row.queue, row.run_at), row.run_at)
+                    ready[row.queue] = ready.get(row.queue, 0) + 1
             for queue in self.paused:
                 stats.setdefault(queue, QueueStats(queue))
             paused = dict(self.paused)
@@ -517,9 +520,26 @@ class MemoryDriver:
                 s.counts,
                 (now - oldest[q]).total_seconds() if q in oldest else None,
                 paused.get(q),
+                ready.get(q, 0),
             )
             for q, s in sorted(stats.items())
         ]
+
+    async def queue_rates(self, *, now: datetime, window: float = 60.0) -> list[QueueRates]:
+        since = now - timedelta(seconds=window)
+        enqueued: dict[str, int] = {}
+        finished: dict[str, dict[str, int]] = {}
+        with self._lock:
+            for row in itertools.chain(self.live.values(), self.archived.values()):
+                done = row.finished_at is not None and row.finished_at > since
+                if row.created_at > since:
+                    enqueued[row.queue] = enqueued.get(row.queue, 0) + 1
+                elif done:
+                    enqueued.setdefault(row.queue, 0)
+                if done:
+                    counts = finished.setdefault(row.queue, {})
+                    counts[row.state.value] = counts.get(row.state.value, 0) + 1
+        return [QueueRates(q, window, enqueued[q], finished.get(q, {})) for q in sorted(enqueued)]
 
     # -- control ------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import (
@@ -21,6 +21,8 @@ from sqlalchemy import (
     insert,
     literal,
     select,
+    text,
+    union_all,
     update,
 )
 from sqlalchemy.exc import IntegrityError
@@ -37,7 +39,9 @@ from txtasks.clock import utcnow
 from txtasks.keys import KeyOverride, Rate
 from txtasks.schema.tables import (
     IS_READY,
+    KEYED,
     TASK_COLUMNS,
+    UNKEYED,
     Timestamp,
     archive,
     key_hints,
@@ -52,12 +56,14 @@ from txtasks.types import (
     KeyStats,
     NewTask,
     PeriodicRow,
+    QueueRates,
     QueueStats,
     TaskRow,
     TaskState,
 )
 
 T = TypeVar("T")
+FINISHED_VALUES = frozenset(s.value for s in FINISHED_STATES)
 PROCESSING = TaskState.PROCESSING.value
 
 
@@ -88,6 +94,49 @@ async def _keys_rearm(conn: AsyncConnection, key: str, queue: str | None) -> Non
     if queue is not None:
         where &= keys.c.queue == queue
     await conn.execute(update(keys).where(where).values(ready_at=now, updated_at=now))
+
+
+def stmt_ready_due(now: datetime) -> Any:
+    """Per queue: the earliest run_at and the count of ready, due tasks; tasks without a key
+    and with one apart (each part served by its claim index where indexes are partial)."""
+    parts = [
+        select(tasks.c.queue, func.min(tasks.c.run_at), func.count())
+        .where(IS_READY, text(keyed), tasks.c.run_at <= now)
+        .group_by(tasks.c.queue)
+        for keyed in (UNKEYED, KEYED)
+    ]
+    return union_all(*parts)
+
+
+def stmt_newest_before(since: datetime) -> Any:
+    """The newest live task enqueued at or before `since`: read backwards along the primary
+    key, so it reads only the tasks enqueued since (ids follow enqueue times closely)."""
+    return (
+        select(tasks.c.id).where(tasks.c.created_at <= since).order_by(tasks.c.id.desc()).limit(1)
+    )
+
+
+def stmt_arrivals_and_finishes(since: datetime, before_id: int) -> Any:
+    """Per queue (and final state): tasks enqueued after `since` (live ones after
+    `before_id` along the primary key, archived ones among those finished since) and tasks
+    finished after `since` (the archive's state index); one statement, one snapshot."""
+    live = (
+        select(
+            tasks.c.queue,
+            literal(None, String).label("state"),
+            func.count().label("arrived"),
+            literal(0).label("finished"),
+        )
+        .where(tasks.c.id > before_id, tasks.c.created_at > since)
+        .group_by(tasks.c.queue)
+    )
+    arrived = func.sum(case((archive.c.created_at > since, 1), else_=0))
+    finished = (
+        select(archive.c.queue, archive.c.state, arrived, func.count())
+        .where(archive.c.state.in_(sorted(FINISHED_VALUES)), archive.c.finished_at > since)
+        .group_by(archive.c.queue, archive.c.state)
+    )
+    return union_all(live, finished)
 
 
 class SqlAdmin:
@@ -160,19 +209,40 @@ class SqlAdmin:
                 )
                 for queue, state, count in (await conn.execute(counts)).all():
                     stats.setdefault(queue, QueueStats(queue)).counts[state] = int(count)
-            oldest = (
-                select(tasks.c.queue, func.min(tasks.c.run_at))
-                .where(IS_READY, tasks.c.run_at <= now)
-                .group_by(tasks.c.queue)
-            )
-            ages = {q: (now - t).total_seconds() for q, t in (await conn.execute(oldest)).all()}
+            oldest: dict[str, datetime] = {}
+            ready: dict[str, int] = {}
+            for queue, first, count in (await conn.execute(stmt_ready_due(now))).all():
+                oldest[queue] = min(first, oldest.get(queue, first))
+                ready[queue] = ready.get(queue, 0) + int(count)
             paused_stmt = select(paused_queues.c.queue, paused_queues.c.paused_at)
             paused = {q: at for q, at in (await conn.execute(paused_stmt)).all()}
         for queue in paused:
             stats.setdefault(queue, QueueStats(queue))
         return [
-            QueueStats(q, s.counts, ages.get(q), paused.get(q)) for q, s in sorted(stats.items())
+            QueueStats(
+                q,
+                s.counts,
+                (now - oldest[q]).total_seconds() if q in oldest else None,
+                paused.get(q),
+                ready.get(q, 0),
+            )
+            for q, s in sorted(stats.items())
         ]
+
+    async def queue_rates(self, *, now: datetime, window: float = 60.0) -> list[QueueRates]:
+        since = now - timedelta(seconds=window)
+        enqueued: dict[str, int] = {}
+        finished: dict[str, dict[str, int]] = {}
+        async with self.connect() as conn:
+            # ids follow enqueue times, not exactly (concurrent transactions, clocks): counting
+            # from a task enqueued a window earlier still, a task a little out of order counts.
+            before = (await conn.execute(stmt_newest_before(since - (now - since)))).scalar()
+            stmt = stmt_arrivals_and_finishes(since, -1 if before is None else int(before))
+            for queue, state, arrived, count in (await conn.execute(stmt)).all():
+                enqueued[queue] = enqueued.get(queue, 0) + int(arrived or 0)
+                if state is not None:
+                    finished.setdefault(queue, {})[state] = int(count)
+        return [QueueRates(q, window, enqueued[q], finished.get(q, {})) for q in sorted(enqueued)]
 
     async def key_stats(self, *, now: datetime, limit: int = 10) -> list[KeyStats]:
         waiting = func.sum(case((IS_READY & (tasks.c.run_at <= now), 1), else_=0))

@@ -1,0 +1,314 @@
+"""`txtasks status`: queues (depth by state, backlog, oldest ready task, rates, paused) and the
+busiest keys, as tables that fit the terminal, as JSON, once or refreshed until interrupted.
+
+The JSON document (`--json`) is stable: fields are added, never renamed or removed, and
+`version` changes if that ever has to happen. See docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from txtasks.cli.common import (
+    database_url_option,
+    error_message,
+    json_default,
+    resolve_url,
+    with_driver,
+)
+from txtasks.clock import utcnow
+from txtasks.types import KeyStats, QueueRates, QueueStats, TaskState
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from txtasks.driver import Driver
+
+#: The version of the `--json` document.
+JSON_VERSION = 1
+#: Seconds over which arrivals and finishes are counted.
+WINDOW = 60.0
+STATES = [s.value for s in TaskState]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one look at the database saw."""
+
+    at: datetime
+    queues: list[QueueStats]
+    rates: dict[str, QueueRates]
+    keys: list[KeyStats]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": JSON_VERSION,
+            "at": _utc(self.at),
+            "window_seconds": WINDOW,
+            "queues": [self._queue_json(q) for q in self.queues],
+            "keys": [_key_json(k) for k in self.keys],
+        }
+
+    def _queue_json(self, q: QueueStats) -> dict[str, Any]:
+        rates = self.rates.get(q.queue) or QueueRates(q.queue, WINDOW)
+        return {
+            "queue": q.queue,
+            "counts": q.counts,
+            "ready": q.ready,
+            "oldest_ready_age": q.oldest_ready_age,
+            "paused": q.paused_at is not None,
+            "paused_at": _utc(q.paused_at),
+            "enqueued": rates.enqueued,
+            "finished": rates.finished,
+            "enqueued_per_second": rates.enqueued_per_second,
+            "finished_per_second": rates.finished_per_second,
+        }
+
+
+def _key_json(k: KeyStats) -> dict[str, Any]:
+    return {
+        "queue": k.queue,
+        "key": k.key,
+        "waiting": k.waiting,
+        "processing": k.processing,
+        "rate_limited": k.rate_limited_until is not None,
+        "rate_limited_until": _utc(k.rate_limited_until),
+    }
+
+
+def _utc(at: datetime | None) -> datetime | None:
+    """Times are stored as naive UTC; in JSON they say so (`...+00:00`)."""
+    return None if at is None else at.replace(tzinfo=timezone.utc)
+
+
+async def snapshot_take(driver: Driver, keys: int) -> Snapshot:
+    now = utcnow()
+    queues = await driver.queue_stats(now=now)
+    rates = {r.queue: r for r in await driver.queue_rates(now=now, window=WINDOW)}
+    for queue in rates.keys() - {q.queue for q in queues}:  # all its tasks were purged since
+        queues.append(QueueStats(queue))
+    busiest = await driver.key_stats(now=now, limit=keys) if keys else []
+    return Snapshot(now, sorted(queues, key=lambda q: q.queue), rates, busiest)
+
+
+# -- tables ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A table to show: a title, headers (the first one names the row, and folds), rows."""
+
+    title: str
+    headers: list[str]
+    rows: list[list[str]]
+
+    def width_needed(self, name_width: int = 12) -> int:
+        """Columns for every value on one line with names folded to `name_width`."""
+        widths = [
+            max([len(h), *(len(r[i]) for r in self.rows)]) for i, h in enumerate(self.headers)
+        ]
+        return name_width + sum(widths[1:]) + 3 * len(self.headers) + 1
+
+    def render(self, width: int) -> Any:
+        """A table when every value fits on one line at `width` columns; else one block per
+        row, each value on its own line (folding only the names)."""
+        from rich.console import Group
+        from rich.table import Table
+
+        if width >= self.width_needed():
+            table = Table(title=self.title)
+            for i, header in enumerate(self.headers):
+                if i == 0 or header == "key":
+                    table.add_column(header, overflow="fold", min_width=5)
+                else:
+                    table.add_column(header, justify="right", no_wrap=True)
+            for row in self.rows:
+                table.add_row(*row)
+            return table
+        blocks: list[Any] = [f"[bold]{self.title}[/bold]"]
+        for row in self.rows:
+            block = Table.grid(padding=(0, 1))
+            block.add_column(no_wrap=True, style="bold")
+            block.add_column(overflow="fold")
+            for header, value in zip(self.headers, row, strict=True):
+                block.add_row(header, value)
+            blocks.extend(["", block])
+        return Group(*blocks)
+
+
+def snapshot_grids(snapshot: Snapshot) -> list[Grid]:
+    """The queue table, and the busiest keys' when there are any. States with no task in any
+    queue get no column (`--json` has every count)."""
+    shown = [s for s in STATES if any(q.counts.get(s) for q in snapshot.queues)]
+    headers = ["queue", "ready", "oldest ready", *shown, "in/min", "done/min", "paused"]
+    rows = []
+    for q in snapshot.queues:
+        rates = snapshot.rates.get(q.queue) or QueueRates(q.queue, WINDOW)
+        age = "-" if q.oldest_ready_age is None else _age(q.oldest_ready_age)
+        counts = [str(q.counts.get(s, 0)) for s in shown]
+        done = str(sum(rates.finished.values()))
+        paused = "" if q.paused_at is None else "yes"
+        rows.append([q.queue, str(q.ready), age, *counts, str(rates.enqueued), done, paused])
+    grids = [Grid(f"txtasks status at {snapshot.at:%Y-%m-%d %H:%M:%S} UTC", headers, rows)]
+    if snapshot.keys:
+        keys = []
+        for k in snapshot.keys:
+            until = k.rate_limited_until
+            limited = "" if until is None else f"{until:%H:%M:%S.%f}"[:-3]
+            keys.append([k.queue, k.key, str(k.waiting), str(k.processing), limited])
+        columns = ["queue", "key", "waiting", "processing", "rate-limited until"]
+        grids.append(Grid("busiest keys", columns, keys))
+    return grids
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def snapshot_print(snapshot: Snapshot, console: Console | None = None) -> Console:
+    """Print the snapshot's tables at the console's width (see `console_for`)."""
+    grids = snapshot_grids(snapshot)
+    console = console or console_for(grids)
+    for grid in grids:
+        console.print(grid.render(console.width))
+    return console
+
+
+def console_for(grids: list[Grid]) -> Console:
+    """The terminal's width on a terminal (or COLUMNS when set); else as wide as the tables
+    need, so that output piped to a file or a pager is never cut at 80 columns."""
+    from rich.console import Console
+
+    console = Console()
+    if console.is_terminal or os.environ.get("COLUMNS"):
+        return console
+    widest = max(g.width_needed(max(len(r[0]) for r in g.rows or [[""]])) for g in grids)
+    return Console(width=max(widest, 80))
+
+
+# -- the command -------------------------------------------------------------------------------
+
+
+@click.command()
+@database_url_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (see docs/cli.md).")
+@click.option(
+    "--watch",
+    type=click.FloatRange(min=0.1),
+    is_flag=False,
+    flag_value=2.0,
+    default=None,
+    metavar="[SECONDS]",
+    help="Refresh every SECONDS (default 2) until Ctrl-C; with --json, one document a line.",
+)
+@click.option(
+    "--keys",
+    "key_count",
+    type=click.IntRange(min=0),
+    default=10,
+    show_default=True,
+    help="How many of the busiest keys to show.",
+)
+def status(database_url: str | None, as_json: bool, watch: float | None, key_count: int) -> None:
+    """Queues: tasks per state, ready tasks and the age of the oldest, tasks enqueued and
+    finished in the last minute, paused or not; and the busiest keys."""
+    if watch is None:
+        snapshot = with_driver(database_url, lambda driver: snapshot_take(driver, key_count))
+        if as_json:
+            click.echo(json.dumps(snapshot.to_json(), default=json_default, indent=2))
+            return
+        snapshot_print(snapshot)
+        return
+    url = resolve_url(database_url)
+    with_driver(url, lambda driver: _watch(driver, url, watch, key_count, as_json))
+
+
+async def _watch(driver: Driver, url: str, interval: float, key_count: int, as_json: bool) -> None:
+    """Refresh until SIGINT or SIGTERM: in place on a terminal, one snapshot after another
+    otherwise (and always with --json). The first look must succeed (a wrong URL or schema
+    ends the command); after it, a database that does not answer is reported on stderr once,
+    retried every interval, and reported again when it answers."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    failing = False
+    try:
+        with Screen(as_json) as screen:
+            screen.show(await snapshot_take(driver, key_count))
+            while not await _stopped(stop, interval):
+                try:
+                    snapshot = await snapshot_take(driver, key_count)
+                except Exception as exc:
+                    message = error_message(exc, url)
+                    if message is None:  # a bug: a traceback
+                        raise
+                    if not failing:
+                        _note(f"{message}; trying again every {interval:g}s")
+                    failing = True
+                    continue
+                if failing:
+                    _note("the database answers again")
+                failing = False
+                screen.show(snapshot)
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+
+
+async def _stopped(stop: asyncio.Event, interval: float) -> bool:
+    """Wait `interval` seconds or until stopped; whether stopped."""
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(stop.wait(), interval)
+    return stop.is_set()
+
+
+def _note(text: str) -> None:
+    click.echo(f"{utcnow():%Y-%m-%d %H:%M:%S} UTC: {text}", err=True)
+
+
+class Screen:
+    """Where `--watch` shows snapshots: rich Live on a terminal, else printed in turn."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self.live: Any = None
+
+    def __enter__(self) -> Screen:
+        return self
+
+    def show(self, snapshot: Snapshot) -> None:
+        if self.as_json:
+            click.echo(json.dumps(snapshot.to_json(), default=json_default))
+            return
+        from rich.console import Group
+        from rich.live import Live
+
+        grids = snapshot_grids(snapshot)
+        console = console_for(grids)
+        if not console.is_terminal:
+            snapshot_print(snapshot, console)
+            console.file.flush()
+            return
+        group = Group(*(g.render(console.width) for g in grids))
+        if self.live is None:
+            self.live = Live(group, console=console, auto_refresh=False)
+            self.live.start()
+        self.live.update(group, refresh=True)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.stop()
