@@ -16,6 +16,8 @@ from txtasks.testing import run_until_empty
 from txtasks.web import create_app
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+#: While set, task `broken` fails (a test clears it to see a re-driven dead letter complete).
+BROKEN = {"disk": True}
 
 
 @dataclass
@@ -36,7 +38,8 @@ def declare(app: App) -> None:
 
     @app.task(name="broken", queue="reports", max_attempts=1)
     async def broken(payload: Any) -> None:
-        raise RuntimeError(f"report {payload} failed: disk full")
+        if BROKEN["disk"]:
+            raise RuntimeError(f"report {payload} failed: disk full")
 
     @app.task(name="flaky", queue="reports", max_attempts=5, retry=3600)
     async def flaky(payload: Any) -> None:
@@ -59,6 +62,7 @@ async def seed(app: App) -> Seeded:
 
 @pytest.fixture
 async def dashboard_app(app: App) -> App:
+    BROKEN["disk"] = True
     declare(app)
     return app
 
