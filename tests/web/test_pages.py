@@ -9,7 +9,9 @@ import pytest
 
 from tests.web.conftest import Seeded, act, client_for, csrf_of
 from txtasks import App
-from txtasks.web import create_app
+from txtasks.driver.sql import SqlDriver
+from txtasks.web import create_app, queries
+from txtasks.web.queries import Reads
 
 
 async def test_queues_page_shows_depths_paused_and_chart(
@@ -148,3 +150,24 @@ async def test_read_only_hides_and_refuses_every_action(dashboard_app: App, seed
             refused = await http.post("/action", data=data)
             assert refused.status_code == 403, action
     assert (await dashboard_app.ainspect(seeded.dead)).state.value == "dead"  # type: ignore[union-attr]
+
+
+async def test_counts_stop_at_their_cap(dashboard_app: App, seeded: Seeded) -> None:
+    for n in range(3):
+        await dashboard_app.aenqueue("send", {"n": n}, delay=3600)
+    driver = dashboard_app.driver
+    assert isinstance(driver, SqlDriver)
+    depths = await Reads(driver).depths(now=dashboard_app.clock(), cap=2)
+    assert (depths["mail"].scheduled, depths["mail"].capped) == (2, True)
+    assert depths["reports"].dead == 1 and depths["reports"].scheduled == 1
+
+
+async def test_error_text_is_looked_for_a_window_at_a_time(
+    client: httpx.AsyncClient, seeded: Seeded, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(queries, "SEARCH_WINDOW", 1)
+    first = await client.get("/tasks", params={"error": "FLAKY"})  # the newest: no error
+    assert "No task matches" in first.text and 'id="next-page"' in first.text
+    after = first.text.split('id="next-page" href="?')[1].split('"')[0].replace("&amp;", "&")
+    second = await client.get(f"/tasks?{after}")
+    assert f'data-task="{seeded.retrying}"' in second.text

@@ -27,7 +27,16 @@ from txtasks.errors import ConfigurationError, TxtasksError
 from txtasks.task import check_queue_name
 from txtasks.types import TaskRow
 from txtasks.web.charts import sparkline
-from txtasks.web.queries import FINISHED, LIVE, QueueDepth, Reads, TaskQuery, check_cursor
+from txtasks.web.queries import (
+    COUNT_CAP,
+    FINISHED,
+    LIVE,
+    SEARCH_WINDOW,
+    QueueDepth,
+    Reads,
+    TaskQuery,
+    check_cursor,
+)
 from txtasks.web.security import CSRF_COOKIE, CSRF_FIELD, Auth, csrf_ok, new_csrf_token
 
 log = logging.getLogger("txtasks.web")
@@ -75,6 +84,7 @@ class Dashboard:
         )
         self.templates.filters["age"] = _age
         self.templates.filters["when"] = _when
+        self.templates.globals.update(cap=COUNT_CAP, search_window=SEARCH_WINDOW)
         routes = [
             Route("/", self.page_queues),
             Route("/tasks", self.page_tasks),
@@ -167,7 +177,7 @@ class Dashboard:
                     "chart": sparkline(completed, failed),
                 }
             )
-        keys = await self.app.driver.key_stats(now=now, limit=20)
+        keys = await reads.busy_keys(now=now)
         subscriptions = await self.app.driver.subscription_list()
         return self.render(
             request, "queues.html", queues=queues, keys=keys, subscriptions=subscriptions

@@ -14,21 +14,36 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, bindparam, case, func, or_, select, text, update
+from sqlalchemy import ColumnElement, Integer, and_, bindparam, func, or_, select, text, update
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import FunctionElement
 
 from txtasks.control import TaskFilter
 from txtasks.driver.sql import SqlDriver
-from txtasks.schema.tables import IS_READY, KEYED, UNKEYED, Timestamp, archive, tasks
-from txtasks.types import FINISHED_STATES, READY_STATES, TaskRow, TaskState
+from txtasks.schema.tables import (
+    IS_READY,
+    KEYED,
+    UNKEYED,
+    Timestamp,
+    archive,
+    key_hints,
+    keys,
+    tasks,
+)
+from txtasks.types import FINISHED_STATES, READY_STATES, KeyStats, TaskRow, TaskState
 
 #: States the hot table holds, and those of the archive.
 LIVE = tuple(s.value for s in (TaskState.STAGED, *READY_STATES, TaskState.PROCESSING))
 FINISHED = tuple(sorted(s.value for s in FINISHED_STATES))
 PROCESSING = TaskState.PROCESSING.value
 NOW = bindparam("now", type_=Timestamp)
+QUEUE = bindparam("queue", type_=tasks.c.queue.type)
+#: Counts of ready tasks stop here: past it a page shows "at least" (counting a million rows
+#: on every refresh would read them all).
+COUNT_CAP = 10_000
+#: Text in the error is looked for among this many tasks (matching the other filters) a page.
+SEARCH_WINDOW = 5_000
 SINCE = bindparam("since", type_=Timestamp)
 
 
@@ -63,8 +78,10 @@ class QueueDepth:
     scheduled: int = 0
     processing: int = 0
     dead: int = 0
-    #: When the longest-waiting ready task became due.
+    #: When the task at the head of the claim order became due (None: none is due).
     oldest_ready: datetime | None = None
+    #: True when a count stopped at its cap: there are at least that many.
+    capped: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,15 +102,81 @@ class TaskPage:
     next_cursor: str | None
 
 
-def stmt_ready_counts(keyed: bool) -> Any:
-    """Ready tasks per queue, due now or later: along the (keyed) claim index."""
-    due = func.sum(case((tasks.c.run_at <= NOW, 1), else_=0))
-    oldest = func.min(case((tasks.c.run_at <= NOW, tasks.c.run_at)))
-    return (
-        select(tasks.c.queue, func.count(), due, oldest)
-        .where(IS_READY, text(KEYED if keyed else UNKEYED))
-        .group_by(tasks.c.queue)
+def _ready(keyed: bool) -> list[Any]:
+    """The condition of the (keyed) claim index: only rows in it are read."""
+    return [IS_READY, text(KEYED if keyed else UNKEYED)]
+
+
+def stmt_ready_queues(keyed: bool) -> Any:
+    """The queues that have ready tasks, one index probe each: a loose scan of the (keyed)
+    claim index, which starts with the queue."""
+    first = select(func.min(tasks.c.queue).label("queue")).where(*_ready(keyed))
+    found = first.cte("ready_queues", recursive=True)
+    following = (
+        select(func.min(tasks.c.queue))
+        .where(*_ready(keyed), tasks.c.queue > found.c.queue)
+        .scalar_subquery()
     )
+    found = found.union_all(select(following).where(found.c.queue.is_not(None)))
+    return select(found.c.queue).where(found.c.queue.is_not(None))
+
+
+def stmt_ready_count(keyed: bool, *, due: bool) -> Any:
+    """Ready tasks of queue `queue` due by `now` (or later), up to `cap`: along the claim
+    index, from the queue's first entry."""
+    when = tasks.c.run_at <= NOW if due else tasks.c.run_at > NOW
+    some = (
+        select(tasks.c.id)
+        .where(tasks.c.queue == QUEUE, *_ready(keyed), when)
+        .limit(bindparam("cap", type_=Integer))
+        .subquery()
+    )
+    return select(func.count()).select_from(some)
+
+
+def stmt_ready_head() -> Any:
+    """When the task at the head of queue `queue`'s claim order (of tasks without a key)
+    became due: one probe of the claim index."""
+    return (
+        select(tasks.c.run_at)
+        .where(tasks.c.queue == QUEUE, *_ready(False), tasks.c.run_at <= NOW)
+        .order_by(tasks.c.priority.desc(), tasks.c.run_at, tasks.c.id)
+        .limit(1)
+    )
+
+
+def stmt_keys_waiting() -> Any:
+    """Keys with work a claim will look at, soonest first (the keys table, not the tasks)."""
+    return (
+        select(keys.c.queue, keys.c.partition_key, keys.c.next_start_at)
+        .where(keys.c.ready_at.is_not(None), keys.c.partition_key != "")
+        .order_by(keys.c.ready_at, keys.c.id)
+        .limit(bindparam("limit", type_=Integer))
+    )
+
+
+def stmt_keys_hinted() -> Any:
+    """Keys whose tasks were enqueued since a claim last looked (hints not taken yet)."""
+    return (
+        select(key_hints.c.queue, key_hints.c.partition_key)
+        .group_by(key_hints.c.queue, key_hints.c.partition_key)
+        .order_by(func.min(key_hints.c.id))
+        .limit(bindparam("limit", type_=Integer))
+    )
+
+
+def stmt_key_count(*, processing: bool) -> Any:
+    """Tasks of key `key` in queue `queue` processing (along the running index) or waiting
+    (along the keyed index), up to `cap`."""
+    key = tasks.c.partition_key == bindparam("key", type_=tasks.c.partition_key.type)
+    state = tasks.c.state == PROCESSING if processing else IS_READY
+    some = (
+        select(tasks.c.id)
+        .where(tasks.c.queue == QUEUE, key, state, text(KEYED))
+        .limit(bindparam("cap", type_=Integer))
+        .subquery()
+    )
+    return select(func.count()).select_from(some)
 
 
 def stmt_processing_counts() -> Any:
@@ -150,26 +233,35 @@ class TaskQuery:
         return self.state is None or self.state in LIVE
 
     def clauses(self, table: Any) -> list[Any]:
-        found = TaskFilter(self.queue, self.task_name, self.key).clauses(table)
-        if self.error:
-            escaped = self.error.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-            found.append(table.c.last_error.like(f"%{escaped}%", escape="\\"))
-        return found
+        """The filters but the error text, which `Reads.task_page` looks for itself."""
+        return TaskFilter(self.queue, self.task_name, self.key).clauses(table)
 
 
-def stmt_task_page(query: TaskQuery, cursor: str | None, limit: int) -> Any:
-    """A page of tasks after `cursor`: live ones newest first along the primary key, finished
-    ones last finished first along the archive's index of state and finish time."""
+def stmt_task_page(query: TaskQuery, cursor: str | None, limit: int, *columns: str) -> Any:
+    """A page of tasks after `cursor` (their `columns`, default all): live ones newest first
+    along the primary key, finished ones last finished first along the archive's index of
+    state and finish time."""
     if query.live:
         states = [query.state] if query.state else list(LIVE)
-        stmt = select(tasks).where(tasks.c.state.in_(states), *query.clauses(tasks))
+        stmt = _select(tasks, columns).where(tasks.c.state.in_(states), *query.clauses(tasks))
         if cursor:
             stmt = stmt.where(tasks.c.id < int(cursor))
         return stmt.order_by(tasks.c.id.desc()).limit(limit)
-    stmt = select(archive).where(archive.c.state == query.state, *query.clauses(archive))
+    stmt = _select(archive, columns).where(archive.c.state == query.state, *query.clauses(archive))
     if cursor:
         stmt = stmt.where(_after(cursor))
     return stmt.order_by(archive.c.finished_at.desc(), archive.c.id.desc()).limit(limit)
+
+
+def _select(table: Any, columns: tuple[str, ...]) -> Any:
+    return select(*[table.c[c] for c in columns]) if columns else select(table)
+
+
+def stmt_tasks_by_id(live: bool) -> Any:
+    """Tasks by id (`ids`), in the order of a page: along the primary key."""
+    table = tasks if live else archive
+    order = [table.c.id.desc()] if live else [archive.c.finished_at.desc(), archive.c.id.desc()]
+    return select(table).where(table.c.id.in_(bindparam("ids", expanding=True))).order_by(*order)
 
 
 def _after(cursor: str) -> ColumnElement[bool]:
@@ -181,8 +273,8 @@ def _after(cursor: str) -> ColumnElement[bool]:
     )
 
 
-def cursor_of(row: TaskRow, live: bool) -> str:
-    """Where the page after `row` starts (see `stmt_task_page`)."""
+def cursor_of(row: Any, live: bool) -> str:
+    """Where the page after `row` (a task, or a row with its id and finished_at) starts."""
     if live:
         return str(row.id)
     assert row.finished_at is not None
@@ -209,21 +301,53 @@ class Reads:
     def __init__(self, driver: SqlDriver) -> None:
         self.driver = driver
 
-    async def depths(self, *, now: datetime) -> dict[str, QueueDepth]:
+    async def depths(self, *, now: datetime, cap: int = COUNT_CAP) -> dict[str, QueueDepth]:
+        """Per queue: ready tasks due now and scheduled later (each up to `cap`), when the head
+        of its claim order became due, processing tasks and dead letters."""
         found: dict[str, QueueDepth] = {}
         async with self.driver.connect() as conn:
             for keyed in (False, True):
-                rows = await conn.execute(stmt_ready_counts(keyed), {"now": now})
-                for queue, count, due, oldest in rows.all():
+                queues = (await conn.execute(stmt_ready_queues(keyed))).scalars().all()
+                for queue in queues:
                     depth = found.setdefault(queue, QueueDepth(queue))
-                    depth.ready += int(due or 0)
-                    depth.scheduled += int(count) - int(due or 0)
-                    if oldest is not None and (depth.oldest_ready or oldest) >= oldest:
-                        depth.oldest_ready = oldest
+                    params = {"queue": queue, "now": now, "cap": cap}
+                    due = await conn.execute(stmt_ready_count(keyed, due=True), params)
+                    later = await conn.execute(stmt_ready_count(keyed, due=False), params)
+                    depth.ready += int(due.scalar_one())
+                    depth.scheduled += int(later.scalar_one())
+                    if not keyed:
+                        head = await conn.execute(stmt_ready_head(), params)
+                        depth.oldest_ready = head.scalar_one_or_none()
             for queue, count in (await conn.execute(stmt_processing_counts())).all():
                 found.setdefault(queue, QueueDepth(queue)).processing = int(count)
             for queue, count in (await conn.execute(stmt_dead_counts())).all():
                 found.setdefault(queue, QueueDepth(queue)).dead = int(count)
+        for depth in found.values():
+            depth.capped = depth.ready >= cap or depth.scheduled >= cap
+        return found
+
+    async def busy_keys(
+        self, *, now: datetime, limit: int = 20, cap: int = COUNT_CAP
+    ) -> list[KeyStats]:
+        """Up to `limit` keys with tasks waiting, soonest first, with their tasks waiting and
+        processing (each up to `cap`) and when their rate lets the next one start."""
+        found = []
+        async with self.driver.connect() as conn:
+            waiting = (await conn.execute(stmt_keys_waiting(), {"limit": limit})).all()
+            hinted = (await conn.execute(stmt_keys_hinted(), {"limit": limit})).all()
+            starts = {(q, k): t for q, k, t in waiting}
+            for q, k in hinted:
+                starts.setdefault((q, k), None)
+            for (queue, key), next_start in list(starts.items())[:limit]:
+                params = {"queue": queue, "key": key, "cap": cap}
+                ready = await conn.execute(stmt_key_count(processing=False), params)
+                running = await conn.execute(stmt_key_count(processing=True), params)
+                limited = next_start if next_start is not None and next_start > now else None
+                found.append(
+                    KeyStats(
+                        queue, key, int(ready.scalar_one()), int(running.scalar_one()), limited
+                    )
+                )
         return found
 
     async def finished_per_minute(
@@ -250,12 +374,33 @@ class Reads:
         return [Worker(w or "?", q, int(n), until) for w, q, n, until in rows]
 
     async def task_page(self, query: TaskQuery, cursor: str | None, limit: int) -> TaskPage:
+        """A page of tasks matching `query` after `cursor`. Text in the error is looked for
+        among the next `SEARCH_WINDOW` tasks matching the rest (case-insensitive): a page may
+        then hold fewer tasks than `limit` and still have a next one."""
+        if query.error:
+            return await self._error_page(query, cursor, limit)
         async with self.driver.connect() as conn:
             result = await conn.execute(stmt_task_page(query, cursor, limit + 1))
             rows = [TaskRow.from_row(r) for r in result.mappings().all()]
         more = len(rows) > limit
         rows = rows[:limit]
         return TaskPage(rows, cursor_of(rows[-1], query.live) if more and rows else None)
+
+    async def _error_page(self, query: TaskQuery, cursor: str | None, limit: int) -> TaskPage:
+        needle = (query.error or "").lower()
+        columns = ("id", "last_error") if query.live else ("id", "last_error", "finished_at")
+        async with self.driver.connect() as conn:
+            window = (
+                await conn.execute(stmt_task_page(query, cursor, SEARCH_WINDOW, *columns))
+            ).all()
+            found = [r for r in window if needle in (r.last_error or "").lower()]
+            ids = [r.id for r in found[:limit]]
+            result = await conn.execute(stmt_tasks_by_id(query.live), {"ids": ids}) if ids else None
+            rows = [TaskRow.from_row(r) for r in result.mappings().all()] if result else []
+        if len(found) > limit:
+            return TaskPage(rows, cursor_of(found[limit - 1], query.live))
+        full = len(window) == SEARCH_WINDOW
+        return TaskPage(rows, cursor_of(window[-1], query.live) if full else None)
 
     async def task_run_now(self, task_id: int, *, now: datetime) -> str | None:
         """Make a waiting task (pending or retryable) due now; its queue, or None when it is not
