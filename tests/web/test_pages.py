@@ -6,8 +6,10 @@ import logging
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.routing import Mount
 
-from tests.web.conftest import Seeded, act, client_for, csrf_of
+from tests.web.conftest import CSRF, Seeded, act, client_for, csrf_of
 from txtasks import App
 from txtasks.driver.sql import SqlDriver
 from txtasks.web import create_app, queries
@@ -171,3 +173,17 @@ async def test_error_text_is_looked_for_a_window_at_a_time(
     after = first.text.split('id="next-page" href="?')[1].split('"')[0].replace("&amp;", "&")
     second = await client.get(f"/tasks?{after}")
     assert f'data-task="{seeded.retrying}"' in second.text
+
+
+async def test_mounted_in_another_application(dashboard_app: App, seeded: Seeded) -> None:
+    outer = Starlette(routes=[Mount("/ops", create_app(dashboard_app, refresh=0))])
+    async with client_for(outer) as http:
+        page = await http.get("/ops/dead")
+        assert page.status_code == 200
+        assert f'href="/ops/tasks/{seeded.dead}"' in page.text
+        assert 'action="/ops/action"' in page.text
+        token = CSRF.search(page.text).group(1)  # type: ignore[union-attr]
+        data = {"csrf": token, "action": "requeue", "id": str(seeded.dead), "back": "/dead"}
+        done = await http.post("/ops/action", data={**data, "confirmed": "yes"})
+    assert done.status_code == 303 and done.headers["location"].startswith("/ops/dead?done=")
+    assert (await dashboard_app.ainspect(seeded.dead)).state.value == "pending"  # type: ignore[union-attr]

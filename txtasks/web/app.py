@@ -71,6 +71,8 @@ def create_app(
     connections when the application shuts down (for an App it owns)."""
     if page_size < 1:
         raise ConfigurationError(f"page_size: must be at least 1, got {page_size!r}")
+    if not isinstance(app.driver, SqlDriver):
+        raise ConfigurationError("dashboard: needs a database (not a MemoryDriver)")
     settings = Settings(read_only, redact_payloads, auth, refresh, page_size)
     return Dashboard(app, settings, close_app=close_app).asgi
 
@@ -106,8 +108,7 @@ class Dashboard:
     @property
     def reads(self) -> Reads:
         driver = self.app.driver
-        if not isinstance(driver, SqlDriver):
-            raise ConfigurationError("dashboard: needs a database (not a MemoryDriver)")
+        assert isinstance(driver, SqlDriver)  # checked by create_app
         return Reads(driver)
 
     # -- rendering ----------------------------------------------------------------------------
