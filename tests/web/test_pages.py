@@ -12,6 +12,7 @@ from starlette.routing import Mount
 from tests.web.conftest import CSRF, Seeded, act, client_for, csrf_of
 from txtasks import App
 from txtasks.driver.sql import SqlDriver
+from txtasks.testing import run_until_empty
 from txtasks.web import create_app, queries
 from txtasks.web.queries import Reads
 
@@ -187,3 +188,24 @@ async def test_mounted_in_another_application(dashboard_app: App, seeded: Seeded
         done = await http.post("/ops/action", data={**data, "confirmed": "yes"})
     assert done.status_code == 303 and done.headers["location"].startswith("/ops/dead?done=")
     assert (await dashboard_app.ainspect(seeded.dead)).state.value == "pending"  # type: ignore[union-attr]
+
+
+async def test_redrive_and_purge_every_dead_letter_matching_a_filter(
+    client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
+) -> None:
+    other = await dashboard_app.aenqueue("broken", 8)
+    await run_until_empty(dashboard_app, queues=["reports"])
+    assert (await dashboard_app.ainspect(other)).state.value == "dead"  # type: ignore[union-attr]
+    page = await client.get("/dead", params={"error": "report 8 failed"})
+    assert 'id="requeue-matching"' in page.text
+    match = {"match": "yes", "match_error": "report 8 failed"}
+    await act(client, "requeue", **match)
+    assert (await dashboard_app.ainspect(other)).state.value == "pending"  # type: ignore[union-attr]
+    assert (await dashboard_app.ainspect(seeded.dead)).state.value == "dead"  # type: ignore[union-attr]
+    await act(client, "purge", match="yes", match_task="broken", match_queue="reports")
+    assert await dashboard_app.ainspect(seeded.dead) is None
+    both = await client.post(
+        "/action",
+        data={"csrf": await csrf_of(client), "action": "purge", "queue": "reports", **match},
+    )
+    assert both.status_code == 400 and "not more than one" in both.text

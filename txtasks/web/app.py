@@ -254,9 +254,9 @@ class Dashboard:
             queue = _field(form, "queue") or None
             if queue is not None:
                 check_queue_name(queue)
+            target = Target(ids, queue, _field(form, "schedule") or None, _match_of(form))
         except ValueError as exc:
             return _bad(f"bad input: {exc}")
-        target = Target(ids, queue, _field(form, "schedule") or None)
         if action.needs_target(target):
             return _bad(f"{name}: {action.needs_target(target)}")
         back = _field(form, "back") or "/"
@@ -298,6 +298,22 @@ class Target:
     ids: list[int]
     queue: str | None
     schedule: str | None
+    #: Every dead letter matching these filters (up to `MATCH_LIMIT` an action).
+    match: TaskQuery | None = None
+
+    def match_text(self) -> str:
+        m = self.match
+        assert m is not None
+        found = [
+            f"{k} {v}" for k, v in (("queue", m.queue), ("task", m.task_name), ("key", m.key)) if v
+        ]
+        if m.error:
+            found.append(f"error containing {m.error!r}")
+        return ", ".join(found) or "no filter"
+
+
+#: Dead letters an action on a filter takes at most (the next click takes the next ones).
+MATCH_LIMIT = 10_000
 
 
 @dataclass(frozen=True)
@@ -312,15 +328,21 @@ class Action:
     def needs_target(self, target: Target) -> str | None:
         if self.by_schedule:
             return None if target.schedule else "give a schedule"
-        if target.ids and target.queue and self.by_queue:
-            return "give task ids or a queue, not both"
-        if not target.ids and not (self.by_queue and target.queue):
-            return "give task ids" + (" or a queue" if self.by_queue else "")
+        given = sum(1 for x in (target.ids, target.queue, target.match) if x)
+        if self.by_queue and given > 1:
+            return "give task ids, a queue or a filter, not more than one"
+        if not target.ids and not (self.by_queue and given):
+            return "give task ids" + (", a queue or a filter" if self.by_queue else "")
         return None
 
     def describe(self, target: Target) -> str:
         if self.by_schedule:
             return f"{self.what} {target.schedule}"
+        if target.match is not None:
+            return (
+                f"{self.what} every dead letter with {target.match_text()} "
+                f"(up to {MATCH_LIMIT:,} at a time)"
+            )
         if target.ids:
             shown = ", ".join(str(i) for i in target.ids[:20])
             more = f" and {len(target.ids) - 20} more" if len(target.ids) > 20 else ""
@@ -331,17 +353,47 @@ class Action:
         return await self.run_it(app, target)
 
 
+async def _matching(app: App, target: Target) -> dict[int, str]:
+    """The dead letters an action takes: {id: queue}, of the ids given or matching the filter
+    (None for an action on a whole queue)."""
+    driver = app.driver
+    assert isinstance(driver, SqlDriver)
+    if target.match is None:
+        rows = [await app.ainspect(i) for i in target.ids]
+        return {r.id: r.queue for r in rows if r is not None}
+    found: dict[int, str] = {}
+    cursor = None
+    while len(found) < MATCH_LIMIT:
+        page = await Reads(driver).task_page(target.match, cursor, 500)
+        found.update((r.id, r.queue) for r in page.rows[: MATCH_LIMIT - len(found)])
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return found
+
+
 async def _requeue(app: App, target: Target) -> str:
-    ids = await app.driver.dead_requeue(target.ids or None, queue=target.queue, now=app.clock())
-    if ids:
-        rows = [await app.ainspect(i) for i in ids]
-        for queue in sorted({r.queue for r in rows if r is not None}):
-            app.notify(queue, [r.id for r in rows if r is not None and r.queue == queue])
-    return f"{len(ids)} re-driven"
+    if target.queue is not None:
+        ids = await app.driver.dead_requeue(queue=target.queue, now=app.clock())
+        app.notify(target.queue, ids)
+        return f"{len(ids)} re-driven"
+    chosen = await _matching(app, target)
+    done: list[int] = []
+    batch = list(chosen)
+    for start in range(0, len(batch), 1000):
+        done += await app.driver.dead_requeue(batch[start : start + 1000], now=app.clock())
+    for queue in sorted({chosen[i] for i in done}):
+        app.notify(queue, [i for i in done if chosen[i] == queue])
+    return f"{len(done)} re-driven"
 
 
 async def _purge(app: App, target: Target) -> str:
-    count = await app.driver.dead_purge(target.ids or None, queue=target.queue)
+    if target.queue is not None:
+        return f"{await app.driver.dead_purge(queue=target.queue)} purged"
+    batch = list(await _matching(app, target))
+    count = 0
+    for start in range(0, len(batch), 1000):
+        count += await app.driver.dead_purge(batch[start : start + 1000])
     return f"{count} purged"
 
 
@@ -432,6 +484,22 @@ class _Guard:
             return
         scope["txtasks.who"] = who
         await self.app(scope, receive, send)
+
+
+def _match_of(form: FormData) -> TaskQuery | None:
+    """The filter of an action on every dead letter matching it (fields match_*), if any."""
+    if _field(form, "match") != "yes":
+        return None
+    queue = _field(form, "match_queue") or None
+    if queue is not None:
+        check_queue_name(queue, setting="match_queue")
+    return TaskQuery(
+        state="dead",
+        queue=queue,
+        task_name=_field(form, "match_task") or None,
+        key=_field(form, "match_key") or None,
+        error=_field(form, "match_error") or None,
+    )
 
 
 def _bad(message: str, *, status: int = 400) -> Response:
