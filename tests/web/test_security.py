@@ -12,7 +12,7 @@ from txtasks import App
 from txtasks.cli.main import main
 from txtasks.errors import ConfigurationError
 from txtasks.web import Auth, create_app
-from txtasks.web.security import check_bind
+from txtasks.web.security import LOOPBACK_HOSTS, check_bind
 
 
 def basic(user: str, password: str) -> dict[str, str]:
@@ -63,3 +63,12 @@ async def test_unauthenticated_requests_are_refused(app: App) -> None:
         assert page.status_code == 200 and "ops" in page.text
         assert (await http.get("/", headers={"Authorization": "Bearer tok"})).status_code == 200
         assert (await http.get("/", headers=basic("anyone", "tok"))).status_code == 200
+
+
+async def test_only_the_hosts_given_are_answered(app: App) -> None:
+    asgi = create_app(app, refresh=0, hosts=LOOPBACK_HOSTS)
+    async with client_for(asgi) as http:
+        for host in ("127.0.0.1:8080", "localhost", "[::1]:8080"):
+            assert (await http.get("/", headers={"Host": host})).status_code == 200, host
+        rebound = await http.get("/", headers={"Host": "attacker.example:8080"})
+        assert rebound.status_code == 400

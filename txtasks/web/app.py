@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -14,18 +14,18 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
-from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp
 
 from txtasks.app import App
 from txtasks.driver.sql import SqlDriver
 from txtasks.errors import ConfigurationError, TxtasksError
 from txtasks.task import check_queue_name
 from txtasks.types import TaskRow
+from txtasks.web.actions import ACTIONS, Target, field_of, match_of
 from txtasks.web.charts import sparkline
 from txtasks.web.queries import (
     COUNT_CAP,
@@ -37,7 +37,7 @@ from txtasks.web.queries import (
     TaskQuery,
     check_cursor,
 )
-from txtasks.web.security import CSRF_COOKIE, CSRF_FIELD, Auth, csrf_ok, new_csrf_token
+from txtasks.web.security import CSRF_COOKIE, CSRF_FIELD, Auth, Guard, csrf_ok, new_csrf_token
 
 log = logging.getLogger("txtasks.web")
 HERE = Path(__file__).parent
@@ -54,6 +54,8 @@ class Settings:
     auth: Auth | None = None
     refresh: float = 5.0
     page_size: int = 50
+    #: The Host headers answered (None: any).
+    hosts: Collection[str] | None = None
 
 
 def create_app(
@@ -64,16 +66,18 @@ def create_app(
     auth: Auth | None = None,
     refresh: float = 5.0,
     page_size: int = 50,
+    hosts: Collection[str] | None = None,
     close_app: bool = False,
 ) -> ASGIApp:
     """The dashboard of `app` as an ASGI application, to serve (`txtasks dashboard`) or to
-    mount in another one (`Mount("/tasks", create_app(app))`). `close_app`: close the App's
-    connections when the application shuts down (for an App it owns)."""
+    mount in another one (`Mount("/tasks", create_app(app))`). `hosts`: answer only requests
+    with one of these Host headers (None: any). `close_app`: close the App's connections when
+    the application shuts down (for an App it owns)."""
     if page_size < 1:
         raise ConfigurationError(f"page_size: must be at least 1, got {page_size!r}")
     if not isinstance(app.driver, SqlDriver):
         raise ConfigurationError("dashboard: needs a database (not a MemoryDriver)")
-    settings = Settings(read_only, redact_payloads, auth, refresh, page_size)
+    settings = Settings(read_only, redact_payloads, auth, refresh, page_size, hosts)
     return Dashboard(app, settings, close_app=close_app).asgi
 
 
@@ -97,7 +101,8 @@ class Dashboard:
             Route("/action", self.action, methods=["POST"]),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ]
-        self.asgi: ASGIApp = _Guard(Starlette(routes=routes, lifespan=self.lifespan), settings.auth)
+        starlette = Starlette(routes=routes, lifespan=self.lifespan)
+        self.asgi: ASGIApp = Guard(starlette, settings.auth, settings.hosts)
 
     @asynccontextmanager
     async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
@@ -243,26 +248,26 @@ class Dashboard:
         if self.settings.read_only:
             return _bad("read-only dashboard: actions are turned off", status=403)
         form = await request.form()
-        if not csrf_ok(request.cookies.get(CSRF_COOKIE), _field(form, CSRF_FIELD)):
+        if not csrf_ok(request.cookies.get(CSRF_COOKIE), field_of(form, CSRF_FIELD)):
             return _bad("missing or wrong CSRF token: reload the page and try again", status=403)
-        name = _field(form, "action") or ""
+        name = field_of(form, "action") or ""
         action = ACTIONS.get(name)
         if action is None:
             return _bad(f"action: unknown action {name!r}")
         try:
             ids = [int(i) for i in form.getlist("id") if isinstance(i, str)]
-            queue = _field(form, "queue") or None
+            queue = field_of(form, "queue") or None
             if queue is not None:
                 check_queue_name(queue)
-            target = Target(ids, queue, _field(form, "schedule") or None, _match_of(form))
+            target = Target(ids, queue, field_of(form, "schedule") or None, match_of(form))
         except ValueError as exc:
             return _bad(f"bad input: {exc}")
         if action.needs_target(target):
             return _bad(f"{name}: {action.needs_target(target)}")
-        back = _field(form, "back") or "/"
+        back = field_of(form, "back") or "/"
         if not back.startswith("/") or back.startswith("//"):
             back = "/"
-        if _field(form, "confirmed") != "yes":
+        if field_of(form, "confirmed") != "yes":
             return self.render(
                 request,
                 "confirm.html",
@@ -293,222 +298,8 @@ class Dashboard:
         return RedirectResponse(f"{root}{back}{separator}done={_quote(done)}", status_code=303)
 
 
-@dataclass(frozen=True)
-class Target:
-    ids: list[int]
-    queue: str | None
-    schedule: str | None
-    #: Every dead letter matching these filters (up to `MATCH_LIMIT` an action).
-    match: TaskQuery | None = None
-
-    def match_text(self) -> str:
-        m = self.match
-        assert m is not None
-        found = [
-            f"{k} {v}" for k, v in (("queue", m.queue), ("task", m.task_name), ("key", m.key)) if v
-        ]
-        if m.error:
-            found.append(f"error containing {m.error!r}")
-        return ", ".join(found) or "no filter"
-
-
-#: Dead letters an action on a filter takes at most (the next click takes the next ones).
-MATCH_LIMIT = 10_000
-
-
-@dataclass(frozen=True)
-class Action:
-    """One kind of action: what it needs, how it says what it will do, and how it runs."""
-
-    what: str
-    run_it: Callable[[App, Target], Awaitable[str]]
-    by_queue: bool = False
-    by_schedule: bool = False
-
-    def needs_target(self, target: Target) -> str | None:
-        if self.by_schedule:
-            return None if target.schedule else "give a schedule"
-        given = sum(1 for x in (target.ids, target.queue, target.match) if x)
-        if self.by_queue and given > 1:
-            return "give task ids, a queue or a filter, not more than one"
-        if not target.ids and not (self.by_queue and given):
-            return "give task ids" + (", a queue or a filter" if self.by_queue else "")
-        return None
-
-    def describe(self, target: Target) -> str:
-        if self.by_schedule:
-            return f"{self.what} {target.schedule}"
-        if target.match is not None:
-            return (
-                f"{self.what} every dead letter with {target.match_text()} "
-                f"(up to {MATCH_LIMIT:,} at a time)"
-            )
-        if target.ids:
-            shown = ", ".join(str(i) for i in target.ids[:20])
-            more = f" and {len(target.ids) - 20} more" if len(target.ids) > 20 else ""
-            return f"{self.what} task{'s' if len(target.ids) > 1 else ''} {shown}{more}"
-        return f"{self.what} every one of queue {target.queue}"
-
-    async def run(self, app: App, target: Target) -> str:
-        return await self.run_it(app, target)
-
-
-async def _matching(app: App, target: Target) -> dict[int, str]:
-    """The dead letters an action takes: {id: queue}, of the ids given or matching the filter
-    (None for an action on a whole queue)."""
-    driver = app.driver
-    assert isinstance(driver, SqlDriver)
-    if target.match is None:
-        rows = [await app.ainspect(i) for i in target.ids]
-        return {r.id: r.queue for r in rows if r is not None}
-    found: dict[int, str] = {}
-    cursor = None
-    while len(found) < MATCH_LIMIT:
-        page = await Reads(driver).task_page(target.match, cursor, 500)
-        found.update((r.id, r.queue) for r in page.rows[: MATCH_LIMIT - len(found)])
-        cursor = page.next_cursor
-        if cursor is None:
-            break
-    return found
-
-
-async def _requeue(app: App, target: Target) -> str:
-    if target.queue is not None:
-        ids = await app.driver.dead_requeue(queue=target.queue, now=app.clock())
-        app.notify(target.queue, ids)
-        return f"{len(ids)} re-driven"
-    chosen = await _matching(app, target)
-    done: list[int] = []
-    batch = list(chosen)
-    for start in range(0, len(batch), 1000):
-        done += await app.driver.dead_requeue(batch[start : start + 1000], now=app.clock())
-    for queue in sorted({chosen[i] for i in done}):
-        app.notify(queue, [i for i in done if chosen[i] == queue])
-    return f"{len(done)} re-driven"
-
-
-async def _purge(app: App, target: Target) -> str:
-    if target.queue is not None:
-        return f"{await app.driver.dead_purge(queue=target.queue)} purged"
-    batch = list(await _matching(app, target))
-    count = 0
-    for start in range(0, len(batch), 1000):
-        count += await app.driver.dead_purge(batch[start : start + 1000])
-    return f"{count} purged"
-
-
-async def _cancel(app: App, target: Target) -> str:
-    results = await app.acancel_many(target.ids)
-    return "; ".join(c.describe() for c in results)
-
-
-async def _run_now(app: App, target: Target) -> str:
-    driver = app.driver
-    assert isinstance(driver, SqlDriver)
-    made = []
-    for task_id in target.ids:
-        queue = await Reads(driver).task_run_now(task_id, now=app.clock())
-        if queue is not None:
-            app.notify(queue, [task_id])
-            made.append(task_id)
-    return f"{len(made)} of {len(target.ids)} made due now (the others were not waiting)"
-
-
-async def _pause(app: App, target: Target) -> str:
-    assert target.queue is not None
-    was = await app.apause(target.queue)
-    return f"queue {target.queue} " + ("was already paused" if was else "paused")
-
-
-async def _resume(app: App, target: Target) -> str:
-    assert target.queue is not None
-    resumed = await app.aresume(target.queue)
-    return f"queue {target.queue} " + ("resumed" if resumed else "was not paused")
-
-
-async def _periodic_now(app: App, target: Target) -> str:
-    schedule = app.schedules.get(target.schedule or "")
-    if schedule is None:
-        raise ConfigurationError(f"schedule {target.schedule!r}: not declared by this app")
-    options: dict[str, Any] = {}
-    if schedule.queue is not None:
-        options["queue"] = schedule.queue
-    if schedule.priority is not None:
-        options["priority"] = schedule.priority
-    task_id = await app.aenqueue(schedule.task_name, schedule.payload, **options)
-    return f"schedule {schedule.name}: task {task_id} enqueued"
-
-
-class _QueueAction(Action):
-    def needs_target(self, target: Target) -> str | None:
-        return None if target.queue else "give a queue"
-
-    def describe(self, target: Target) -> str:
-        return f"{self.what} queue {target.queue}"
-
-
-ACTIONS: dict[str, Action] = {
-    "requeue": Action("re-drive (run again)", _requeue, by_queue=True),
-    "purge": Action("delete for good", _purge, by_queue=True),
-    "cancel": Action("cancel", _cancel),
-    "run_now": Action("run now", _run_now),
-    "pause": _QueueAction("pause", _pause),
-    "resume": _QueueAction("resume", _resume),
-    "periodic_now": Action("enqueue one run now of schedule", _periodic_now, by_schedule=True),
-}
-
-
-class _Guard:
-    """Asks every HTTP request for the configured login; records who made it."""
-
-    def __init__(self, app: ASGIApp, auth: Auth | None) -> None:
-        self.app, self.auth = app, auth
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.auth is None:
-            if scope["type"] == "http":
-                client = scope.get("client")
-                scope["txtasks.who"] = f"anonymous@{client[0] if client else '?'}"
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope.get("headers") or [])
-        raw = headers.get(b"authorization")
-        who = self.auth.who(raw.decode("latin-1") if raw else None)
-        if who is None:
-            response = PlainTextResponse(
-                "login required",
-                status_code=401,
-                headers={"WWW-Authenticate": 'Basic realm="txtasks", charset="UTF-8"'},
-            )
-            await response(scope, receive, send)
-            return
-        scope["txtasks.who"] = who
-        await self.app(scope, receive, send)
-
-
-def _match_of(form: FormData) -> TaskQuery | None:
-    """The filter of an action on every dead letter matching it (fields match_*), if any."""
-    if _field(form, "match") != "yes":
-        return None
-    queue = _field(form, "match_queue") or None
-    if queue is not None:
-        check_queue_name(queue, setting="match_queue")
-    return TaskQuery(
-        state="dead",
-        queue=queue,
-        task_name=_field(form, "match_task") or None,
-        key=_field(form, "match_key") or None,
-        error=_field(form, "match_error") or None,
-    )
-
-
 def _bad(message: str, *, status: int = 400) -> Response:
     return PlainTextResponse(message, status_code=status)
-
-
-def _field(form: FormData, name: str) -> str | None:
-    value = form.get(name)
-    return value if isinstance(value, str) else None
 
 
 def _quote(text: str) -> str:

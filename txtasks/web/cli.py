@@ -61,7 +61,7 @@ def dashboard(
         import uvicorn
 
         from txtasks.web import create_app
-        from txtasks.web.security import Auth, check_bind
+        from txtasks.web.security import LOOPBACK_HOSTS, Auth, check_bind
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
         raise click.ClickException(
             f"the dashboard needs the extra `web`: pip install 'txtasks[web]' ({exc})"
@@ -82,6 +82,9 @@ def dashboard(
             redact_payloads=redact_payloads,
             auth=auth,
             refresh=refresh,
+            # without a login, only a browser on this machine, by a loopback name (a site
+            # whose DNS name points at 127.0.0.1 sends its own name as the Host)
+            hosts=[*LOOPBACK_HOSTS, host] if auth is None else None,
             close_app=True,
         )
     except TxtasksError as exc:

@@ -9,7 +9,12 @@ import hmac
 import ipaddress
 import os
 import secrets
+from collections.abc import Collection
 from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from starlette.responses import PlainTextResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from txtasks.errors import ConfigurationError
 
@@ -103,3 +108,47 @@ def new_csrf_token() -> str:
 def csrf_ok(cookie: str | None, field: str | None) -> bool:
     """The token of the form is the one of the cookie (double submit)."""
     return bool(cookie) and bool(field) and _same(str(field), str(cookie))
+
+
+class Guard:
+    """Checks every HTTP request: its Host header is one of `hosts` (when given: a page of
+    another site that a DNS name it controls points at 127.0.0.1 is refused), and it carries
+    the login `auth` asks for (when set). Records who made it for the action log."""
+
+    def __init__(
+        self, app: ASGIApp, auth: Auth | None, hosts: Collection[str] | None = None
+    ) -> None:
+        self.app, self.auth = app, auth
+        self.hosts = None if hosts is None else {h.strip("[]").lower() for h in hosts}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        if self.hosts is not None:
+            host = urlsplit("//" + headers.get(b"host", b"").decode("latin-1")).hostname
+            if host not in self.hosts:
+                await PlainTextResponse("unknown host", status_code=400)(scope, receive, send)
+                return
+        if self.auth is None:
+            client = scope.get("client")
+            scope["txtasks.who"] = f"anonymous@{client[0] if client else '?'}"
+            await self.app(scope, receive, send)
+            return
+        raw = headers.get(b"authorization")
+        who = self.auth.who(raw.decode("latin-1") if raw else None)
+        if who is None:
+            response = PlainTextResponse(
+                "login required",
+                status_code=401,
+                headers={"WWW-Authenticate": 'Basic realm="txtasks", charset="UTF-8"'},
+            )
+            await response(scope, receive, send)
+            return
+        scope["txtasks.who"] = who
+        await self.app(scope, receive, send)
+
+
+#: The names a browser on this machine reaches a loopback dashboard by.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
