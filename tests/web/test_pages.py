@@ -209,3 +209,12 @@ async def test_redrive_and_purge_every_dead_letter_matching_a_filter(
         data={"csrf": await csrf_of(client), "action": "purge", "queue": "reports", **match},
     )
     assert both.status_code == 400 and "not more than one" in both.text
+
+
+async def test_a_finished_task_shows_how_long_it_waited_and_ran(
+    client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
+) -> None:
+    [completed] = await dashboard_app.atasks(states=["completed"])
+    page = await client.get(f"/tasks/{completed.id}")
+    durations = page.text.split('id="durations">')[1].split("</dd>")[0]
+    assert "waited" in durations and "last attempt ran" in durations

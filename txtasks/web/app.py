@@ -155,6 +155,8 @@ class Dashboard:
         report = row.progress_report
         data["progress"] = None if report is None else report
         data["headers"] = _pretty(row.headers)
+        data["waited"] = _since(row.started_at, row.run_at) if row.started_at else None
+        data["ran"] = _since(row.finished_at, row.started_at) if row.finished_at else None
         return data
 
     # -- pages --------------------------------------------------------------------------------
@@ -332,6 +334,8 @@ def _age(delta: Any) -> str:
     if delta is None:
         return ""
     seconds = delta.total_seconds() if hasattr(delta, "total_seconds") else float(delta)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
     if seconds < 60:
         return f"{seconds:.0f}s"
     if seconds < 3600:
@@ -341,8 +345,8 @@ def _age(delta: Any) -> str:
     return f"{seconds / 86400:.1f}d"
 
 
-def _since(now: datetime, then: datetime | None) -> Any:
-    return None if then is None else now - then
+def _since(now: datetime | None, then: datetime | None) -> Any:
+    return None if now is None or then is None else now - then
 
 
 def _when(value: datetime | None) -> str:
