@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import httpx
@@ -218,3 +219,15 @@ async def test_a_finished_task_shows_how_long_it_waited_and_ran(
     page = await client.get(f"/tasks/{completed.id}")
     durations = page.text.split('id="durations">')[1].split("</dd>")[0]
     assert "waited" in durations and "last attempt ran" in durations
+
+
+async def test_run_now_of_a_keyed_task_scheduled_later(
+    client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
+) -> None:
+    later = await dashboard_app.aenqueue("send", {"to": "later"}, key="tenant-2", delay=3600)
+    await run_until_empty(dashboard_app, queues=["mail"])  # the key is looked at: not due
+    assert (await dashboard_app.ainspect(later)).state.value == "pending"  # type: ignore[union-attr]
+    await act(client, "run_now", id=str(later))
+    # without a hint, claims would not look at the key for an hour: a burst worker would wait
+    await asyncio.wait_for(run_until_empty(dashboard_app, queues=["mail"]), 30)
+    assert (await dashboard_app.ainspect(later)).state.value == "completed"  # type: ignore[union-attr]

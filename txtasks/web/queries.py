@@ -14,12 +14,24 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Integer, and_, bindparam, func, or_, select, text, update
+from sqlalchemy import (
+    ColumnElement,
+    Integer,
+    and_,
+    bindparam,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import FunctionElement
 
 from txtasks.control import TaskFilter
+from txtasks.driver.dialect import key_hints_of
 from txtasks.driver.sql import SqlDriver
 from txtasks.schema.tables import (
     IS_READY,
@@ -404,19 +416,17 @@ class Reads:
 
     async def task_run_now(self, task_id: int, *, now: datetime) -> str | None:
         """Make a waiting task (pending or retryable) due now; its queue, or None when it is not
-        waiting any more."""
+        waiting any more. A task with a key leaves a hint, so that claims look at its key now
+        rather than when its next task was due."""
         ready = [s.value for s in READY_STATES]
+        waiting = (tasks.c.id == task_id, tasks.c.state.in_(ready))
         async with self.driver.begin() as conn:
-            queue = (
-                await conn.execute(
-                    select(tasks.c.queue).where(tasks.c.id == task_id, tasks.c.state.in_(ready))
-                )
-            ).scalar_one_or_none()
-            if queue is None:
+            found = await conn.execute(select(tasks.c.queue, tasks.c.partition_key).where(*waiting))
+            row = found.first()
+            if row is None:
                 return None
-            await conn.execute(
-                update(tasks)
-                .where(tasks.c.id == task_id, tasks.c.state.in_(ready))
-                .values(run_at=now)
-            )
-        return str(queue)
+            await conn.execute(update(tasks).where(*waiting).values(run_at=now))
+            hints = key_hints_of([(row.queue, row.partition_key, now)])
+            if hints:
+                await conn.execute(insert(key_hints), hints)
+        return str(row.queue)
