@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    Boolean,
     ColumnElement,
     Integer,
     and_,
@@ -36,6 +37,7 @@ from txtasks.driver.sql import SqlDriver
 from txtasks.schema.tables import (
     IS_READY,
     KEYED,
+    READY,
     UNKEYED,
     Timestamp,
     archive,
@@ -53,7 +55,9 @@ NOW = bindparam("now", type_=Timestamp)
 QUEUE = bindparam("queue", type_=tasks.c.queue.type)
 #: Counts of ready tasks stop here: past it a page shows "at least" (counting a million rows
 #: on every refresh would read them all).
-COUNT_CAP = 10_000
+COUNT_CAP = 1_000
+#: The order of the claim indexes after the queue (and key).
+CLAIM_ORDER = (tasks.c.priority.desc(), tasks.c.run_at, tasks.c.id)
 #: Text in the error is looked for among this many tasks (matching the other filters) a page.
 SEARCH_WINDOW = 5_000
 SINCE = bindparam("since", type_=Timestamp)
@@ -119,27 +123,53 @@ def _ready(keyed: bool) -> list[Any]:
     return [IS_READY, text(KEYED if keyed else UNKEYED)]
 
 
+class in_claim_index(ColumnElement[bool]):  # an SQL condition, named like a function
+    """The rows of the (keyed) claim index, by what the index itself holds: its condition
+    where it is a partial index; on MariaDB/MySQL, where it holds every row by queue and key,
+    the key's presence (a row not ready there costs one more index entry read, not a row)."""
+
+    inherit_cache = False
+    type = Boolean()
+
+    def __init__(self, keyed: bool) -> None:
+        self.keyed = keyed
+
+
+@compiles(in_claim_index)
+def _in_claim_index(element: in_claim_index, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"{READY} AND {KEYED if element.keyed else UNKEYED}"
+
+
+@compiles(in_claim_index, "mysql")
+@compiles(in_claim_index, "mariadb")
+def _in_claim_index_mysql(element: in_claim_index, compiler: SQLCompiler, **kw: Any) -> str:
+    return KEYED if element.keyed else UNKEYED
+
+
 def stmt_ready_queues(keyed: bool) -> Any:
-    """The queues that have ready tasks, one index probe each: a loose scan of the (keyed)
+    """The queues that may have ready tasks, one index probe each: a loose scan of the (keyed)
     claim index, which starts with the queue."""
-    first = select(func.min(tasks.c.queue).label("queue")).where(*_ready(keyed))
-    found = first.cte("ready_queues", recursive=True)
-    following = (
-        select(func.min(tasks.c.queue))
-        .where(*_ready(keyed), tasks.c.queue > found.c.queue)
-        .scalar_subquery()
-    )
-    found = found.union_all(select(following).where(found.c.queue.is_not(None)))
+
+    def after(previous: Any) -> Any:
+        stmt = select(tasks.c.queue).where(in_claim_index(keyed))
+        if previous is not None:
+            stmt = stmt.where(tasks.c.queue > previous)
+        return stmt.order_by(tasks.c.queue).limit(1).scalar_subquery()
+
+    found = select(after(None).label("queue")).cte("ready_queues", recursive=True)
+    found = found.union_all(select(after(found.c.queue)).where(found.c.queue.is_not(None)))
     return select(found.c.queue).where(found.c.queue.is_not(None))
 
 
 def stmt_ready_count(keyed: bool, *, due: bool) -> Any:
     """Ready tasks of queue `queue` due by `now` (or later), up to `cap`: along the claim
-    index, from the queue's first entry."""
+    index, from the queue's first entry (in its order, so that no plan reads the table for
+    them however many of its rows match)."""
     when = tasks.c.run_at <= NOW if due else tasks.c.run_at > NOW
     some = (
         select(tasks.c.id)
         .where(tasks.c.queue == QUEUE, *_ready(keyed), when)
+        .order_by(*([tasks.c.partition_key] if keyed else []), *CLAIM_ORDER)
         .limit(bindparam("cap", type_=Integer))
         .subquery()
     )
@@ -152,7 +182,7 @@ def stmt_ready_head() -> Any:
     return (
         select(tasks.c.run_at)
         .where(tasks.c.queue == QUEUE, *_ready(False), tasks.c.run_at <= NOW)
-        .order_by(tasks.c.priority.desc(), tasks.c.run_at, tasks.c.id)
+        .order_by(*CLAIM_ORDER)
         .limit(1)
     )
 
