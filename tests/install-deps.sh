@@ -27,9 +27,11 @@ compgen -G '/usr/lib/postgresql/*/bin/initdb' > /dev/null || missing+=("initdb (
 command -v epmd > /dev/null || missing+=("epmd (Erlang)")
 # Spark (the txtasks[spark] tests) needs Java 17 or newer
 if ! command -v java > /dev/null; then missing+=("java (Spark)"); packages+=(default-jre-headless); fi
+# the dashboard's browser tests (tests/web) drive Debian's Chromium with Playwright
+if [ ! -x /usr/bin/chromium ]; then missing+=("chromium (dashboard tests)"); packages+=(chromium); fi
 
 if [ ${#missing[@]} -eq 0 ]; then
-  say "server binaries present (PostgreSQL, MariaDB, RabbitMQ, epmd, Java)"
+  say "server binaries present (PostgreSQL, MariaDB, RabbitMQ, epmd, Java, Chromium)"
 else
   say "missing: ${missing[*]}"
   if [ "$(id -u)" = 0 ]; then
@@ -74,7 +76,9 @@ else
   say "pip install -e \".[dev]\" into $VENV"
   rm -f "$stamp"
   log=$(mktemp /tmp/txtasks-pip.XXXXXX)
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev]" > "$log" 2>&1 \
+  # Playwright drives /usr/bin/chromium: it must not download a browser of its own
+  PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 \
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev]" > "$log" 2>&1 \
     || { tail -40 "$log" >&2; say "pip install failed (log: $log)" >&2; exit 1; }
   rm -f "$log"
   printf '%s\n' "$want" > "$stamp"

@@ -289,7 +289,12 @@ class Commands(click.Group):
             "cleaner.cli:cleaner",
             "Rescue tasks of dead workers, re-announce lost wake-ups, archive, purge old rows and "
             "fire periodic tasks for APP (module:attribute). SIGTERM/SIGINT stop it.",
-        )
+        ),
+        "dashboard": Lazy(
+            "txtasks.web.cli:dashboard",
+            "Serve the web dashboard of APP (module:attribute): queues, tasks, dead letters, "
+            "periodic schedules and workers, with actions on them (needs the extra `web`).",
+        ),
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:

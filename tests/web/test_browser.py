@@ -1,0 +1,164 @@
+"""The dashboard in a real headless Chromium (Debian's `chromium`, driven by Playwright), on
+PostgreSQL: the queue view, a filtered task list, a task, a dead letter re-driven and run by a
+worker in this process, a queue paused (no claim) and resumed, the page refreshing itself.
+
+A screenshot of each main view is saved under $TXTASKS_TEST_ARTIFACTS/dashboard (default:
+test-artifacts/dashboard at the repository root). Without Chromium or Playwright the test is
+skipped, and fails when CI is set, like a missing server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import backends
+from tests.servers import in_ci
+from tests.waiting import until
+from tests.web.conftest import BROKEN, Seeded
+from txtasks import App
+from txtasks.testing import run_until_empty
+from txtasks.web import create_app
+from txtasks.worker import Worker, WorkerConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = os.environ.get("TXTASKS_CHROMIUM", "/usr/bin/chromium")
+ARTIFACTS = Path(os.environ.get("TXTASKS_TEST_ARTIFACTS", ROOT / "test-artifacts")) / "dashboard"
+pytestmark = [
+    pytest.mark.parametrize("database_url", backends("postgresql"), indirect=True),
+    pytest.mark.timeout(90),
+]
+
+
+def _missing(what: str) -> None:
+    message = f"dashboard browser test: {what}"
+    if in_ci():
+        pytest.fail(f"{message} (CI is set: a missing browser is a failure)", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Any]:
+    if not shutil.which(CHROMIUM):
+        _missing(f"no {CHROMIUM} (apt-get install chromium; see tests/install-deps.sh)")
+    try:
+        from playwright.async_api import async_playwright
+    except ImportError:
+        _missing("playwright is not installed (pip install -e '.[dev]')")
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"]
+        )
+        yield launched
+        await launched.close()
+
+
+@pytest.fixture
+async def served(dashboard_app: App) -> AsyncIterator[str]:
+    """The dashboard served by uvicorn on a free loopback port, in this event loop."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        create_app(dashboard_app, refresh=0.3), host="127.0.0.1", port=0, log_level="warning"
+    )
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
+    await until(lambda: server.started or serving.done(), "uvicorn started")
+    assert server.started, serving
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    await asyncio.wait_for(serving, 10)
+
+
+async def shot(page: Any, name: str) -> Path:
+    """Save a screenshot of the page and check it is an image with something in it."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    await page.screenshot(path=str(path), full_page=True)
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000, f"{path}: empty screenshot"
+    return path
+
+
+async def confirm(page: Any) -> None:
+    """Answer the confirmation page of an action, and land back where it came from."""
+    await page.wait_for_selector("#confirm-button")
+    await page.click("#confirm-button")
+    await page.wait_for_selector("#done")
+
+
+async def state_of(app: App, task_id: int) -> str | None:
+    row = await app.ainspect(task_id)
+    return None if row is None else row.state.value
+
+
+async def test_the_dashboard_in_chromium(
+    browser: Any, served: str, dashboard_app: App, seeded: Seeded
+) -> None:
+    app = dashboard_app
+    page = await browser.new_page(viewport={"width": 1280, "height": 800})
+
+    # the queue view, and it refreshes itself: a queue that gets tasks appears without a reload
+    await page.goto(served + "/")
+    await page.wait_for_selector('tr[data-queue="reports"]')
+    await shot(page, "queues")
+    await app.aenqueue("send", {"to": "c@example.com"}, queue="newsletters", delay=60)
+    await page.wait_for_selector('tr[data-queue="newsletters"]', timeout=10_000)
+
+    # filter the tasks, then open one
+    await page.goto(served + "/tasks")
+    await page.fill("input[name=key]", "tenant-1")
+    await page.click("form#filters button[type=submit]")
+    await page.wait_for_selector(f'tr[data-task="{seeded.waiting}"]')
+    assert await page.locator("#task-rows tr[data-task]").count() == 1
+    await shot(page, "tasks")
+    await page.click(f'tr[data-task="{seeded.waiting}"] a')
+    await page.wait_for_selector("#payload")
+    assert "b@example.com" in await page.inner_text("#payload")
+    await shot(page, "task")
+
+    # re-drive a dead letter from a selection, and see a worker run it
+    await page.goto(served + "/dead")
+    await page.check(f'tr[data-task="{seeded.dead}"] input[name=id]')
+    await shot(page, "dead")
+    BROKEN["disk"] = False
+    worker = Worker(app, WorkerConfig(queues=("reports",), poll_interval=0.05))
+    running = asyncio.create_task(worker.run())
+    try:
+        await page.click("#requeue-selected")
+        await confirm(page)
+        assert "1 re-driven" in await page.inner_text("#done")
+        await until(lambda: _is(app, seeded.dead, "completed"), "the re-driven task completed")
+    finally:
+        worker.stop()
+        await asyncio.wait_for(running, 10)
+    await page.goto(f"{served}/tasks/{seeded.dead}")
+    assert "completed" in await page.inner_text("h2")
+
+    # pause a queue: a worker claims none of its tasks; resume it: they run
+    await page.goto(served + "/")
+    await page.click('tr[data-queue="mail"] button[data-action="pause"]')
+    await confirm(page)
+    await page.wait_for_selector('tr[data-queue="mail"] .paused')
+    held = await app.aenqueue("send", {"to": "d@example.com"})
+    stats = await run_until_empty(app, queues=["mail"])
+    assert stats.claimed == 0 and await state_of(app, held) == "pending"
+    await page.click('tr[data-queue="mail"] button[data-action="resume"]')
+    await confirm(page)
+    await run_until_empty(app, queues=["mail"])
+    assert await state_of(app, held) == "completed"
+
+    for name in ("periodic", "workers"):
+        await page.goto(f"{served}/{name}")
+        await shot(page, name)
+
+
+async def _is(app: App, task_id: int, state: str) -> bool:
+    return await state_of(app, task_id) == state

@@ -1,0 +1,233 @@
+"""The dashboard's pages and actions over HTTP, on every database."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.routing import Mount
+
+from tests.web.conftest import CSRF, Seeded, act, client_for, csrf_of
+from txtasks import App
+from txtasks.driver.sql import SqlDriver
+from txtasks.testing import run_until_empty
+from txtasks.web import create_app, queries
+from txtasks.web.queries import Reads
+
+
+async def test_queues_page_shows_depths_paused_and_chart(
+    client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
+) -> None:
+    await dashboard_app.apause("mail")
+    page = await client.get("/")
+    assert page.status_code == 200
+    text = page.text
+    assert 'data-queue="mail"' in text and 'data-queue="reports"' in text
+    assert "paused since" in text
+    assert "<svg" in text and "1 completed" in text  # the hour's chart title
+    assert "tenant-1" in text  # the busiest keys
+
+
+async def test_tasks_filters_and_pages(
+    client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
+) -> None:
+    ids = [await dashboard_app.aenqueue("send", {"n": n}, delay=3600) for n in range(5)]
+    small = client_for(create_app(dashboard_app, refresh=0, page_size=2))
+    async with small:
+        first = await small.get("/tasks", params={"queue": "mail"})
+        assert first.status_code == 200
+        shown = [i for i in ids if f'data-task="{i}"' in first.text]
+        assert shown == ids[-2:]  # newest first
+        assert 'id="next-page"' in first.text
+        after = first.text.split('id="next-page" href="?')[1].split('"')[0].replace("&amp;", "&")
+        second = await small.get(f"/tasks?{after}")
+        assert [i for i in ids if f'data-task="{i}"' in second.text] == ids[1:3]
+    by_key = await client.get("/tasks", params={"key": "tenant-1"})
+    assert f'data-task="{seeded.waiting}"' in by_key.text
+    assert f'data-task="{ids[0]}"' not in by_key.text
+    by_error = await client.get("/tasks", params={"state": "dead", "error": "disk full"})
+    assert f'data-task="{seeded.dead}"' in by_error.text
+    none = await client.get("/tasks", params={"state": "dead", "error": "100%_no such"})
+    assert "No task matches" in none.text
+    retrying = await client.get("/tasks", params={"state": "retryable", "task": "flaky"})
+    assert f'data-task="{seeded.retrying}"' in retrying.text
+
+
+async def test_task_detail_shows_error_payload_and_result(
+    client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
+) -> None:
+    dead = await client.get(f"/tasks/{seeded.dead}")
+    assert dead.status_code == 200
+    assert 'id="error"' in dead.text and "report 7 failed: disk full" in dead.text
+    completed = await dashboard_app.atasks(states=["completed"])
+    page = await client.get(f"/tasks/{completed[0].id}")
+    assert "a@example.com" in page.text
+    assert (await client.get("/tasks/999999")).status_code == 404
+
+
+async def test_bad_input_is_a_clear_error(client: httpx.AsyncClient, seeded: Seeded) -> None:
+    wrong = await client.get("/tasks", params={"state": "nope"})
+    assert wrong.status_code == 400 and "unknown state 'nope'" in wrong.text
+    cursor = await client.get("/tasks", params={"state": "dead", "after": "x"})
+    assert cursor.status_code == 400 and "cursor" in cursor.text
+
+
+async def test_redacted_payloads_show_only_their_size(dashboard_app: App, seeded: Seeded) -> None:
+    async with client_for(create_app(dashboard_app, redact_payloads=True, refresh=0)) as http:
+        page = await http.get(f"/tasks/{seeded.waiting}")
+    assert "b@example.com" not in page.text
+    assert "[redacted:" in page.text
+
+
+async def test_periodic_and_workers_pages(client: httpx.AsyncClient, seeded: Seeded) -> None:
+    periodic = await client.get("/periodic")
+    assert 'data-schedule="nightly"' in periodic.text
+    workers = await client.get("/workers")
+    assert workers.status_code == 200 and "No worker is running a task" in workers.text
+
+
+async def test_redrive_a_dead_letter_and_it_is_logged_with_who(
+    client: httpx.AsyncClient,
+    dashboard_app: App,
+    seeded: Seeded,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="txtasks.web"):
+        done = await act(client, "requeue", id=str(seeded.dead))
+    assert done.status_code == 303
+    row = await dashboard_app.ainspect(seeded.dead)
+    assert row is not None and row.state.value == "pending"
+    [record] = [r for r in caplog.records if r.name == "txtasks.web"]
+    assert "requeue by anonymous@127.0.0.1" in record.getMessage()
+
+
+async def test_purge_dead_letters_of_a_queue(
+    client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
+) -> None:
+    await act(client, "purge", queue="reports")
+    assert await dashboard_app.ainspect(seeded.dead) is None
+
+
+async def test_cancel_run_now_pause_resume_and_periodic(
+    client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
+) -> None:
+    await act(client, "run_now", id=str(seeded.retrying))
+    row = await dashboard_app.ainspect(seeded.retrying)
+    assert row is not None and row.run_at <= dashboard_app.clock()
+    await act(client, "cancel", id=str(seeded.waiting))
+    row = await dashboard_app.ainspect(seeded.waiting)
+    assert row is not None and row.state.value == "cancelled"
+    await act(client, "pause", queue="mail")
+    assert "mail" in await dashboard_app.driver.queue_paused_list()
+    await act(client, "resume", queue="mail")
+    assert "mail" not in await dashboard_app.driver.queue_paused_list()
+    before = {t.id for t in await dashboard_app.atasks(queue="mail")}
+    await act(client, "periodic_now", schedule="nightly")
+    [fired] = [t for t in await dashboard_app.atasks(queue="mail") if t.id not in before]
+    assert fired.task_name == "send"
+
+
+async def test_post_without_csrf_is_refused(
+    client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
+) -> None:
+    await csrf_of(client)  # the cookie is set; the form field is missing or wrong
+    for data in (
+        {"action": "purge", "id": str(seeded.dead), "confirmed": "yes"},
+        {"action": "purge", "id": str(seeded.dead), "confirmed": "yes", "csrf": "forged"},
+    ):
+        refused = await client.post("/action", data=data)
+        assert refused.status_code == 403 and "CSRF" in refused.text
+    assert await dashboard_app.ainspect(seeded.dead) is not None
+
+
+async def test_read_only_hides_and_refuses_every_action(dashboard_app: App, seeded: Seeded) -> None:
+    async with client_for(create_app(dashboard_app, read_only=True, refresh=0)) as http:
+        for path in ("/", "/dead", f"/tasks/{seeded.dead}", "/periodic"):
+            page = await http.get(path)
+            assert page.status_code == 200 and 'action="/action"' not in page.text, path
+        token = http.cookies["txtasks_csrf"]  # set by the pages above, which have no form
+        for action in ("requeue", "purge", "cancel", "run_now", "pause", "resume"):
+            data = {"csrf": token, "action": action, "id": str(seeded.dead), "confirmed": "yes"}
+            refused = await http.post("/action", data=data)
+            assert refused.status_code == 403, action
+    assert (await dashboard_app.ainspect(seeded.dead)).state.value == "dead"  # type: ignore[union-attr]
+
+
+async def test_counts_stop_at_their_cap(dashboard_app: App, seeded: Seeded) -> None:
+    for n in range(3):
+        await dashboard_app.aenqueue("send", {"n": n}, delay=3600)
+    driver = dashboard_app.driver
+    assert isinstance(driver, SqlDriver)
+    depths = await Reads(driver).depths(now=dashboard_app.clock(), cap=2)
+    assert (depths["mail"].scheduled, depths["mail"].capped) == (2, True)
+    assert depths["reports"].dead == 1 and depths["reports"].scheduled == 1
+
+
+async def test_error_text_is_looked_for_a_window_at_a_time(
+    client: httpx.AsyncClient, seeded: Seeded, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(queries, "SEARCH_WINDOW", 1)
+    first = await client.get("/tasks", params={"error": "FLAKY"})  # the newest: no error
+    assert "No task matches" in first.text and 'id="next-page"' in first.text
+    after = first.text.split('id="next-page" href="?')[1].split('"')[0].replace("&amp;", "&")
+    second = await client.get(f"/tasks?{after}")
+    assert f'data-task="{seeded.retrying}"' in second.text
+
+
+async def test_mounted_in_another_application(dashboard_app: App, seeded: Seeded) -> None:
+    outer = Starlette(routes=[Mount("/ops", create_app(dashboard_app, refresh=0))])
+    async with client_for(outer) as http:
+        page = await http.get("/ops/dead")
+        assert page.status_code == 200
+        assert f'href="/ops/tasks/{seeded.dead}"' in page.text
+        assert 'action="/ops/action"' in page.text
+        token = CSRF.search(page.text).group(1)  # type: ignore[union-attr]
+        data = {"csrf": token, "action": "requeue", "id": str(seeded.dead), "back": "/dead"}
+        done = await http.post("/ops/action", data={**data, "confirmed": "yes"})
+    assert done.status_code == 303 and done.headers["location"].startswith("/ops/dead?done=")
+    assert (await dashboard_app.ainspect(seeded.dead)).state.value == "pending"  # type: ignore[union-attr]
+
+
+async def test_redrive_and_purge_every_dead_letter_matching_a_filter(
+    client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
+) -> None:
+    other = await dashboard_app.aenqueue("broken", 8)
+    await run_until_empty(dashboard_app, queues=["reports"])
+    assert (await dashboard_app.ainspect(other)).state.value == "dead"  # type: ignore[union-attr]
+    page = await client.get("/dead", params={"error": "report 8 failed"})
+    assert 'id="requeue-matching"' in page.text
+    match = {"match": "yes", "match_error": "report 8 failed"}
+    await act(client, "requeue", **match)
+    assert (await dashboard_app.ainspect(other)).state.value == "pending"  # type: ignore[union-attr]
+    assert (await dashboard_app.ainspect(seeded.dead)).state.value == "dead"  # type: ignore[union-attr]
+    await act(client, "purge", match="yes", match_task="broken", match_queue="reports")
+    assert await dashboard_app.ainspect(seeded.dead) is None
+    both = await client.post(
+        "/action",
+        data={"csrf": await csrf_of(client), "action": "purge", "queue": "reports", **match},
+    )
+    assert both.status_code == 400 and "not more than one" in both.text
+
+
+async def test_a_finished_task_shows_how_long_it_waited_and_ran(
+    client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
+) -> None:
+    [completed] = await dashboard_app.atasks(states=["completed"])
+    page = await client.get(f"/tasks/{completed.id}")
+    durations = page.text.split('id="durations">')[1].split("</dd>")[0]
+    assert "waited" in durations and "last attempt ran" in durations
+
+
+async def test_run_now_of_a_keyed_task_scheduled_later(
+    client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
+) -> None:
+    later = await dashboard_app.aenqueue("send", {"to": "later"}, key="tenant-2", delay=3600)
+    await run_until_empty(dashboard_app, queues=["mail"])  # the key is looked at: not due
+    assert (await dashboard_app.ainspect(later)).state.value == "pending"  # type: ignore[union-attr]
+    await act(client, "run_now", id=str(later))
+    # without a hint, claims would not look at the key for an hour: a burst worker would wait
+    await asyncio.wait_for(run_until_empty(dashboard_app, queues=["mail"]), 30)
+    assert (await dashboard_app.ainspect(later)).state.value == "completed"  # type: ignore[union-attr]

@@ -1,0 +1,203 @@
+"""The dashboard's actions: what each takes (task ids, a queue, a filter of dead letters, a
+schedule), how it says what it will do on the confirmation page, and how it runs."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.datastructures import FormData
+
+from txtasks.app import App
+from txtasks.driver.sql import SqlDriver
+from txtasks.errors import ConfigurationError
+from txtasks.task import check_queue_name
+from txtasks.web.queries import Reads, TaskQuery
+
+
+@dataclass(frozen=True)
+class Target:
+    ids: list[int]
+    queue: str | None
+    schedule: str | None
+    #: Every dead letter matching these filters (up to `MATCH_LIMIT` an action).
+    match: TaskQuery | None = None
+
+    def match_text(self) -> str:
+        m = self.match
+        assert m is not None
+        found = [
+            f"{k} {v}" for k, v in (("queue", m.queue), ("task", m.task_name), ("key", m.key)) if v
+        ]
+        if m.error:
+            found.append(f"error containing {m.error!r}")
+        return ", ".join(found) or "no filter"
+
+
+#: Dead letters an action on a filter takes at most (the next click takes the next ones).
+MATCH_LIMIT = 10_000
+
+
+@dataclass(frozen=True)
+class Action:
+    """One kind of action: what it needs, how it says what it will do, and how it runs."""
+
+    what: str
+    run_it: Callable[[App, Target], Awaitable[str]]
+    by_queue: bool = False
+    by_schedule: bool = False
+
+    def needs_target(self, target: Target) -> str | None:
+        if self.by_schedule:
+            return None if target.schedule else "give a schedule"
+        given = sum(1 for x in (target.ids, target.queue, target.match) if x)
+        if self.by_queue and given > 1:
+            return "give task ids, a queue or a filter, not more than one"
+        if not target.ids and not (self.by_queue and given):
+            return "give task ids" + (", a queue or a filter" if self.by_queue else "")
+        return None
+
+    def describe(self, target: Target) -> str:
+        if self.by_schedule:
+            return f"{self.what} {target.schedule}"
+        if target.match is not None:
+            return (
+                f"{self.what} every dead letter with {target.match_text()} "
+                f"(up to {MATCH_LIMIT:,} at a time)"
+            )
+        if target.ids:
+            shown = ", ".join(str(i) for i in target.ids[:20])
+            more = f" and {len(target.ids) - 20} more" if len(target.ids) > 20 else ""
+            return f"{self.what} task{'s' if len(target.ids) > 1 else ''} {shown}{more}"
+        return f"{self.what} every one of queue {target.queue}"
+
+    async def run(self, app: App, target: Target) -> str:
+        return await self.run_it(app, target)
+
+
+async def _matching(app: App, target: Target) -> dict[int, str]:
+    """The dead letters an action takes: {id: queue}, of the ids given or matching the filter
+    (None for an action on a whole queue)."""
+    driver = app.driver
+    assert isinstance(driver, SqlDriver)
+    if target.match is None:
+        rows = [await app.ainspect(i) for i in target.ids]
+        return {r.id: r.queue for r in rows if r is not None}
+    found: dict[int, str] = {}
+    cursor = None
+    while len(found) < MATCH_LIMIT:
+        page = await Reads(driver).task_page(target.match, cursor, 500)
+        found.update((r.id, r.queue) for r in page.rows[: MATCH_LIMIT - len(found)])
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return found
+
+
+async def _requeue(app: App, target: Target) -> str:
+    if target.queue is not None:
+        ids = await app.driver.dead_requeue(queue=target.queue, now=app.clock())
+        app.notify(target.queue, ids)
+        return f"{len(ids)} re-driven"
+    chosen = await _matching(app, target)
+    done: list[int] = []
+    batch = list(chosen)
+    for start in range(0, len(batch), 1000):
+        done += await app.driver.dead_requeue(batch[start : start + 1000], now=app.clock())
+    for queue in sorted({chosen[i] for i in done}):
+        app.notify(queue, [i for i in done if chosen[i] == queue])
+    return f"{len(done)} re-driven"
+
+
+async def _purge(app: App, target: Target) -> str:
+    if target.queue is not None:
+        return f"{await app.driver.dead_purge(queue=target.queue)} purged"
+    batch = list(await _matching(app, target))
+    count = 0
+    for start in range(0, len(batch), 1000):
+        count += await app.driver.dead_purge(batch[start : start + 1000])
+    return f"{count} purged"
+
+
+async def _cancel(app: App, target: Target) -> str:
+    results = await app.acancel_many(target.ids)
+    return "; ".join(c.describe() for c in results)
+
+
+async def _run_now(app: App, target: Target) -> str:
+    driver = app.driver
+    assert isinstance(driver, SqlDriver)
+    made = []
+    for task_id in target.ids:
+        queue = await Reads(driver).task_run_now(task_id, now=app.clock())
+        if queue is not None:
+            app.notify(queue, [task_id])
+            made.append(task_id)
+    return f"{len(made)} of {len(target.ids)} made due now (the others were not waiting)"
+
+
+async def _pause(app: App, target: Target) -> str:
+    assert target.queue is not None
+    was = await app.apause(target.queue)
+    return f"queue {target.queue} " + ("was already paused" if was else "paused")
+
+
+async def _resume(app: App, target: Target) -> str:
+    assert target.queue is not None
+    resumed = await app.aresume(target.queue)
+    return f"queue {target.queue} " + ("resumed" if resumed else "was not paused")
+
+
+async def _periodic_now(app: App, target: Target) -> str:
+    schedule = app.schedules.get(target.schedule or "")
+    if schedule is None:
+        raise ConfigurationError(f"schedule {target.schedule!r}: not declared by this app")
+    options: dict[str, Any] = {}
+    if schedule.queue is not None:
+        options["queue"] = schedule.queue
+    if schedule.priority is not None:
+        options["priority"] = schedule.priority
+    task_id = await app.aenqueue(schedule.task_name, schedule.payload, **options)
+    return f"schedule {schedule.name}: task {task_id} enqueued"
+
+
+class _QueueAction(Action):
+    def needs_target(self, target: Target) -> str | None:
+        return None if target.queue else "give a queue"
+
+    def describe(self, target: Target) -> str:
+        return f"{self.what} queue {target.queue}"
+
+
+ACTIONS: dict[str, Action] = {
+    "requeue": Action("re-drive (run again)", _requeue, by_queue=True),
+    "purge": Action("delete for good", _purge, by_queue=True),
+    "cancel": Action("cancel", _cancel),
+    "run_now": Action("run now", _run_now),
+    "pause": _QueueAction("pause", _pause),
+    "resume": _QueueAction("resume", _resume),
+    "periodic_now": Action("enqueue one run now of schedule", _periodic_now, by_schedule=True),
+}
+
+
+def match_of(form: FormData) -> TaskQuery | None:
+    """The filter of an action on every dead letter matching it (fields match_*), if any."""
+    if field_of(form, "match") != "yes":
+        return None
+    queue = field_of(form, "match_queue") or None
+    if queue is not None:
+        check_queue_name(queue, setting="match_queue")
+    return TaskQuery(
+        state="dead",
+        queue=queue,
+        task_name=field_of(form, "match_task") or None,
+        key=field_of(form, "match_key") or None,
+        error=field_of(form, "match_error") or None,
+    )
+
+
+def field_of(form: FormData, name: str) -> str | None:
+    """A text field of a form (None: missing, or a file)."""
+    value = form.get(name)
+    return value if isinstance(value, str) else None

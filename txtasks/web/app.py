@@ -1,0 +1,353 @@
+"""The dashboard as a Starlette application: server-rendered pages over an App's admin API,
+and actions behind a confirmation page, a CSRF token and a server-side log of who did what."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Collection
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp
+
+from txtasks.app import App
+from txtasks.driver.sql import SqlDriver
+from txtasks.errors import ConfigurationError, TxtasksError
+from txtasks.task import check_queue_name
+from txtasks.types import TaskRow
+from txtasks.web.actions import ACTIONS, Target, field_of, match_of
+from txtasks.web.charts import sparkline
+from txtasks.web.queries import (
+    COUNT_CAP,
+    FINISHED,
+    LIVE,
+    SEARCH_WINDOW,
+    QueueDepth,
+    Reads,
+    TaskQuery,
+    check_cursor,
+)
+from txtasks.web.security import CSRF_COOKIE, CSRF_FIELD, Auth, Guard, csrf_ok, new_csrf_token
+
+log = logging.getLogger("txtasks.web")
+HERE = Path(__file__).parent
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the dashboard behaves: `read_only` shows no action and refuses every POST;
+    `redact_payloads` hides payloads, results and checkpoints; `auth` (None: none) is asked of
+    every request; pages refresh every `refresh` seconds (0: never)."""
+
+    read_only: bool = False
+    redact_payloads: bool = False
+    auth: Auth | None = None
+    refresh: float = 5.0
+    page_size: int = 50
+    #: The Host headers answered (None: any).
+    hosts: Collection[str] | None = None
+
+
+def create_app(
+    app: App,
+    *,
+    read_only: bool = False,
+    redact_payloads: bool = False,
+    auth: Auth | None = None,
+    refresh: float = 5.0,
+    page_size: int = 50,
+    hosts: Collection[str] | None = None,
+    close_app: bool = False,
+) -> ASGIApp:
+    """The dashboard of `app` as an ASGI application, to serve (`txtasks dashboard`) or to
+    mount in another one (`Mount("/tasks", create_app(app))`). `hosts`: answer only requests
+    with one of these Host headers (None: any). `close_app`: close the App's connections when
+    the application shuts down (for an App it owns)."""
+    if page_size < 1:
+        raise ConfigurationError(f"page_size: must be at least 1, got {page_size!r}")
+    if not isinstance(app.driver, SqlDriver):
+        raise ConfigurationError("dashboard: needs a database (not a MemoryDriver)")
+    settings = Settings(read_only, redact_payloads, auth, refresh, page_size, hosts)
+    return Dashboard(app, settings, close_app=close_app).asgi
+
+
+class Dashboard:
+    def __init__(self, app: App, settings: Settings, *, close_app: bool) -> None:
+        self.app, self.settings, self.close_app = app, settings, close_app
+        self.templates = Environment(
+            loader=FileSystemLoader(HERE / "templates"),
+            autoescape=select_autoescape(["html"]),
+        )
+        self.templates.filters["age"] = _age
+        self.templates.filters["when"] = _when
+        self.templates.globals.update(cap=COUNT_CAP, search_window=SEARCH_WINDOW)
+        routes = [
+            Route("/", self.page_queues),
+            Route("/tasks", self.page_tasks),
+            Route("/tasks/{task_id:int}", self.page_task),
+            Route("/dead", self.page_dead),
+            Route("/periodic", self.page_periodic),
+            Route("/workers", self.page_workers),
+            Route("/action", self.action, methods=["POST"]),
+            Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        ]
+        starlette = Starlette(routes=routes, lifespan=self.lifespan)
+        self.asgi: ASGIApp = Guard(starlette, settings.auth, settings.hosts)
+
+    @asynccontextmanager
+    async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        yield
+        if self.close_app:
+            await self.app.aclose()
+
+    @property
+    def reads(self) -> Reads:
+        driver = self.app.driver
+        assert isinstance(driver, SqlDriver)  # checked by create_app
+        return Reads(driver)
+
+    # -- rendering ----------------------------------------------------------------------------
+
+    def render(self, request: Request, name: str, **context: Any) -> HTMLResponse:
+        token = request.cookies.get(CSRF_COOKIE) or new_csrf_token()
+        root = request.scope.get("root_path", "")
+        path = request.url.path
+        here = path[len(root) :] if root and path.startswith(root) else path
+        if request.url.query:
+            here += "?" + request.url.query
+        context.setdefault("refresh", self.settings.refresh)
+        context.update(
+            request=request,
+            root=root,
+            here=here or "/",
+            csrf=token,
+            read_only=self.settings.read_only,
+            who=request.scope.get("txtasks.who"),
+            live=request.headers.get("x-live") == "1",
+        )
+        response = HTMLResponse(self.templates.get_template(name).render(**context))
+        if request.cookies.get(CSRF_COOKIE) != token:
+            response.set_cookie(
+                CSRF_COOKIE, token, path=root or "/", httponly=True, samesite="strict"
+            )
+        return response
+
+    def shown(self, row: TaskRow) -> dict[str, Any]:
+        """A task's fields as the pages show them, payloads redacted when so set."""
+        redact = self.settings.redact_payloads
+        data = row._asdict()
+        data["state"] = row.state.value
+        data["payload"] = _redacted(row.payload) if redact else _text_of(row.payload)
+        for name in ("result", "checkpoint"):
+            value = data[name]
+            if redact and value is not None:
+                data[name] = _redacted(value.encode())
+        report = row.progress_report
+        data["progress"] = None if report is None else report
+        data["headers"] = _pretty(row.headers)
+        data["waited"] = _since(row.started_at, row.run_at) if row.started_at else None
+        data["ran"] = _since(row.finished_at, row.started_at) if row.finished_at else None
+        return data
+
+    # -- pages --------------------------------------------------------------------------------
+
+    async def page_queues(self, request: Request) -> Response:
+        now = self.app.clock()
+        reads = self.reads
+        depths = await reads.depths(now=now)
+        paused = await self.app.driver.queue_paused_list()
+        rates = await reads.finished_per_minute(now=now)
+        for name in [*paused, *rates, *self.app.queues]:
+            depths.setdefault(name, QueueDepth(name))
+        queues = []
+        for name in sorted(depths):
+            series = rates.get(name, {})
+            completed = series.get("completed", [0] * 60)
+            others = [s for k, s in series.items() if k != "completed"]
+            failed = [sum(v) for v in zip(*others, strict=True)] if others else [0] * 60
+            queues.append(
+                {
+                    "depth": depths[name],
+                    "paused_at": paused.get(name),
+                    "oldest": _since(now, depths[name].oldest_ready),
+                    "done_hour": sum(completed),
+                    "failed_hour": sum(failed),
+                    "chart": sparkline(completed, failed),
+                }
+            )
+        keys = await reads.busy_keys(now=now)
+        subscriptions = await self.app.driver.subscription_list()
+        return self.render(
+            request, "queues.html", queues=queues, keys=keys, subscriptions=subscriptions
+        )
+
+    async def page_tasks(self, request: Request) -> Response:
+        return await self._listing(request, "tasks.html", default_state=None)
+
+    async def page_dead(self, request: Request) -> Response:
+        return await self._listing(request, "dead.html", default_state="dead")
+
+    async def _listing(self, request: Request, name: str, *, default_state: str | None) -> Response:
+        params = request.query_params
+        state = params.get("state") or default_state
+        if state is not None and state not in (*LIVE, *FINISHED):
+            return _bad(f"state: unknown state {state!r}")
+        query = TaskQuery(
+            state=state,
+            queue=params.get("queue") or None,
+            task_name=params.get("task") or None,
+            key=params.get("key") or None,
+            error=params.get("error") or None,
+        )
+        try:
+            cursor = check_cursor(params.get("after"), query.live)
+        except ValueError as exc:
+            return _bad(str(exc))
+        page = await self.reads.task_page(query, cursor, self.settings.page_size)
+        return self.render(
+            request,
+            name,
+            query=query,
+            rows=[self.shown(r) for r in page.rows],
+            next_cursor=page.next_cursor,
+            states=[*LIVE, *FINISHED],
+            filters={k: v for k, v in params.items() if k != "after" and v},
+        )
+
+    async def page_task(self, request: Request) -> Response:
+        task_id = request.path_params["task_id"]
+        row = await self.app.ainspect(task_id)
+        if row is None:
+            return _bad(f"task {task_id}: no such task", status=404)
+        return self.render(request, "task.html", task=self.shown(row))
+
+    async def page_periodic(self, request: Request) -> Response:
+        stored = await self.app.driver.periodic_list()
+        schedules = []
+        for name, schedule in sorted(self.app.schedules.items()):
+            row = stored.get(name)
+            schedules.append({"schedule": schedule, "row": row})
+        others = [row for name, row in sorted(stored.items()) if name not in self.app.schedules]
+        return self.render(request, "periodic.html", schedules=schedules, others=others)
+
+    async def page_workers(self, request: Request) -> Response:
+        workers = await self.reads.workers(now=self.app.clock())
+        return self.render(request, "workers.html", workers=workers, now=self.app.clock())
+
+    # -- actions ------------------------------------------------------------------------------
+
+    async def action(self, request: Request) -> Response:
+        if self.settings.read_only:
+            return _bad("read-only dashboard: actions are turned off", status=403)
+        form = await request.form()
+        if not csrf_ok(request.cookies.get(CSRF_COOKIE), field_of(form, CSRF_FIELD)):
+            return _bad("missing or wrong CSRF token: reload the page and try again", status=403)
+        name = field_of(form, "action") or ""
+        action = ACTIONS.get(name)
+        if action is None:
+            return _bad(f"action: unknown action {name!r}")
+        try:
+            ids = [int(i) for i in form.getlist("id") if isinstance(i, str)]
+            queue = field_of(form, "queue") or None
+            if queue is not None:
+                check_queue_name(queue)
+            target = Target(ids, queue, field_of(form, "schedule") or None, match_of(form))
+        except ValueError as exc:
+            return _bad(f"bad input: {exc}")
+        if action.needs_target(target):
+            return _bad(f"{name}: {action.needs_target(target)}")
+        back = field_of(form, "back") or "/"
+        if not back.startswith("/") or back.startswith("//"):
+            back = "/"
+        if field_of(form, "confirmed") != "yes":
+            return self.render(
+                request,
+                "confirm.html",
+                action=name,
+                describe=action.describe(target),
+                fields=[(k, v) for k, v in form.multi_items() if k not in (CSRF_FIELD,)],
+                back=back,
+                refresh=0,
+            )
+        who = request.scope.get("txtasks.who") or "anonymous"
+        client = request.client.host if request.client else "?"
+        try:
+            done = await action.run(self.app, target)
+        except TxtasksError as exc:
+            log.warning("dashboard: %s by %s from %s failed: %s", name, who, client, exc)
+            return _bad(f"{name}: {exc}")
+        log.info(
+            "dashboard: %s by %s from %s: %s; %s",
+            name,
+            who,
+            client,
+            action.describe(target),
+            done,
+            extra={"action": name, "who": who, "client": client, "ids": ids, "queue": queue},
+        )
+        root = request.scope.get("root_path", "")
+        separator = "&" if "?" in back else "?"
+        return RedirectResponse(f"{root}{back}{separator}done={_quote(done)}", status_code=303)
+
+
+def _bad(message: str, *, status: int = 400) -> Response:
+    return PlainTextResponse(message, status_code=status)
+
+
+def _quote(text: str) -> str:
+    from urllib.parse import quote
+
+    return quote(text[:300])
+
+
+def _text_of(payload: bytes) -> str:
+    try:
+        return _pretty(payload.decode("utf-8")) or ""
+    except UnicodeDecodeError:
+        return f"<{len(payload)} bytes, not UTF-8>"
+
+
+def _pretty(text: str | None) -> str | None:
+    if text is None:
+        return None
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except ValueError:
+        return text
+
+
+def _redacted(value: bytes) -> str:
+    return f"[redacted: {len(value)} bytes]"
+
+
+def _age(delta: Any) -> str:
+    if delta is None:
+        return ""
+    seconds = delta.total_seconds() if hasattr(delta, "total_seconds") else float(delta)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def _since(now: datetime | None, then: datetime | None) -> Any:
+    return None if now is None or then is None else now - then
+
+
+def _when(value: datetime | None) -> str:
+    return "" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")

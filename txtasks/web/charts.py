@@ -1,0 +1,37 @@
+"""A small inline SVG chart: tasks finished per minute over the last hour."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from markupsafe import Markup
+
+
+def sparkline(
+    done: Sequence[int], failed: Sequence[int], *, width: int = 240, height: int = 36
+) -> Markup:
+    """Bars per minute, oldest left: completed in green, failed or dead on top in red."""
+    count = max(len(done), 1)
+    peak = max([d + f for d, f in zip(done, failed, strict=True)] + [1])
+    step = width / count
+    bars = []
+    for i, (d, f) in enumerate(zip(done, failed, strict=True)):
+        x = i * step
+        ok_h = height * d / peak
+        bad_h = height * f / peak
+        if d:
+            bars.append(
+                f'<rect class="ok" x="{x:.1f}" y="{height - ok_h:.1f}" '
+                f'width="{max(step - 1, 1):.1f}" height="{ok_h:.1f}"/>'
+            )
+        if f:
+            bars.append(
+                f'<rect class="bad" x="{x:.1f}" y="{height - ok_h - bad_h:.1f}" '
+                f'width="{max(step - 1, 1):.1f}" height="{bad_h:.1f}"/>'
+            )
+    title = f"last hour: {sum(done)} completed, {sum(failed)} failed or dead; peak {peak}/min"
+    return Markup(
+        f'<svg class="chart" width="{width}" height="{height}" role="img" '
+        f'viewBox="0 0 {width} {height}"><title>{title}</title>'
+        f'<line x1="0" y1="{height}" x2="{width}" y2="{height}"/>{"".join(bars)}</svg>'
+    )

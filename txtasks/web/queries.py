@@ -1,0 +1,462 @@
+"""The reads (and the one write) of the dashboard that the driver's admin API has no call for.
+
+Each is one statement along an index of `txtasks.schema.tables`, so that a page stays fast on a
+hot table of millions of rows (`tests/web/test_plans.py` checks the plans): counts per queue
+along the claim, lease and stage indexes, finished tasks per minute along the archive's index of
+state and finish time, workers along the lease index, and pages of tasks by keyset (the primary
+key for live tasks, the archive's index for finished ones). Nothing here takes SQL from a user:
+filters are bound values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    ColumnElement,
+    Integer,
+    and_,
+    bindparam,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.expression import FunctionElement
+
+from txtasks.control import TaskFilter
+from txtasks.driver.dialect import key_hints_of
+from txtasks.driver.sql import SqlDriver
+from txtasks.schema.tables import (
+    IS_READY,
+    KEYED,
+    READY,
+    UNKEYED,
+    Timestamp,
+    archive,
+    key_hints,
+    keys,
+    tasks,
+)
+from txtasks.types import FINISHED_STATES, READY_STATES, KeyStats, TaskRow, TaskState
+
+#: States the hot table holds, and those of the archive.
+LIVE = tuple(s.value for s in (TaskState.STAGED, *READY_STATES, TaskState.PROCESSING))
+FINISHED = tuple(sorted(s.value for s in FINISHED_STATES))
+PROCESSING = TaskState.PROCESSING.value
+NOW = bindparam("now", type_=Timestamp)
+QUEUE = bindparam("queue", type_=tasks.c.queue.type)
+#: Counts of ready tasks stop here: past it a page shows "at least" (counting a million rows
+#: on every refresh would read them all).
+COUNT_CAP = 1_000
+#: The order of the claim indexes after the queue (and key).
+CLAIM_ORDER = (tasks.c.priority.desc(), tasks.c.run_at, tasks.c.id)
+#: Text in the error is looked for among this many tasks (matching the other filters) a page.
+SEARCH_WINDOW = 5_000
+SINCE = bindparam("since", type_=Timestamp)
+
+
+class minute_of(FunctionElement[str]):  # an SQL function, named like one
+    """The minute of a timestamp as text ('YYYY-MM-DD HH:MM'), on every database."""
+
+    inherit_cache = True
+
+
+@compiles(minute_of)
+def _minute_generic(element: minute_of, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"strftime('%Y-%m-%d %H:%M', {compiler.process(element.clauses, **kw)})"
+
+
+@compiles(minute_of, "postgresql")
+def _minute_postgresql(element: minute_of, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"to_char({compiler.process(element.clauses, **kw)}, 'YYYY-MM-DD HH24:MI')"
+
+
+@compiles(minute_of, "mysql")
+@compiles(minute_of, "mariadb")
+def _minute_mysql(element: minute_of, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"DATE_FORMAT({compiler.process(element.clauses, **kw)}, '%%Y-%%m-%%d %%H:%%i')"
+
+
+@dataclass
+class QueueDepth:
+    """Live tasks of one queue: ready now, scheduled later, processing, staged."""
+
+    queue: str
+    ready: int = 0
+    scheduled: int = 0
+    processing: int = 0
+    dead: int = 0
+    #: When the task at the head of the claim order became due (None: none is due).
+    oldest_ready: datetime | None = None
+    #: True when a count stopped at its cap: there are at least that many.
+    capped: bool = False
+
+
+@dataclass(frozen=True)
+class Worker:
+    """A worker holding leases: its id, a queue it runs tasks of, how many, until when."""
+
+    worker_id: str
+    queue: str
+    running: int
+    lease_until: datetime
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    """One page of a task listing, and the cursor of the next one (None: the last page)."""
+
+    rows: list[TaskRow]
+    next_cursor: str | None
+
+
+def _ready(keyed: bool) -> list[Any]:
+    """The condition of the (keyed) claim index: only rows in it are read."""
+    return [IS_READY, text(KEYED if keyed else UNKEYED)]
+
+
+class in_claim_index(ColumnElement[bool]):  # an SQL condition, named like a function
+    """The rows of the (keyed) claim index, by what the index itself holds: its condition
+    where it is a partial index; on MariaDB/MySQL, where it holds every row by queue and key,
+    the key's presence (a row not ready there costs one more index entry read, not a row)."""
+
+    inherit_cache = False
+    type = Boolean()
+
+    def __init__(self, keyed: bool) -> None:
+        self.keyed = keyed
+
+
+@compiles(in_claim_index)
+def _in_claim_index(element: in_claim_index, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"{READY} AND {KEYED if element.keyed else UNKEYED}"
+
+
+@compiles(in_claim_index, "mysql")
+@compiles(in_claim_index, "mariadb")
+def _in_claim_index_mysql(element: in_claim_index, compiler: SQLCompiler, **kw: Any) -> str:
+    return KEYED if element.keyed else UNKEYED
+
+
+def stmt_ready_queues(keyed: bool) -> Any:
+    """The queues that may have ready tasks, one index probe each: a loose scan of the (keyed)
+    claim index, which starts with the queue."""
+
+    def after(previous: Any) -> Any:
+        stmt = select(tasks.c.queue).where(in_claim_index(keyed))
+        if previous is not None:
+            stmt = stmt.where(tasks.c.queue > previous)
+        return stmt.order_by(tasks.c.queue).limit(1).scalar_subquery()
+
+    found = select(after(None).label("queue")).cte("ready_queues", recursive=True)
+    found = found.union_all(select(after(found.c.queue)).where(found.c.queue.is_not(None)))
+    return select(found.c.queue).where(found.c.queue.is_not(None))
+
+
+def stmt_ready_count(keyed: bool, *, due: bool) -> Any:
+    """Ready tasks of queue `queue` due by `now` (or later), up to `cap`: along the claim
+    index, from the queue's first entry (in its order, so that no plan reads the table for
+    them however many of its rows match)."""
+    when = tasks.c.run_at <= NOW if due else tasks.c.run_at > NOW
+    some = (
+        select(tasks.c.id)
+        .where(tasks.c.queue == QUEUE, *_ready(keyed), when)
+        .order_by(*([tasks.c.partition_key] if keyed else []), *CLAIM_ORDER)
+        .limit(bindparam("cap", type_=Integer))
+        .subquery()
+    )
+    return select(func.count()).select_from(some)
+
+
+def stmt_ready_head() -> Any:
+    """When the task at the head of queue `queue`'s claim order (of tasks without a key)
+    became due: one probe of the claim index."""
+    return (
+        select(tasks.c.run_at)
+        .where(tasks.c.queue == QUEUE, *_ready(False), tasks.c.run_at <= NOW)
+        .order_by(*CLAIM_ORDER)
+        .limit(1)
+    )
+
+
+def stmt_keys_waiting() -> Any:
+    """Keys with work a claim will look at, soonest first (the keys table, not the tasks)."""
+    return (
+        select(keys.c.queue, keys.c.partition_key, keys.c.next_start_at)
+        .where(keys.c.ready_at.is_not(None), keys.c.partition_key != "")
+        .order_by(keys.c.ready_at, keys.c.id)
+        .limit(bindparam("limit", type_=Integer))
+    )
+
+
+def stmt_keys_hinted() -> Any:
+    """Keys whose tasks were enqueued since a claim last looked (hints not taken yet)."""
+    return (
+        select(key_hints.c.queue, key_hints.c.partition_key)
+        .group_by(key_hints.c.queue, key_hints.c.partition_key)
+        .order_by(func.min(key_hints.c.id))
+        .limit(bindparam("limit", type_=Integer))
+    )
+
+
+def stmt_key_count(*, processing: bool) -> Any:
+    """Tasks of key `key` in queue `queue` processing (along the running index) or waiting
+    (along the keyed index), up to `cap`."""
+    key = tasks.c.partition_key == bindparam("key", type_=tasks.c.partition_key.type)
+    state = tasks.c.state == PROCESSING if processing else IS_READY
+    some = (
+        select(tasks.c.id)
+        .where(tasks.c.queue == QUEUE, key, state, text(KEYED))
+        .limit(bindparam("cap", type_=Integer))
+        .subquery()
+    )
+    return select(func.count()).select_from(some)
+
+
+def stmt_processing_counts() -> Any:
+    """Processing tasks per queue: along the lease index."""
+    return (
+        select(tasks.c.queue, func.count())
+        .where(tasks.c.state == PROCESSING, tasks.c.lease_expires_at.is_not(None))
+        .group_by(tasks.c.queue)
+    )
+
+
+def stmt_dead_counts() -> Any:
+    """Dead letters per queue: along the archive's index of state and finish time."""
+    return (
+        select(archive.c.queue, func.count())
+        .where(archive.c.state == TaskState.DEAD.value, archive.c.finished_at.is_not(None))
+        .group_by(archive.c.queue)
+    )
+
+
+def stmt_finished_per_minute() -> Any:
+    """Tasks finished per queue, state and minute since `since`: along the archive's index."""
+    minute = minute_of(archive.c.finished_at)
+    return (
+        select(archive.c.queue, archive.c.state, minute, func.count())
+        .where(archive.c.state.in_(FINISHED), archive.c.finished_at >= SINCE)
+        .group_by(archive.c.queue, archive.c.state, minute)
+    )
+
+
+def stmt_workers() -> Any:
+    """Workers holding an unexpired lease, per queue: along the lease index."""
+    return (
+        select(tasks.c.worker_id, tasks.c.queue, func.count(), func.max(tasks.c.lease_expires_at))
+        .where(tasks.c.state == PROCESSING, tasks.c.lease_expires_at > NOW)
+        .group_by(tasks.c.worker_id, tasks.c.queue)
+        .order_by(tasks.c.worker_id, tasks.c.queue)
+    )
+
+
+@dataclass(frozen=True)
+class TaskQuery:
+    """What the task listing shows: live tasks (`state` None or a live state) or finished ones
+    of one state, filtered by queue, task, key and text in the last error."""
+
+    state: str | None = None
+    queue: str | None = None
+    task_name: str | None = None
+    key: str | None = None
+    error: str | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.state is None or self.state in LIVE
+
+    def clauses(self, table: Any) -> list[Any]:
+        """The filters but the error text, which `Reads.task_page` looks for itself."""
+        return TaskFilter(self.queue, self.task_name, self.key).clauses(table)
+
+
+def stmt_task_page(query: TaskQuery, cursor: str | None, limit: int, *columns: str) -> Any:
+    """A page of tasks after `cursor` (their `columns`, default all): live ones newest first
+    along the primary key, finished ones last finished first along the archive's index of
+    state and finish time."""
+    if query.live:
+        states = [query.state] if query.state else list(LIVE)
+        stmt = _select(tasks, columns).where(tasks.c.state.in_(states), *query.clauses(tasks))
+        if cursor:
+            stmt = stmt.where(tasks.c.id < int(cursor))
+        return stmt.order_by(tasks.c.id.desc()).limit(limit)
+    stmt = _select(archive, columns).where(archive.c.state == query.state, *query.clauses(archive))
+    if cursor:
+        stmt = stmt.where(_after(cursor))
+    return stmt.order_by(archive.c.finished_at.desc(), archive.c.id.desc()).limit(limit)
+
+
+def _select(table: Any, columns: tuple[str, ...]) -> Any:
+    return select(*[table.c[c] for c in columns]) if columns else select(table)
+
+
+def stmt_tasks_by_id(live: bool) -> Any:
+    """Tasks by id (`ids`), in the order of a page: along the primary key."""
+    table = tasks if live else archive
+    order = [table.c.id.desc()] if live else [archive.c.finished_at.desc(), archive.c.id.desc()]
+    return select(table).where(table.c.id.in_(bindparam("ids", expanding=True))).order_by(*order)
+
+
+def _after(cursor: str) -> ColumnElement[bool]:
+    at_text, _, id_text = cursor.partition("~")
+    at, task_id = datetime.fromisoformat(at_text), int(id_text)
+    return or_(
+        archive.c.finished_at < at,
+        and_(archive.c.finished_at == at, archive.c.id < task_id),
+    )
+
+
+def cursor_of(row: Any, live: bool) -> str:
+    """Where the page after `row` (a task, or a row with its id and finished_at) starts."""
+    if live:
+        return str(row.id)
+    assert row.finished_at is not None
+    return f"{row.finished_at.isoformat()}~{row.id}"
+
+
+def check_cursor(cursor: str | None, live: bool) -> str | None:
+    """A cursor from a URL, or a ValueError saying what is wrong with it."""
+    if not cursor:
+        return None
+    try:
+        if live:
+            int(cursor)
+        else:
+            _after(cursor)
+    except ValueError:
+        raise ValueError(f"cursor: not a cursor of this listing: {cursor!r}") from None
+    return cursor
+
+
+class Reads:
+    """The dashboard's own statements, run on a SQL driver's connections."""
+
+    def __init__(self, driver: SqlDriver) -> None:
+        self.driver = driver
+
+    async def depths(self, *, now: datetime, cap: int = COUNT_CAP) -> dict[str, QueueDepth]:
+        """Per queue: ready tasks due now and scheduled later (each up to `cap`), when the head
+        of its claim order became due, processing tasks and dead letters."""
+        found: dict[str, QueueDepth] = {}
+        async with self.driver.connect() as conn:
+            for keyed in (False, True):
+                queues = (await conn.execute(stmt_ready_queues(keyed))).scalars().all()
+                for queue in queues:
+                    depth = found.setdefault(queue, QueueDepth(queue))
+                    params = {"queue": queue, "now": now, "cap": cap}
+                    due = await conn.execute(stmt_ready_count(keyed, due=True), params)
+                    later = await conn.execute(stmt_ready_count(keyed, due=False), params)
+                    depth.ready += int(due.scalar_one())
+                    depth.scheduled += int(later.scalar_one())
+                    if not keyed:
+                        head = await conn.execute(stmt_ready_head(), params)
+                        depth.oldest_ready = head.scalar_one_or_none()
+            for queue, count in (await conn.execute(stmt_processing_counts())).all():
+                found.setdefault(queue, QueueDepth(queue)).processing = int(count)
+            for queue, count in (await conn.execute(stmt_dead_counts())).all():
+                found.setdefault(queue, QueueDepth(queue)).dead = int(count)
+        for depth in found.values():
+            depth.capped = depth.ready >= cap or depth.scheduled >= cap
+        return found
+
+    async def busy_keys(
+        self, *, now: datetime, limit: int = 20, cap: int = COUNT_CAP
+    ) -> list[KeyStats]:
+        """Up to `limit` keys with tasks waiting, soonest first, with their tasks waiting and
+        processing (each up to `cap`) and when their rate lets the next one start."""
+        found = []
+        async with self.driver.connect() as conn:
+            waiting = (await conn.execute(stmt_keys_waiting(), {"limit": limit})).all()
+            hinted = (await conn.execute(stmt_keys_hinted(), {"limit": limit})).all()
+            starts = {(q, k): t for q, k, t in waiting}
+            for q, k in hinted:
+                starts.setdefault((q, k), None)
+            for (queue, key), next_start in list(starts.items())[:limit]:
+                params = {"queue": queue, "key": key, "cap": cap}
+                ready = await conn.execute(stmt_key_count(processing=False), params)
+                running = await conn.execute(stmt_key_count(processing=True), params)
+                limited = next_start if next_start is not None and next_start > now else None
+                found.append(
+                    KeyStats(
+                        queue, key, int(ready.scalar_one()), int(running.scalar_one()), limited
+                    )
+                )
+        return found
+
+    async def finished_per_minute(
+        self, *, now: datetime, minutes: int = 60
+    ) -> dict[str, dict[str, list[int]]]:
+        """Per queue and state, the tasks finished in each of the last `minutes` minutes
+        (oldest first)."""
+        start = (now - timedelta(minutes=minutes - 1)).replace(second=0, microsecond=0)
+        labels = [(start + timedelta(minutes=i)).strftime("%Y-%m-%d %H:%M") for i in range(minutes)]
+        index = {label: i for i, label in enumerate(labels)}
+        found: dict[str, dict[str, list[int]]] = {}
+        async with self.driver.connect() as conn:
+            rows = await conn.execute(stmt_finished_per_minute(), {"since": start})
+            for queue, state, minute, count in rows.all():
+                slot = index.get(minute)
+                if slot is not None:
+                    series = found.setdefault(queue, {}).setdefault(state, [0] * minutes)
+                    series[slot] += int(count)
+        return found
+
+    async def workers(self, *, now: datetime) -> list[Worker]:
+        async with self.driver.connect() as conn:
+            rows = (await conn.execute(stmt_workers(), {"now": now})).all()
+        return [Worker(w or "?", q, int(n), until) for w, q, n, until in rows]
+
+    async def task_page(self, query: TaskQuery, cursor: str | None, limit: int) -> TaskPage:
+        """A page of tasks matching `query` after `cursor`. Text in the error is looked for
+        among the next `SEARCH_WINDOW` tasks matching the rest (case-insensitive): a page may
+        then hold fewer tasks than `limit` and still have a next one."""
+        if query.error:
+            return await self._error_page(query, cursor, limit)
+        async with self.driver.connect() as conn:
+            result = await conn.execute(stmt_task_page(query, cursor, limit + 1))
+            rows = [TaskRow.from_row(r) for r in result.mappings().all()]
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return TaskPage(rows, cursor_of(rows[-1], query.live) if more and rows else None)
+
+    async def _error_page(self, query: TaskQuery, cursor: str | None, limit: int) -> TaskPage:
+        needle = (query.error or "").lower()
+        columns = ("id", "last_error") if query.live else ("id", "last_error", "finished_at")
+        async with self.driver.connect() as conn:
+            window = (
+                await conn.execute(stmt_task_page(query, cursor, SEARCH_WINDOW, *columns))
+            ).all()
+            found = [r for r in window if needle in (r.last_error or "").lower()]
+            ids = [r.id for r in found[:limit]]
+            result = await conn.execute(stmt_tasks_by_id(query.live), {"ids": ids}) if ids else None
+            rows = [TaskRow.from_row(r) for r in result.mappings().all()] if result else []
+        if len(found) > limit:
+            return TaskPage(rows, cursor_of(found[limit - 1], query.live))
+        full = len(window) == SEARCH_WINDOW
+        return TaskPage(rows, cursor_of(window[-1], query.live) if full else None)
+
+    async def task_run_now(self, task_id: int, *, now: datetime) -> str | None:
+        """Make a waiting task (pending or retryable) due now; its queue, or None when it is not
+        waiting any more. A task with a key leaves a hint, so that claims look at its key now
+        rather than when its next task was due."""
+        ready = [s.value for s in READY_STATES]
+        waiting = (tasks.c.id == task_id, tasks.c.state.in_(ready))
+        async with self.driver.begin() as conn:
+            found = await conn.execute(select(tasks.c.queue, tasks.c.partition_key).where(*waiting))
+            row = found.first()
+            if row is None:
+                return None
+            await conn.execute(update(tasks).where(*waiting).values(run_at=now))
+            hints = key_hints_of([(row.queue, row.partition_key, now)])
+            if hints:
+                await conn.execute(insert(key_hints), hints)
+        return str(row.queue)

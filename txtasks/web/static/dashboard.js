@@ -1,0 +1,27 @@
+// Live refresh without reloading: every few seconds, fetch this page again and swap its
+// <main>, unless the user is typing, has selected rows or has turned it off.
+(function () {
+  "use strict";
+  var main = document.getElementById("live");
+  var toggle = document.getElementById("live-toggle");
+  var seconds = main ? Number(main.dataset.refresh || 0) : 0;
+  if (!main || !seconds) { return; }
+  function busy() {
+    var focused = document.activeElement;
+    if (focused && /INPUT|SELECT|TEXTAREA/.test(focused.tagName)) { return true; }
+    return main.querySelector("input[type=checkbox]:checked") !== null;
+  }
+  function refresh() {
+    if ((toggle && !toggle.checked) || busy() || document.hidden) { return; }
+    fetch(window.location.href, { headers: { "X-Live": "1" }, credentials: "same-origin" })
+      .then(function (response) { return response.ok ? response.text() : null; })
+      .then(function (html) {
+        if (html === null || busy()) { return; }
+        var doc = new DOMParser().parseFromString(html, "text/html");
+        var fresh = doc.getElementById("live");
+        if (fresh) { main.innerHTML = fresh.innerHTML; main.dataset.updated = Date.now(); }
+      })
+      .catch(function () { /* the next tick tries again */ });
+  }
+  window.setInterval(refresh, seconds * 1000);
+})();
