@@ -751,6 +751,18 @@ class App:
             self.notify(queue)
         return resumed
 
+    async def aset_queue_rate(self, queue: str, rate: Rate) -> None:
+        """Set the rate of `queue` as a whole at run time, over the declared one (`queue_rate`):
+        every worker of the queue applies it within `txtasks.worker.worker.QUEUE_RATES_EVERY`
+        seconds."""
+        if not isinstance(rate, Rate):
+            raise ConfigurationError(f"set_queue_rate: expected a Rate, got {rate!r}")
+        await self.driver.queue_rate_set(check_queue_name(queue, setting="queue"), rate)
+
+    async def aclear_queue_rate(self, queue: str) -> bool:
+        """Remove the rate set at run time (False: none was): the declared one applies again."""
+        return await self.driver.queue_rate_clear(check_queue_name(queue, setting="queue"))
+
     async def ainspect(self, task_id: int) -> TaskRow | None:
         """One task by id, live or finished (None: no such task)."""
         return await self.driver.task_get(task_id)

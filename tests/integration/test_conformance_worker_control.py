@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 from tests.waiting import until
-from txtasks import App
+from txtasks import App, Rate
 from txtasks.testing import run_until_empty
 from txtasks.types import CancelResult, TaskRow, TaskState
 from txtasks.worker.context import TaskContext
@@ -178,3 +179,30 @@ async def test_a_paused_queue_waits_and_a_burst_worker_does_not(app: App) -> Non
     assert await app.aresume("reports") is True
     await run_until_empty(app)
     assert ran == ["mail", "report"]
+
+
+async def test_a_queue_rate_set_at_run_time_wins_over_the_declared_one_until_cleared(
+    app: App,
+) -> None:
+    starts: list[float] = []
+    app.queue_rate("rated", Rate(1000, per=1))
+
+    @app.task(name="control.rated", queue="rated")
+    def rated(payload: int) -> None:
+        starts.append(time.monotonic())
+
+    await app.aset_queue_rate("rated", Rate(4, per=1))  # a start every 0.25 s
+    assert await app.driver.queue_rates_stored() == {"rated": Rate(4, per=1)}
+    assert await app.driver.key_override_list() == []  # not a key's limits
+    for n in range(3):
+        await rated.aenqueue(n)
+    await run_until_empty(app)
+    assert len(starts) == 3
+    # claims 0.25 s apart; a handler starts a little after its claim (the first one later)
+    assert starts[-1] - starts[0] >= 2 * 0.25 * 0.8, starts
+    assert await app.aclear_queue_rate("rated") is True
+    assert await app.aclear_queue_rate("rated") is False
+    assert await app.driver.queue_rates_stored() == {}
+    await rated.aenqueue(3)
+    await run_until_empty(app)  # the declared rate again
+    assert len(starts) == 4

@@ -419,6 +419,49 @@ def keys_list(database_url: str | None, as_json: bool) -> None:
         click.echo(f"{o.key}\t{o.queue or '*'}\t{_limits_text(o)}")
 
 
+@keys.command("queue-rate")
+@database_url_option
+@click.argument("queue")
+@click.argument("rate", required=False)
+@click.option("--burst", type=click.IntRange(min=1), help="Starts of credit after a quiet spell.")
+@click.option("--clear", is_flag=True, help="Remove the rate set: the declared one applies again.")
+def keys_queue_rate(
+    database_url: str | None, queue: str, rate: str | None, burst: int | None, clear: bool
+) -> None:
+    """Set the rate of QUEUE as a whole (RATE such as 100/s: at most that many starts of its
+    tasks, with a key or without, across every worker), over the one the application declares;
+    workers apply it within 5 seconds. Without RATE: the rates set."""
+    from txtasks.errors import TxtasksError
+    from txtasks.keys import Rate
+    from txtasks.task import check_queue_name
+
+    if clear and (rate is not None or burst is not None):
+        raise click.UsageError("--clear takes no RATE or --burst")
+    if burst is not None and rate is None:
+        raise click.UsageError("--burst goes with RATE")
+    try:
+        check_queue_name(queue, setting="QUEUE")
+        parsed = None if rate is None else Rate.parse(rate)
+        if parsed is not None and burst is not None:
+            parsed = Rate(parsed.count, parsed.per, burst)
+    except TxtasksError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if clear:
+        found = with_driver(database_url, lambda driver: driver.queue_rate_clear(queue))
+        click.echo(f"queue {queue}: {'rate cleared' if found else 'had no rate set'}")
+    elif parsed is not None:
+        with_driver(database_url, lambda driver: driver.queue_rate_set(queue, parsed))
+        click.echo(f"queue {queue}: {_rate_text(parsed)}")
+    else:
+        stored = with_driver(database_url, lambda driver: driver.queue_rates_stored())
+        known = stored.get(queue)
+        click.echo(f"queue {queue}: {'no rate set' if known is None else _rate_text(known)}")
+
+
+def _rate_text(rate: Any) -> str:
+    return f"rate {rate.count}/{rate.per:g}s burst {rate.burst}"
+
+
 def _limits_text(o: Any) -> str:
     parts = []
     if o.concurrency is not None:
@@ -426,7 +469,7 @@ def _limits_text(o: Any) -> str:
     if o.ordered is not None:
         parts.append("ordered" if o.ordered else "unordered")
     if o.rate is not None:
-        parts.append(f"rate {o.rate.count}/{o.rate.per:g}s burst {o.rate.burst}")
+        parts.append(_rate_text(o.rate))
     return ", ".join(parts)
 
 

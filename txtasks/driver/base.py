@@ -171,6 +171,15 @@ class Driver(Protocol):
     async def key_override_list(self) -> list[KeyOverride]:
         """Every stored key limit, by key."""
 
+    async def queue_rate_set(self, queue: str, rate: Rate) -> None:
+        """Store a rate for `queue` as a whole, over the one the application declares."""
+
+    async def queue_rate_clear(self, queue: str) -> bool:
+        """Remove a queue's stored rate; False when there was none."""
+
+    async def queue_rates_stored(self) -> dict[str, Rate]:
+        """Every queue's stored rate."""
+
     async def outcome_write_many(
         self,
         outcomes: Sequence[Outcome],

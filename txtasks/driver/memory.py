@@ -86,6 +86,7 @@ class MemoryDriver:
         #: Per key: when a claim last served it (`keys_forget_many`).
         self._key_touched: dict[tuple[str, str], datetime] = {}
         self._key_overrides: dict[tuple[str | None, str], KeyOverride] = {}
+        self._queue_rates: dict[str, Rate] = {}
         #: Subscriptions by (topic, group), and the times of publishes that found none.
         self.subscriptions: dict[tuple[str, str], Subscription] = {}
         self.topic_drops: list[tuple[str, datetime]] = []
@@ -376,6 +377,18 @@ class MemoryDriver:
     async def key_override_list(self) -> list[KeyOverride]:
         with self._lock:
             return sorted(self._key_overrides.values(), key=lambda o: (o.key, o.queue or ""))
+
+    async def queue_rate_set(self, queue: str, rate: Rate) -> None:
+        with self._lock:
+            self._queue_rates[queue] = rate
+
+    async def queue_rate_clear(self, queue: str) -> bool:
+        with self._lock:
+            return self._queue_rates.pop(queue, None) is not None
+
+    async def queue_rates_stored(self) -> dict[str, Rate]:
+        with self._lock:
+            return dict(self._queue_rates)
 
     def _current(
         self, key: TaskKey, worker_id: str | None = None, expired_before: datetime | None = None

@@ -67,6 +67,10 @@ FINISHED_VALUES = frozenset(s.value for s in FINISHED_STATES)
 PROCESSING = TaskState.PROCESSING.value
 
 
+#: The key of a queue's own rate (see `SqlAdmin.queue_rate_set`).
+QUEUE_ITSELF = ""
+
+
 def _override_is(key: str, queue: str | None) -> Any:
     return (key_limits.c.partition_key == key) & (key_limits.c.queue == (queue or "*"))
 
@@ -356,9 +360,44 @@ class SqlAdmin:
     async def key_override_list(self) -> list[KeyOverride]:
         async with self.connect() as conn:
             result = await conn.execute(
-                select(key_limits).order_by(key_limits.c.partition_key, key_limits.c.queue)
+                select(key_limits)
+                .where(key_limits.c.partition_key != QUEUE_ITSELF)
+                .order_by(key_limits.c.partition_key, key_limits.c.queue)
             )
             return [override_of(row) for row in result.mappings()]
+
+    # A queue's own rate is stored as the limits of the key '' (no task's key: keys have 1 to
+    # 255 bytes) in that queue, as the claims keep its next start in the key row ''.
+
+    async def queue_rate_set(self, queue: str, rate: Rate) -> None:
+        row = {
+            "queue": queue,
+            "partition_key": QUEUE_ITSELF,
+            "rate_count": rate.count,
+            "rate_per": rate.per,
+            "rate_burst": rate.burst,
+            "updated_at": utcnow(),
+        }
+
+        async def work(conn: AsyncConnection) -> None:
+            await conn.execute(delete(key_limits).where(_override_is(QUEUE_ITSELF, queue)))
+            await conn.execute(insert(key_limits), row)
+
+        await self.in_transaction(work)
+
+    async def queue_rate_clear(self, queue: str) -> bool:
+        async def work(conn: AsyncConnection) -> int:
+            found = await conn.execute(delete(key_limits).where(_override_is(QUEUE_ITSELF, queue)))
+            return int(found.rowcount)
+
+        return await self.in_transaction(work) > 0
+
+    async def queue_rates_stored(self) -> dict[str, Rate]:
+        stmt = select(key_limits).where(key_limits.c.partition_key == QUEUE_ITSELF)
+        async with self.connect() as conn:
+            rows = (await conn.execute(stmt)).mappings().all()
+        stored = {row["queue"]: override_of(row).rate for row in rows}
+        return {queue: rate for queue, rate in stored.items() if rate is not None}
 
     async def dead_purge(
         self, ids: Sequence[int] | None = None, *, queue: str | None = None

@@ -14,6 +14,7 @@ import random
 import socket
 import time
 import uuid
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from txtasks.driver import Driver
 from txtasks.errors import ConfigurationError
 from txtasks.faults import Outage, open_when_reachable
 from txtasks.health import HealthServer, Pulse
+from txtasks.keys import Rate
 from txtasks.types import Outcome, OutcomeKind, TaskKey, TaskRow
 from txtasks.wakeup import Notifier
 from txtasks.worker.config import WorkerConfig, WorkerStats
@@ -37,6 +39,8 @@ log = logging.getLogger("txtasks.worker")
 CLAIM_ERROR_BACKOFF_MAX = 5.0
 #: Seconds between two looks for cancels prompted by wake-ups (the heartbeat looks anyway).
 CANCEL_LOOK_SPACING = 0.25
+#: Seconds between reads of the queue rates stored at run time (`txtasks queue-rate`).
+QUEUE_RATES_EVERY = 5.0
 #: Seconds /readyz waits for the database's answer.
 READY_TIMEOUT = 3.0
 
@@ -80,6 +84,8 @@ class Worker:
         self._claim_outage = Outage(log, "claiming tasks")
         self._beat_outage = Outage(log, "extending leases")
         self._wake = asyncio.Event()
+        self._queue_rates: Mapping[str, Rate] = app.declared_queue_rates
+        self._queue_rates_at: float | None = None  # monotonic time of the last read
         self._slot_free = asyncio.Event()
         self._beat_stop = asyncio.Event()
         #: A wake-up arrived while tasks run: look for cancels (`_cancels_watch`).
@@ -247,6 +253,17 @@ class Worker:
             await self._wait(self._wake, self._idle_delay())
             self.idle.clear()
 
+    async def _rates(self) -> Mapping[str, Rate]:
+        """The queues' own rates: those stored at run time over the declared ones, read at
+        most once per QUEUE_RATES_EVERY."""
+        at = time.monotonic()
+        if self._queue_rates_at is None or at - self._queue_rates_at >= QUEUE_RATES_EVERY:
+            stored = await self.driver.queue_rates_stored()
+            mine = {q: r for q, r in stored.items() if q in self.queues}
+            self._queue_rates = {**self.app.declared_queue_rates, **mine}
+            self._queue_rates_at = at
+        return self._queue_rates
+
     async def _claim(self, limit: int) -> list[TaskRow]:
         now = self.app.clock()
         rows = await self.driver.task_claim_many(
@@ -256,7 +273,7 @@ class Worker:
             lease_until=now + timedelta(seconds=self.config.lease),
             worker_id=self.worker_id,
             keys=self.app.declared_key_limits,
-            queue_rates=self.app.declared_queue_rates,
+            queue_rates=await self._rates(),
         )
         self.stats.claimed += len(rows)
         return rows
