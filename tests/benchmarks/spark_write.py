@@ -8,7 +8,7 @@ the same DataFrame to a plain table in the same database, in one run.
 
 With `--dedup`, every write has a dedup column (each key twice: the commit keeps the first row
 of each) and is timed alone, at each `--sizes` and, on PostgreSQL, with the staged table's
-statistics fresh (taken on as many rows of the same shape, then emptied) and stale (taken on the
+statistics fresh (taken on as many rows of the same write and shape, then emptied) and stale (taken on the
 empty table, autovacuum off): the commit must stay linear in rows either way.
 
     python -m tests.benchmarks.spark_write --dedup --sizes 100000,1000000 --runs 3
@@ -28,6 +28,7 @@ import platform
 import statistics
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import timezone
 from importlib import metadata
@@ -50,7 +51,7 @@ PLAIN = "spark_bench_plain"
 #: Rows of the shape the dedup writes stage, made by PostgreSQL (for fresh statistics).
 STAGE_LIKE = (
     "INSERT INTO txtasks_staged (write_key, stage_id, payload, priority, run_at, dedup_key, "
-    "created_at) SELECT 'stats', 'stats.a', convert_to('{{\"order_id\":' || g || '}}', 'UTF8'), "
+    "created_at) SELECT '{key}', '{key}.a', convert_to('{{\"order_id\":' || g || '}}', 'UTF8'), "
     "0, now(), (g / 2)::text, now() FROM generate_series(0, {rows} - 1) AS g"
 )
 
@@ -156,8 +157,9 @@ class DedupCase:
     commit: list[float] = field(default_factory=list)
 
 
-def staged_statistics(url: str, statistics: str, rows: int) -> None:
-    """PostgreSQL: the staged table's statistics, then autovacuum off so that they stay."""
+def staged_statistics(url: str, statistics: str, rows: int, key: str) -> None:
+    """PostgreSQL: the staged table's statistics (fresh: of `rows` rows of the write `key`),
+    then autovacuum off so that they stay."""
     if statistics == "-":
         return
     engine = create_engine(url_sync(url))
@@ -165,7 +167,7 @@ def staged_statistics(url: str, statistics: str, rows: int) -> None:
         with engine.begin() as conn:
             conn.execute(text("ALTER TABLE txtasks_staged SET (autovacuum_enabled = off)"))
             if statistics == "fresh":
-                conn.execute(text(STAGE_LIKE.format(rows=rows)))
+                conn.execute(text(STAGE_LIKE.format(rows=rows, key=key)))
         with engine.begin() as conn:
             conn.execute(text("ANALYZE txtasks_staged"))
             conn.execute(text("DELETE FROM txtasks_staged"))
@@ -185,6 +187,8 @@ def commit_seconds(url: str, ended: float) -> float:
 
 
 def run_dedup(spark: Any, case: DedupCase, partitions: int, runs: int) -> None:
+    from txtasks.spark.datasource import write_key
+
     df = spark.range(case.rows, numPartitions=partitions).selectExpr(
         "id AS order_id",
         "cast(div(id, 2) AS string) AS order_key",
@@ -194,10 +198,12 @@ def run_dedup(spark: Any, case: DedupCase, partitions: int, runs: int) -> None:
     df.count()
     for run in range(runs):
         prepare(case.url)
-        staged_statistics(case.url, case.statistics, case.rows)
+        commit_id = f"bench-dedup-{uuid.uuid4().hex}"
+        staged_statistics(case.url, case.statistics, case.rows, write_key(commit_id))
         write = (
             df.write.format("txtasks")
             .option("url", case.url)
+            .option("commit_id", commit_id)
             .option("task", "bench.order")
             .option("queue", "bench")
             .option("dedup", "order_key")

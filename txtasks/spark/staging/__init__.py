@@ -275,7 +275,8 @@ class SqlStaging:
     def _publish_task(
         self, conn: Connection, write_key: str, target: StageTarget
     ) -> dict[str, int]:
-        """Publish a write's staged rows as tasks of one task name and queue: how many."""
+        """Publish a write's staged rows as tasks of one task name and queue: how many, by
+        queue."""
         if target.keyed:  # before the publish: its dedup check then sees the same tasks
             conn.execute(_stmt_hints(write_key, target))
         rows = _task_rows(write_key, target)
