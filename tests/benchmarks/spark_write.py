@@ -6,6 +6,13 @@ the same DataFrame to a plain table in the same database, in one run.
     TXTASKS_BENCH_MYSQL_URL=mysql://app:app@127.0.0.1:43306/bench \\
         python -m tests.benchmarks.spark_write --rows 200000 --runs 3
 
+With `--dedup`, every write has a dedup column (each key twice: the commit keeps the first row
+of each) and is timed alone, at each `--sizes` and, on PostgreSQL, with the staged table's
+statistics fresh (taken on as many rows of the same write and shape, then emptied) and stale (taken on the
+empty table, autovacuum off): the commit must stay linear in rows either way.
+
+    python -m tests.benchmarks.spark_write --dedup --sizes 100000,1000000 --runs 3
+
 The JDBC drivers come from Debian (`apt-get install libpostgresql-jdbc-java libmariadb-java`:
 /usr/share/java/postgresql.jar and mariadb-java-client.jar). The JDBC writer gets its
 recommended batching options (`reWriteBatchedInserts` / `rewriteBatchedStatements`). The
@@ -21,7 +28,9 @@ import platform
 import statistics
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
+from datetime import timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -37,6 +46,14 @@ JARS = {
     "mysql": "/usr/share/java/mariadb-java-client.jar",
 }
 PLAIN = "spark_bench_plain"
+
+
+#: Rows of the shape the dedup writes stage, made by PostgreSQL (for fresh statistics).
+STAGE_LIKE = (
+    "INSERT INTO txtasks_staged (write_key, stage_id, payload, priority, run_at, dedup_key, "
+    "created_at) SELECT '{key}', '{key}.a', convert_to('{{\"order_id\":' || g || '}}', 'UTF8'), "
+    "0, now(), (g / 2)::text, now() FROM generate_series(0, {rows} - 1) AS g"
+)
 
 
 @dataclass
@@ -130,6 +147,108 @@ def run_case(spark: Any, df: Any, case: Case, rows: int, runs: int) -> None:
     prepare(case.url)
 
 
+@dataclass
+class DedupCase:
+    backend: str
+    url: str
+    statistics: str
+    rows: int
+    seconds: list[float] = field(default_factory=list)
+    commit: list[float] = field(default_factory=list)
+
+
+def staged_statistics(url: str, statistics: str, rows: int, key: str) -> None:
+    """PostgreSQL: the staged table's statistics (fresh: of `rows` rows of the write `key`),
+    then autovacuum off so that they stay."""
+    if statistics == "-":
+        return
+    engine = create_engine(url_sync(url))
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("ALTER TABLE txtasks_staged SET (autovacuum_enabled = off)"))
+            if statistics == "fresh":
+                conn.execute(text(STAGE_LIKE.format(rows=rows, key=key)))
+        with engine.begin() as conn:
+            conn.execute(text("ANALYZE txtasks_staged"))
+            conn.execute(text("DELETE FROM txtasks_staged"))
+    finally:
+        engine.dispose()
+
+
+def commit_seconds(url: str, ended: float) -> float:
+    """Seconds from the commit's start (its recorded time) to `ended` (a time.time())."""
+    engine = create_engine(url_sync(url))
+    try:
+        with engine.connect() as conn:
+            started = conn.execute(text("SELECT committed_at FROM txtasks_commits")).scalar_one()
+    finally:
+        engine.dispose()
+    return float(ended - started.replace(tzinfo=timezone.utc).timestamp())
+
+
+def run_dedup(spark: Any, case: DedupCase, partitions: int, runs: int) -> None:
+    from txtasks.spark.datasource import write_key
+
+    df = spark.range(case.rows, numPartitions=partitions).selectExpr(
+        "id AS order_id",
+        "cast(div(id, 2) AS string) AS order_key",
+        "concat('customer-', cast(id % 1000 AS string)) AS customer",
+    )
+    df = df.cache()
+    df.count()
+    for run in range(runs):
+        prepare(case.url)
+        commit_id = f"bench-dedup-{uuid.uuid4().hex}"
+        staged_statistics(case.url, case.statistics, case.rows, write_key(commit_id))
+        write = (
+            df.write.format("txtasks")
+            .option("url", case.url)
+            .option("commit_id", commit_id)
+            .option("task", "bench.order")
+            .option("queue", "bench")
+            .option("dedup", "order_key")
+            .mode("append")
+        )
+        case.seconds.append(timed(write.save))
+        case.commit.append(commit_seconds(case.url, time.time()))
+        assert count(case.url, "txtasks_tasks") == (case.rows + 1) // 2
+        log(
+            f"{case.backend} {case.statistics} {case.rows:,} run {run + 1}: "
+            f"{case.seconds[-1]:.2f} s, commit {case.commit[-1]:.2f} s"
+        )
+    df.unpersist()
+    prepare(case.url)
+
+
+def dedup_report(cases: list[DedupCase], partitions: int, runs: int) -> str:
+    lines = [
+        f"dedup writes (each key twice), partitions {partitions}, runs {runs} (median), "
+        "Spark local[2]",
+        "",
+        "| database | statistics | rows | write s | commit s | write / smallest's | rows ratio |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    smallest: dict[tuple[str, str], DedupCase] = {}
+    for case in sorted(cases, key=lambda c: (c.backend, c.statistics, c.rows)):
+        base = smallest.setdefault((case.backend, case.statistics), case)
+        seconds = statistics.median(case.seconds)
+        ratio = seconds / statistics.median(base.seconds)
+        lines.append(
+            f"| {case.backend} | {case.statistics} | {case.rows:,} | {seconds:.2f} | "
+            f"{statistics.median(case.commit):.2f} | {ratio:.2f}x | "
+            f"{case.rows / base.rows:.0f}x |"
+        )
+    return "\n".join([*lines, "", machine()])
+
+
+def machine() -> str:
+    versions = ", ".join(
+        f"{name} {metadata.version(name)}"
+        for name in ("pyspark", "sqlalchemy", "psycopg", "pymysql")
+    )
+    return f"{platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, {versions}"
+
+
 def report(cases: list[Case], rows: int, partitions: int, runs: int) -> str:
     lines = [
         f"rows {rows:,}, partitions {partitions}, runs {runs} (median), Spark local[2]",
@@ -141,15 +260,7 @@ def report(cases: list[Case], rows: int, partitions: int, runs: int) -> str:
         ours = rows / statistics.median(case.txtasks)
         theirs = rows / statistics.median(case.jdbc)
         lines.append(f"| {case.backend} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.2f}x |")
-    versions = ", ".join(
-        f"{name} {metadata.version(name)}"
-        for name in ("pyspark", "sqlalchemy", "psycopg", "pymysql")
-    )
-    lines += [
-        "",
-        f"{platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, {versions}",
-    ]
-    return "\n".join(lines)
+    return "\n".join([*lines, "", machine()])
 
 
 def main() -> None:
@@ -162,6 +273,8 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--output", type=Path, help="also write the report here")
+    parser.add_argument("--dedup", action="store_true", help="time dedup writes (see above)")
+    parser.add_argument("--sizes", default="100000,1000000", help="rows of each dedup write")
     args = parser.parse_args()
     cases = [
         Case(b, u) for b, u in (("postgresql", args.postgres_url), ("mysql", args.mysql_url)) if u
@@ -183,6 +296,23 @@ def main() -> None:
     )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
+    if args.dedup:
+        dedup_cases = [
+            DedupCase(c.backend, c.url, stats, int(size))
+            for c in cases
+            for stats in (("stale", "fresh") if c.backend == "postgresql" else ("-",))
+            for size in args.sizes.split(",")
+        ]
+        for c in cases:  # untimed: the Python workers start
+            run_dedup(spark, DedupCase(c.backend, c.url, "-", 1000), args.partitions, 1)
+        for dedup_case in dedup_cases:
+            run_dedup(spark, dedup_case, args.partitions, args.runs)
+        spark.stop()
+        text_report = dedup_report(dedup_cases, args.partitions, args.runs)
+        print(text_report)
+        if args.output:
+            args.output.write_text(text_report + "\n")
+        return
     df = spark.range(args.rows, numPartitions=args.partitions).selectExpr(
         "id AS order_id",
         "concat('customer-', cast(id % 1000 AS string)) AS customer",

@@ -353,12 +353,13 @@ async def test_a_topic_commit_gives_each_row_to_every_group_subscribed_at_the_co
     assert staged_rows(staging) == {}
 
 
-async def test_a_topic_commit_is_one_statement_whatever_the_number_of_groups(
+async def test_a_topic_commit_is_one_statement_per_queue_whatever_the_number_of_groups(
     sql: SqlDriver, staging: SqlStaging
 ) -> None:
     from sqlalchemy import event
 
     groups = [Subscription("order.created", f"g{n}", f"t{n}", "q") for n in range(10)]
+    groups.append(Subscription("order.created", "other", "t", "q2"))
     await sql.subscription_set_many(groups, now=T0)
     staging.open("w", T0)
     staging.stage("w", [attempt("w", "w.a", list(range(20)))])
@@ -371,11 +372,11 @@ async def test_a_topic_commit_is_one_statement_whatever_the_number_of_groups(
     engine = staging.driver.sync_engine
     event.listen(engine, "before_cursor_execute", count)
     try:
-        assert staging.commit("c", "w", {"w.a": 20}, TOPIC, now=T0) == {"q": 200}
+        assert staging.commit("c", "w", {"w.a": 20}, TOPIC, now=T0) == {"q": 200, "q2": 20}
     finally:
         event.remove(engine, "before_cursor_execute", count)
-    assert len(inserts) == 1
-    assert len(await claim_all(sql)) == 200
+    assert len(inserts) == 2
+    assert len(await claim_all(sql, ("q", "q2"))) == 220
 
 
 async def test_a_topic_commit_applies_dedup_keys_per_group(

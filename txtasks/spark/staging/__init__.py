@@ -7,9 +7,11 @@ rest. The commit, one transaction, records its `commit_id` in `txtasks_commits` 
 of the same id changes nothing and discards what it was given), checks that every reported
 attempt's rows are all there, deletes the rows of attempts it was not given, leaves one key hint
 per task key among the rows it publishes (as every enqueue does: see `txtasks.keys`), copies
-those rows into the hot table as `pending` with one INSERT ... SELECT (dropping rows whose dedup
-key a live task holds, or that repeat a key within the write), and deletes the write's staged
-rows. Abort deletes them.
+those rows into the hot table as `pending` with one INSERT ... SELECT (dropping rows that repeat
+a dedup key within the write, and skipping those whose key a live task holds: the insert itself
+skips a key the unique index holds, so a task enqueued with that key by a transaction
+committing meanwhile wins and the commit goes on), and deletes the write's staged rows. Abort
+deletes them.
 
 A write is open from before its first attempt stages until its commit or abort: it has a row in
 `txtasks_writes`. Staging ends by reading that row under a shared lock, and rolls back if it is
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -37,13 +40,11 @@ from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from sqlalchemy import (
     Connection,
-    and_,
     delete,
     exists,
     func,
     insert,
     literal,
-    or_,
     select,
     update,
 )
@@ -53,13 +54,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from txtasks.errors import ConfigurationError, TxtasksError
 from txtasks.schema.tables import commits, key_hints, staged, tasks, writes
 from txtasks.spark.staging.fanout import (
+    COLUMNS,
     TopicTarget,
-    fanout_counts,
-    first_of_keys,
+    by_queue,
+    fanout_rows,
     groups_lock,
     stmt_drops,
-    stmt_fanout,
     stmt_fanout_hints,
+    write_rows,
 )
 from txtasks.types import JSON_CONTENT_TYPE, TaskState
 
@@ -240,11 +242,10 @@ class SqlStaging:
                 conn.execute(insert(commits).values(commit_id=commit_id, committed_at=now, tasks=0))
                 _check_and_drop_losers(conn, write_key, stages)
                 if isinstance(target, TopicTarget):
-                    rows = sum(stages.values())
-                    count, published = _publish_topic(conn, write_key, target, rows, now)
+                    published = self._publish_topic(conn, write_key, target, now)
                 else:
-                    count = _publish_task(conn, write_key, target)
-                    published = {target.queue: count} if count else {}
+                    published = self._publish_task(conn, write_key, target)
+                count = sum(published.values())
                 _delete_staged(conn, write_key)
                 conn.execute(
                     update(commits).where(commits.c.commit_id == commit_id).values(tasks=count)
@@ -256,6 +257,58 @@ class SqlStaging:
             with self.driver.sync_engine.begin() as conn:
                 _delete_staged(conn, write_key)
             return None
+
+    def insert_tasks(self, conn: Connection, columns: Sequence[str], rows: Any, dedup: bool) -> int:
+        """INSERT ... SELECT `rows` (of `columns`) into the hot table; with `dedup`, skipping
+        rows whose dedup key a live task holds, committed before or by a transaction that this
+        one waits for (no error). How many rows it inserted."""
+        if dedup:
+            stmt = self.driver.sql.upsert(tasks).from_select(columns, rows)
+            stmt = stmt.on_conflict_do_nothing(
+                index_elements=[tasks.c.dedup_key], index_where=tasks.c.dedup_key.is_not(None)
+            )
+        else:
+            stmt = insert(tasks).from_select(columns, rows)
+        # INSERT rowcount: not kept by default
+        return int(conn.execute(stmt.execution_options(preserve_rowcount=True)).rowcount)
+
+    def _publish_task(
+        self, conn: Connection, write_key: str, target: StageTarget
+    ) -> dict[str, int]:
+        """Publish a write's staged rows as tasks of one task name and queue: how many, by
+        queue."""
+        if target.keyed:  # before the publish: its dedup check then sees the same tasks
+            conn.execute(_stmt_hints(write_key, target))
+        rows = _task_rows(write_key, target)
+        count = self.insert_tasks(conn, TASK_COLUMNS, rows, target.dedup)
+        return {target.queue: count} if count else {}
+
+    def _publish_topic(
+        self, conn: Connection, write_key: str, target: TopicTarget, now: datetime
+    ) -> dict[str, int]:
+        """Fan a write's staged rows out to the groups subscribed to its topic: how many tasks
+        per queue (one statement per queue); with no group, record the rows as dropped."""
+        groups = groups_lock(conn, target.topic)
+        if not groups:
+            dropped = int(conn.execute(stmt_drops(write_key, target.topic, now)).rowcount)
+            if dropped:
+                log.warning(
+                    "topic %s has no subscriber: the %d rows of this write are dropped and "
+                    "counted (txtasks topics)",
+                    target.topic,
+                    dropped,
+                )
+            return {}
+        if target.keyed:  # before the publish: its dedup check then sees the same tasks
+            conn.execute(stmt_fanout_hints(write_key, target, groups))
+        message = uuid.uuid4().hex[:24]  # the publish id of every task of this commit
+        published = {}
+        for queue, members in by_queue(groups).items():
+            rows = fanout_rows(write_key, target, members, message)
+            count = self.insert_tasks(conn, COLUMNS, rows, target.dedup)
+            if count:
+                published[queue] = count
+        return published
 
     def commit_seen(self, commit_id: str) -> bool:
         """Whether `commit_id` was committed already."""
@@ -324,91 +377,48 @@ def _check_and_drop_losers(conn: Connection, write_key: str, stages: Mapping[str
     _delete_staged(conn, write_key, [s for s in found if s not in stages])
 
 
-def _publish_task(conn: Connection, write_key: str, target: StageTarget) -> int:
-    """Publish a write's staged rows as tasks of one task name and queue; how many."""
-    if target.keyed:  # before the publish: its dedup check then sees the same tasks
-        conn.execute(_stmt_hints(write_key, target))
-    return int(conn.execute(_stmt_publish(write_key, target)).rowcount)
-
-
-def _publish_topic(
-    conn: Connection, write_key: str, target: TopicTarget, rows: int, now: datetime
-) -> tuple[int, dict[str, int]]:
-    """Fan a write's staged rows (`rows` of them) out to the groups subscribed to its topic:
-    how many tasks, and how many per queue; with no group, record the rows as dropped."""
-    groups = groups_lock(conn, target.topic)
-    if not groups:
-        dropped = int(conn.execute(stmt_drops(write_key, target.topic, now)).rowcount)
-        if dropped:
-            log.warning(
-                "topic %s has no subscriber: the %d rows of this write are dropped and counted "
-                "(txtasks topics)",
-                target.topic,
-                dropped,
-            )
-        return 0, {}
-    if target.keyed:  # before the publish: its dedup check then sees the same tasks
-        conn.execute(stmt_fanout_hints(write_key, target, groups))
-    counts = fanout_counts(conn, write_key, target, groups, rows)
-    count = int(conn.execute(stmt_fanout(write_key, target, groups)).rowcount)
-    return count, {queue: n for queue, n in counts.items() if n}
-
-
-def _published(write_key: str, target: StageTarget) -> Any:
-    """The condition on a write's staged rows that the commit publishes: all of them, less
-    (with dedup keys) those whose key a live task holds or an earlier row of the write has."""
-    mine = staged.c.write_key == write_key
-    if not target.dedup:
-        return mine
-    first = first_of_keys(write_key)
-    live = exists().where(tasks.c.dedup_key == staged.c.dedup_key)
-    return and_(mine, or_(staged.c.dedup_key.is_(None), and_(staged.c.id.in_(first), ~live)))
-
-
 def _stmt_hints(write_key: str, target: StageTarget) -> Any:
-    """INSERT ... SELECT of one key hint per task key among the rows the commit publishes, due
-    at the key's earliest run_at (run it before the publish, which makes its rows live)."""
-    rows = (
+    """INSERT ... SELECT of one key hint per task key among the rows the commit publishes (less
+    those whose dedup key a live task holds), due at the key's earliest run_at (run it before
+    the publish, which makes its rows live)."""
+    rows = write_rows(write_key, target.dedup)
+    where: list[Any] = [rows.c.partition_key.is_not(None)]
+    if target.dedup:
+        where.append(~exists().where(tasks.c.dedup_key == rows.c.dedup_key))
+    query = (
         select(
             literal(target.queue, key_hints.c.queue.type),
-            staged.c.partition_key,
-            func.min(staged.c.run_at),
+            rows.c.partition_key,
+            func.min(rows.c.run_at),
         )
-        .where(_published(write_key, target), staged.c.partition_key.is_not(None))
-        .group_by(staged.c.partition_key)
+        .where(*where)
+        .group_by(rows.c.partition_key)
     )
-    return insert(key_hints).from_select(["queue", "partition_key", "run_at"], rows)
+    return insert(key_hints).from_select(["queue", "partition_key", "run_at"], query)
 
 
-def _stmt_publish(write_key: str, target: StageTarget) -> Any:
-    """INSERT ... SELECT of a write's staged rows into the hot table, as pending tasks."""
-    rows = select(
+#: The columns a task commit writes, in the order its SELECT gives them.
+TASK_COLUMNS = (
+    "queue", "task_name", "payload", "content_type", "state", "priority", "run_at", "attempt",
+    "max_attempts", "created_at", "dedup_key", "partition_key",
+)  # fmt: skip
+
+
+def _task_rows(write_key: str, target: StageTarget) -> Any:
+    """The SELECT of a write's rows as pending tasks (`TASK_COLUMNS`), in staging order (with
+    dedup keys, a repeated key of the write only once)."""
+    rows = write_rows(write_key, target.dedup)
+    return select(
         literal(target.queue, tasks.c.queue.type),
         literal(target.task_name, tasks.c.task_name.type),
-        staged.c.payload,
+        rows.c.payload,
         literal(JSON_CONTENT_TYPE, tasks.c.content_type.type),
         literal(TaskState.PENDING.value, tasks.c.state.type),
-        staged.c.priority,
-        staged.c.run_at,
+        rows.c.priority,
+        rows.c.run_at,
         literal(0, tasks.c.attempt.type),
         literal(target.max_attempts, tasks.c.max_attempts.type),
-        staged.c.created_at,
-        staged.c.dedup_key,
-        staged.c.partition_key,
-    ).where(_published(write_key, target))
-    columns = [
-        "queue",
-        "task_name",
-        "payload",
-        "content_type",
-        "state",
-        "priority",
-        "run_at",
-        "attempt",
-        "max_attempts",
-        "created_at",
-        "dedup_key",
-        "partition_key",
-    ]
-    publish = insert(tasks).from_select(columns, rows.order_by(staged.c.id))
-    return publish.execution_options(preserve_rowcount=True)  # INSERT rowcount: not kept by default
+        rows.c.created_at,
+        rows.c.dedup_key,
+        rows.c.partition_key,
+    ).order_by(rows.c.id)

@@ -3,17 +3,16 @@
 A write made with a topic instead of a task name (`TopicTarget`) is staged like any other; its
 commit reads the topic's subscriptions under a shared lock (they cannot change or go away until
 the commit ends, so every statement below sees the same groups: those subscribed at the commit),
-then copies the staged rows into the hot table with one INSERT ... SELECT joining them to
-`txtasks_subscriptions`, whatever the number of groups: one task per row and group, of the
-group's task name, queue and attempts, as `publish_tx` writes them. A dedup key is per group
+then copies the staged rows into the hot table with one INSERT ... SELECT per queue of those
+groups (whatever the number of groups in it) joining them to `txtasks_subscriptions`: one task
+per row and group, of the group's task name, queue and attempts, as `publish_tx` writes them;
+each statement's row count is its queue's count of new tasks. A dedup key is per group
 (`<group>/<key>`), a task key leaves one hint per key and group queue, and a write whose topic
 has no subscriber is dropped: one row of `txtasks_topic_drops` per staged row, as per publish.
 """
 
 from __future__ import annotations
 
-import uuid
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,7 +22,6 @@ from sqlalchemy import (
     Connection,
     Integer,
     String,
-    and_,
     bindparam,
     cast,
     exists,
@@ -34,6 +32,7 @@ from sqlalchemy import (
     or_,
     select,
 )
+from sqlalchemy.sql import FromClause
 
 from txtasks.schema.tables import ExactString, key_hints, staged, subscriptions, tasks, topic_drops
 from txtasks.types import GROUP_HEADER, JSON_CONTENT_TYPE, MESSAGE_HEADER, TOPIC_HEADER, TaskState
@@ -67,13 +66,18 @@ class Group:
     queue: str
 
 
-def first_of_keys(write_key: str) -> Any:
-    """The first staged row of each dedup key of a write (a repeated key: its first row)."""
-    return (
-        select(func.min(staged.c.id))
-        .where(staged.c.write_key == write_key, staged.c.dedup_key.is_not(None))
-        .group_by(staged.c.dedup_key)
-    )
+def write_rows(write_key: str, dedup: bool) -> FromClause:
+    """The staged rows of a write that its commit may publish, with the staged table's columns:
+    all of them, or with dedup keys the first staged row of each key (and every row without
+    one). One scan of the write's rows, numbered per key by a window function: no subquery per
+    row, so the plan stays linear in rows whatever the statistics say."""
+    mine = staged.c.write_key == write_key
+    if not dedup:
+        return select(staged).where(mine).subquery("rows")
+    rank = func.row_number().over(partition_by=staged.c.dedup_key, order_by=staged.c.id)
+    ranked = select(staged, rank.label("key_rank")).where(mine).subquery("ranked")
+    firsts = or_(ranked.c.dedup_key.is_(None), ranked.c.key_rank == 1)
+    return select(*(ranked.c[c.name] for c in staged.c)).where(firsts).subquery("rows")
 
 
 def groups_lock(conn: Connection, topic: str) -> list[Group]:
@@ -89,30 +93,30 @@ def groups_lock(conn: Connection, topic: str) -> list[Group]:
     return [Group(name, queue) for name, queue in conn.execute(query).all()]
 
 
-def _dedup_key() -> Any:
-    return subscriptions.c.group_name + literal("/", ExactString(1)) + staged.c.dedup_key
+def by_queue(groups: Sequence[Group]) -> dict[str, list[Group]]:
+    """The groups read, per queue (in group order)."""
+    found: dict[str, list[Group]] = {}
+    for group in groups:
+        found.setdefault(group.queue, []).append(group)
+    return found
 
 
-def _pairs(target: TopicTarget, groups: Sequence[Group]) -> Any:
-    """The staged rows joined to the subscriptions of the groups read (those of the topic)."""
+def _dedup_key(rows: FromClause) -> Any:
+    return subscriptions.c.group_name + literal("/", ExactString(1)) + rows.c.dedup_key
+
+
+def _pairs(query: Any, rows: FromClause, target: TopicTarget, groups: Sequence[Group]) -> Any:
+    """`query` from the write's rows (`write_rows`) joined to the subscriptions of `groups` (of
+    the topic). The topic is in the WHERE clause: in SQLite's INSERT ... SELECT ... ON CONFLICT
+    a join's ON needs a WHERE after it."""
     s = subscriptions.c
     names: Any = bindparam("groups", [g.name for g in groups], expanding=True)
-    return staged.join(subscriptions, and_(s.topic == target.topic, s.group_name.in_(names)))
+    return query.select_from(rows.join(subscriptions, s.group_name.in_(names))).where(
+        s.topic == target.topic
+    )
 
 
-def _deliveries(write_key: str, target: TopicTarget) -> Any:
-    """The condition on (staged row, subscription) pairs the commit writes as tasks: every row
-    of the write for every group, less (with dedup keys) a row repeating a key of the write,
-    or whose `<group>/<key>` a live task holds."""
-    mine = staged.c.write_key == write_key
-    if not target.dedup:
-        return mine
-    live = exists().where(tasks.c.dedup_key == _dedup_key())
-    first = staged.c.id.in_(first_of_keys(write_key))
-    return and_(mine, or_(staged.c.dedup_key.is_(None), and_(first, ~live)))
-
-
-def _headers(message: str) -> Any:
+def _headers(rows: FromClause, message: str) -> Any:
     """Each delivery's headers, as `publish_tx` writes them (the topic, the publish's id, the
     group): a staged row's id is its publish's, the same in every group's task."""
     topic, id_, group = (f'"{h}":"' for h in (TOPIC_HEADER, MESSAGE_HEADER, GROUP_HEADER))
@@ -120,73 +124,50 @@ def _headers(message: str) -> Any:
         literal(f"{{{topic}", String)
         + subscriptions.c.topic
         + literal(f'",{id_}{message}.', String)
-        + cast(staged.c.id, String)
+        + cast(rows.c.id, String)
         + literal(f'",{group}', String)
         + subscriptions.c.group_name
         + literal('"}', String)
     )
 
 
-def stmt_fanout(write_key: str, target: TopicTarget, groups: Sequence[Group]) -> Any:
-    """INSERT ... SELECT of a write's staged rows joined to the topic's subscriptions: one
-    pending task per row and group, in staging order."""
+def fanout_rows(write_key: str, target: TopicTarget, groups: Sequence[Group], message: str) -> Any:
+    """The SELECT of a write's rows joined to the subscriptions of `groups`: one pending task
+    per row and group (with dedup keys, a repeated key of the write only once), in staging
+    order, in `COLUMNS` order (insert them skipping `<group>/<key>`s a live task holds).
+    `message` is the commit's: a task's publish id is it and its staged row's id."""
     s = subscriptions.c
-    message = uuid.uuid4().hex[:24]
-    rows = select(
+    rows = write_rows(write_key, target.dedup)
+    query = select(
         s.queue,
         s.task_name,
-        staged.c.payload,
+        rows.c.payload,
         literal(JSON_CONTENT_TYPE, String),
         literal(TaskState.PENDING.value, String),
-        staged.c.priority if target.ranked else s.priority,
-        staged.c.run_at,
+        rows.c.priority if target.ranked else s.priority,
+        rows.c.run_at,
         literal(0, Integer),
         s.max_attempts,
-        staged.c.created_at,
-        _dedup_key() if target.dedup else null(),
-        _headers(message),
-        staged.c.partition_key,
+        rows.c.created_at,
+        _dedup_key(rows) if target.dedup else null(),
+        _headers(rows, message),
+        rows.c.partition_key,
     )
-    rows = rows.select_from(_pairs(target, groups)).where(_deliveries(write_key, target))
-    publish = insert(tasks).from_select(COLUMNS, rows.order_by(staged.c.id, s.group_name))
-    return publish.execution_options(preserve_rowcount=True)
+    return _pairs(query, rows, target, groups).order_by(rows.c.id, s.group_name)
 
 
 def stmt_fanout_hints(write_key: str, target: TopicTarget, groups: Sequence[Group]) -> Any:
     """INSERT ... SELECT of one key hint per task key and group queue among the deliveries the
-    commit writes, due at the key's earliest run_at (run it before `stmt_fanout`)."""
+    commit writes (less those whose `<group>/<key>` a live task holds), due at the key's
+    earliest run_at (run it before the fan-out)."""
     q = subscriptions.c.queue
-    rows = (
-        select(q, staged.c.partition_key, func.min(staged.c.run_at))
-        .select_from(_pairs(target, groups))
-        .where(_deliveries(write_key, target), staged.c.partition_key.is_not(None))
-        .group_by(q, staged.c.partition_key)
-    )
-    return insert(key_hints).from_select(["queue", "partition_key", "run_at"], rows)
-
-
-def fanout_counts(
-    conn: Connection,
-    write_key: str,
-    target: TopicTarget,
-    groups: Sequence[Group],
-    rows: int,
-) -> Counter[str]:
-    """How many tasks the fan-out will write per queue: `rows` per group without dedup keys,
-    counted by the database with them (run it before `stmt_fanout`)."""
-    if not target.dedup:
-        found: Counter[str] = Counter()
-        for group in groups:
-            found[group.queue] += rows
-        return found
-    q = subscriptions.c.queue
-    query = (
-        select(q, func.count())
-        .select_from(_pairs(target, groups))
-        .where(_deliveries(write_key, target))
-        .group_by(q)
-    )
-    return Counter({queue: int(n) for queue, n in conn.execute(query).all()})
+    rows = write_rows(write_key, target.dedup)
+    where: list[Any] = [rows.c.partition_key.is_not(None)]
+    if target.dedup:
+        where.append(~exists().where(tasks.c.dedup_key == _dedup_key(rows)))
+    query = select(q, rows.c.partition_key, func.min(rows.c.run_at))
+    query = _pairs(query, rows, target, groups).where(*where).group_by(q, rows.c.partition_key)
+    return insert(key_hints).from_select(["queue", "partition_key", "run_at"], query)
 
 
 def stmt_drops(write_key: str, topic: str, now: datetime) -> Any:

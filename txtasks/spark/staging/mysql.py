@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, exists, insert
 
+from txtasks.errors import TxtasksError
+from txtasks.schema.tables import tasks
 from txtasks.spark.staging import SqlStaging
 
 #: Staged rows go in as multi-row INSERTs (of the batch's columns) whose values Arrow writes as
@@ -15,6 +18,8 @@ INSERT_STAGED = "INSERT INTO txtasks_staged ({}) VALUES "
 STATEMENT_BYTES = 4 * 1024 * 1024
 #: PyMySQL's SERVER_STATUS_NO_BACKSLASH_ESCAPES bit.
 NO_BACKSLASH_ESCAPES = 512
+#: ER_DUP_ENTRY: the one warning of INSERT IGNORE that the commit lets by.
+DUPLICATE_KEY = 1062
 
 
 def staged_values(batch: Any, backslash_escapes: bool = True) -> list[str]:
@@ -61,3 +66,30 @@ class MySQLStaging(SqlStaging):
         with raw.cursor() as cursor:
             for values in staged_values(batch, backslash):
                 cursor.execute(head + values)
+
+    def insert_tasks(self, conn: Connection, columns: Sequence[str], rows: Any, dedup: bool) -> int:
+        """With `dedup`, rows whose key a committed task holds are left out by the SELECT, and
+        INSERT IGNORE skips those of a transaction committing meanwhile (a duplicate key is a
+        warning then); any other warning (an error IGNORE turned into one) fails the commit."""
+        if not dedup:
+            return super().insert_tasks(conn, columns, rows, dedup)
+        key = rows.selected_columns[list(columns).index("dedup_key")]
+        rows = rows.where(~exists().where(tasks.c.dedup_key == key))
+        stmt = insert(tasks).prefix_with("IGNORE").from_select(columns, rows)
+        count = int(conn.execute(stmt.execution_options(preserve_rowcount=True)).rowcount)
+        warned = int(conn.exec_driver_sql("SHOW COUNT(*) WARNINGS").scalar_one())
+        if warned:
+            shown = conn.exec_driver_sql("SHOW WARNINGS").all()
+            other = [w for w in shown if int(w[1]) != DUPLICATE_KEY]
+            if other or len(shown) < warned:
+                first = f"{other[0][1]} {other[0][2]}" if other else "not all shown"
+                raise PublishWarning(
+                    f"txtasks commit: inserting the staged rows gave {warned} warnings, not only "
+                    f"duplicate dedup keys (first: {first}); nothing was published"
+                )
+        return count
+
+
+class PublishWarning(TxtasksError):
+    """MariaDB / MySQL: the commit's INSERT IGNORE warned of something besides a duplicate
+    key (a value it would have changed): the commit is rolled back."""

@@ -1,0 +1,246 @@
+"""The commit of a staged write with dedup keys, at scale and beside the application.
+
+Two promises, on real databases and without Spark (the staging layer is driven as
+`test_staging_conformance.py` drives it):
+
+- the commit's statements stay linear in rows whatever the planner's statistics say: on
+  PostgreSQL no statement of a 300,000-row dedup commit runs a subquery per row (a plan that
+  went quadratic once its estimate no longer fitted `work_mem`);
+- an application enqueueing a key of the write while the commit runs never fails it: the
+  application's task wins (as a live task always does) and every other row is published.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from sqlalchemy import Connection, Engine, event, func, select, text
+
+import txtasks
+from tests.conftest import backends
+from tests.integration.test_staging_conformance import T0, attempt, ledger, staged_rows
+from tests.waiting import until_sync
+from txtasks.driver import SqlDriver, driver_for_url
+from txtasks.driver.urls import url_sync
+from txtasks.enqueue import insert_many_tx
+from txtasks.schema.tables import tasks
+from txtasks.spark.staging import STAGED_KEY, SqlStaging, StageTarget, TopicTarget, staging_for
+from txtasks.types import JSON_CONTENT_TYPE, NewTask, Subscription
+
+#: Rows of the plan test: past the ~262,000 rows where a hashed subplan stops fitting work_mem.
+ROWS = 300_000
+#: Rows per dedup key in the plan test (and every tenth row has no key).
+REPEATS = 3
+#: Seconds a test waits for the commit to block, or to finish.
+WAIT = 60.0
+
+TASK = StageTarget("q", "staged.task", max_attempts=3, dedup=True, keyed=True)
+TOPIC = TopicTarget("order.created", dedup=True, keyed=True)
+GROUPS = [
+    Subscription("order.created", "billing", "bill", "q"),
+    Subscription("order.created", "shipping", "ship", "q2"),
+]
+
+
+@pytest.fixture
+async def sql(database_url: str) -> AsyncIterator[SqlDriver]:
+    driver = driver_for_url(database_url)
+    await driver.open()
+    yield driver
+    await driver.close()
+
+
+@pytest.fixture
+def staging(sql: SqlDriver) -> SqlStaging:
+    return staging_for(sql)
+
+
+@pytest.fixture
+def app_engine(database_url: str) -> Iterator[Engine]:
+    """The application's own engine, as an application makes it."""
+    engine = txtasks.create_engine(url_sync(database_url))
+    yield engine
+    engine.dispose()
+
+
+def count(staging: SqlStaging, query: Any) -> int:
+    with staging.driver.sync_engine.connect() as conn:
+        return int(conn.execute(query).scalar_one())
+
+
+# -- the plan at scale ------------------------------------------------------------------------
+
+#: 300,000 staged rows made by the database: keys k0, k0, k0, k1, ... and every tenth row none.
+STAGE_ROWS = text(
+    "INSERT INTO txtasks_staged "
+    "(write_key, stage_id, payload, priority, run_at, dedup_key, created_at, partition_key) "
+    "SELECT 'w', 'w.a', convert_to('{\"v\":' || g || '}', 'UTF8'), 0, :t0, "
+    f"CASE WHEN g % 10 = 0 THEN NULL ELSE 'k' || (g / {REPEATS}) END, :t0, "
+    f"'p' || (g % 1000) FROM generate_series(0, {ROWS - 1}) AS g"
+)
+
+
+@pytest.mark.parametrize("database_url", backends("postgresql"), indirect=True)
+@pytest.mark.parametrize("statistics", ["stale", "fresh"])
+@pytest.mark.parametrize("target", [TASK, TOPIC], ids=["task", "topic"])
+async def test_a_dedup_commit_of_300k_rows_runs_no_subquery_per_row(
+    sql: SqlDriver, staging: SqlStaging, statistics: str, target: StageTarget | TopicTarget
+) -> None:
+    """Every INSERT of the commit is explained just before it runs (in its transaction, with
+    its parameters); a plan with a SubPlan stops the commit at once (it would run for hours)."""
+    if isinstance(target, TopicTarget):
+        await sql.subscription_set_many(GROUPS[:1], now=T0)
+    engine = staging.driver.sync_engine
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE txtasks_staged SET (autovacuum_enabled = off)"))
+        conn.execute(text("ANALYZE txtasks_staged"))  # empty: the statistics of a quiet table
+        conn.execute(text("ANALYZE txtasks_tasks"))
+    staging.open("w", T0)
+    with engine.begin() as conn:
+        conn.execute(STAGE_ROWS, {"t0": T0})
+    if statistics == "fresh":
+        with engine.begin() as conn:
+            conn.execute(text("ANALYZE txtasks_staged"))
+    plans: list[str] = []
+
+    def explain(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if not statement.lstrip().upper().startswith("INSERT INTO TXTASKS_"):
+            return
+        with cursor.connection.cursor() as probe:
+            probe.execute("EXPLAIN " + statement, parameters)
+            plan = "\n".join(row[0] for row in probe.fetchall())
+        plans.append(plan)
+        if "SubPlan" in plan:
+            raise AssertionError(f"a subquery per row:\n{statement}\n{plan}")
+
+    event.listen(engine, "before_cursor_execute", explain)
+    try:
+        published = staging.commit("c", "w", {"w.a": ROWS}, target, now=T0)
+    finally:
+        event.remove(engine, "before_cursor_execute", explain)
+
+    firsts = ROWS // 10 + len({g // REPEATS for g in range(ROWS) if g % 10})
+    assert published == {"q": firsts}
+    assert count(staging, select(func.count()).select_from(tasks)) == firsts
+    assert len(plans) == 3  # the commit ledger, the key hints, the tasks
+    assert ledger(staging) == {"c": firsts}
+
+
+# -- an application enqueueing a key of the write ---------------------------------------------
+
+
+def commit_waits(staging: SqlStaging) -> bool:
+    """Whether the commit's INSERT waits for a lock (the application's, on the key)."""
+    if staging.driver.capabilities.name == "postgresql":
+        query = text(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE 'INSERT INTO txtasks_tasks%'"
+        )
+    else:  # a 10-row INSERT is still running only while it waits for the other transaction
+        query = text(
+            "SELECT count(*) FROM information_schema.PROCESSLIST "
+            "WHERE COMMAND = 'Query' AND INFO LIKE 'INSERT%INTO txtasks_tasks%'"
+        )
+    return count(staging, query) > 0
+
+
+def app_enqueue(conn: Connection, key: str) -> int:
+    """The application's task with dedup key `key`, in its transaction on `conn`."""
+    task = NewTask("q", "app.task", b'{"v": "app"}', JSON_CONTENT_TYPE, 0, T0, 5, T0, dedup_key=key)
+    [task_id] = insert_many_tx(conn, [task])
+    return task_id
+
+
+@pytest.mark.parametrize("app_commits", ["before", "while the commit waits"])
+@pytest.mark.parametrize("target", [TASK, TOPIC], ids=["task", "topic"])
+async def test_an_application_enqueue_of_a_key_never_fails_the_commit(
+    sql: SqlDriver,
+    staging: SqlStaging,
+    app_engine: Engine,
+    app_commits: str,
+    target: StageTarget | TopicTarget,
+) -> None:
+    """The application inserts dedup key "k5" (or `billing/k5`, the key of one group's task
+    of a topic's row) and holds its transaction open; the commit starts and waits for it on the
+    key (SQLite: for its write lock); the application commits. The write goes through: the
+    application's task holds the key once, every other row is published, and the counts the
+    commit returns and records are those of the tasks it made."""
+    topic = isinstance(target, TopicTarget)
+    if topic:
+        await sql.subscription_set_many(GROUPS, now=T0)
+    raced = "billing/k5" if topic else "k5"
+    staging.open("w", T0)
+    keys = [f"k{n}" for n in range(10)]
+    staging.stage("w", [attempt("w", "w.a", list(range(10)), dedup=keys)])
+    backend = sql.capabilities.name
+    about_to_begin = threading.Event()
+
+    def waits_for_lock(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        if statement.startswith("BEGIN IMMEDIATE"):
+            about_to_begin.set()
+
+    engine = staging.driver.sync_engine
+    pool = ThreadPoolExecutor(1)
+    with app_engine.connect() as conn:
+        with conn.begin():
+            app_id = app_enqueue(conn, raced)
+            if app_commits != "before":
+                event.listen(engine, "before_cursor_execute", waits_for_lock)
+                try:
+                    commit = pool.submit(staging.commit, "c", "w", {"w.a": 10}, target, now=T0)
+                    if backend == "sqlite":  # one writer: the commit cannot start before
+                        assert about_to_begin.wait(WAIT)
+                    else:
+                        until_sync(lambda: commit_waits(staging), "the commit waits", timeout=WAIT)
+                finally:
+                    event.remove(engine, "before_cursor_execute", waits_for_lock)
+        if app_commits == "before":
+            commit = pool.submit(staging.commit, "c", "w", {"w.a": 10}, target, now=T0)
+        published = commit.result(WAIT)
+    pool.shutdown()
+
+    expected = {"q": 9, "q2": 10} if topic else {"q": 9}
+    assert published == expected
+    assert ledger(staging) == {"c": sum(expected.values())}
+    assert staged_rows(staging) == {}
+    with engine.connect() as conn:
+        rows = conn.execute(select(tasks.c.id, tasks.c.dedup_key, tasks.c.payload)).all()
+    holders = [r for r in rows if r.dedup_key == raced]
+    assert [(r.id, json.loads(r.payload)["v"]) for r in holders] == [(app_id, "app")]
+    published_keys = sorted(r.dedup_key for r in rows if r.id != app_id)
+    if topic:
+        assert published_keys == sorted(
+            [f"billing/{k}" for k in keys if k != "k5"] + [f"shipping/{k}" for k in keys]
+        )
+    else:
+        assert published_keys == sorted(k for k in keys if k != "k5")
+
+
+@pytest.mark.parametrize("database_url", backends("mysql"), indirect=True)
+async def test_a_value_insert_ignore_would_change_fails_the_commit(
+    sql: SqlDriver, staging: SqlStaging
+) -> None:
+    """MariaDB's INSERT IGNORE turns more than duplicate keys into warnings: any other warning
+    (here a staged task key longer than the hot table takes, which it would cut short) rolls
+    the commit back instead of publishing a changed row."""
+    from txtasks.spark.staging.mysql import PublishWarning
+
+    with staging.driver.sync_engine.begin() as conn:
+        conn.execute(text("ALTER TABLE txtasks_staged MODIFY partition_key VARCHAR(300)"))
+    staging.open("w", T0)
+    rows = attempt("w", "w.a", ["a", "b"], dedup=["k1", "k2"])
+    too_long = pa.array(["x" * 300, None], pa.large_string())
+    staging.stage("w", [rows.append_column(STAGED_KEY, too_long)])
+
+    with pytest.raises(PublishWarning, match=r"1265 Data truncated for column 'partition_key'"):
+        staging.commit("c", "w", {"w.a": 2}, StageTarget("q", "t", 1, dedup=True), now=T0)
+
+    assert count(staging, select(func.count()).select_from(tasks)) == 0
+    assert ledger(staging) == {}
+    assert staged_rows(staging) == {"w.a": 2}
