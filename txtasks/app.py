@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, cast, overload
 
 from txtasks._checks import check_number
 from txtasks.clock import Clock, utcnow
-from txtasks.control import TaskFilter, task_state
+from txtasks.control import TaskFilter, cancels_by_queue, task_state
 from txtasks.driver import Driver, driver_for_url
 from txtasks.driver.timeouts import Timeouts
 from txtasks.enqueue import (
@@ -50,7 +50,6 @@ from txtasks.task import (
 from txtasks.topics import check_group_name, check_topic_name, new_publish, subscriptions_of
 from txtasks.types import (
     Cancel,
-    CancelResult,
     Delivery,
     NewPublish,
     NewTask,
@@ -676,8 +675,11 @@ class App:
     def cancel(self, task_id: int) -> Cancel:
         """Cancel one task: a waiting one never starts (archived as cancelled); a running one
         is stopped by its worker and recorded as cancelled; a finished one is left as it is.
-        Returns what was done (`Cancel.describe()` says it in words)."""
-        return self.driver.task_cancel_many_sync([task_id], now=self.clock())[0]
+        Returns what was done (`Cancel.describe()` says it in words). With a broker, the
+        workers of a running task's queue get a cancel wake-up and stop it at once."""
+        results = self.driver.task_cancel_many_sync([task_id], now=self.clock())
+        self._wake_cancelled(results)
+        return results[0]
 
     async def acancel(self, task_id: int) -> Cancel:
         """`cancel`, for async callers; a running task's worker is woken to stop it at once."""
@@ -714,12 +716,12 @@ class App:
         return results
 
     def _wake_cancelled(self, results: Sequence[Cancel]) -> None:
-        """A wake-up to the queues of running tasks asked to stop: their workers look now."""
+        """A cancel wake-up to the workers of the queues of running tasks asked to stop: they
+        look for cancels now rather than after their next heartbeat."""
         if isinstance(self.notifier, NullNotifier):
             return
-        requested = [c.id for c in results if c.result is CancelResult.REQUESTED]
-        for queue in sorted({c.queue for c in results if c.queue and c.id in requested}):
-            self.notifier.notify(queue, [c.id for c in results if c.queue == queue])
+        for queue, ids in sorted(cancels_by_queue(results).items()):
+            self.notifier.notify(queue, ids, cancel=True)
 
     @staticmethod
     def _task_filter(queue: str | None, task: Task | str | None, key: str | None) -> TaskFilter:

@@ -82,7 +82,12 @@ class WorkerStats:
     outcomes: dict[str, int] = field(default_factory=dict)
     stale: int = 0
     claim_errors: int = 0
+    #: Ordinary wake-ups received (each makes the worker claim now).
     wakeups: int = 0
+    #: Cancel wake-ups received, and looks for cancels of running tasks (each a database read:
+    #: after a heartbeat, or after a cancel wake-up while tasks run).
+    cancel_wakeups: int = 0
+    cancel_looks: int = 0
     #: Sync handlers that ran past their timeout (their thread kept the slot until it ended).
     overruns: int = 0
 

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("txtasks.worker")
 
 CLAIM_ERROR_BACKOFF_MAX = 5.0
-#: Seconds between two looks for cancels prompted by wake-ups (the heartbeat looks anyway).
+#: Seconds between two looks for cancels prompted by cancel wake-ups (the heartbeat looks
+#: anyway).
 CANCEL_LOOK_SPACING = 0.25
 #: Seconds /readyz waits for the database's answer.
 READY_TIMEOUT = 3.0
@@ -82,7 +83,8 @@ class Worker:
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
         self._beat_stop = asyncio.Event()
-        #: A wake-up arrived while tasks run: look for cancels (`_cancels_watch`).
+        #: A cancel wake-up arrived while tasks run, or a beat reached the database: look for
+        #: cancels (`_cancels_watch`).
         self._cancel_look = asyncio.Event()
         #: Set while the worker waits for a wake-up or its next poll (its last claim was empty).
         self.idle = asyncio.Event()
@@ -133,14 +135,19 @@ class Worker:
             self._force = True
             self._runner.cancel()  # rows not started yet are handed back at shutdown
 
-    def wake(self, queue: str | None = None) -> None:
+    def wake(self, queue: str | None = None, *, cancel: bool = False) -> None:
         """Claim now instead of at the next poll (a wake-up arrived). `queue` is the one the
         wake-up named; the claim serves all the worker's queues in priority order, so it only
-        says why the worker woke."""
+        says why the worker woke. A cancel wake-up (`cancel=True`: a running task of `queue`
+        was asked to stop) makes the worker look for cancels of its running tasks instead;
+        an ordinary one never does."""
+        if cancel:
+            self.stats.cancel_wakeups += 1
+            if self._held:
+                self._cancel_look.set()
+            return
         self.stats.wakeups += 1
         self._wake.set()
-        if self._held:  # it may be a cancel of a running task
-            self._cancel_look.set()
 
     @property
     def threads_alive(self) -> bool:
@@ -339,11 +346,12 @@ class Worker:
     async def _cancels_look(self) -> None:
         """Ask the database which held attempts were asked to cancel, and stop them (see
         docs/control.md): after every heartbeat that reached the database, and soon after a
-        wake-up while tasks run; in a task of its own (`_cancels_watch`), so that a look
+        cancel wake-up while tasks run; in a task of its own (`_cancels_watch`), so that a look
         stuck on a failing network never holds back the next lease extension."""
         keys = list(self._held)
         if not keys:
             return
+        self.stats.cancel_looks += 1
         try:
             found = await self.driver.cancel_requested_list(keys)
         except Exception as exc:
@@ -353,9 +361,10 @@ class Worker:
             self._runner.cancel_attempts(found)
 
     async def _cancels_watch(self) -> None:
-        """Look for cancels soon after a wake-up arrives while tasks run (a cancel sends one
-        to the queue of each running task it asks to stop): at most one look per
-        `CANCEL_LOOK_SPACING` seconds, however many wake-ups arrive."""
+        """Look for cancels after each beat that reached the database, and soon after a cancel
+        wake-up arrives while tasks run (a cancel sends one to every worker of the queue of each
+        running task it asks to stop): at most one look per `CANCEL_LOOK_SPACING` seconds,
+        however many arrive."""
         while True:
             waiters = {
                 asyncio.ensure_future(self._cancel_look.wait()),
