@@ -753,11 +753,17 @@ class App:
             self.notify(queue)
         return resumed
 
+    def inspect(self, task_id: int) -> TaskRow | None:
+        """One task by id, live or finished (None: no such task): its state, attempts, last
+        error, times, headers, key, worker, lease, cancel, kept result (`result_value`) and
+        last progress report (`progress_report`)."""
+        return self.driver.task_get_sync(task_id)
+
     async def ainspect(self, task_id: int) -> TaskRow | None:
-        """One task by id, live or finished (None: no such task)."""
+        """`inspect`, for async callers."""
         return await self.driver.task_get(task_id)
 
-    async def atasks(
+    def task_list(
         self,
         *,
         states: Iterable[TaskState | str] | None = None,
@@ -768,11 +774,36 @@ class App:
     ) -> list[TaskRow]:
         """Up to `limit` tasks in `states` (default: every live state) of `queue`, of task
         `task` and with key `key` (those given): live ones newest first, then finished ones
-        last finished first."""
+        last finished first. (`app.tasks` is the registry of task declarations; `atasks` is
+        this listing for async callers.)"""
+        chosen, where = self._listing(states, queue, task, key, limit)
+        return self.driver.task_list_sync(states=chosen, where=where, limit=limit)
+
+    async def atasks(
+        self,
+        *,
+        states: Iterable[TaskState | str] | None = None,
+        queue: str | None = None,
+        task: Task | str | None = None,
+        key: str | None = None,
+        limit: int = 100,
+    ) -> list[TaskRow]:
+        """`task_list`, for async callers."""
+        chosen, where = self._listing(states, queue, task, key, limit)
+        return await self.driver.task_list(states=chosen, where=where, limit=limit)
+
+    def _listing(
+        self,
+        states: Iterable[TaskState | str] | None,
+        queue: str | None,
+        task: Task | str | None,
+        key: str | None,
+        limit: int,
+    ) -> tuple[list[TaskState] | None, TaskFilter]:
+        """A listing's states and filter, checked (bad input: an error naming it)."""
         check_number("limit", limit, minimum=1, maximum=None, integer=True)
         chosen = None if states is None else [task_state(s) for s in states]
-        where = self._task_filter(queue, task, key)
-        return await self.driver.task_list(states=chosen, where=where, limit=limit)
+        return chosen, self._task_filter(queue, task, key)
 
     # -- storage ------------------------------------------------------------------------------
 

@@ -13,9 +13,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
+import pytest
+
 from tests.integration.wakeups import ClaimCounter
 from tests.waiting import until
-from txtasks import App
+from txtasks import App, ConfigurationError
 from txtasks.testing import run_until_empty
 from txtasks.types import CancelResult, TaskRow, TaskState
 from txtasks.worker.context import TaskContext
@@ -196,3 +198,32 @@ async def test_a_paused_queue_waits_and_a_burst_worker_does_not(app: App) -> Non
     assert await app.aresume("reports") is True
     await run_until_empty(app)
     assert ran == ["mail", "report"]
+
+
+async def test_inspect_and_task_list_for_sync_callers(app: App) -> None:
+    @app.task(name="control.listed", queue="reports")
+    def listed(payload: Any) -> None: ...
+
+    first = await listed.aenqueue(1, key="k")
+    second = await listed.aenqueue(2, key="k")
+    await app.acancel(first)
+
+    def sync_reads() -> tuple[Any, ...]:  # in a thread of its own, as sync code calls them
+        return (
+            app.inspect(second),
+            app.inspect(10**9),
+            app.task_list(queue="reports", key="k"),
+            app.task_list(states=["cancelled"], task=listed),
+        )
+
+    row, missing, waiting, cancelled = await asyncio.to_thread(sync_reads)
+    assert row == await app.ainspect(second)
+    assert row is not None and (row.state, row.partition_key) == (TaskState.PENDING, "k")
+    assert missing is None
+    assert [t.id for t in waiting] == [second]
+    assert [t.id for t in cancelled] == [first]
+    assert waiting == await app.atasks(queue="reports", key="k")
+    with pytest.raises(ConfigurationError, match="limit"):
+        app.task_list(limit=0)
+    with pytest.raises(ConfigurationError, match="state"):
+        app.task_list(states=["sleeping"])

@@ -300,6 +300,15 @@ class Driver(Protocol):
         """Up to `limit` tasks in `states` (default: the live ones) matching `where`: live ones
         newest first, then finished ones last finished first."""
 
+    def task_list_sync(
+        self,
+        *,
+        states: Sequence[TaskState] | None = None,
+        where: TaskFilter | None = None,
+        limit: int = 100,
+    ) -> list[TaskRow]:
+        """The same for synchronous callers."""
+
     # -- the cleaner's sweeps -----------------------------------------------------------------
 
     async def lease_expired_list(self, *, now: datetime, limit: int) -> list[TaskRow]:

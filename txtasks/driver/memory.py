@@ -609,6 +609,15 @@ class MemoryDriver:
         where: TaskFilter | None = None,
         limit: int = 100,
     ) -> list[TaskRow]:
+        return self.task_list_sync(states=states, where=where, limit=limit)
+
+    def task_list_sync(
+        self,
+        *,
+        states: Sequence[TaskState] | None = None,
+        where: TaskFilter | None = None,
+        limit: int = 100,
+    ) -> list[TaskRow]:
         chosen = set(states) if states else set(LIVE_STATES)
         flt = where or TaskFilter()
         with self._lock:
