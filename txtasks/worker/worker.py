@@ -23,6 +23,7 @@ from txtasks.driver import Driver
 from txtasks.errors import ConfigurationError
 from txtasks.faults import Outage, open_when_reachable
 from txtasks.health import HealthServer, Pulse
+from txtasks.middleware import Middleware
 from txtasks.types import Outcome, OutcomeKind, TaskKey, TaskRow
 from txtasks.wakeup import Notifier
 from txtasks.worker.config import WorkerConfig, WorkerStats
@@ -121,6 +122,9 @@ class Worker:
         )
         #: Claimed rows no runner has taken yet, in claim order (the runner's queue).
         self._ready = self._runner.ready
+        #: The built-in middleware every attempt runs in, without tracing and with it.
+        self._builtin = () if metrics is None else (metrics.middleware,)
+        self._builtin_traced = (tracing.TRACING, *self._builtin)
 
     # -- control ------------------------------------------------------------------------------
 
@@ -241,7 +245,7 @@ class Worker:
                         Outcome(row.key, OutcomeKind.RELEASE, error="worker stopped")
                     )
                 return
-            self._runner.traced = tracing.enabled()  # read once a batch: it is not free
+            self._runner.chain = self._chain()
             for row in rows:
                 self._start(row)
             self._runner.dispatch()
@@ -321,6 +325,13 @@ class Worker:
         if row.partition_key is not None:
             self._keyed.add(key)
         self._ready.append((row, key))
+
+    def _chain(self) -> tuple[Middleware, ...]:
+        """The middleware every attempt of a claimed batch runs in, before its task's own:
+        tracing while a tracer provider is configured (asked once a batch: it is not free),
+        metrics when the worker has them, then the application's."""
+        builtin = self._builtin_traced if tracing.enabled() else self._builtin
+        return (*builtin, *self.app._middleware) if builtin else self.app._middleware
 
     def _written(self, batch: list[Outcome], stale: tuple[TaskKey, ...]) -> None:
         """Outcomes are stored: count them; a task with a key that left processing freed a
