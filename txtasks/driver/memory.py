@@ -457,6 +457,7 @@ class MemoryDriver:
         lease_until: datetime,
         worker_id: str | None = None,
         progress: Mapping[TaskKey, str] | None = None,
+        left_out: set[TaskKey] | None = None,
     ) -> int:
         count = 0
         with self._lock:
@@ -466,6 +467,8 @@ class MemoryDriver:
                     report = progress.get(key, row.progress) if progress else row.progress
                     self.live[key.id] = row._replace(lease_expires_at=lease_until, progress=report)
                     count += 1
+                elif left_out is not None:
+                    left_out.add(key)
         return count
 
     # -- inspection ---------------------------------------------------------------------------

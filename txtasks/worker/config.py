@@ -42,6 +42,10 @@ class WorkerConfig:
     health_port: int | None = None
     #: Address the health endpoint listens on.
     health_host: str = "0.0.0.0"
+    #: Seconds between two writes of handlers' progress reports (`ctx.progress`): a report is
+    #: stored within this, and the worker writes progress at most once per interval, however
+    #: many reports its handlers make (the latest of each attempt is kept).
+    progress_interval: float = 1.0
     #: Seconds a loop (claims, heartbeat, outcome writes) may overrun its interval, stuck in
     #: a database call, before /livez fails.
     stall_after: float = 60.0
@@ -49,7 +53,7 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         check_number("concurrency", self.concurrency, minimum=1, maximum=None, integer=True)
         check_number("flush_batch", self.flush_batch, minimum=1, maximum=None, integer=True)
-        for name in ("lease", "poll_interval", "flush_interval"):
+        for name in ("lease", "poll_interval", "flush_interval", "progress_interval"):
             check_number(name, getattr(self, name), above=0)
         for name in ("shutdown_grace", "burst_horizon"):
             check_number(name, getattr(self, name), minimum=0)

@@ -35,6 +35,7 @@ from txtasks.types import Outcome, OutcomeKind, Progress, TaskKey, TaskRow
 from txtasks.worker.config import WorkerStats
 from txtasks.worker.context import TaskContext
 from txtasks.worker.outcomes import OutcomeBuffer
+from txtasks.worker.progress import ProgressWriter
 
 if TYPE_CHECKING:
     from txtasks.app import App
@@ -91,6 +92,7 @@ class Runner:
         slot_free: asyncio.Event,
         stopping: asyncio.Event,
         metrics: Metrics | None,
+        progress: ProgressWriter | None = None,
     ) -> None:
         self.app = app
         self.worker_id = worker_id
@@ -122,9 +124,10 @@ class Runner:
         #: The store handlers' transactions use, and whether completed tasks are archived.
         self.driver: Driver = outcomes.driver
         self.archive_completed = outcomes.archive_completed
-        #: The latest progress report of each running attempt not stored yet (the heartbeat
-        #: takes them).
-        self.progress: dict[TaskKey, str] = {}
+        #: Where progress reports go to be stored (coalesced, spaced).
+        self.progress = progress or ProgressWriter(
+            self.driver, app.clock, interval=1.0, lease=30.0, worker_id=worker_id
+        )
         #: Attempts whose handler is running: their context, and for an async handler the
         #: asyncio task it runs in (a cancel is delivered there).
         self._running: dict[TaskKey, tuple[TaskContext, asyncio.Task[Any] | None]] = {}
@@ -283,8 +286,9 @@ class Runner:
         )
 
     def progress_report(self, row: TaskRow, report: Progress) -> None:
-        """Keep an attempt's latest report for the next heartbeat (older ones are replaced)."""
-        self.progress[row.key] = report.to_json()
+        """Keep an attempt's latest report for the next progress write (older ones not stored
+        yet are replaced)."""
+        self.progress.report(row.key, report.to_json())
         if self.metrics is not None:
             self.metrics.task_progress(row.queue, row.task_name, report)
 

@@ -28,6 +28,7 @@ from txtasks.types import Outcome, OutcomeKind, TaskKey, TaskRow
 from txtasks.wakeup import Notifier
 from txtasks.worker.config import WorkerConfig, WorkerStats
 from txtasks.worker.outcomes import OutcomeBuffer, event_wait
+from txtasks.worker.progress import ProgressWriter
 from txtasks.worker.runner import Runner, first_line
 
 if TYPE_CHECKING:
@@ -109,6 +110,14 @@ class Worker:
             worker_id=self.worker_id,
             on_written=self._written,
         )
+        self._progress = ProgressWriter(
+            self.driver,
+            app.clock,
+            interval=self.config.progress_interval,
+            lease=self.config.lease,
+            worker_id=self.worker_id,
+            held=self._held,
+        )
         self._runner = Runner(
             app,
             worker_id=self.worker_id,
@@ -119,6 +128,7 @@ class Worker:
             slot_free=self._slot_free,
             stopping=self._stopping,
             metrics=metrics,
+            progress=self._progress,
         )
         #: Claimed rows no runner has taken yet, in claim order (the runner's queue).
         self._ready = self._runner.ready
@@ -200,7 +210,8 @@ class Worker:
         flusher = asyncio.create_task(self._outcomes.run(), name="txtasks-flush")
         heartbeat = asyncio.create_task(self._heartbeat(), name="txtasks-heartbeat")
         cancels = asyncio.create_task(self._cancels_watch(), name="txtasks-cancels")
-        self._loops = [flusher, heartbeat, cancels]
+        progress = asyncio.create_task(self._progress.run(self._beat_stop), name="txtasks-progress")
+        self._loops = [flusher, heartbeat, cancels, progress]
         log.info("worker %s serving %s", self.worker_id, ", ".join(self.queues))
         try:
             await self.notifier.subscribe(self.queues, self.wake)
@@ -210,7 +221,7 @@ class Worker:
             await self._shutdown()
             self._beat_stop.set()
             self._outcomes.stop()
-            await asyncio.gather(flusher, heartbeat, cancels, return_exceptions=True)
+            await asyncio.gather(flusher, heartbeat, cancels, progress, return_exceptions=True)
             await self._outcomes.drain(give_up=lambda: self._force)
             self._runner.close()
         log.info("worker %s stopped: %s", self.worker_id, self.stats)
@@ -396,15 +407,12 @@ class Worker:
     async def _leases_extend(self, keys: list[TaskKey]) -> bool:
         """Extend the leases of `keys`; whether the database answered."""
         until = self.app.clock() + timedelta(seconds=self.config.lease)
-        reports, self._runner.progress = self._runner.progress, {}
         try:
             held = await self.driver.lease_extend_many(
-                keys, lease_until=until, worker_id=self.worker_id, progress=reports or None
+                keys, lease_until=until, worker_id=self.worker_id
             )
             self._beat_outage.ok()
         except Exception as exc:
-            for key, report in reports.items():  # keep them for the next beat, unless newer
-                self._runner.progress.setdefault(key, report)
             self._beat_outage.failed(exc)
             return False
         if held < len(keys):  # some may have been written meanwhile: count those still ours
