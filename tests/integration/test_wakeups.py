@@ -390,7 +390,7 @@ async def test_a_cancel_wakes_every_worker_of_the_queue_and_stops_the_running_ha
     assert [w.stats.cancel_wakeups for w in workers] == [1, 1]
     assert running.stats.cancel_looks == 1
     assert sum(w.stats.cancel_looks for w in workers) == 1
-    assert running.stats.outcomes == {"cancelled": 1}
+    await until(lambda: running.stats.outcomes == {"cancelled": 1}, "the outcome is counted")
 
 
 async def test_ordinary_wakeups_to_a_busy_worker_look_for_no_cancel(

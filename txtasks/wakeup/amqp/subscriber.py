@@ -109,13 +109,13 @@ class AmqpSubscriber:
         channel.close_callbacks.add(closed)
         await channel.set_qos(prefetch_count=100)
         handler = self._on_message(wanted, on_wakeup)
-        for queue in sorted(wanted):
-            amqp_queue = await declare(channel, queue)
-            await amqp_queue.consume(handler, no_ack=True)
+        amqp_queues = [await declare(channel, queue) for queue in sorted(wanted)]
         cancels = await channel.declare_queue(exclusive=True, auto_delete=True)
         for queue in sorted(wanted):
             await cancels.bind(EXCHANGE, routing_key=cancel_route(queue))
-        await cancels.consume(handler, no_ack=True)
+        # the shared queues last: a wake-up taken is counted as the subscriber connects
+        for amqp_queue in (cancels, *amqp_queues):
+            await amqp_queue.consume(handler, no_ack=True)
 
     async def _disconnect(self) -> None:
         connection, self._connection = self._connection, None
