@@ -3,7 +3,9 @@
 A wake-up is a hint sent after commit; when it is lost (broker down, publisher buffer full,
 a task that became due later) workers still find the task by polling. The re-announcer makes
 that delay short even when workers poll slowly: every pass it wakes each queue that has tasks
-ready for longer than `after` seconds. Without a broker it does nothing.
+ready for longer than `after` seconds. A paused queue gets no wake-up (no worker may claim from
+it); resuming it sends one, and the next pass wakes it again if its tasks are still overlooked.
+Without a broker it does nothing.
 """
 
 from __future__ import annotations
@@ -62,8 +64,11 @@ class Reannouncer(Sweep[ReannouncerConfig, ReannounceResult]):
         if isinstance(self.app.notifier, NullNotifier):
             return ReannounceResult()  # polling only: workers find the tasks themselves
         due_before = self.app.clock() - timedelta(seconds=self.config.after)
+        paused = await self.driver.queue_paused_list()
         wakeups = tasks = 0
         for queue in self.queues:
+            if queue in paused:
+                continue
             ids = await self.driver.ready_list(
                 queue, due_before=due_before, limit=self.config.batch_size
             )

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, cast, overload
 
 from txtasks._checks import check_number
 from txtasks.clock import Clock, utcnow
-from txtasks.control import TaskFilter, task_state
+from txtasks.control import TaskFilter, cancels_by_queue, task_state
 from txtasks.driver import Driver, driver_for_url
 from txtasks.driver.timeouts import Timeouts
 from txtasks.enqueue import (
@@ -50,7 +50,6 @@ from txtasks.task import (
 from txtasks.topics import check_group_name, check_topic_name, new_publish, subscriptions_of
 from txtasks.types import (
     Cancel,
-    CancelResult,
     Delivery,
     NewPublish,
     NewTask,
@@ -676,8 +675,11 @@ class App:
     def cancel(self, task_id: int) -> Cancel:
         """Cancel one task: a waiting one never starts (archived as cancelled); a running one
         is stopped by its worker and recorded as cancelled; a finished one is left as it is.
-        Returns what was done (`Cancel.describe()` says it in words)."""
-        return self.driver.task_cancel_many_sync([task_id], now=self.clock())[0]
+        Returns what was done (`Cancel.describe()` says it in words). With a broker, the
+        workers of a running task's queue get a cancel wake-up and stop it at once."""
+        results = self.driver.task_cancel_many_sync([task_id], now=self.clock())
+        self._wake_cancelled(results)
+        return results[0]
 
     async def acancel(self, task_id: int) -> Cancel:
         """`cancel`, for async callers; a running task's worker is woken to stop it at once."""
@@ -714,12 +716,12 @@ class App:
         return results
 
     def _wake_cancelled(self, results: Sequence[Cancel]) -> None:
-        """A wake-up to the queues of running tasks asked to stop: their workers look now."""
+        """A cancel wake-up to the workers of the queues of running tasks asked to stop: they
+        look for cancels now rather than after their next heartbeat."""
         if isinstance(self.notifier, NullNotifier):
             return
-        requested = [c.id for c in results if c.result is CancelResult.REQUESTED]
-        for queue in sorted({c.queue for c in results if c.queue and c.id in requested}):
-            self.notifier.notify(queue, [c.id for c in results if c.queue == queue])
+        for queue, ids in sorted(cancels_by_queue(results).items()):
+            self.notifier.notify(queue, ids, cancel=True)
 
     @staticmethod
     def _task_filter(queue: str | None, task: Task | str | None, key: str | None) -> TaskFilter:
@@ -763,11 +765,17 @@ class App:
         """Remove the rate set at run time (False: none was): the declared one applies again."""
         return await self.driver.queue_rate_clear(check_queue_name(queue, setting="queue"))
 
+    def inspect(self, task_id: int) -> TaskRow | None:
+        """One task by id, live or finished (None: no such task): its state, attempts, last
+        error, times, headers, key, worker, lease, cancel, kept result (`result_value`) and
+        last progress report (`progress_report`)."""
+        return self.driver.task_get_sync(task_id)
+
     async def ainspect(self, task_id: int) -> TaskRow | None:
-        """One task by id, live or finished (None: no such task)."""
+        """`inspect`, for async callers."""
         return await self.driver.task_get(task_id)
 
-    async def atasks(
+    def task_list(
         self,
         *,
         states: Iterable[TaskState | str] | None = None,
@@ -778,11 +786,36 @@ class App:
     ) -> list[TaskRow]:
         """Up to `limit` tasks in `states` (default: every live state) of `queue`, of task
         `task` and with key `key` (those given): live ones newest first, then finished ones
-        last finished first."""
+        last finished first. (`app.tasks` is the registry of task declarations; `atasks` is
+        this listing for async callers.)"""
+        chosen, where = self._listing(states, queue, task, key, limit)
+        return self.driver.task_list_sync(states=chosen, where=where, limit=limit)
+
+    async def atasks(
+        self,
+        *,
+        states: Iterable[TaskState | str] | None = None,
+        queue: str | None = None,
+        task: Task | str | None = None,
+        key: str | None = None,
+        limit: int = 100,
+    ) -> list[TaskRow]:
+        """`task_list`, for async callers."""
+        chosen, where = self._listing(states, queue, task, key, limit)
+        return await self.driver.task_list(states=chosen, where=where, limit=limit)
+
+    def _listing(
+        self,
+        states: Iterable[TaskState | str] | None,
+        queue: str | None,
+        task: Task | str | None,
+        key: str | None,
+        limit: int,
+    ) -> tuple[list[TaskState] | None, TaskFilter]:
+        """A listing's states and filter, checked (bad input: an error naming it)."""
         check_number("limit", limit, minimum=1, maximum=None, integer=True)
         chosen = None if states is None else [task_state(s) for s in states]
-        where = self._task_filter(queue, task, key)
-        return await self.driver.task_list(states=chosen, where=where, limit=limit)
+        return chosen, self._task_filter(queue, task, key)
 
     # -- storage ------------------------------------------------------------------------------
 

@@ -94,6 +94,15 @@ def cancel_wins(outcome: Outcome, cancel_requested: bool) -> Outcome:
     return outcome
 
 
+def cancels_by_queue(results: Sequence[Cancel]) -> dict[str, list[int]]:
+    """The running tasks a cancel asked to stop, by queue: whom its cancel wake-ups go to."""
+    by_queue: dict[str, list[int]] = {}
+    for c in results:
+        if c.result is CancelResult.REQUESTED and c.queue is not None:
+            by_queue.setdefault(c.queue, []).append(c.id)
+    return by_queue
+
+
 def task_list_order(rows: list[TaskRow]) -> list[TaskRow]:
     """Live tasks first, newest first; then finished ones, last finished first."""
     live = sorted((r for r in rows if r.state.is_live), key=lambda r: -r.id)

@@ -14,18 +14,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from txtasks.errors import cannot_listen
-from txtasks.types import KeyStats, Progress, QueueRates, QueueStats
+from txtasks.middleware import AttemptEnd, Middleware
+from txtasks.types import KeyStats, OutcomeKind, Progress, QueueRates, QueueStats
 from txtasks.wakeup import WakeupStats
+
+if TYPE_CHECKING:
+    from txtasks.worker.context import TaskContext
 
 log = logging.getLogger("txtasks.metrics")
 
+_RELEASE = OutcomeKind.RELEASE
 #: Handler duration buckets, in seconds.
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
@@ -50,6 +55,21 @@ class WakeupCollector(Collector):
             "1 while the wake-up subscriber is connected to the broker",
             value=1 if stats.connected else 0,
         )
+
+
+class MetricsMiddleware(Middleware):
+    """Counts each attempt's outcome and times it (`txtasks_tasks_finished`,
+    `txtasks_handler_seconds`): what a worker with metrics puts first in every attempt's
+    chain. An attempt handed back at shutdown counts as `pending`, without a duration."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def after_attempt(self, ctx: TaskContext, end: AttemptEnd) -> None:
+        kind = end.outcome.kind
+        seconds = None if kind is _RELEASE else end.seconds
+        row = ctx.row
+        self.metrics.task_finished(row.queue, row.task_name, kind._value_, seconds)
 
 
 class Metrics:
@@ -143,6 +163,8 @@ class Metrics:
         self._children: dict[tuple[str, ...], Any] = {}
         self._seen: dict[str, set[tuple[str, ...]]] = {}
         self._port: int | None = None
+        #: The middleware a worker runs every attempt in (`MetricsMiddleware`).
+        self.middleware = MetricsMiddleware(self)
 
     # -- workers ------------------------------------------------------------------------------
 

@@ -3,8 +3,9 @@
 With `pip install "txtasks[otel]"` (the OpenTelemetry API) and a tracer provider configured by
 the application, enqueueing records the current trace context in the task's headers
 (`traceparent`, `tracestate`: W3C Trace Context), and the worker runs each attempt inside a
-`CONSUMER` span that is a child of it. Without the API installed, or without a provider, this
-module does nothing.
+`CONSUMER` span that is a child of it (`TracingMiddleware`, which workers put first in every
+attempt's chain while a provider is configured). Without the API installed, or without a
+provider, this module does nothing.
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from txtasks.middleware import AttemptEnd, Middleware
+
 if TYPE_CHECKING:
     from txtasks.types import TaskRow
+    from txtasks.worker.context import TaskContext
 
 
 def _api() -> tuple[ModuleType, ModuleType] | None:
@@ -106,3 +110,37 @@ def span_failed(span: Any, exc: BaseException) -> None:
 
     span.record_exception(exc)
     span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+
+
+#: Where `TracingMiddleware` keeps an attempt's span in `ctx.extra`.
+SPAN_KEY = "txtasks.span"
+
+
+class TracingMiddleware(Middleware):
+    """Runs each attempt in `attempt_span`: the span is current from `before_attempt` to
+    `after_attempt`, so the hooks after it, the handler (sync ones in their thread too) and
+    what they trace are inside it; it is marked failed with what the handler raised."""
+
+    def before_attempt(self, ctx: TaskContext) -> None:
+        api = _api()
+        if api is None:
+            return
+        try:
+            headers = ctx.headers
+        except ValueError:
+            headers = {}
+        span_cm = attempt_span(ctx.row, headers)
+        ctx.extra[SPAN_KEY] = (span_cm, span_cm.__enter__())
+
+    def after_attempt(self, ctx: TaskContext, end: AttemptEnd) -> None:
+        found = ctx.extra.pop(SPAN_KEY, None) if ctx._extra else None
+        if found is None:
+            return
+        span_cm, span = found
+        if end.exception is not None:
+            span_failed(span, end.exception)
+        span_cm.__exit__(None, None, None)
+
+
+#: The one instance workers use.
+TRACING = TracingMiddleware()

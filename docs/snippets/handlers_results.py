@@ -18,7 +18,7 @@ app = App("reports", database_url=DATABASE_URL)
 async def total(payload: dict, ctx: TaskContext) -> dict:
     rows = payload["rows"]
     for done, _row in enumerate(rows, start=1):
-        ctx.progress(done, len(rows), note="summing")  # stored with the next heartbeat
+        ctx.progress(done, len(rows), note="summing")  # stored within a second
     return {"total": sum(rows)}
 
 

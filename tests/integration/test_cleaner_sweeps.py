@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -21,6 +22,8 @@ from cleaner import (
     Keep,
     Periodic,
     PeriodicConfig,
+    Reannouncer,
+    ReannouncerConfig,
     Rescuer,
     RescuerConfig,
     Retention,
@@ -42,6 +45,7 @@ from txtasks import App
 from txtasks.driver import Driver
 from txtasks.topics import new_publish
 from txtasks.types import NewTask, Outcome, OutcomeKind, TaskRow, TaskState
+from txtasks.wakeup import WakeupStats
 
 
 async def claim_one(driver: Driver, task_id: int, *, now: datetime, worker: str) -> TaskRow:
@@ -50,6 +54,53 @@ async def claim_one(driver: Driver, task_id: int, *, now: datetime, worker: str)
     [claimed] = await claim(driver, [row.queue], 1, now=now, worker=worker)
     assert claimed.id == task_id
     return claimed
+
+
+# -- re-announcer -------------------------------------------------------------------------------
+
+
+class Doorbell:
+    """A notifier that records the wake-ups it is asked to send."""
+
+    def __init__(self) -> None:
+        self.stats = WakeupStats()
+        self.calls: list[tuple[str, list[int]]] = []
+
+    def notify(self, queue: str, ids: Sequence[int] = (), *, cancel: bool = False) -> None:
+        self.calls.append((queue, list(ids)))
+
+    async def subscribe(self, queues: Sequence[str], on_wakeup: Any) -> None:
+        return None
+
+    async def unsubscribe(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_reannouncer_skips_a_paused_queue_until_it_is_resumed(driver: Driver) -> None:
+    clock, doorbell = ManualClock(T0), Doorbell()
+    app = App("cleaner-test", driver=driver, clock=clock, notifier=doorbell, default_queue="q")
+    app.task(name="conformance.task")(lambda payload: None)
+    app.task(name="other.task", queue="other")(lambda payload: None)
+    held = await driver.task_insert_many([new(1), new(2)])
+    [other] = await driver.task_insert_many([new(3, queue="other")])
+    sweep = Reannouncer(app, ReannouncerConfig(after=5))
+    clock.now = at(60)
+
+    await app.apause("q")
+    result = await sweep.run_once()
+    assert (result.wakeups, result.tasks) == (1, 1)
+    assert doorbell.calls == [("other", [other])]  # nothing for the paused queue
+
+    doorbell.calls.clear()
+    assert await app.aresume("q") is True
+    assert doorbell.calls == [("q", [])]  # resume wakes the queue's workers at once
+    doorbell.calls.clear()
+    result = await sweep.run_once()  # and its overlooked tasks are announced again
+    assert sorted(doorbell.calls) == [("other", [other]), ("q", held)]
+    assert (result.wakeups, result.tasks) == (2, 3)
 
 
 # -- rescuer ------------------------------------------------------------------------------------

@@ -279,6 +279,16 @@ async def test_tasks_are_listed_by_state_queue_task_and_key(driver: Driver) -> N
     assert [r.id for r in cancelled] == [ids[0]]
     assert await driver.task_list(where=TaskFilter(task_name="other")) == []
     assert len(await driver.task_list(limit=1)) == 1
+    # the sync listing lists the same
+    for states, where, limit in (
+        (None, None, 100),
+        (None, TaskFilter(queue="a"), 100),
+        ([TaskState.CANCELLED, TaskState.PENDING], None, 10),
+        ([TaskState.CANCELLED], named, 100),
+        (None, None, 1),
+    ):
+        wanted = await driver.task_list(states=states, where=where, limit=limit)
+        assert driver.task_list_sync(states=states, where=where, limit=limit) == wanted
 
 
 # -- races -------------------------------------------------------------------------------------

@@ -14,8 +14,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
+import pytest
+
+from tests.integration.wakeups import ClaimCounter
 from tests.waiting import until
-from txtasks import App, Rate
+from txtasks import App, ConfigurationError, Rate
 from txtasks.testing import run_until_empty
 from txtasks.types import CancelResult, TaskRow, TaskState
 from txtasks.worker.context import TaskContext
@@ -124,9 +127,12 @@ async def test_a_handler_that_swallows_the_cancel_is_still_recorded_cancelled(ap
     assert after == [True]
 
 
-async def test_a_wake_up_makes_the_worker_look_before_its_heartbeat(app: App) -> None:
-    """With the broker up, a cancel wakes the task's queue: the worker looks at once (here
-    the wake-up is delivered by hand; the heartbeat would take 30 s)."""
+async def test_a_cancel_wake_up_makes_the_worker_look_and_an_ordinary_one_does_not(
+    app: App,
+) -> None:
+    """With the broker up, a cancel sends a cancel wake-up: the worker looks at once (here the
+    wake-ups are delivered by hand; the heartbeat would take 30 s). Ordinary wake-ups, which
+    only say new tasks are ready, cost no look."""
     started = asyncio.Event()
 
     @app.task(name="control.woken")
@@ -135,12 +141,26 @@ async def test_a_wake_up_makes_the_worker_look_before_its_heartbeat(app: App) ->
         await asyncio.sleep(3600)
 
     task_id = await slow.aenqueue(None)
-    async with serving(app, heartbeat=30, lease=90) as worker:
+    claims = ClaimCounter(app.driver)
+    worker = Worker(app, WorkerConfig(poll_interval=30, heartbeat=30, lease=90), driver=claims)  # type: ignore[arg-type]
+    running = asyncio.create_task(worker.run())
+    try:
         await asyncio.wait_for(started.wait(), BOUND)
         await app.acancel(task_id)
-        worker.wake("default")
+        for _ in range(5):
+            worker.wake("default")
+        seen = claims.calls
+        await until(lambda: claims.calls > seen, "a claim after the wake-ups")
+        row = await app.driver.task_get(task_id)
+        assert row is not None and row.state is TaskState.PROCESSING
+        assert (worker.stats.wakeups, worker.stats.cancel_looks) == (5, 0)
+        worker.wake("default", cancel=True)
         row = await final(app, task_id)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(running, BOUND)
     assert row.state is TaskState.CANCELLED
+    assert (worker.stats.cancel_wakeups, worker.stats.cancel_looks) == (1, 1)
 
 
 async def test_a_cancelled_queued_task_never_runs(app: App) -> None:
@@ -206,3 +226,32 @@ async def test_a_queue_rate_set_at_run_time_wins_over_the_declared_one_until_cle
     await rated.aenqueue(3)
     await run_until_empty(app)  # the declared rate again
     assert len(starts) == 4
+
+
+async def test_inspect_and_task_list_for_sync_callers(app: App) -> None:
+    @app.task(name="control.listed", queue="reports")
+    def listed(payload: Any) -> None: ...
+
+    first = await listed.aenqueue(1, key="k")
+    second = await listed.aenqueue(2, key="k")
+    await app.acancel(first)
+
+    def sync_reads() -> tuple[Any, ...]:  # in a thread of its own, as sync code calls them
+        return (
+            app.inspect(second),
+            app.inspect(10**9),
+            app.task_list(queue="reports", key="k"),
+            app.task_list(states=["cancelled"], task=listed),
+        )
+
+    row, missing, waiting, cancelled = await asyncio.to_thread(sync_reads)
+    assert row == await app.ainspect(second)
+    assert row is not None and (row.state, row.partition_key) == (TaskState.PENDING, "k")
+    assert missing is None
+    assert [t.id for t in waiting] == [second]
+    assert [t.id for t in cancelled] == [first]
+    assert waiting == await app.atasks(queue="reports", key="k")
+    with pytest.raises(ConfigurationError, match="limit"):
+        app.task_list(limit=0)
+    with pytest.raises(ConfigurationError, match="state"):
+        app.task_list(states=["sleeping"])

@@ -39,7 +39,7 @@ from tests.integration.wakeups import (
 from tests.tcp_proxy import TcpProxy
 from tests.waiting import until
 from txtasks.driver.urls import url_sync
-from txtasks.types import TaskState
+from txtasks.types import CancelResult, TaskState
 from txtasks.wakeup import Notifier
 from txtasks.wakeup.amqp import EXCHANGE, STABLE_AFTER, AmqpNotifier, amqp_queue_name
 from txtasks.wakeup.base import MAX_MESSAGE_BYTES
@@ -333,6 +333,94 @@ async def test_a_new_worker_on_the_same_app_gets_the_wakeups(
     await h.enqueue("after the restart")
     await h.runs.wait_started("after the restart")
     assert (first.stats.wakeups, second.stats.wakeups) == (0, 1)
+
+
+# ----------------------------------------------------------------------------- cancel wake-ups
+
+#: Poll and heartbeat of the workers of the cancel tests: neither turns within a test, so a
+#: look for cancels can only come from a cancel wake-up.
+NEVER = 60.0
+
+
+class UntilCancelled:
+    """An async handler that runs until cancelled, and records that it saw CancelledError."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.cancelled = asyncio.Event()
+
+    async def handler(self, payload: Any) -> None:
+        self.started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+
+async def finished(h: Harness, task_id: int) -> TaskState:
+    async def state() -> TaskState | None:
+        row = await h.row(task_id)
+        return row.state if row is not None and not row.state.is_live else None
+
+    return await until(state, f"task {task_id} to finish")
+
+
+async def test_a_cancel_wakes_every_worker_of_the_queue_and_stops_the_running_handler(
+    database_url: str, amqp_url: str, stack: contextlib.AsyncExitStack
+) -> None:
+    h = await Harness.create(stack, database_url, amqp_url, new_queue("cancel"))
+    long = UntilCancelled()
+    task = h.app.task(name="wakeups.long", queue=h.queue)(long.handler)
+    workers: list[RunningWorker] = []
+    for _ in range(2):
+        notifier = await h.subscriber(amqp_url)
+        worker = await h.worker(poll=NEVER, notifier=notifier, heartbeat=NEVER, lease=3 * NEVER)
+        await idle(worker, notifier)
+        workers.append(worker)
+    task_id = await task.aenqueue(None)
+    await asyncio.wait_for(long.started.wait(), WAIT)
+    [running] = [w for w in workers if w.stats.started]
+
+    assert (await h.app.acancel(task_id)).result is CancelResult.REQUESTED
+    await asyncio.wait_for(long.cancelled.wait(), WAIT)  # the heartbeat's look: in 60 s
+    assert await finished(h, task_id) is TaskState.CANCELLED
+    # the wake-up reached both workers (not one of them, as an ordinary one would); the one
+    # running the task looked for cancels once, the other held nothing and read nothing
+    assert [w.stats.cancel_wakeups for w in workers] == [1, 1]
+    assert running.stats.cancel_looks == 1
+    assert sum(w.stats.cancel_looks for w in workers) == 1
+    await until(lambda: running.stats.outcomes == {"cancelled": 1}, "the outcome is counted")
+
+
+async def test_ordinary_wakeups_to_a_busy_worker_look_for_no_cancel(
+    database_url: str, amqp_url: str, stack: contextlib.AsyncExitStack
+) -> None:
+    h = await Harness.create(stack, database_url, amqp_url, new_queue("busy"))
+    long = UntilCancelled()
+    task = h.app.task(name="wakeups.long", queue=h.queue)(long.handler)
+    worker = await h.worker(poll=NEVER, heartbeat=NEVER, lease=3 * NEVER)
+    await idle(worker, h.app.notifier)
+    long_id = await task.aenqueue(None)
+    await asyncio.wait_for(long.started.wait(), WAIT)
+
+    ids = []
+    for n in range(5):  # each started by its wake-up (the poll is 60 s) while `long` runs
+        ids.append(await h.enqueue(n))
+        await h.runs.wait_started(n)
+    await until(lambda: h.done(*ids), "the short tasks complete")
+    await until(worker.worker.idle.is_set, "the worker waits for its next wake-up")
+    claims = worker.claims.calls
+    await publish_raw(amqp_url, h.queue, [b'{"queue": "%s", "ids": []}' % h.queue.encode()])
+    await until(lambda: worker.claims.calls > claims, "the claim after an older publisher's")
+    assert worker.stats.wakeups == 7  # `long`, the 5 short tasks, the older publisher
+    assert (worker.stats.cancel_wakeups, worker.stats.cancel_looks) == (0, 0)
+
+    # the sync API sends a cancel wake-up too (from a thread, as sync code calls it)
+    assert (await asyncio.to_thread(h.app.cancel, long_id)).result is CancelResult.REQUESTED
+    await asyncio.wait_for(long.cancelled.wait(), WAIT)
+    assert await finished(h, long_id) is TaskState.CANCELLED
+    assert (worker.stats.cancel_wakeups, worker.stats.cancel_looks) == (1, 1)
 
 
 # ----------------------------------------------------------------------------- broker trouble

@@ -156,10 +156,15 @@ class Harness:
         self.stack.push_async_callback(notifier.close)
         return notifier
 
-    async def worker(self, *, poll: float, notifier: AmqpNotifier | None = None) -> RunningWorker:
-        """A worker running as a task of the test's loop; stopped (and checked) at the end."""
+    async def worker(
+        self, *, poll: float, notifier: AmqpNotifier | None = None, **settings: Any
+    ) -> RunningWorker:
+        """A worker running as a task of the test's loop; stopped (and checked) at the end.
+        `settings`: more `WorkerConfig` fields (heartbeat, lease...)."""
         claims = ClaimCounter(self.app.driver)
-        config = WorkerConfig(poll_interval=poll, flush_interval=0.001, shutdown_grace=5)
+        config = WorkerConfig(
+            poll_interval=poll, flush_interval=0.001, shutdown_grace=5, **settings
+        )
         worker = Worker(self.app, config, driver=claims, notifier=notifier)  # type: ignore[arg-type]
         running = RunningWorker(worker, claims, asyncio.create_task(worker.run()))
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from cleaner import Cleaner, CleanerConfig
-from txtasks import App, Retry, Worker, WorkerConfig
+from txtasks import App, Drop, Middleware, Retry, TaskContext, Worker, WorkerConfig
 from txtasks.driver import MemoryDriver
 from txtasks.metrics import Metrics
 from txtasks.schema.tables import metadata
@@ -147,3 +147,35 @@ def test_every_metric_the_docs_name_exists() -> None:
         named |= set(re.findall(r"\btxtasks_[a-z_]+[a-z]", (docs / page).read_text())) - tables
     unknown = {n for n in named if re.sub(r"_(total|bucket|count|sum)$", "", n) not in families}
     assert named and not unknown, sorted(unknown)
+
+
+async def test_metrics_count_attempts_as_middleware_and_rows_refused_before_any() -> None:
+    """The metrics are the first middleware of every attempt: an attempt the application's
+    middleware short-circuits is counted and timed; a row dead-lettered before any attempt
+    (its task unknown here) is counted without a duration."""
+    app = make_app()
+
+    class Closed(Middleware):
+        def before_attempt(self, ctx: TaskContext) -> None:
+            if ctx.payload == "closed":
+                raise Drop("the shop is closed")
+
+    app.middleware(Closed())
+    await app.aenqueue("ok", "closed")
+    await app.aenqueue("ok", "open")
+    other = App("other", driver=app.driver, default_queue="mq")
+    other.task(name="unknown")(make_app)
+    await other.aenqueue("unknown")
+    metrics = Metrics()
+    config = WorkerConfig(burst=True, burst_horizon=0, poll_interval=0.01, flush_interval=0.001)
+
+    await Worker(app, config, metrics=metrics).run()
+
+    value = metrics.registry.get_sample_value
+    done = {"queue": "mq", "task": "ok"}
+    assert value("txtasks_tasks_finished_total", {**done, "outcome": "discarded"}) == 1
+    assert value("txtasks_tasks_finished_total", {**done, "outcome": "completed"}) == 1
+    assert value("txtasks_handler_seconds_count", done) == 2
+    unknown = {"queue": "mq", "task": "unknown"}
+    assert value("txtasks_tasks_finished_total", {**unknown, "outcome": "dead"}) == 1
+    assert value("txtasks_handler_seconds_count", unknown) is None

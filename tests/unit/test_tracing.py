@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from txtasks import App
+from txtasks import App, AttemptEnd, Middleware, TaskContext
 from txtasks.driver import MemoryDriver
 from txtasks.payload import headers_decode
 from txtasks.testing import enqueued, run_until_empty
@@ -99,3 +99,30 @@ async def test_a_callers_own_traceparent_header_wins() -> None:
     with trace.get_tracer("shop").start_as_current_span("request"):
         await app.aenqueue("traced.async", None, headers={"traceparent": own})
     assert headers_decode(enqueued(app)[0].headers)["traceparent"] == own
+
+
+async def test_tracing_is_the_first_middleware_of_every_attempt() -> None:
+    """The attempt's span is current in the application's middleware and ends after them; the
+    handler's worker leaves no trace context behind for the next attempt."""
+    seen: dict[str, Any] = {}
+
+    class Spy(Middleware):
+        def before_attempt(self, ctx: TaskContext) -> None:
+            seen.setdefault("before", []).append(trace.get_current_span().get_span_context())
+
+        def after_attempt(self, ctx: TaskContext, end: AttemptEnd) -> None:
+            seen.setdefault("after", []).append(trace.get_current_span().get_span_context())
+
+    app = make_app(seen)
+    app.middleware(Spy())
+    await app.aenqueue("traced.async", {"order": 1})
+    await app.aenqueue("traced.fails")
+
+    await run_until_empty(app)
+
+    spans = {s.name: s.context for s in EXPORTER.get_finished_spans()}
+    attempts = [spans["txtasks run traced.async"], spans["txtasks run traced.fails"]]
+    assert [c.span_id for c in seen["before"]] == [c.span_id for c in attempts]
+    assert [c.span_id for c in seen["after"]] == [c.span_id for c in attempts]
+    assert seen["async"].span_id == attempts[0].span_id
+    assert not trace.get_current_span().get_span_context().is_valid

@@ -24,10 +24,12 @@ from txtasks.schema.migrate import migrate
 from txtasks.wakeup import (
     Notifier,
     NullNotifier,
+    Wakeup,
     WakeupStats,
     notifier_for_url,
     wakeup_decode,
     wakeup_encode,
+    wakeup_read,
 )
 from txtasks.wakeup.base import MAX_IDS, MAX_MESSAGE_BYTES
 from txtasks.wakeup.commit import PENDING_KEY
@@ -453,6 +455,17 @@ def test_wakeup_decode_accepts_good_messages(body: bytes) -> None:
 )
 def test_wakeup_decode_rejects_malformed_messages(body: bytes) -> None:
     assert wakeup_decode(body) is None
+
+
+def test_a_cancel_wakeup_says_so_and_older_messages_read_as_ordinary_ones() -> None:
+    cancel = wakeup_encode("mail", [4], cancel=True)
+    assert json.loads(cancel) == {"queue": "mail", "ids": [4], "kind": "cancel"}
+    assert wakeup_read(cancel) == Wakeup("mail", [4], cancel=True)
+    assert wakeup_decode(cancel) == ("mail", [4])  # an older reader: an ordinary wake-up
+    # messages of older publishers (no kind), and kinds this version does not know
+    assert wakeup_read(b'{"queue": "mail", "ids": [1]}') == Wakeup("mail", [1], cancel=False)
+    assert wakeup_read(b'{"queue": "mail", "kind": "later"}') == Wakeup("mail", [], cancel=False)
+    assert wakeup_read(b'{"queue": "mail", "kind": 1}') is None  # not a kind: malformed
 
 
 def test_wakeup_decode_never_raises_on_deep_nesting() -> None:

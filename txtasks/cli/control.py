@@ -42,8 +42,9 @@ def _queue_name(value: str | None, param: str) -> str | None:
         raise click.BadParameter(str(exc)) from None
 
 
-def _notify(broker_url: str | None, queues: dict[str, list[int]]) -> None:
-    """Wake the workers of `queues` (queue -> task ids), when a broker is given."""
+def _notify(broker_url: str | None, queues: dict[str, list[int]], *, cancel: bool = False) -> None:
+    """Wake the workers of `queues` (queue -> task ids), when a broker is given: one of them
+    to claim, or with `cancel` all of them to look for cancels of their running tasks."""
     if not broker_url or not queues:
         return
     from txtasks.cli.common import run_async
@@ -51,7 +52,7 @@ def _notify(broker_url: str | None, queues: dict[str, list[int]]) -> None:
 
     notifier = notifier_for_url(broker_url)
     for queue, ids in sorted(queues.items()):
-        notifier.notify(queue, ids)
+        notifier.notify(queue, ids, cancel=cancel)
     run_async(notifier.close)  # publishes the wake-ups before closing
 
 
@@ -93,12 +94,10 @@ def cancel(
             return await driver.task_cancel_many(list(ids), now=utcnow())
         return await _cancel_where(driver, where)
 
+    from txtasks.control import cancels_by_queue
+
     results = with_driver(database_url, go)
-    requested: dict[str, list[int]] = {}
-    for c in results:
-        if c.result is CancelResult.REQUESTED and c.queue is not None:
-            requested.setdefault(c.queue, []).append(c.id)
-    _notify(broker_url, requested)
+    _notify(broker_url, cancels_by_queue(results), cancel=True)
     if as_json:
         rows = [{"id": c.id, "result": c.result.value, "state": c.state} for c in results]
         click.echo(json.dumps(rows, default=json_default, indent=2))

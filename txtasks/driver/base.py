@@ -216,12 +216,14 @@ class Driver(Protocol):
         lease_until: datetime,
         worker_id: str | None = None,
         progress: Mapping[TaskKey, str] | None = None,
+        left_out: set[TaskKey] | None = None,
     ) -> int:
         """Push the leases of in-flight attempts forward (the heartbeat), fenced likewise,
         leaving out (not waiting for) rows another transaction has locked. Returns how many of
         `keys` are still this worker's attempts, extended or left out; the rest were lost.
         `progress` (JSON text by attempt) is stored on the rows extended, in the same
-        transaction."""
+        transaction. `left_out`, when given, receives the keys not extended (left out or
+        lost)."""
 
     async def live_count(
         self, queues: Sequence[str] | None, *, now: datetime, due_before: datetime
@@ -314,6 +316,15 @@ class Driver(Protocol):
     ) -> list[TaskRow]:
         """Up to `limit` tasks in `states` (default: the live ones) matching `where`: live ones
         newest first, then finished ones last finished first."""
+
+    def task_list_sync(
+        self,
+        *,
+        states: Sequence[TaskState] | None = None,
+        where: TaskFilter | None = None,
+        limit: int = 100,
+    ) -> list[TaskRow]:
+        """The same for synchronous callers."""
 
     # -- the cleaner's sweeps -----------------------------------------------------------------
 

@@ -471,6 +471,7 @@ class MemoryDriver:
         lease_until: datetime,
         worker_id: str | None = None,
         progress: Mapping[TaskKey, str] | None = None,
+        left_out: set[TaskKey] | None = None,
     ) -> int:
         count = 0
         with self._lock:
@@ -480,6 +481,8 @@ class MemoryDriver:
                     report = progress.get(key, row.progress) if progress else row.progress
                     self.live[key.id] = row._replace(lease_expires_at=lease_until, progress=report)
                     count += 1
+                elif left_out is not None:
+                    left_out.add(key)
         return count
 
     # -- inspection ---------------------------------------------------------------------------
@@ -636,6 +639,15 @@ class MemoryDriver:
             return dict(sorted(self.paused.items()))
 
     async def task_list(
+        self,
+        *,
+        states: Sequence[TaskState] | None = None,
+        where: TaskFilter | None = None,
+        limit: int = 100,
+    ) -> list[TaskRow]:
+        return self.task_list_sync(states=states, where=where, limit=limit)
+
+    def task_list_sync(
         self,
         *,
         states: Sequence[TaskState] | None = None,

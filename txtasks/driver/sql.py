@@ -755,6 +755,7 @@ class SqlDriver(SqlAdmin, SqlTopics, SqlControl):
         lease_until: datetime,
         worker_id: str | None = None,
         progress: Mapping[TaskKey, str] | None = None,
+        left_out: set[TaskKey] | None = None,
     ) -> int:
         """Rows another transaction holds are left out, not waited for: an outcome write is
         finishing them, a rescuer taking them (their lease is over anyway), a handler's own
@@ -779,6 +780,8 @@ class SqlDriver(SqlAdmin, SqlTopics, SqlControl):
                 ]
                 if reports:  # the rows are locked and still this worker's
                     await conn.execute(self.sql.stmt_progress_set(), reports)
+            if left_out is not None and len(locked) < len(keys):
+                left_out.update(set(keys).difference(locked))
             if len(locked) == len(keys):
                 return len(locked)
             held = await conn.execute(self.sql.stmt_count_keys(), params)  # a read: never waits

@@ -120,17 +120,35 @@ class SqlControl:
         where: TaskFilter | None = None,
         limit: int = 100,
     ) -> list[TaskRow]:
-        chosen = set(states) if states else set(LIVE_STATES)
-        flt = where or TaskFilter()
-        live = sorted(s.value for s in chosen if s.is_live)
         rows: list[TaskRow] = []
         async with self.connect() as conn:
-            if live:
-                stmt = self.sql.stmt_live_list(live, flt)
-                result = await conn.execute(stmt, {"limit": limit})
-                rows += [TaskRow.from_row(r) for r in result.mappings().all()]
-            for state in sorted(s.value for s in chosen if not s.is_live):
-                stmt = self.sql.stmt_archive_list(state, flt)
+            for stmt in self._task_list_statements(states, where):
                 result = await conn.execute(stmt, {"limit": limit})
                 rows += [TaskRow.from_row(r) for r in result.mappings().all()]
         return task_list_order(rows)[:limit]
+
+    def task_list_sync(
+        self,
+        *,
+        states: Sequence[TaskState] | None = None,
+        where: TaskFilter | None = None,
+        limit: int = 100,
+    ) -> list[TaskRow]:
+        rows: list[TaskRow] = []
+        with self.sync_engine.connect() as conn:
+            for stmt in self._task_list_statements(states, where):
+                result = conn.execute(stmt, {"limit": limit})
+                rows += [TaskRow.from_row(r) for r in result.mappings().all()]
+        return task_list_order(rows)[:limit]
+
+    def _task_list_statements(
+        self, states: Sequence[TaskState] | None, where: TaskFilter | None
+    ) -> list[Any]:
+        """The statements of a listing: one of the live states, one per finished state."""
+        chosen = set(states) if states else set(LIVE_STATES)
+        flt = where or TaskFilter()
+        live = sorted(s.value for s in chosen if s.is_live)
+        stmts = [self.sql.stmt_live_list(live, flt)] if live else []
+        for state in sorted(s.value for s in chosen if not s.is_live):
+            stmts.append(self.sql.stmt_archive_list(state, flt))
+        return stmts

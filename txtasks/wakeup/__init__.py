@@ -11,9 +11,11 @@ from txtasks.errors import ConfigurationError
 from txtasks.wakeup.base import (
     Notifier,
     NullNotifier,
+    Wakeup,
     WakeupStats,
     wakeup_decode,
     wakeup_encode,
+    wakeup_read,
 )
 from txtasks.wakeup.commit import wakeup_after_commit
 
@@ -38,9 +40,11 @@ def notifier_for_url(url: str | None) -> Notifier:
 __all__ = [
     "Notifier",
     "NullNotifier",
+    "Wakeup",
     "WakeupStats",
     "notifier_for_url",
     "wakeup_after_commit",
     "wakeup_decode",
     "wakeup_encode",
+    "wakeup_read",
 ]

@@ -42,6 +42,10 @@ class WorkerConfig:
     health_port: int | None = None
     #: Address the health endpoint listens on.
     health_host: str = "0.0.0.0"
+    #: Seconds between two writes of handlers' progress reports (`ctx.progress`): a report is
+    #: stored within this, and the worker writes progress at most once per interval, however
+    #: many reports its handlers make (the latest of each attempt is kept).
+    progress_interval: float = 1.0
     #: Seconds a loop (claims, heartbeat, outcome writes) may overrun its interval, stuck in
     #: a database call, before /livez fails.
     stall_after: float = 60.0
@@ -49,7 +53,7 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         check_number("concurrency", self.concurrency, minimum=1, maximum=None, integer=True)
         check_number("flush_batch", self.flush_batch, minimum=1, maximum=None, integer=True)
-        for name in ("lease", "poll_interval", "flush_interval"):
+        for name in ("lease", "poll_interval", "flush_interval", "progress_interval"):
             check_number(name, getattr(self, name), above=0)
         for name in ("shutdown_grace", "burst_horizon"):
             check_number(name, getattr(self, name), minimum=0)
@@ -82,7 +86,12 @@ class WorkerStats:
     outcomes: dict[str, int] = field(default_factory=dict)
     stale: int = 0
     claim_errors: int = 0
+    #: Ordinary wake-ups received (each makes the worker claim now).
     wakeups: int = 0
+    #: Cancel wake-ups received, and looks for cancels of running tasks (each a database read:
+    #: after a heartbeat, or after a cancel wake-up while tasks run).
+    cancel_wakeups: int = 0
+    cancel_looks: int = 0
     #: Sync handlers that ran past their timeout (their thread kept the slot until it ended).
     overruns: int = 0
 

@@ -36,7 +36,7 @@ class AttemptHost(Protocol):
     archive_completed: bool
 
     def progress_report(self, row: TaskRow, report: Progress) -> None:
-        """Keep the attempt's latest report, for the next heartbeat."""
+        """Keep the attempt's latest report, for the next progress write."""
 
 
 @dataclass
@@ -178,9 +178,10 @@ class TaskContext:
         self.result_json = result_encode(value, limit=self.app.max_payload_bytes)
 
     def progress(self, done: float, total: float | None = None, note: str | None = None) -> None:
-        """Report how far the attempt got. Cheap: the last report of each attempt is stored
-        with the worker's next heartbeat (at most one write per attempt per beat), shown by
-        `txtasks inspect` and the worker's metrics."""
+        """Report how far the attempt got. Cheap: the latest report of each attempt is stored
+        within the worker's `progress_interval` (1 s by default; one write per interval for
+        all its attempts, however many reports), shown by `txtasks inspect` and the worker's
+        metrics."""
         if note is not None and len(note) > PROGRESS_NOTE_CHARS:
             note = note[: PROGRESS_NOTE_CHARS - 3] + "..."
         report = Progress(done, total, note, self.row.attempt)

@@ -20,10 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from txtasks import tracing
 from txtasks.errors import LeaseLost, PayloadError
 from txtasks.middleware import AttemptEnd, Middleware
-from txtasks.payload import headers_decode, payload_decode, result_encode
+from txtasks.payload import payload_decode, result_encode
 from txtasks.policy import (
     AckPolicy,
     error_text,
@@ -36,6 +35,7 @@ from txtasks.types import Outcome, OutcomeKind, Progress, TaskKey, TaskRow
 from txtasks.worker.config import WorkerStats
 from txtasks.worker.context import TaskContext
 from txtasks.worker.outcomes import OutcomeBuffer
+from txtasks.worker.progress import ProgressWriter
 
 if TYPE_CHECKING:
     from txtasks.app import App
@@ -63,6 +63,8 @@ _CANCEL = OutcomeKind.CANCEL
 CANCELLED_RUNNING = "cancelled while running"
 NOT_STARTED = "cancelled before its handler started"
 _MANUAL = AckPolicy.MANUAL
+#: The error of an attempt handed back at shutdown.
+SHUT_DOWN = "worker shut down"
 
 
 def first_line(error: str | None) -> str:
@@ -90,6 +92,7 @@ class Runner:
         slot_free: asyncio.Event,
         stopping: asyncio.Event,
         metrics: Metrics | None,
+        progress: ProgressWriter | None = None,
     ) -> None:
         self.app = app
         self.worker_id = worker_id
@@ -110,8 +113,9 @@ class Runner:
         self._waking = False
         #: The context every handler starts in (a copy of the one `run()` was called in).
         self._base_context = contextvars.copy_context()
-        #: Attempts run in an OpenTelemetry span (read by the worker once a claimed batch).
-        self.traced = False
+        #: The application's middleware, after the built-in ones the worker enables (metrics,
+        #: tracing): set by the worker once a claimed batch; a task's own come after them.
+        self.chain: tuple[Middleware, ...] = app._middleware
         self.threads: ThreadPoolExecutor | None = None
         #: Sync handlers still running in their thread after their timeout (by task id).
         self._overrun: dict[TaskKey, asyncio.Future[Any]] = {}
@@ -120,9 +124,10 @@ class Runner:
         #: The store handlers' transactions use, and whether completed tasks are archived.
         self.driver: Driver = outcomes.driver
         self.archive_completed = outcomes.archive_completed
-        #: The latest progress report of each running attempt not stored yet (the heartbeat
-        #: takes them).
-        self.progress: dict[TaskKey, str] = {}
+        #: Where progress reports go to be stored (coalesced, spaced).
+        self.progress = progress or ProgressWriter(
+            self.driver, app.clock, interval=1.0, lease=30.0, worker_id=worker_id
+        )
         #: Attempts whose handler is running: their context, and for an async handler the
         #: asyncio task it runs in (a cancel is delivered there).
         self._running: dict[TaskKey, tuple[TaskContext, asyncio.Task[Any] | None]] = {}
@@ -228,14 +233,11 @@ class Runner:
             await waiter
 
     async def _execute(self, row: TaskRow, key: TaskKey) -> None:
-        started = time.perf_counter() if self.metrics is not None else 0.0
         try:
             outcome = await self._attempt(row, key)
         except asyncio.CancelledError:
             # Shutdown grace ran out: hand the task back, this attempt not counted.
-            self._outcomes.add(Outcome(key, OutcomeKind.RELEASE, error="worker shut down"))
-            if self.metrics is not None:
-                self.metrics.task_finished(row.queue, row.task_name, "pending", None)
+            self._outcomes.add(Outcome(key, OutcomeKind.RELEASE, error=SHUT_DOWN))
             self.finished(key)
             raise
         except Exception as exc:  # deciding the outcome failed: never leave the row behind
@@ -244,9 +246,6 @@ class Runner:
             log.info("task %d %s attempt %d cancelled", row.id, row.task_name, row.attempt)
         elif outcome.kind is not _COMPLETE or outcome.error is not None:
             self._log_failure(row, outcome)
-        if self.metrics is not None:
-            seconds = time.perf_counter() - started
-            self.metrics.task_finished(row.queue, row.task_name, outcome.kind.value, seconds)
         if self._overrun:
             overrun = self._overrun.pop(key, None)
             if overrun is not None:  # still running in its thread: no retry may overlap with it
@@ -287,8 +286,9 @@ class Runner:
         )
 
     def progress_report(self, row: TaskRow, report: Progress) -> None:
-        """Keep an attempt's latest report for the next heartbeat (older ones are replaced)."""
-        self.progress[row.key] = report.to_json()
+        """Keep an attempt's latest report for the next progress write (older ones not stored
+        yet are replaced)."""
+        self.progress.report(row.key, report.to_json())
         if self.metrics is not None:
             self.metrics.task_progress(row.queue, row.task_name, report)
 
@@ -302,28 +302,27 @@ class Runner:
         try:
             task = self.app.get_task(row.task_name)
         except LookupError as exc:
-            error = f"{exc} (worker {self.worker_id}){delivery_note(row.headers)}"
-            return Outcome(key, OutcomeKind.DEAD, error=error)
+            return self._refused(
+                row, f"{exc} (worker {self.worker_id}){delivery_note(row.headers)}"
+            )
         if row.attempt > row.max_attempts:
-            error = f"attempt {row.attempt} exceeds max_attempts {row.max_attempts}"
-            return Outcome(key, OutcomeKind.DEAD, error=error)
+            return self._refused(
+                row, f"attempt {row.attempt} exceeds max_attempts {row.max_attempts}"
+            )
         if row.expires_at is not None and self.app.clock() > row.expires_at:
-            return Outcome(key, OutcomeKind.DEAD, error=f"deadline {row.expires_at} passed")
+            return self._refused(row, f"deadline {row.expires_at} passed")
         try:
             payload = payload_decode(row.payload, row.content_type)
         except PayloadError as exc:
-            return Outcome(key, OutcomeKind.DEAD, error=f"cannot decode payload: {exc}")
+            return self._refused(row, f"cannot decode payload: {exc}")
         ctx = TaskContext(self.app, task, row, self.worker_id, host=self, payload=payload)
         self.stats.started += 1
         self._running[key] = (ctx, asyncio.current_task() if task.is_async else None)
         try:
-            if self.app._middleware or task.options.middleware:
+            if self.chain or task.options.middleware:
                 return await self._attempt_chained(task, ctx)
             try:
-                if self.traced:
-                    value = await self._traced_call(task, payload, ctx)
-                else:
-                    value = await self._call(task, payload, ctx)
+                value = await self._call(task, payload, ctx)
             except asyncio.CancelledError as exc:
                 if self._stopping.is_set():  # the worker cancelled it: shutdown
                     raise
@@ -341,6 +340,13 @@ class Runner:
                 return self._kept(ctx, value)
             return Outcome(key, _COMPLETE)  # the common case, without more calls
         return self._decided(ctx, value) or self._returned(ctx, value)
+
+    def _refused(self, row: TaskRow, error: str) -> Outcome:
+        """A row dead-lettered before any attempt started: no middleware sees it (there is no
+        attempt), so the metrics count it here."""
+        if self.metrics is not None:
+            self.metrics.task_finished(row.queue, row.task_name, OutcomeKind.DEAD.value, None)
+        return Outcome(row.key, OutcomeKind.DEAD, error=error)
 
     def _failed(self, ctx: TaskContext, exc: BaseException) -> Outcome:
         """The outcome of an attempt whose handler raised `exc`."""
@@ -385,26 +391,28 @@ class Runner:
         return Outcome(ctx.row.key, _COMPLETE, result=result)
 
     async def _attempt_chained(self, task: Task, ctx: TaskContext) -> Outcome:
-        """The attempt inside its middleware (the application's, then the task's)."""
-        chain = (*self.app._middleware, *task.options.middleware)
+        """The attempt inside its middleware: the built-in ones and the application's
+        (`chain`), then the task's. An attempt cut short by a shutdown is seen as handed
+        back (outcome `pending`) before the cancel goes on."""
+        chain = (*self.chain, *task.options.middleware)
         entered: list[Middleware] = []
         started = time.perf_counter()
         value: Any = None
         error: BaseException | None = None
+        shutdown = False
         try:
             for middleware in chain:
                 entered.append(middleware)
                 done = middleware.before_attempt(ctx)
                 if done is not None:
                     await done
-            if self.traced:
-                value = await self._traced_call(task, ctx.payload, ctx)
-            else:
-                value = await self._call(task, ctx.payload, ctx)
+            value = await self._call(task, ctx.payload, ctx)
         except asyncio.CancelledError as exc:
             if self._stopping.is_set():
-                raise
-            error, outcome = exc, self._failed(ctx, exc)
+                shutdown = True
+                error, outcome = exc, Outcome(ctx.row.key, OutcomeKind.RELEASE, error=SHUT_DOWN)
+            else:
+                error, outcome = exc, self._failed(ctx, exc)
         except Exception as exc:
             error, outcome = exc, self._failed(ctx, exc)
         else:
@@ -430,6 +438,8 @@ class Runner:
                 log.exception(
                     "task %d: middleware %r failed after the attempt", ctx.row.id, middleware
                 )
+        if shutdown:
+            raise error  # type: ignore[misc]
         return outcome
 
     def _cancelled(self, ctx: TaskContext) -> Outcome:
@@ -440,19 +450,6 @@ class Runner:
         if ctx.task.is_async and uncancel is not None and running.cancelling():  # type: ignore[union-attr]
             uncancel()
         return Outcome(ctx.row.key, OutcomeKind.CANCEL, error=CANCELLED_RUNNING)
-
-    async def _traced_call(self, task: Task, payload: Any, ctx: TaskContext) -> Any:
-        """`_call` inside an OpenTelemetry span continuing the enqueuer's trace."""
-        try:
-            headers = headers_decode(ctx.row.headers)
-        except ValueError:
-            headers = {}
-        with tracing.attempt_span(ctx.row, headers) as span:
-            try:
-                return await self._call(task, payload, ctx)
-            except BaseException as exc:
-                tracing.span_failed(span, exc)
-                raise
 
     async def _call(self, task: Task, payload: Any, ctx: TaskContext) -> Any:
         """Run the handler (sync ones in the thread pool); what it returned."""

@@ -25,10 +25,12 @@ from txtasks.errors import ConfigurationError
 from txtasks.faults import Outage, open_when_reachable
 from txtasks.health import HealthServer, Pulse
 from txtasks.keys import Rate
+from txtasks.middleware import Middleware
 from txtasks.types import Outcome, OutcomeKind, TaskKey, TaskRow
 from txtasks.wakeup import Notifier
 from txtasks.worker.config import WorkerConfig, WorkerStats
 from txtasks.worker.outcomes import OutcomeBuffer, event_wait
+from txtasks.worker.progress import ProgressWriter
 from txtasks.worker.runner import Runner, first_line
 
 if TYPE_CHECKING:
@@ -37,7 +39,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("txtasks.worker")
 
 CLAIM_ERROR_BACKOFF_MAX = 5.0
-#: Seconds between two looks for cancels prompted by wake-ups (the heartbeat looks anyway).
+#: Seconds between two looks for cancels prompted by cancel wake-ups (the heartbeat looks
+#: anyway).
 CANCEL_LOOK_SPACING = 0.25
 #: Seconds between reads of the queue rates stored at run time (`txtasks queue-rate`).
 QUEUE_RATES_EVERY = 5.0
@@ -88,7 +91,8 @@ class Worker:
         self._queue_rates_at: float | None = None  # monotonic time of the last read
         self._slot_free = asyncio.Event()
         self._beat_stop = asyncio.Event()
-        #: A wake-up arrived while tasks run: look for cancels (`_cancels_watch`).
+        #: A cancel wake-up arrived while tasks run, or a beat reached the database: look for
+        #: cancels (`_cancels_watch`).
         self._cancel_look = asyncio.Event()
         #: Set while the worker waits for a wake-up or its next poll (its last claim was empty).
         self.idle = asyncio.Event()
@@ -112,6 +116,14 @@ class Worker:
             worker_id=self.worker_id,
             on_written=self._written,
         )
+        self._progress = ProgressWriter(
+            self.driver,
+            app.clock,
+            interval=self.config.progress_interval,
+            lease=self.config.lease,
+            worker_id=self.worker_id,
+            held=self._held,
+        )
         self._runner = Runner(
             app,
             worker_id=self.worker_id,
@@ -122,9 +134,13 @@ class Worker:
             slot_free=self._slot_free,
             stopping=self._stopping,
             metrics=metrics,
+            progress=self._progress,
         )
         #: Claimed rows no runner has taken yet, in claim order (the runner's queue).
         self._ready = self._runner.ready
+        #: The built-in middleware every attempt runs in, without tracing and with it.
+        self._builtin = () if metrics is None else (metrics.middleware,)
+        self._builtin_traced = (tracing.TRACING, *self._builtin)
 
     # -- control ------------------------------------------------------------------------------
 
@@ -139,14 +155,19 @@ class Worker:
             self._force = True
             self._runner.cancel()  # rows not started yet are handed back at shutdown
 
-    def wake(self, queue: str | None = None) -> None:
+    def wake(self, queue: str | None = None, *, cancel: bool = False) -> None:
         """Claim now instead of at the next poll (a wake-up arrived). `queue` is the one the
         wake-up named; the claim serves all the worker's queues in priority order, so it only
-        says why the worker woke."""
+        says why the worker woke. A cancel wake-up (`cancel=True`: a running task of `queue`
+        was asked to stop) makes the worker look for cancels of its running tasks instead;
+        an ordinary one never does."""
+        if cancel:
+            self.stats.cancel_wakeups += 1
+            if self._held:
+                self._cancel_look.set()
+            return
         self.stats.wakeups += 1
         self._wake.set()
-        if self._held:  # it may be a cancel of a running task
-            self._cancel_look.set()
 
     @property
     def threads_alive(self) -> bool:
@@ -195,7 +216,8 @@ class Worker:
         flusher = asyncio.create_task(self._outcomes.run(), name="txtasks-flush")
         heartbeat = asyncio.create_task(self._heartbeat(), name="txtasks-heartbeat")
         cancels = asyncio.create_task(self._cancels_watch(), name="txtasks-cancels")
-        self._loops = [flusher, heartbeat, cancels]
+        progress = asyncio.create_task(self._progress.run(self._beat_stop), name="txtasks-progress")
+        self._loops = [flusher, heartbeat, cancels, progress]
         log.info("worker %s serving %s", self.worker_id, ", ".join(self.queues))
         try:
             await self.notifier.subscribe(self.queues, self.wake)
@@ -205,7 +227,7 @@ class Worker:
             await self._shutdown()
             self._beat_stop.set()
             self._outcomes.stop()
-            await asyncio.gather(flusher, heartbeat, cancels, return_exceptions=True)
+            await asyncio.gather(flusher, heartbeat, cancels, progress, return_exceptions=True)
             await self._outcomes.drain(give_up=lambda: self._force)
             self._runner.close()
         log.info("worker %s stopped: %s", self.worker_id, self.stats)
@@ -240,7 +262,7 @@ class Worker:
                         Outcome(row.key, OutcomeKind.RELEASE, error="worker stopped")
                     )
                 return
-            self._runner.traced = tracing.enabled()  # read once a batch: it is not free
+            self._runner.chain = self._chain()
             for row in rows:
                 self._start(row)
             self._runner.dispatch()
@@ -332,6 +354,13 @@ class Worker:
             self._keyed.add(key)
         self._ready.append((row, key))
 
+    def _chain(self) -> tuple[Middleware, ...]:
+        """The middleware every attempt of a claimed batch runs in, before its task's own:
+        tracing while a tracer provider is configured (asked once a batch: it is not free),
+        metrics when the worker has them, then the application's."""
+        builtin = self._builtin_traced if tracing.enabled() else self._builtin
+        return (*builtin, *self.app._middleware) if builtin else self.app._middleware
+
     def _written(self, batch: list[Outcome], stale: tuple[TaskKey, ...]) -> None:
         """Outcomes are stored: count them; a task with a key that left processing freed a
         slot of its key (or moved an ordered key on), so claim now rather than at the poll."""
@@ -356,11 +385,12 @@ class Worker:
     async def _cancels_look(self) -> None:
         """Ask the database which held attempts were asked to cancel, and stop them (see
         docs/control.md): after every heartbeat that reached the database, and soon after a
-        wake-up while tasks run; in a task of its own (`_cancels_watch`), so that a look
+        cancel wake-up while tasks run; in a task of its own (`_cancels_watch`), so that a look
         stuck on a failing network never holds back the next lease extension."""
         keys = list(self._held)
         if not keys:
             return
+        self.stats.cancel_looks += 1
         try:
             found = await self.driver.cancel_requested_list(keys)
         except Exception as exc:
@@ -370,9 +400,10 @@ class Worker:
             self._runner.cancel_attempts(found)
 
     async def _cancels_watch(self) -> None:
-        """Look for cancels soon after a wake-up arrives while tasks run (a cancel sends one
-        to the queue of each running task it asks to stop): at most one look per
-        `CANCEL_LOOK_SPACING` seconds, however many wake-ups arrive."""
+        """Look for cancels after each beat that reached the database, and soon after a cancel
+        wake-up arrives while tasks run (a cancel sends one to every worker of the queue of each
+        running task it asks to stop): at most one look per `CANCEL_LOOK_SPACING` seconds,
+        however many arrive."""
         while True:
             waiters = {
                 asyncio.ensure_future(self._cancel_look.wait()),
@@ -393,15 +424,12 @@ class Worker:
     async def _leases_extend(self, keys: list[TaskKey]) -> bool:
         """Extend the leases of `keys`; whether the database answered."""
         until = self.app.clock() + timedelta(seconds=self.config.lease)
-        reports, self._runner.progress = self._runner.progress, {}
         try:
             held = await self.driver.lease_extend_many(
-                keys, lease_until=until, worker_id=self.worker_id, progress=reports or None
+                keys, lease_until=until, worker_id=self.worker_id
             )
             self._beat_outage.ok()
         except Exception as exc:
-            for key, report in reports.items():  # keep them for the next beat, unless newer
-                self._runner.progress.setdefault(key, report)
             self._beat_outage.failed(exc)
             return False
         if held < len(keys):  # some may have been written meanwhile: count those still ours

@@ -46,14 +46,14 @@ class AmqpNotifier:
         ] = weakref.WeakKeyDictionary()
         self.subscriber = AmqpSubscriber(url, self.stats, reconnect)
 
-    def notify(self, queue: str, ids: Sequence[int] = ()) -> None:
+    def notify(self, queue: str, ids: Sequence[int] = (), *, cancel: bool = False) -> None:
         """From a thread running an event loop, publish on that loop; else on the thread."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
         if loop is None or loop is self.publisher.loop:
-            self.publisher.notify(queue, ids)
+            self.publisher.notify(queue, ids, cancel=cancel)
             return
         publisher = self.loop_publishers.get(loop)
         if publisher is None:
@@ -66,7 +66,7 @@ class AmqpNotifier:
                 timeout=self.publish_timeout,
                 reconnect=self.reconnect,
             )
-        publisher.notify(queue, ids)
+        publisher.notify(queue, ids, cancel=cancel)
 
     async def subscribe(self, queues: Sequence[str], on_wakeup: WakeupCallback) -> None:
         await self.subscriber.start(queues, on_wakeup)

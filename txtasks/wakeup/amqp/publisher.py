@@ -27,13 +27,17 @@ from txtasks.wakeup.amqp.link import (
 from txtasks.wakeup.base import (
     MAX_IDS,
     WakeupStats,
+    cancel_route,
     wakeup_encode,
 )
 
+#: What a pending hint is about: a queue, and whether it is a cancel wake-up.
+Hint = tuple[str, bool]
 
-def merge_hints(pending: dict[str, list[int]], queue: str, ids: Sequence[int]) -> None:
-    """Coalesce hints of one queue, keeping at most the ids one message carries."""
-    known = pending.setdefault(queue, [])
+
+def merge_hints(pending: dict[Hint, list[int]], hint: Hint, ids: Sequence[int]) -> None:
+    """Coalesce hints of one queue and kind, keeping at most the ids one message carries."""
+    known = pending.setdefault(hint, [])
     known.extend(ids[: max(0, MAX_IDS - len(known))])
 
 
@@ -92,30 +96,33 @@ class _PublishLink:
         await self.close()
         self.retry_at = asyncio.get_running_loop().time() + self.outage.failed(exc)
 
-    async def publish(self, queue: str, ids: list[int]) -> None:
-        """One message; handed to the connection's writer without waiting for the drain."""
-        if queue not in self.declared:  # so a hint waits in its queue even before any worker
+    async def publish(self, hint: Hint, ids: list[int]) -> None:
+        """One message; handed to the connection's writer without waiting for the drain. A
+        cancel wake-up goes to every worker of the queue (each binds its own AMQP queue to
+        `cancel_route(queue)`); none connected: nobody runs a task to stop."""
+        queue, cancel = hint
+        if not cancel and queue not in self.declared:  # so a hint waits for the first worker
             await asyncio.wait_for(declare(self._channel, queue), self.timeout)
             self.declared.add(queue)
         channel = await within(self._channel.get_underlay_channel(), self.timeout)
         await channel.basic_publish(
-            wakeup_encode(queue, ids),
+            wakeup_encode(queue, ids, cancel=cancel),
             exchange=EXCHANGE,
-            routing_key=queue,
+            routing_key=cancel_route(queue) if cancel else queue,
             properties=PROPERTIES,
             timeout=self.timeout,
             wait=False,
         )
         self.unflushed = True
 
-    async def publish_batch(self, batch: dict[str, list[int]], stats: WakeupStats) -> None:
-        """One message per queue; failures are counted and logged once, never raised."""
+    async def publish_batch(self, batch: dict[Hint, list[int]], stats: WakeupStats) -> None:
+        """One message per queue and kind; failures are counted and logged once, never raised."""
         if await self.exchange() is None:
             stats.dropped += len(batch)
             return
-        for sent, (queue, ids) in enumerate(batch.items()):
+        for sent, (hint, ids) in enumerate(batch.items()):
             try:
-                await self.publish(queue, ids)
+                await self.publish(hint, ids)
             except Exception as exc:
                 stats.dropped += len(batch) - sent
                 await self.failed(exc)
@@ -159,16 +166,17 @@ class LoopPublisher:
         self.stats = stats
         self.max_pending = max_pending
         self.link = _PublishLink(url, timeout, reconnect)
-        self._pending: dict[str, list[int]] = {}
+        self._pending: dict[Hint, list[int]] = {}
         self._task: asyncio.Task[None] | None = None
 
-    def notify(self, queue: str, ids: Sequence[int]) -> None:
+    def notify(self, queue: str, ids: Sequence[int], *, cancel: bool = False) -> None:
         if len(self._pending) >= self.max_pending:
             self.stats.dropped += 1
             return
-        if queue in self._pending:
+        hint = (queue, cancel)
+        if hint in self._pending:
             self.stats.coalesced += 1
-        merge_hints(self._pending, queue, ids)
+        merge_hints(self._pending, hint, ids)
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._drain())
 
@@ -202,7 +210,7 @@ class AmqpPublisher:
         self.publish_timeout = publish_timeout
         self.reconnect = reconnect
         self._lock = threading.Lock()
-        self._pending: dict[str, list[int]] = {}
+        self._pending: dict[Hint, list[int]] = {}
         self._pending_count = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready: asyncio.Event | None = None
@@ -210,7 +218,7 @@ class AmqpPublisher:
         self._pid = os.getpid()
         self._closing = False
 
-    def notify(self, queue: str, ids: Sequence[int]) -> None:
+    def notify(self, queue: str, ids: Sequence[int], *, cancel: bool = False) -> None:
         with self._lock:
             if os.getpid() != self._pid:  # forked: the thread did not come along
                 self._reset_after_fork()
@@ -219,9 +227,10 @@ class AmqpPublisher:
             if self._pending_count >= self.max_pending:
                 self.stats.dropped += 1
                 return
-            if queue in self._pending:
+            hint = (queue, cancel)
+            if hint in self._pending:
                 self.stats.coalesced += 1
-            merge_hints(self._pending, queue, ids)
+            merge_hints(self._pending, hint, ids)
             self._pending_count += 1
             self._start_thread()
             loop, ready = self._loop, self._ready
@@ -263,7 +272,7 @@ class AmqpPublisher:
         finally:
             loop.close()
 
-    def _take(self) -> dict[str, list[int]]:
+    def _take(self) -> dict[Hint, list[int]]:
         with self._lock:
             batch, self._pending, self._pending_count = self._pending, {}, 0
         return batch

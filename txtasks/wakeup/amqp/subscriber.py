@@ -14,6 +14,7 @@ from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 from txtasks.retry import RetryStrategy
 from txtasks.wakeup.amqp.link import (
     CONNECT_TIMEOUT,
+    EXCHANGE,
     RECONNECT_BACKOFF,
     Outage,
     declare,
@@ -22,7 +23,8 @@ from txtasks.wakeup.amqp.link import (
 from txtasks.wakeup.base import (
     WakeupCallback,
     WakeupStats,
-    wakeup_decode,
+    cancel_route,
+    wakeup_read,
 )
 
 
@@ -30,7 +32,9 @@ class AmqpSubscriber:
     """Consumes the wake-up queues of a worker on the worker's own event loop.
 
     It connects, consumes until the connection is lost, waits for the backoff and connects again,
-    until closed. `stats.connected` is True while it consumes.
+    until closed. `stats.connected` is True while it consumes. Besides the shared wake-up
+    queues (one message wakes one worker), it consumes an exclusive AMQP queue of its own bound
+    to the cancel route of each of its queues: a cancel wake-up reaches every worker.
     """
 
     def __init__(
@@ -53,12 +57,16 @@ class AmqpSubscriber:
 
     def _on_message(self, wanted: frozenset[str], on_wakeup: WakeupCallback) -> Any:
         async def handle(message: AbstractIncomingMessage) -> None:
-            decoded = wakeup_decode(message.body)
-            if decoded is None or decoded[0] not in wanted:
+            wakeup = wakeup_read(message.body)
+            if wakeup is None or wakeup.queue not in wanted:
                 self.stats.malformed += 1
                 return
             self.stats.received += 1
-            on_wakeup(decoded[0])
+            if wakeup.cancel:
+                self.stats.cancels_received += 1
+                on_wakeup(wakeup.queue, cancel=True)
+            else:
+                on_wakeup(wakeup.queue)
 
         return handle
 
@@ -101,8 +109,12 @@ class AmqpSubscriber:
         channel.close_callbacks.add(closed)
         await channel.set_qos(prefetch_count=100)
         handler = self._on_message(wanted, on_wakeup)
+        amqp_queues = [await declare(channel, queue) for queue in sorted(wanted)]
+        cancels = await channel.declare_queue(exclusive=True, auto_delete=True)
         for queue in sorted(wanted):
-            amqp_queue = await declare(channel, queue)
+            await cancels.bind(EXCHANGE, routing_key=cancel_route(queue))
+        # the shared queues last: a wake-up taken is counted as the subscriber connects
+        for amqp_queue in (cancels, *amqp_queues):
             await amqp_queue.consume(handler, no_ack=True)
 
     async def _disconnect(self) -> None:
