@@ -40,6 +40,7 @@ from txtasks.schema.tables import (
     READY,
     UNKEYED,
     Timestamp,
+    along_archive_state,
     archive,
     key_hints,
     keys,
@@ -187,6 +188,40 @@ def stmt_ready_head() -> Any:
     )
 
 
+def stmt_next_queue(*, first: bool) -> Any:
+    """The first queue with live tasks (after queue `after`): one probe of the index of queue
+    and state (MariaDB/MySQL), whose every entry is a live task."""
+    stmt = select(tasks.c.queue)
+    if not first:
+        stmt = stmt.where(tasks.c.queue > bindparam("after", type_=tasks.c.queue.type))
+    return stmt.order_by(tasks.c.queue).limit(1)
+
+
+def stmt_state_count(*, due: bool) -> Any:
+    """Ready tasks of queue `queue` due by `now` (or later), up to `cap`: along the index of
+    queue and state (MariaDB/MySQL), one range per ready state, reading no row."""
+    when = tasks.c.run_at <= NOW if due else tasks.c.run_at > NOW
+    some = (
+        select(tasks.c.id)
+        .where(tasks.c.queue == QUEUE, IS_READY, when)
+        .limit(bindparam("cap", type_=Integer))
+        .subquery()
+    )
+    return select(func.count()).select_from(some)
+
+
+def stmt_state_first() -> Any:
+    """When the task of queue `queue` in state `state` that is due first became due: one probe
+    of the index of queue and state (MariaDB/MySQL)."""
+    state = tasks.c.state == bindparam("state", type_=tasks.c.state.type)
+    return select(func.min(tasks.c.run_at)).where(tasks.c.queue == QUEUE, state)
+
+
+def stmt_processing_count() -> Any:
+    """Processing tasks of queue `queue`: along the index of queue and state (MariaDB/MySQL)."""
+    return select(func.count()).where(tasks.c.queue == QUEUE, tasks.c.state == PROCESSING)
+
+
 def stmt_keys_waiting() -> Any:
     """Keys with work a claim will look at, soonest first (the keys table, not the tasks)."""
     return (
@@ -232,7 +267,7 @@ def stmt_processing_counts() -> Any:
 
 def stmt_dead_counts() -> Any:
     """Dead letters per queue: along the archive's index of state and finish time."""
-    return (
+    return along_archive_state(
         select(archive.c.queue, func.count())
         .where(archive.c.state == TaskState.DEAD.value, archive.c.finished_at.is_not(None))
         .group_by(archive.c.queue)
@@ -346,6 +381,8 @@ class Reads:
     async def depths(self, *, now: datetime, cap: int = COUNT_CAP) -> dict[str, QueueDepth]:
         """Per queue: ready tasks due now and scheduled later (each up to `cap`), when the head
         of its claim order became due, processing tasks and dead letters."""
+        if self.driver.engine.dialect.name in ("mysql", "mariadb"):
+            return await self._depths_by_state(now=now, cap=cap)
         found: dict[str, QueueDepth] = {}
         async with self.driver.connect() as conn:
             for keyed in (False, True):
@@ -362,6 +399,36 @@ class Reads:
                         depth.oldest_ready = head.scalar_one_or_none()
             for queue, count in (await conn.execute(stmt_processing_counts())).all():
                 found.setdefault(queue, QueueDepth(queue)).processing = int(count)
+            for queue, count in (await conn.execute(stmt_dead_counts())).all():
+                found.setdefault(queue, QueueDepth(queue)).dead = int(count)
+        for depth in found.values():
+            depth.capped = depth.ready >= cap or depth.scheduled >= cap
+        return found
+
+    async def _depths_by_state(self, *, now: datetime, cap: int) -> dict[str, QueueDepth]:
+        """`depths` where the claim index holds every row without its state (MariaDB/MySQL):
+        along the index of queue and state, one probe per queue to find them, then bounded
+        counts of each. The oldest ready task there is the one due first, with or without a
+        key."""
+        found: dict[str, QueueDepth] = {}
+        async with self.driver.connect() as conn:
+            queue = (await conn.execute(stmt_next_queue(first=True))).scalar()
+            while queue is not None:
+                depth = found[queue] = QueueDepth(queue)
+                params = {"queue": queue, "now": now, "cap": cap}
+                due = await conn.execute(stmt_state_count(due=True), params)
+                later = await conn.execute(stmt_state_count(due=False), params)
+                depth.ready, depth.scheduled = int(due.scalar_one()), int(later.scalar_one())
+                if depth.ready:
+                    for state in READY_STATES:
+                        params["state"] = state.value
+                        first = (await conn.execute(stmt_state_first(), params)).scalar()
+                        if first is not None and first <= now:
+                            depth.oldest_ready = min(first, depth.oldest_ready or first)
+                running = await conn.execute(stmt_processing_count(), params)
+                depth.processing = int(running.scalar_one())
+                after = await conn.execute(stmt_next_queue(first=False), {"after": queue})
+                queue = after.scalar()
             for queue, count in (await conn.execute(stmt_dead_counts())).all():
                 found.setdefault(queue, QueueDepth(queue)).dead = int(count)
         for depth in found.values():
