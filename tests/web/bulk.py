@@ -4,6 +4,7 @@ the last day, the same rows on PostgreSQL, MariaDB/MySQL and SQLite."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import text
@@ -72,7 +73,7 @@ SELECT {cat("'q'", m("i", 20))}, {cat("'task'", m("i", 7))},
     CASE WHEN {m("i", 20)} = 1 THEN {cat("'RuntimeError: upstream '", m("i", 97), "' timed out'")}
         END,
     CASE WHEN {m("i", 50)} = 0 THEN {cat("'worker-'", m("i", 4))} END,
-    CASE WHEN {m("i", 50)} = 0 THEN {_plus(dialect, at, "30")} END
+    CASE WHEN {m("i", 50)} = 0 THEN {_plus(dialect, at, "3600")} END
 FROM {d["series"].format(n=rows)}
 """
 
@@ -100,12 +101,19 @@ FROM {d["series"].format(n=rows)}
 """
 
 
-async def load(conn: Any, dialect: str, live: int, archived: int, now: str = "") -> None:
-    """Insert the rows (`now`: the time as text, for SQLite), then refresh the planner's
-    statistics of both tables. `conn` is an AsyncConnection in a transaction."""
-    await conn.execute(text(live_sql(dialect, live, now)))
+def dialect_of(driver: Any) -> str:
+    """The key of `_SQL` for a SQL driver's database."""
+    name = str(driver.engine.dialect.name)
+    return "mysql" if name in ("mysql", "mariadb") else name
+
+
+async def load(conn: Any, dialect: str, live: int, archived: int, now: datetime) -> None:
+    """Insert the rows (`now`: the time SQLite takes for now; the servers use their clock).
+    `conn` is an AsyncConnection in a transaction."""
+    at = now.strftime("%Y-%m-%d %H:%M:%S.%f")
+    await conn.execute(text(live_sql(dialect, live, at)))
     if archived:
-        await conn.execute(text(archive_sql(dialect, archived, 2 * live, now)))
+        await conn.execute(text(archive_sql(dialect, archived, 2 * live, at)))
 
 
 async def analyze(conn: Any, dialect: str) -> None:

@@ -15,7 +15,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
-    Boolean,
     ColumnElement,
     Integer,
     and_,
@@ -30,6 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import FunctionElement
+from sqlalchemy.types import NullType
 
 from txtasks.control import TaskFilter
 from txtasks.driver.dialect import key_hints_of
@@ -130,7 +130,9 @@ class in_claim_index(ColumnElement[bool]):  # an SQL condition, named like a fun
     the key's presence (a row not ready there costs one more index entry read, not a row)."""
 
     inherit_cache = False
-    type = Boolean()
+    #: Not Boolean: on SQLite a Boolean condition is compared with 1, and a partial index's
+    #: condition then no longer matches it (the query read the whole table).
+    type = NullType()
 
     def __init__(self, keyed: bool) -> None:
         self.keyed = keyed
