@@ -132,7 +132,7 @@ class in_claim_index(ColumnElement[bool]):  # an SQL condition, named like a fun
     inherit_cache = False
     #: Not Boolean: on SQLite a Boolean condition is compared with 1, and a partial index's
     #: condition then no longer matches it (the query read the whole table).
-    type = NullType()
+    type = NullType()  # type: ignore[assignment]
 
     def __init__(self, keyed: bool) -> None:
         self.keyed = keyed
