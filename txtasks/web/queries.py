@@ -2,7 +2,8 @@
 
 Each is one statement along an index of `txtasks.schema.tables`, so that a page stays fast on a
 hot table of millions of rows (`tests/web/test_plans.py` checks the plans): counts per queue
-along the claim, lease and stage indexes, finished tasks per minute along the archive's index of
+along the claim, lease and stage indexes (on MariaDB/MySQL, whose claim index has no state,
+along the index of queue and state), finished tasks per minute along the archive's index of
 state and finish time, workers along the lease index, and pages of tasks by keyset (the primary
 key for live tasks, the archive's index for finished ones). Nothing here takes SQL from a user:
 filters are bound values.
@@ -29,7 +30,6 @@ from sqlalchemy import (
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import FunctionElement
-from sqlalchemy.types import NullType
 
 from txtasks.control import TaskFilter
 from txtasks.driver.dialect import key_hints_of
@@ -37,7 +37,6 @@ from txtasks.driver.sql import SqlDriver
 from txtasks.schema.tables import (
     IS_READY,
     KEYED,
-    READY,
     UNKEYED,
     Timestamp,
     along_archive_state,
@@ -124,37 +123,12 @@ def _ready(keyed: bool) -> list[Any]:
     return [IS_READY, text(KEYED if keyed else UNKEYED)]
 
 
-class in_claim_index(ColumnElement[bool]):  # an SQL condition, named like a function
-    """The rows of the (keyed) claim index, by what the index itself holds: its condition
-    where it is a partial index; on MariaDB/MySQL, where it holds every row by queue and key,
-    the key's presence (a row not ready there costs one more index entry read, not a row)."""
-
-    inherit_cache = False
-    #: Not Boolean: on SQLite a Boolean condition is compared with 1, and a partial index's
-    #: condition then no longer matches it (the query read the whole table).
-    type = NullType()  # type: ignore[assignment]
-
-    def __init__(self, keyed: bool) -> None:
-        self.keyed = keyed
-
-
-@compiles(in_claim_index)
-def _in_claim_index(element: in_claim_index, compiler: SQLCompiler, **kw: Any) -> str:
-    return f"{READY} AND {KEYED if element.keyed else UNKEYED}"
-
-
-@compiles(in_claim_index, "mysql")
-@compiles(in_claim_index, "mariadb")
-def _in_claim_index_mysql(element: in_claim_index, compiler: SQLCompiler, **kw: Any) -> str:
-    return KEYED if element.keyed else UNKEYED
-
-
 def stmt_ready_queues(keyed: bool) -> Any:
     """The queues that may have ready tasks, one index probe each: a loose scan of the (keyed)
     claim index, which starts with the queue."""
 
     def after(previous: Any) -> Any:
-        stmt = select(tasks.c.queue).where(in_claim_index(keyed))
+        stmt = select(tasks.c.queue).where(*_ready(keyed))
         if previous is not None:
             stmt = stmt.where(tasks.c.queue > previous)
         return stmt.order_by(tasks.c.queue).limit(1).scalar_subquery()
