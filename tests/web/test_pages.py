@@ -166,6 +166,20 @@ async def test_counts_stop_at_their_cap(dashboard_app: App, seeded: Seeded) -> N
     assert depths["reports"].dead == 1 and depths["reports"].scheduled == 1
 
 
+async def test_depths_count_each_queue_by_state(dashboard_app: App, seeded: Seeded) -> None:
+    for n in range(2):
+        await dashboard_app.aenqueue("send", {"n": n})
+    driver = dashboard_app.driver
+    assert isinstance(driver, SqlDriver)
+    now = dashboard_app.clock()
+    depths = await Reads(driver).depths(now=now)
+    mail, reports = depths["mail"], depths["reports"]
+    assert (mail.ready, mail.scheduled, mail.processing, mail.capped) == (3, 0, 0, False)
+    assert mail.oldest_ready is not None and mail.oldest_ready <= now
+    assert (reports.ready, reports.scheduled, reports.dead) == (0, 1, 1)
+    assert reports.oldest_ready is None
+
+
 async def test_error_text_is_looked_for_a_window_at_a_time(
     client: httpx.AsyncClient, seeded: Seeded, monkeypatch: pytest.MonkeyPatch
 ) -> None:

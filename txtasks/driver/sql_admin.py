@@ -43,6 +43,7 @@ from txtasks.schema.tables import (
     TASK_COLUMNS,
     UNKEYED,
     Timestamp,
+    along_archive_state,
     archive,
     key_hints,
     key_limits,
@@ -297,6 +298,8 @@ class SqlAdmin:
     ) -> list[int]:
         async with self.begin() as conn:
             dead = select(archive.c.id, archive.c.dedup_key).where(*self._dead_where(ids, queue))
+            if ids is None:
+                dead = along_archive_state(dead)
             rows = (await conn.execute(dead.with_for_update())).all()
             keys = [r.dedup_key for r in rows if r.dedup_key]
             taken = select(tasks.c.dedup_key).where(tasks.c.dedup_key.in_(keys))

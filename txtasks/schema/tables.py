@@ -149,6 +149,15 @@ Index(
     tasks.c.run_at,
     tasks.c.id,
 ).ddl_if(dialect=("mysql", "mariadb"))  # type: ignore[arg-type]
+#: Live rows by queue and state, where the claim index holds every row without its state
+#: (MariaDB/MySQL): a count of a queue's ready, scheduled or processing tasks reads only the
+#: index entries it counts.
+Index(
+    "ix_txtasks_tasks_state",
+    tasks.c.queue,
+    tasks.c.state,
+    tasks.c.run_at,
+).ddl_if(dialect=("mysql", "mariadb"))  # type: ignore[arg-type]
 #: Processing rows by lease (the rescuer), and dedup keys; where the database has partial
 #: indexes, only the rows concerned are in them.
 Index(
@@ -202,6 +211,14 @@ archive = Table(
 #: Finished rows by state and age: dead letters newest first, retention oldest first (a queue,
 #: when given, filters); one index, so archiving a task writes two index entries, not three.
 Index("ix_txtasks_archive_state", archive.c.state, archive.c.finished_at)
+
+
+def along_archive_state(stmt: Any) -> Any:
+    """`stmt` (of the archive, by state) along the archive's index of state on MariaDB/MySQL,
+    whose planner reads the whole table instead when a tenth of its rows are in the state."""
+    hint = "FORCE INDEX (ix_txtasks_archive_state)"
+    return stmt.with_hint(archive, hint, "mysql").with_hint(archive, hint, "mariadb")
+
 
 #: One row per periodic schedule: a fire time is enqueued by whoever moves `next_fire_at` on.
 periodic = Table(

@@ -2,7 +2,8 @@
 
 Each is one statement along an index of `txtasks.schema.tables`, so that a page stays fast on a
 hot table of millions of rows (`tests/web/test_plans.py` checks the plans): counts per queue
-along the claim, lease and stage indexes, finished tasks per minute along the archive's index of
+along the claim, lease and stage indexes (on MariaDB/MySQL, whose claim index has no state,
+along the index of queue and state), finished tasks per minute along the archive's index of
 state and finish time, workers along the lease index, and pages of tasks by keyset (the primary
 key for live tasks, the archive's index for finished ones). Nothing here takes SQL from a user:
 filters are bound values.
@@ -15,7 +16,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
-    Boolean,
     ColumnElement,
     Integer,
     and_,
@@ -37,9 +37,9 @@ from txtasks.driver.sql import SqlDriver
 from txtasks.schema.tables import (
     IS_READY,
     KEYED,
-    READY,
     UNKEYED,
     Timestamp,
+    along_archive_state,
     archive,
     key_hints,
     keys,
@@ -123,35 +123,12 @@ def _ready(keyed: bool) -> list[Any]:
     return [IS_READY, text(KEYED if keyed else UNKEYED)]
 
 
-class in_claim_index(ColumnElement[bool]):  # an SQL condition, named like a function
-    """The rows of the (keyed) claim index, by what the index itself holds: its condition
-    where it is a partial index; on MariaDB/MySQL, where it holds every row by queue and key,
-    the key's presence (a row not ready there costs one more index entry read, not a row)."""
-
-    inherit_cache = False
-    type = Boolean()
-
-    def __init__(self, keyed: bool) -> None:
-        self.keyed = keyed
-
-
-@compiles(in_claim_index)
-def _in_claim_index(element: in_claim_index, compiler: SQLCompiler, **kw: Any) -> str:
-    return f"{READY} AND {KEYED if element.keyed else UNKEYED}"
-
-
-@compiles(in_claim_index, "mysql")
-@compiles(in_claim_index, "mariadb")
-def _in_claim_index_mysql(element: in_claim_index, compiler: SQLCompiler, **kw: Any) -> str:
-    return KEYED if element.keyed else UNKEYED
-
-
 def stmt_ready_queues(keyed: bool) -> Any:
     """The queues that may have ready tasks, one index probe each: a loose scan of the (keyed)
     claim index, which starts with the queue."""
 
     def after(previous: Any) -> Any:
-        stmt = select(tasks.c.queue).where(in_claim_index(keyed))
+        stmt = select(tasks.c.queue).where(*_ready(keyed))
         if previous is not None:
             stmt = stmt.where(tasks.c.queue > previous)
         return stmt.order_by(tasks.c.queue).limit(1).scalar_subquery()
@@ -185,6 +162,40 @@ def stmt_ready_head() -> Any:
         .order_by(*CLAIM_ORDER)
         .limit(1)
     )
+
+
+def stmt_next_queue(*, first: bool) -> Any:
+    """The first queue with live tasks (after queue `after`): one probe of the index of queue
+    and state (MariaDB/MySQL), whose every entry is a live task."""
+    stmt = select(tasks.c.queue)
+    if not first:
+        stmt = stmt.where(tasks.c.queue > bindparam("after", type_=tasks.c.queue.type))
+    return stmt.order_by(tasks.c.queue).limit(1)
+
+
+def stmt_state_count(*, due: bool) -> Any:
+    """Ready tasks of queue `queue` due by `now` (or later), up to `cap`: along the index of
+    queue and state (MariaDB/MySQL), one range per ready state, reading no row."""
+    when = tasks.c.run_at <= NOW if due else tasks.c.run_at > NOW
+    some = (
+        select(tasks.c.id)
+        .where(tasks.c.queue == QUEUE, IS_READY, when)
+        .limit(bindparam("cap", type_=Integer))
+        .subquery()
+    )
+    return select(func.count()).select_from(some)
+
+
+def stmt_state_first() -> Any:
+    """When the task of queue `queue` in state `state` that is due first became due: one probe
+    of the index of queue and state (MariaDB/MySQL)."""
+    state = tasks.c.state == bindparam("state", type_=tasks.c.state.type)
+    return select(func.min(tasks.c.run_at)).where(tasks.c.queue == QUEUE, state)
+
+
+def stmt_processing_count() -> Any:
+    """Processing tasks of queue `queue`: along the index of queue and state (MariaDB/MySQL)."""
+    return select(func.count()).where(tasks.c.queue == QUEUE, tasks.c.state == PROCESSING)
 
 
 def stmt_keys_waiting() -> Any:
@@ -232,7 +243,7 @@ def stmt_processing_counts() -> Any:
 
 def stmt_dead_counts() -> Any:
     """Dead letters per queue: along the archive's index of state and finish time."""
-    return (
+    return along_archive_state(
         select(archive.c.queue, func.count())
         .where(archive.c.state == TaskState.DEAD.value, archive.c.finished_at.is_not(None))
         .group_by(archive.c.queue)
@@ -346,6 +357,8 @@ class Reads:
     async def depths(self, *, now: datetime, cap: int = COUNT_CAP) -> dict[str, QueueDepth]:
         """Per queue: ready tasks due now and scheduled later (each up to `cap`), when the head
         of its claim order became due, processing tasks and dead letters."""
+        if self.driver.engine.dialect.name in ("mysql", "mariadb"):
+            return await self._depths_by_state(now=now, cap=cap)
         found: dict[str, QueueDepth] = {}
         async with self.driver.connect() as conn:
             for keyed in (False, True):
@@ -362,6 +375,36 @@ class Reads:
                         depth.oldest_ready = head.scalar_one_or_none()
             for queue, count in (await conn.execute(stmt_processing_counts())).all():
                 found.setdefault(queue, QueueDepth(queue)).processing = int(count)
+            for queue, count in (await conn.execute(stmt_dead_counts())).all():
+                found.setdefault(queue, QueueDepth(queue)).dead = int(count)
+        for depth in found.values():
+            depth.capped = depth.ready >= cap or depth.scheduled >= cap
+        return found
+
+    async def _depths_by_state(self, *, now: datetime, cap: int) -> dict[str, QueueDepth]:
+        """`depths` where the claim index holds every row without its state (MariaDB/MySQL):
+        along the index of queue and state, one probe per queue to find them, then bounded
+        counts of each. The oldest ready task there is the one due first, with or without a
+        key."""
+        found: dict[str, QueueDepth] = {}
+        async with self.driver.connect() as conn:
+            queue = (await conn.execute(stmt_next_queue(first=True))).scalar()
+            while queue is not None:
+                depth = found[queue] = QueueDepth(queue)
+                params = {"queue": queue, "now": now, "cap": cap}
+                due = await conn.execute(stmt_state_count(due=True), params)
+                later = await conn.execute(stmt_state_count(due=False), params)
+                depth.ready, depth.scheduled = int(due.scalar_one()), int(later.scalar_one())
+                if depth.ready:
+                    for state in READY_STATES:
+                        params["state"] = state.value
+                        first = (await conn.execute(stmt_state_first(), params)).scalar()
+                        if first is not None and first <= now:
+                            depth.oldest_ready = min(first, depth.oldest_ready or first)
+                running = await conn.execute(stmt_processing_count(), params)
+                depth.processing = int(running.scalar_one())
+                after = await conn.execute(stmt_next_queue(first=False), {"after": queue})
+                queue = after.scalar()
             for queue, count in (await conn.execute(stmt_dead_counts())).all():
                 found.setdefault(queue, QueueDepth(queue)).dead = int(count)
         for depth in found.values():
