@@ -758,7 +758,7 @@ class App:
         every worker of the queue applies it within `txtasks.worker.worker.QUEUE_RATES_EVERY`
         seconds."""
         if not isinstance(rate, Rate):
-            raise ConfigurationError(f"set_queue_rate: expected a Rate, got {rate!r}")
+            raise ConfigurationError(f"aset_queue_rate: expected a Rate, got {rate!r}")
         await self.driver.queue_rate_set(check_queue_name(queue, setting="queue"), rate)
 
     async def aclear_queue_rate(self, queue: str) -> bool:

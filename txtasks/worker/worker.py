@@ -42,7 +42,7 @@ CLAIM_ERROR_BACKOFF_MAX = 5.0
 #: Seconds between two looks for cancels prompted by cancel wake-ups (the heartbeat looks
 #: anyway).
 CANCEL_LOOK_SPACING = 0.25
-#: Seconds between reads of the queue rates stored at run time (`txtasks queue-rate`).
+#: Seconds between reads of the queue rates stored at run time (`txtasks keys queue-rate`).
 QUEUE_RATES_EVERY = 5.0
 #: Seconds /readyz waits for the database's answer.
 READY_TIMEOUT = 3.0
