@@ -375,7 +375,7 @@ def keys_set(
     """Set the limits of KEY; the next claims apply them. Limits not given keep the declared
     ones."""
     from txtasks.errors import TxtasksError
-    from txtasks.keys import KeyOverride, Rate, check_key
+    from txtasks.keys import KeyOverride, check_key
     from txtasks.task import check_queue_name
 
     if concurrency is None and ordered is None and rate is None:
@@ -384,9 +384,7 @@ def keys_set(
         raise click.UsageError("--burst goes with --rate")
     try:
         check_key(key, setting="KEY")
-        parsed = None if rate is None else Rate.parse(rate)
-        if parsed is not None and burst is not None:
-            parsed = Rate(parsed.count, parsed.per, burst)
+        parsed = _rate_of(rate, burst)
         if queue is not None:
             check_queue_name(queue, setting="--queue")
     except TxtasksError as exc:
@@ -432,7 +430,6 @@ def keys_queue_rate(
     tasks, with a key or without, across every worker), over the one the application declares;
     workers apply it within 5 seconds. Without RATE: the rates set."""
     from txtasks.errors import TxtasksError
-    from txtasks.keys import Rate
     from txtasks.task import check_queue_name
 
     if clear and (rate is not None or burst is not None):
@@ -441,9 +438,7 @@ def keys_queue_rate(
         raise click.UsageError("--burst goes with RATE")
     try:
         check_queue_name(queue, setting="QUEUE")
-        parsed = None if rate is None else Rate.parse(rate)
-        if parsed is not None and burst is not None:
-            parsed = Rate(parsed.count, parsed.per, burst)
+        parsed = _rate_of(rate, burst)
     except TxtasksError as exc:
         raise click.BadParameter(str(exc)) from None
     if clear:
@@ -456,6 +451,16 @@ def keys_queue_rate(
         stored = with_driver(database_url, lambda driver: driver.queue_rates_stored())
         known = stored.get(queue)
         click.echo(f"queue {queue}: {'no rate set' if known is None else _rate_text(known)}")
+
+
+def _rate_of(rate: str | None, burst: int | None) -> Any:
+    """The Rate of a RATE text (such as 10/s) and its --burst (None: no RATE)."""
+    from txtasks.keys import Rate
+
+    parsed = None if rate is None else Rate.parse(rate)
+    if parsed is not None and burst is not None:
+        parsed = Rate(parsed.count, parsed.per, burst)
+    return parsed
 
 
 def _rate_text(rate: Any) -> str:

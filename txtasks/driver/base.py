@@ -71,6 +71,27 @@ class AttemptFinish(Protocol):
         ...
 
 
+def queue_stats_list(
+    counts: Mapping[str, QueueStats],
+    oldest: Mapping[str, datetime],
+    paused: Mapping[str, datetime],
+    ready: Mapping[str, int],
+    now: datetime,
+) -> list[QueueStats]:
+    """Each queue's stats, by name: its counts per state (`counts`), the age of its oldest
+    ready task, when it was paused, its ready tasks; a paused queue without tasks included."""
+    return [
+        QueueStats(
+            q,
+            counts[q].counts if q in counts else {},
+            (now - oldest[q]).total_seconds() if q in oldest else None,
+            paused.get(q),
+            ready.get(q, 0),
+        )
+        for q in sorted(set(counts) | set(paused))
+    ]
+
+
 def requeue_choice(dead: Iterable[tuple[int, str | None]], live_keys: set[str]) -> list[int]:
     """Which dead letters a requeue takes: every one, except that a dedup key held by a live
     task is skipped, and of several dead tasks sharing a key only the newest comes back."""

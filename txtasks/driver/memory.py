@@ -11,7 +11,13 @@ from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 from txtasks.control import CANCELLABLE, TaskFilter, cancel_wins, cancels_of, task_list_order
-from txtasks.driver.base import AttemptFinish, Capabilities, WriteResult, requeue_choice
+from txtasks.driver.base import (
+    AttemptFinish,
+    Capabilities,
+    WriteResult,
+    queue_stats_list,
+    requeue_choice,
+)
 from txtasks.errors import ConfigurationError
 from txtasks.keys import (
     KeyLimits,
@@ -527,19 +533,8 @@ class MemoryDriver:
                 if row.state in READY_STATES and row.run_at <= now:
                     oldest[row.queue] = min(oldest.get(row.queue, row.run_at), row.run_at)
                     ready[row.queue] = ready.get(row.queue, 0) + 1
-            for queue in self.paused:
-                stats.setdefault(queue, QueueStats(queue))
             paused = dict(self.paused)
-        return [
-            QueueStats(
-                q,
-                s.counts,
-                (now - oldest[q]).total_seconds() if q in oldest else None,
-                paused.get(q),
-                ready.get(q, 0),
-            )
-            for q, s in sorted(stats.items())
-        ]
+        return queue_stats_list(stats, oldest, paused, ready, now)
 
     async def queue_rates(self, *, now: datetime, window: float = 60.0) -> list[QueueRates]:
         since = now - timedelta(seconds=window)

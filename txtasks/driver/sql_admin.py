@@ -28,7 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from txtasks.driver.base import requeue_choice
+from txtasks.driver.base import queue_stats_list, requeue_choice
 from txtasks.driver.dialect import key_hints_of
 
 if TYPE_CHECKING:
@@ -221,18 +221,7 @@ class SqlAdmin:
                 ready[queue] = ready.get(queue, 0) + int(count)
             paused_stmt = select(paused_queues.c.queue, paused_queues.c.paused_at)
             paused = {q: at for q, at in (await conn.execute(paused_stmt)).all()}
-        for queue in paused:
-            stats.setdefault(queue, QueueStats(queue))
-        return [
-            QueueStats(
-                q,
-                s.counts,
-                (now - oldest[q]).total_seconds() if q in oldest else None,
-                paused.get(q),
-                ready.get(q, 0),
-            )
-            for q, s in sorted(stats.items())
-        ]
+        return queue_stats_list(stats, oldest, paused, ready, now)
 
     async def queue_rates(self, *, now: datetime, window: float = 60.0) -> list[QueueRates]:
         since = now - timedelta(seconds=window)
