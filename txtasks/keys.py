@@ -170,6 +170,8 @@ def rate_after(
 def round_robin(wants: Sequence[int], limit: int) -> list[int]:
     """How many each key gets of `limit` places: one each per round, in order, while a key
     wants more (the fairness rule)."""
+    if sum(wants) <= limit:  # room for all: every key gets what it wants
+        return list(wants)
     given = [0] * len(wants)
     left = limit
     while left > 0:
@@ -196,7 +198,7 @@ def fetch_cap(wants: Sequence[int], limit: int) -> int:
 NEXT_DUE = "next-due"
 
 
-@dataclass
+@dataclass(slots=True)
 class KeySlot:
     """One key a claim holds (its row locked): its limits, what runs, its rate's next start."""
 

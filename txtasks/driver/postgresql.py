@@ -8,9 +8,9 @@ import functools
 import math
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, NamedTuple
 
-from sqlalchemy import Connection, Executable, Result, Select, select, text
+from sqlalchemy import Connection, Executable, Result, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -22,7 +22,7 @@ from txtasks.driver.sql import CLOSE_WITHIN, Claim, SqlDriver
 from txtasks.driver.timeouts import Watchdog, keepalive_set, socket_of
 from txtasks.keys import HINTS_PER_CLAIM
 from txtasks.schema import migrate as schema_migrate
-from txtasks.schema.tables import READY, TASK_COLUMNS, key_limits, keys
+from txtasks.schema.tables import READY, TASK_COLUMNS
 from txtasks.types import CLAIMED_COLUMNS, NewPublish, NewTask, Outcome, TaskKey, TaskRow
 
 #: SQLSTATEs worth a fresh transaction: serialization failure, deadlock.
@@ -126,6 +126,37 @@ SELECT 'd', k.queue, k.partition_key, NULL, NULL, NULL, NULL, d.ids
 
 #: The limits a `txtasks_key_limits` row stores.
 _LIMIT_COLUMNS = ("concurrency", "ordered", "rate_count", "rate_per", "rate_burst")
+
+
+class HeldKey(NamedTuple):
+    """A key a claim of the keys' lane locked."""
+
+    id: int
+    queue: str
+    partition_key: str
+    next_start_at: datetime | None
+
+
+@functools.cache
+def _keys_lock_sql(queues: int) -> str:
+    """The keys of `queues` ($3...) not paused, ready by $1, longest waiting first, up to $2,
+    locked, skipping those another claim holds; each with the limits stored for it (a row per
+    stored limit, of its queue or of every queue '*'). The queues are separate parameters, so
+    that with one queue the scan of the ready index is an equality, in the index's order."""
+    names = ", ".join(f"${i + 3}" for i in range(queues))
+    return f"""
+WITH held AS (
+  SELECT id, queue, partition_key, next_start_at, ready_at FROM txtasks_keys
+   WHERE queue IN ({names}) AND queue NOT IN (SELECT queue FROM txtasks_paused_queues)
+     AND ready_at <= $1::timestamp
+   ORDER BY ready_at, id LIMIT $2::int FOR UPDATE SKIP LOCKED)
+SELECT h.id, h.queue, h.partition_key, h.next_start_at, o.queue,
+       {", ".join(f"o.{c}" for c in _LIMIT_COLUMNS)}
+  FROM held h LEFT JOIN txtasks_key_limits o
+    ON o.partition_key = h.partition_key AND (o.queue = h.queue OR o.queue = '*')
+ ORDER BY h.ready_at, h.id
+"""
+
 
 _ARCHIVED = [c for c in TASK_COLUMNS if c not in ("state", "lease_expires_at", "last_error")]
 
@@ -420,43 +451,25 @@ class PostgresDialect(SqlDialect):
     async def keys_lock(
         self, conn: AsyncConnection, params: dict[str, Any]
     ) -> tuple[list[Any], list[Any]]:
-        """One statement: the keys locked, each with the limits stored for it (if any).
-        First the claim's transaction turns bitmap scans off (`KEYS_PLANS`)."""
+        """One statement on the asyncpg connection (`_keys_lock_sql`): the keys locked, each
+        with the limits stored for it (if any). First the claim's transaction turns bitmap
+        scans off (`KEYS_PLANS`)."""
         await conn.exec_driver_sql(KEYS_PLANS)  # begins the transaction, as its first statement
-        held: dict[int, Any] = {}
+        queues = params["queues"]
+        records = await (await _raw(conn)).fetch(
+            _keys_lock_sql(len(queues)), params["now"], params["limit"], *queues
+        )
+        held: dict[int, HeldKey] = {}
         stored = []
-        for row in await conn.execute(self.stmt_keys_lock_limits(), params):
-            held.setdefault(row.id, row)
-            if row.o_queue is not None:
+        for r in records:
+            if r[0] not in held:
+                held[r[0]] = HeldKey(r[0], r[1], r[2], r[3])
+            if r[4] is not None:
                 stored.append(
-                    {"queue": row.o_queue, "partition_key": row.partition_key}
-                    | {c: row._mapping[c] for c in _LIMIT_COLUMNS}
+                    {"queue": r[4], "partition_key": r[2]}
+                    | dict(zip(_LIMIT_COLUMNS, r[5:], strict=True))
                 )
         return list(held.values()), stored
-
-    @classmethod
-    @functools.cache
-    def stmt_keys_lock_limits(cls) -> Executable:
-        """`stmt_keys_lock`, joined with the limits stored for each key (in its queue or
-        every queue: a row per stored limit) and kept in its order."""
-        locked = cast(Select[Any], cls.stmt_keys_lock())
-        held = locked.add_columns(keys.c.ready_at).cte("held")
-        o = key_limits
-        scope = (o.c.partition_key == held.c.partition_key) & (
-            (o.c.queue == held.c.queue) | (o.c.queue == "*")
-        )
-        return (
-            select(
-                held.c.id,
-                held.c.queue,
-                held.c.partition_key,
-                held.c.next_start_at,
-                o.c.queue.label("o_queue"),
-                *[o.c[c] for c in _LIMIT_COLUMNS],
-            )
-            .select_from(held.outerjoin(o, scope))
-            .order_by(held.c.ready_at, held.c.id)
-        )
 
     async def keys_look(
         self,

@@ -51,6 +51,7 @@ from txtasks.driver.urls import url_async, url_parse, url_sync
 from txtasks.errors import LeaseLost, SchemaError
 from txtasks.keys import (
     NEXT_DUE,
+    NO_LIMITS,
     KeyLimits,
     KeySlot,
     Rate,
@@ -482,11 +483,17 @@ class SqlDriver(SqlAdmin, SqlTopics, SqlControl):
         held, stored = await self.sql.keys_lock(conn, lock)
         if not held:
             return [], False
-        overrides = {(o.queue, o.key): o for o in map(override_of, stored)}
-        slots = [
-            KeySlot(h.queue, h.partition_key, limits_for(h.queue, h.partition_key, declared, overrides), 0, h.next_start_at)
-            for h in held
-        ]  # fmt: skip
+        if stored:
+            overrides = {(o.queue, o.key): o for o in map(override_of, stored)}
+            slots = [
+                KeySlot(h.queue, h.partition_key, limits_for(h.queue, h.partition_key, declared, overrides), 0, h.next_start_at)
+                for h in held
+            ]  # fmt: skip
+        else:  # no limits stored for these keys: each has its queue's
+            slots = [
+                KeySlot(h.queue, h.partition_key, declared.get(h.queue, NO_LIMITS), 0, h.next_start_at)
+                for h in held
+            ]  # fmt: skip
         key_ids = {(h.queue, h.partition_key): h.id for h in held}
         look = await self._keys_look(conn, slots, key_ids, limit, now)
         for s in slots:
