@@ -28,10 +28,10 @@ from tests.integration.test_staging_conformance import T0, attempt, ledger, stag
 from tests.waiting import until_sync
 from txtasks.driver import SqlDriver, driver_for_url
 from txtasks.driver.urls import url_sync
-from txtasks.enqueue import insert_many_tx
+from txtasks.enqueue import insert_many_tx, publish_many_tx
 from txtasks.schema.tables import tasks
 from txtasks.spark.staging import STAGED_KEY, SqlStaging, StageTarget, TopicTarget, staging_for
-from txtasks.types import JSON_CONTENT_TYPE, NewTask, Subscription
+from txtasks.types import JSON_CONTENT_TYPE, NewPublish, NewTask, Subscription
 
 #: Rows of the plan test: past the ~262,000 rows where a hashed subplan stops fitting work_mem.
 ROWS = 300_000
@@ -42,6 +42,7 @@ WAIT = 60.0
 
 TASK = StageTarget("q", "staged.task", max_attempts=3, dedup=True, keyed=True)
 TOPIC = TopicTarget("order.created", dedup=True, keyed=True)
+TASK_DEDUP = StageTarget("q", "staged.task", max_attempts=3, dedup=True)
 GROUPS = [
     Subscription("order.created", "billing", "bill", "q"),
     Subscription("order.created", "shipping", "ship", "q2"),
@@ -244,3 +245,107 @@ async def test_a_value_insert_ignore_would_change_fails_the_commit(
     assert count(staging, select(func.count()).select_from(tasks)) == 0
     assert ledger(staging) == {}
     assert staged_rows(staging) == {"w.a": 2}
+
+
+# -- an application enqueueing several keys of the write at once ------------------------------
+
+
+def session_id(conn: Connection) -> int:
+    """The database's id of the session on `conn`."""
+    postgres = conn.dialect.name == "postgresql"
+    query = "SELECT pg_backend_pid()" if postgres else "SELECT CONNECTION_ID()"
+    return int(conn.exec_driver_sql(query).scalar_one())
+
+
+def session_waits(staging: SqlStaging, session: int) -> bool:
+    """Whether the session `session` waits for a lock (held by another transaction)."""
+    if staging.driver.capabilities.name == "postgresql":
+        query = text(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = :s AND wait_event_type = 'Lock'"
+        )
+    else:  # a 2-row INSERT is still running only while it waits for the other transaction
+        query = text(
+            "SELECT count(*) FROM information_schema.PROCESSLIST "
+            "WHERE ID = :s AND COMMAND = 'Query' AND INFO LIKE 'INSERT%INTO txtasks_tasks%'"
+        )
+    with staging.driver.sync_engine.connect() as conn:
+        return int(conn.execute(query, {"s": session}).scalar_one()) > 0
+
+
+def bulk_enqueue_tx(conn: Connection, topic: bool, keys: list[str]) -> list[int]:
+    """The application's tasks (payload {"v": "app"}) with dedup keys `keys`, in one bulk
+    insert (`enqueue_many_tx`), or published to the topic of `TOPIC` in one bulk publish: the
+    ids of the tasks holding the keys, or of the deliveries the publish made."""
+    payload = b'{"v": "app"}'
+    if topic:
+        head, tail = '{"txtasks-group":"', '"}'
+        publishes = [
+            NewPublish(TOPIC.topic, payload, JSON_CONTENT_TYPE, T0, T0, head, tail, dedup_key=k)
+            for k in keys
+        ]
+        return [d.id for made in publish_many_tx(conn, publishes) for d in made]
+    rows = [
+        NewTask("q", "app.task", payload, JSON_CONTENT_TYPE, 0, T0, 5, T0, dedup_key=k)
+        for k in keys
+    ]
+    return insert_many_tx(conn, rows)
+
+
+@pytest.mark.parametrize("database_url", backends("postgresql", "mysql"), indirect=True)
+@pytest.mark.parametrize("topic", [False, True], ids=["task", "topic"])
+async def test_an_application_enqueueing_keys_of_the_write_at_once_never_deadlocks_with_it(
+    sql: SqlDriver, staging: SqlStaging, app_engine: Engine, topic: bool
+) -> None:
+    """The write stages keys k1, a, k0 in that order; a first application transaction holds
+    "a" (enqueued, not committed), so the commit waits at that key; a second one enqueues k1 and
+    k0 in one bulk insert (which inserts keys in key order) and commits; then the first rolls
+    back. Had the commit inserted its rows in staging order, on PostgreSQL it would hold k1
+    while waiting for "a", the bulk insert would hold k0 while waiting for k1, and once "a" is
+    free the commit would wait for k0: a deadlock, which fails one of the two (here the
+    application's enqueue). Inserting in key order, as the enqueue does, neither waits for a key
+    the other holds: both go through, each key is held once (k1 and k0 by whichever side made
+    them: on MariaDB the bulk insert waits for the commit's statement to end, which holds the
+    table's AUTO_INCREMENT lock), and the commit counts what it made. With a topic, the same
+    with the group's keys (`billing/a`, ...) and a bulk publish."""
+    prefix = "billing/" if topic else ""
+    if topic:
+        await sql.subscription_set_many(GROUPS[:1], now=T0)
+    staging.open("w", T0)
+    staging.stage("w", [attempt("w", "w.a", list(range(3)), dedup=["k1", "a", "k0"])])
+    target = TopicTarget(TOPIC.topic, dedup=True) if topic else TASK_DEDUP
+    pool = ThreadPoolExecutor(2)
+    bulk_session: list[int] = []
+
+    def bulk_enqueue() -> list[int]:
+        with app_engine.connect() as conn, conn.begin():
+            bulk_session.append(session_id(conn))
+            return bulk_enqueue_tx(conn, topic, ["k1", "k0"])
+
+    def bulk_done_or_waits() -> bool:
+        return bulk.done() or bool(bulk_session and session_waits(staging, bulk_session[0]))
+
+    with app_engine.connect() as holder:
+        holding = holder.begin()
+        app_enqueue(holder, f"{prefix}a")
+        commit = pool.submit(staging.commit, "c", "w", {"w.a": 3}, target, now=T0)
+        until_sync(lambda: commit_waits(staging), "the commit waits for key a", timeout=WAIT)
+        bulk = pool.submit(bulk_enqueue)
+        until_sync(bulk_done_or_waits, "the bulk insert is done or waits", timeout=WAIT)
+        holding.rollback()
+    app_ids = bulk.result(WAIT)
+    published = commit.result(WAIT)
+    pool.shutdown()
+
+    with staging.driver.sync_engine.connect() as conn:
+        rows = conn.execute(select(tasks.c.id, tasks.c.dedup_key, tasks.c.payload)).all()
+    holders = {r.dedup_key: r for r in rows}
+    app_made = [r.id for r in rows if json.loads(r.payload)["v"] == "app"]
+    assert sorted(holders) == [f"{prefix}a", f"{prefix}k0", f"{prefix}k1"]  # each key once
+    assert len(rows) == 3 and holders[f"{prefix}a"].id not in app_made
+    if topic:  # the deliveries the publish made
+        assert sorted(app_ids) == sorted(app_made)
+    else:  # the tasks holding the keys, whoever made them
+        assert app_ids == [holders["k1"].id, holders["k0"].id]
+    assert published == {"q": 3 - len(app_made)}
+    assert ledger(staging) == {"c": 3 - len(app_made)}
+    assert staged_rows(staging) == {}

@@ -80,6 +80,15 @@ def write_rows(write_key: str, dedup: bool) -> FromClause:
     return select(*(ranked.c[c.name] for c in staged.c)).where(firsts).subquery("rows")
 
 
+def publish_order(rows: FromClause, dedup: bool, key: Any, *then: Any) -> list[Any]:
+    """The order in which a commit inserts a write's rows (`write_rows`): staging order, or with
+    dedup keys, key order (`key`: each task's dedup key), as an enqueue and a publish insert
+    them. The unique index locks each key as it is inserted, so an application inserting keys
+    of the write while the commit runs takes them in the same order: one waits for the other,
+    neither holds a key the other waits for (a deadlock, which would fail one of them)."""
+    return [key, rows.c.id, *then] if dedup else [rows.c.id, *then]
+
+
 def groups_lock(conn: Connection, topic: str) -> list[Group]:
     """The topic's groups, read under a shared lock held until the commit ends (in group
     order: the order in which `txtasks subscribe` locks them)."""
@@ -133,8 +142,8 @@ def _headers(rows: FromClause, message: str) -> Any:
 
 def fanout_rows(write_key: str, target: TopicTarget, groups: Sequence[Group], message: str) -> Any:
     """The SELECT of a write's rows joined to the subscriptions of `groups`: one pending task
-    per row and group (with dedup keys, a repeated key of the write only once), in staging
-    order, in `COLUMNS` order (insert them skipping `<group>/<key>`s a live task holds).
+    per row and group (with dedup keys, a repeated key of the write only once), in
+    `publish_order`, in `COLUMNS` order (insert them skipping `<group>/<key>`s a live task holds).
     `message` is the commit's: a task's publish id is it and its staged row's id."""
     s = subscriptions.c
     rows = write_rows(write_key, target.dedup)
@@ -153,7 +162,8 @@ def fanout_rows(write_key: str, target: TopicTarget, groups: Sequence[Group], me
         _headers(rows, message),
         rows.c.partition_key,
     )
-    return _pairs(query, rows, target, groups).order_by(rows.c.id, s.group_name)
+    order = publish_order(rows, target.dedup, _dedup_key(rows), s.group_name)
+    return _pairs(query, rows, target, groups).order_by(*order)
 
 
 def stmt_fanout_hints(write_key: str, target: TopicTarget, groups: Sequence[Group]) -> Any:
