@@ -5,7 +5,8 @@ Two promises, on real databases and without Spark (the staging layer is driven a
 
 - the commit's statements stay linear in rows whatever the planner's statistics say: on
   PostgreSQL no statement of a 300,000-row dedup commit runs a subquery per row (a plan that
-  went quadratic once its estimate no longer fitted `work_mem`);
+  went quadratic once its estimate no longer fitted `work_mem`); on MariaDB and SQLite none
+  scans the tasks table or runs a scan per row (a row's dedup check is an index lookup);
 - an application enqueueing a key of the write while the commit runs never fails it: the
   application's task wins (as a live task always does) and every other row is published.
 """
@@ -130,6 +131,104 @@ async def test_a_dedup_commit_of_300k_rows_runs_no_subquery_per_row(
     assert published == {"q": firsts}
     assert count(staging, select(func.count()).select_from(tasks)) == firsts
     assert len(plans) == 3  # the commit ledger, the key hints, the tasks
+    assert ledger(staging) == {"c": firsts}
+
+
+#: The same rows on MariaDB (its SEQUENCE engine) and SQLite (a recursive CTE).
+STAGE_ROWS_ON = {
+    "mysql": text(
+        "INSERT INTO txtasks_staged "
+        "(write_key, stage_id, payload, priority, run_at, dedup_key, created_at, partition_key) "
+        "SELECT 'w', 'w.a', concat('{\"v\":', seq, '}'), 0, :t0, "
+        f"CASE WHEN seq % 10 = 0 THEN NULL ELSE concat('k', seq DIV {REPEATS}) END, :t0, "
+        f"concat('p', seq % 1000) FROM seq_0_to_{ROWS - 1}"
+    ),
+    "sqlite": text(
+        f"WITH RECURSIVE g(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM g WHERE n < {ROWS - 1}) "
+        "INSERT INTO txtasks_staged "
+        "(write_key, stage_id, payload, priority, run_at, dedup_key, created_at, partition_key) "
+        "SELECT 'w', 'w.a', CAST('{\"v\":' || n || '}' AS BLOB), 0, :t0, "
+        f"CASE WHEN n % 10 = 0 THEN NULL ELSE 'k' || (n / {REPEATS}) END, :t0, "
+        "'p' || (n % 1000) FROM g"
+    ),
+}
+#: MariaDB's EXPLAIN access types that read a whole table or index.
+FULL_SCANS = ("ALL", "index")
+
+
+def plan_faults(backend: str, plan: list[dict[str, Any]]) -> list[str]:
+    """What in a plan reads more than the write's rows once: on MariaDB a full scan of the
+    tasks table or a dependent subquery (run per row) that scans instead of looking up an
+    index; on SQLite a SCAN of the tasks table, or a scan in a correlated subquery."""
+    if backend == "mysql":
+        return [
+            f"{row['select_type']} {row['table']}: {row['type']}"
+            for row in plan
+            if row["type"] in FULL_SCANS
+            and (row["table"] == "txtasks_tasks" or "DEPENDENT" in row["select_type"])
+        ]
+    correlated = {row["id"] for row in plan if row["detail"].startswith("CORRELATED")}
+    return [
+        row["detail"]
+        for row in plan
+        if row["detail"].startswith("SCAN txtasks_tasks")
+        or (row["parent"] in correlated and not row["detail"].startswith("SEARCH"))
+    ]
+
+
+@pytest.mark.parametrize("database_url", backends("mysql", "sqlite"), indirect=True)
+@pytest.mark.parametrize("statistics", ["stale", "fresh"])
+@pytest.mark.parametrize("target", [TASK, TOPIC], ids=["task", "topic"])
+async def test_a_dedup_commit_of_300k_rows_reads_the_tasks_table_by_index_only(
+    sql: SqlDriver, staging: SqlStaging, statistics: str, target: StageTarget | TopicTarget
+) -> None:
+    """The PostgreSQL test above on MariaDB and SQLite: every INSERT of the commit is explained
+    (EXPLAIN, EXPLAIN QUERY PLAN) just before it runs, in its transaction, with its parameters;
+    a plan that scans the tasks table, or runs a scan per row, stops the commit at once."""
+    backend = sql.capabilities.name
+    if isinstance(target, TopicTarget):
+        await sql.subscription_set_many(GROUPS[:1], now=T0)
+    engine = staging.driver.sync_engine
+    analyze = "ANALYZE TABLE txtasks_staged, txtasks_tasks" if backend == "mysql" else "ANALYZE"
+    with engine.begin() as conn:
+        if backend == "mysql":  # statistics of a quiet table, kept while the rows arrive
+            conn.execute(text("ALTER TABLE txtasks_staged STATS_AUTO_RECALC = 0"))
+        conn.execute(text(analyze))
+    staging.open("w", T0)
+    with engine.begin() as conn:
+        conn.execute(STAGE_ROWS_ON[backend], {"t0": T0})
+    if statistics == "fresh":
+        with engine.begin() as conn:
+            conn.execute(text(analyze))
+    plans: list[list[dict[str, Any]]] = []
+    prefix = "EXPLAIN QUERY PLAN " if backend == "sqlite" else "EXPLAIN "
+
+    def explain(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        head = statement.lstrip().upper()
+        if not head.startswith("INSERT") or "INTO TXTASKS_" not in head:
+            return
+        probe = cursor.connection.cursor()
+        try:
+            probe.execute(prefix + statement, parameters)
+            names = [d[0] for d in probe.description]
+            plan = [dict(zip(names, row, strict=True)) for row in probe.fetchall()]
+        finally:
+            probe.close()
+        plans.append(plan)
+        if faults := plan_faults(backend, plan):
+            raise AssertionError(f"{faults}:\n{statement}\n{plan}")
+
+    event.listen(engine, "before_cursor_execute", explain)
+    try:
+        published = staging.commit("c", "w", {"w.a": ROWS}, target, now=T0)
+    finally:
+        event.remove(engine, "before_cursor_execute", explain)
+
+    firsts = ROWS // 10 + len({g // REPEATS for g in range(ROWS) if g % 10})
+    assert published == {"q": firsts}
+    assert count(staging, select(func.count()).select_from(tasks)) == firsts
+    assert len(plans) == 3  # the commit ledger, the key hints, the tasks
+    assert any("txtasks_tasks" in str(plan) for plan in plans[1:])  # the dedup check's lookups
     assert ledger(staging) == {"c": firsts}
 
 
