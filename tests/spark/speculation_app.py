@@ -29,8 +29,7 @@ RECORD_TIMEOUT = 20.0
 KEPT = ("index", "attempt", "host", "status", "speculative")
 
 #: Speculation as eager as it goes: checked every 100 ms, of any task running for 100 ms once
-#: half of its stage's tasks are done (a free core is then on the other worker only when the
-#: slow task alone is left).
+#: half of its stage's tasks are done.
 SPECULATION = {
     "spark.speculation": "true",
     "spark.speculation.interval": "100ms",
@@ -64,7 +63,7 @@ def session(master: str) -> Any:
     return builder.getOrCreate()
 
 
-def write(spark: Any, url: str, markers: str) -> None:
+def write(spark: Any, url: str, markers: str, options: dict[str, str]) -> None:
     from pyspark.sql import functions as F
 
     from tests.spark.helpers import slow_first_attempt
@@ -79,6 +78,7 @@ def write(spark: Any, url: str, markers: str) -> None:
         .option("task", "spark.order")
         .option("queue", "orders")
         .option("payload", "order_id")
+        .options(**options)
         .mode("append")
         .save()
     )
@@ -111,20 +111,23 @@ def recorded_tasks(spark: Any, group: str) -> list[dict[str, Any]]:
 
 
 def serve(master: str) -> None:
-    """Run one write per line of stdin (`DATABASE_URL MARKERS`), answering each with a line of
-    JSON on stdout: the write's tasks, or the error that failed it. Ends at the end of stdin."""
+    """Run one write per line of stdin (`DATABASE_URL MARKERS [OPTION=VALUE...]`), answering each with a line of
+    JSON on stdout: the write's tasks, or the error that failed it, and its MARKERS. Ends at
+    the end of stdin."""
     spark = session(master)
     spark.sparkContext.setLogLevel("WARN")
     try:
         for number, line in enumerate(sys.stdin):
-            url, markers = line.split()
+            url, markers, *pairs = line.split()
+            options = dict(pair.split("=", 1) for pair in pairs)
             group = f"write-{number}"
             spark.sparkContext.setJobGroup(group, group)
             try:
-                write(spark, url, markers)
+                write(spark, url, markers, options)
                 answer: dict[str, Any] = {"tasks": recorded_tasks(spark, group)}
             except Exception as error:  # the test shows it
                 answer = {"error": f"{type(error).__name__}: {error}"}
+            answer["markers"] = markers
             print(json.dumps(answer), flush=True)
     finally:
         spark.stop()

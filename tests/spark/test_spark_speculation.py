@@ -3,19 +3,23 @@
 Spark starts a speculative copy of a slow task only on another host than the one running it,
 so `local[N]` never does: these tests start a standalone cluster of two one-core workers on
 two loopback addresses (`tests.spark.cluster`) and run the write in an application of its own
-(`tests.spark.speculation_job`). The last partition's first attempt waits until a second
-attempt of it runs; both then wait until the test has looked at the database (rows of three
-partitions staged, nothing claimable); then they race. Spark's own records (its status store)
-must show a speculative attempt of that partition, and the database every row once.
+(`tests.spark.speculation_app`). The last partition's first attempt waits until a second
+attempt of it runs; both then wait until the test has looked at the database (the rows of the
+partitions done staged, nothing claimable); then they race. Spark's own records (its status store)
+must show a speculative attempt of that partition, and the database every row once (with the
+option `dedup` too, whose commit inserts in key order).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,7 +66,12 @@ class Application:
         command = [sys.executable, "-m", "tests.spark.speculation_app", master_url]
         with log.open("wb") as err:
             self.process = subprocess.Popen(
-                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                start_new_session=True,  # its JVM in its process group
             )
         self.answers: queue.Queue[str] = queue.Queue()
         self.reader = threading.Thread(target=self.read, daemon=True)
@@ -79,20 +88,27 @@ class Application:
             raise AssertionError(f"the application ended ({self.process.returncode}): {self.log}")
         return True
 
-    def write(self, database_url: str, markers: Path) -> None:
+    def write(self, database_url: str, markers: Path, **options: str) -> None:
+        """Start a write (options of the txtasks source, besides url, task and payload)."""
         assert self.process.stdin is not None
-        self.process.stdin.write(f"{database_url} {markers}\n")
+        pairs = "".join(f" {name}={value}" for name, value in options.items())
+        self.process.stdin.write(f"{database_url} {markers}{pairs}\n")
         self.process.stdin.flush()
 
-    def answer(self) -> dict[str, Any]:
-        try:
-            line = self.answers.get(timeout=WRITE_TIMEOUT)
-        except queue.Empty:
-            raise AssertionError(f"no answer in {WRITE_TIMEOUT:g}s: {self.log}") from None
-        assert line, f"the application ended: {self.log}"
-        answer: dict[str, Any] = json.loads(line)
-        assert "error" not in answer, f"{answer['error']} ({self.log})"
-        return answer
+    def answer(self, markers: Path) -> dict[str, Any]:
+        """The answer to the write of `markers` (skipping those of earlier writes whose test
+        failed before reading them)."""
+        deadline = time.monotonic() + WRITE_TIMEOUT
+        while True:
+            try:
+                line = self.answers.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no answer in {WRITE_TIMEOUT:g}s: {self.log}") from None
+            assert line, f"the application ended: {self.log}"
+            answer: dict[str, Any] = json.loads(line)
+            if answer["markers"] == str(markers):
+                assert "error" not in answer, f"{answer['error']} ({self.log})"
+                return answer
 
     def stop(self) -> None:
         assert self.process.stdin is not None
@@ -100,7 +116,7 @@ class Application:
         try:
             self.process.wait(STOP_TIMEOUT)
         except subprocess.TimeoutExpired:
-            self.process.kill()
+            os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
         self.reader.join(STOP_TIMEOUT)
         assert self.process.stdout is not None
@@ -114,13 +130,14 @@ def application(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
     running.stop()
 
 
+@pytest.mark.parametrize("dedup", [False, True], ids=["plain", "dedup"])
 def test_a_speculative_attempt_enqueues_nothing_twice(
-    application: Application, database_url: str, tmp_path: Path
+    application: Application, database_url: str, tmp_path: Path, dedup: bool
 ) -> None:
     markers = tmp_path / "markers"
     markers.mkdir()
     try:
-        application.write(database_url, markers)
+        application.write(database_url, markers, **({"dedup": "order_id"} if dedup else {}))
 
         def second_attempt() -> bool:
             return application.alive() and any(markers.glob("attempt-[1-9]*"))
@@ -129,19 +146,23 @@ def test_a_speculative_attempt_enqueues_nothing_twice(
         before_commit = (state_counts(database_url), staged_count(database_url))
     finally:
         (markers / "go").touch()
-    tasks = application.answer()["tasks"]
+    tasks = application.answer(markers)["tasks"]
 
     slow_partition = PARTITIONS - 1
-    speculative = [t for t in tasks if t["speculative"]]
-    assert [t["index"] for t in speculative] == [slow_partition], tasks
-    attempts = [t for t in tasks if t["index"] == slow_partition]
-    assert len({t["host"] for t in attempts}) == 2, attempts  # on both workers
-    assert sorted(t["attempt"] for t in attempts) == [0, 1]
+    attempts = {t["attempt"]: t for t in tasks if t["index"] == slow_partition}
+    assert sorted(attempts) == [0, 1], tasks
+    assert attempts[1]["speculative"] and not attempts[0]["speculative"], tasks
+    assert attempts[0]["host"] != attempts[1]["host"], tasks  # one on each worker
     assert (markers / "attempt-0").read_text() == str(slow_partition)
 
-    # nothing claimable while the other partitions' rows were staged
-    assert before_commit == (Counter(), ROWS * (PARTITIONS - 1) // PARTITIONS)
+    # nothing claimable while the rows of the partitions done (half of them at least: the
+    # speculation quantile) were staged, each partition's in one piece
+    claimable, staged = before_commit
+    assert claimable == Counter()
+    assert ROWS // 2 <= staged < ROWS and staged % (ROWS // PARTITIONS) == 0, staged
     rows = live_rows(database_url)
     assert Counter(json.loads(r["payload"])["order_id"] for r in rows) == Counter(range(ROWS))
     assert {r["state"] for r in rows} == {"pending"}
+    keys = sorted(str(n) for n in range(ROWS)) if dedup else [None] * ROWS
+    assert sorted((r["dedup_key"] for r in rows), key=str) == keys
     assert staged_count(database_url) == 0
