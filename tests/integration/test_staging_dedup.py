@@ -390,27 +390,17 @@ def bulk_enqueue_tx(conn: Connection, topic: bool, keys: list[str]) -> list[int]
     return insert_many_tx(conn, rows)
 
 
-@pytest.mark.parametrize("database_url", backends("postgresql", "mysql"), indirect=True)
-@pytest.mark.parametrize("topic", [False, True], ids=["task", "topic"])
-async def test_an_application_enqueueing_keys_of_the_write_at_once_never_deadlocks_with_it(
-    sql: SqlDriver, staging: SqlStaging, app_engine: Engine, topic: bool
-) -> None:
-    """The write stages keys k1, a, k0 in that order; a first application transaction holds
-    "a" (enqueued, not committed), so the commit waits at that key; a second one enqueues k1 and
-    k0 in one bulk insert (which inserts keys in key order) and commits; then the first rolls
-    back. Had the commit inserted its rows in staging order, on PostgreSQL it would hold k1
-    while waiting for "a", the bulk insert would hold k0 while waiting for k1, and once "a" is
-    free the commit would wait for k0: a deadlock, which fails one of the two (here the
-    application's enqueue). Inserting in key order, as the enqueue does, neither waits for a key
-    the other holds: both go through, each key is held once (k1 and k0 by whichever side made
-    them: on MariaDB the bulk insert waits for the commit's statement to end, which holds the
-    table's AUTO_INCREMENT lock), and the commit counts what it made. With a topic, the same
-    with the group's keys (`billing/a`, ...) and a bulk publish."""
+def race(
+    staging: SqlStaging, app_engine: Engine, topic: bool, staged_keys: list[str], held: str
+) -> tuple[list[int], dict[str, int] | None]:
+    """The write stages `staged_keys`; a first application transaction holds the key `held`
+    (enqueued, not committed), so the commit waits at that key; a second one enqueues every
+    other staged key in one bulk insert (or publish) and commits; then the first rolls back.
+    Returns what the bulk insert and the commit returned, each within `WAIT` seconds."""
     prefix = "billing/" if topic else ""
-    if topic:
-        await sql.subscription_set_many(GROUPS[:1], now=T0)
     staging.open("w", T0)
-    staging.stage("w", [attempt("w", "w.a", list(range(3)), dedup=["k1", "a", "k0"])])
+    count = len(staged_keys)
+    staging.stage("w", [attempt("w", "w.a", list(range(count)), dedup=staged_keys)])
     target = TopicTarget(TOPIC.topic, dedup=True) if topic else TASK_DEDUP
     pool = ThreadPoolExecutor(2)
     bulk_session: list[int] = []
@@ -418,33 +408,99 @@ async def test_an_application_enqueueing_keys_of_the_write_at_once_never_deadloc
     def bulk_enqueue() -> list[int]:
         with app_engine.connect() as conn, conn.begin():
             bulk_session.append(session_id(conn))
-            return bulk_enqueue_tx(conn, topic, ["k1", "k0"])
+            return bulk_enqueue_tx(conn, topic, [k for k in staged_keys if k != held])
 
     def bulk_done_or_waits() -> bool:
         return bulk.done() or bool(bulk_session and session_waits(staging, bulk_session[0]))
 
     with app_engine.connect() as holder:
         holding = holder.begin()
-        app_enqueue(holder, f"{prefix}a")
-        commit = pool.submit(staging.commit, "c", "w", {"w.a": 3}, target, now=T0)
-        until_sync(lambda: commit_waits(staging), "the commit waits for key a", timeout=WAIT)
+        app_enqueue(holder, prefix + held)
+        commit = pool.submit(staging.commit, "c", "w", {"w.a": count}, target, now=T0)
+        until_sync(lambda: commit_waits(staging), "the commit waits for the held key", timeout=WAIT)
         bulk = pool.submit(bulk_enqueue)
         until_sync(bulk_done_or_waits, "the bulk insert is done or waits", timeout=WAIT)
         holding.rollback()
-    app_ids = bulk.result(WAIT)
-    published = commit.result(WAIT)
-    pool.shutdown()
+    try:
+        return bulk.result(WAIT), commit.result(WAIT)
+    finally:
+        pool.shutdown()
 
+
+def assert_each_key_once(
+    staging: SqlStaging,
+    topic: bool,
+    keys: list[str],
+    held: str,
+    app_ids: list[int],
+    published: dict[str, int] | None,
+) -> None:
+    """Each key is held by one task; the held one by the commit's, the others by whichever side
+    made them, whose ids the bulk insert returned (a publish: of the tasks it made); the commit
+    counts the tasks it made."""
+    prefix = "billing/" if topic else ""
     with staging.driver.sync_engine.connect() as conn:
         rows = conn.execute(select(tasks.c.id, tasks.c.dedup_key, tasks.c.payload)).all()
     holders = {r.dedup_key: r for r in rows}
     app_made = [r.id for r in rows if json.loads(r.payload)["v"] == "app"]
-    assert sorted(holders) == [f"{prefix}a", f"{prefix}k0", f"{prefix}k1"]  # each key once
-    assert len(rows) == 3 and holders[f"{prefix}a"].id not in app_made
-    if topic:  # the deliveries the publish made
+    assert sorted(holders) == sorted(prefix + k for k in keys) and len(rows) == len(keys)
+    assert holders[prefix + held].id not in app_made
+    if topic:
         assert sorted(app_ids) == sorted(app_made)
-    else:  # the tasks holding the keys, whoever made them
-        assert app_ids == [holders["k1"].id, holders["k0"].id]
-    assert published == {"q": 3 - len(app_made)}
-    assert ledger(staging) == {"c": 3 - len(app_made)}
+    else:
+        assert app_ids == [holders[k].id for k in keys if k != held]
+    made = len(keys) - len(app_made)
+    assert published == {"q": made}
+    assert ledger(staging) == {"c": made}
     assert staged_rows(staging) == {}
+
+
+@pytest.mark.parametrize("database_url", backends("postgresql", "mysql"), indirect=True)
+@pytest.mark.parametrize("topic", [False, True], ids=["task", "topic"])
+async def test_an_application_enqueueing_keys_of_the_write_at_once_never_deadlocks_with_it(
+    sql: SqlDriver, staging: SqlStaging, app_engine: Engine, topic: bool
+) -> None:
+    """The write stages keys k1, a, k0 in that order; the application holds "a", then enqueues
+    k1 and k0 in one bulk insert, which inserts keys in key order (`race`). Had the commit
+    inserted its rows in staging order, on PostgreSQL it would hold k1 while waiting for "a",
+    the bulk insert would hold k0 while waiting for k1, and once "a" is free the commit would
+    wait for k0: a deadlock, which fails one of the two (here the application's enqueue).
+    Inserting in key order, as the enqueue does, neither waits for a key the other holds: both
+    go through (on MariaDB the bulk insert waits for the commit's statement to end, which holds
+    the table's AUTO_INCREMENT lock). With a topic, the same with the group's keys (`billing/a`,
+    ...) and a bulk publish."""
+    if topic:
+        await sql.subscription_set_many(GROUPS[:1], now=T0)
+    keys = ["k1", "a", "k0"]
+    app_ids, published = race(staging, app_engine, topic, keys, "a")
+    assert_each_key_once(staging, topic, keys, "a", app_ids, published)
+
+
+@pytest.mark.parametrize("database_url", backends("postgresql"), indirect=True)
+@pytest.mark.parametrize("topic", [False, True], ids=["task", "topic"])
+async def test_keys_go_in_in_byte_order_whatever_the_collation(
+    sql: SqlDriver, staging: SqlStaging, app_engine: Engine, topic: bool
+) -> None:
+    """As above, where the columns the statements sort by have a collation that sorts "a"
+    before "b" before "B" (ICU's English, as a database made with `en_US.UTF-8` does), while an
+    enqueue sorts keys as Python does: "B", "a", "b". Had the commit sorted by the collation,
+    it would wait for "b" holding "a", and the bulk insert of "B" and "a" wait for "a" holding
+    "B"; then the commit would wait for "B": a deadlock. Had it sorted in byte order but a
+    publish by the collation, the commit would wait for "billing/a" holding "billing/B", the
+    publish of "b" and "B" wait for "billing/B" holding "billing/b", and so on. Both sort in
+    byte order."""
+    with staging.driver.sync_engine.begin() as conn:
+        conn.execute(
+            text('ALTER TABLE txtasks_staged ALTER dedup_key TYPE varchar(255) COLLATE "en-x-icu"')
+        )
+        conn.execute(
+            text(
+                "ALTER TABLE txtasks_subscriptions "
+                'ALTER group_name TYPE varchar(128) COLLATE "en-x-icu"'
+            )
+        )
+    if topic:
+        await sql.subscription_set_many(GROUPS[:1], now=T0)
+    keys, held = ["B", "b", "a"], "a" if topic else "b"
+    app_ids, published = race(staging, app_engine, topic, keys, held)
+    assert_each_key_once(staging, topic, keys, held, app_ids, published)

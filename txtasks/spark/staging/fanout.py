@@ -34,7 +34,15 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql import FromClause
 
-from txtasks.schema.tables import ExactString, key_hints, staged, subscriptions, tasks, topic_drops
+from txtasks.schema.tables import (
+    ExactString,
+    byte_order,
+    key_hints,
+    staged,
+    subscriptions,
+    tasks,
+    topic_drops,
+)
 from txtasks.types import GROUP_HEADER, JSON_CONTENT_TYPE, MESSAGE_HEADER, TOPIC_HEADER, TaskState
 
 #: The columns a topic commit writes, in the order its SELECT gives them.
@@ -82,11 +90,11 @@ def write_rows(write_key: str, dedup: bool) -> FromClause:
 
 def publish_order(rows: FromClause, dedup: bool, key: Any, *then: Any) -> list[Any]:
     """The order in which a commit inserts a write's rows (`write_rows`): staging order, or with
-    dedup keys, key order (`key`: each task's dedup key), as an enqueue and a publish insert
-    them. The unique index locks each key as it is inserted, so an application inserting keys
+    dedup keys, key order (`key`: each task's dedup key, in `byte_order`), as an enqueue and a
+    publish insert them. The unique index locks each key as it is inserted, so an application inserting keys
     of the write while the commit runs takes them in the same order: one waits for the other,
     neither holds a key the other waits for (a deadlock, which would fail one of them)."""
-    return [key, rows.c.id, *then] if dedup else [rows.c.id, *then]
+    return [byte_order(key), rows.c.id, *then] if dedup else [rows.c.id, *then]
 
 
 def groups_lock(conn: Connection, topic: str) -> list[Group]:
