@@ -268,12 +268,13 @@ PUBLISH_ARRAY_BYTES = 16 * 1024 * 1024
 
 def _publish_arrays_sql(dedup: bool) -> str:
     """A bulk publish as one INSERT ... SELECT of arrays (one per field, whatever the number of
-    publishes) joined to the subscriptions; with dedup keys, in key order and skipping a
-    group's delivery whose key is live."""
+    publishes) joined to the subscriptions; with dedup keys, in key order (`byte_order`) and
+    skipping a group's delivery whose key is live."""
     fields = ", ".join(_PUBLISH_ARRAYS)
     arrays = ", ".join(f"CAST(:{f} AS {t})" for f, t in _PUBLISH_ARRAYS.items())
     dedup_key = "s.group_name || '/' || p.dedup" if dedup else "NULL"
-    order = f"{dedup_key}, p.i" if dedup else "p.i, s.group_name"
+    # keys in byte order, as an enqueue sorts them, whatever the database's collation
+    order = f'({dedup_key}) COLLATE "C", p.i' if dedup else "p.i, s.group_name"
     skip = " ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING" if dedup else ""
     return (
         "INSERT INTO txtasks_tasks (queue, task_name, payload, content_type, state, priority, "

@@ -25,6 +25,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
 
 from txtasks.types import READY_STATES
 
@@ -75,6 +78,26 @@ class ExactString(TypeDecorator[str]):
         if isinstance(value, bytes | bytearray):
             return bytes(value).decode("utf-8")
         return value
+
+
+class byte_order(FunctionElement[str]):  # an SQL expression, named like a function
+    """An `ExactString` expression to ORDER BY in byte order (UTF-8: code point order, as
+    Python sorts strings) on every backend: PostgreSQL sorts by the column's collation, which
+    is the database's (`en_US.UTF-8` sorts "a" before "B"), unless told `COLLATE "C"`;
+    MariaDB's VARBINARY and SQLite's default collation sort by bytes already. Statements that
+    insert dedup keys in key order sort with it, so that they lock keys in one order."""
+
+    inherit_cache = True
+
+
+@compiles(byte_order)
+def _byte_order_generic(element: byte_order, compiler: SQLCompiler, **kw: Any) -> str:
+    return str(compiler.process(element.clauses, **kw))
+
+
+@compiles(byte_order, "postgresql")
+def _byte_order_postgresql(element: byte_order, compiler: SQLCompiler, **kw: Any) -> str:
+    return f'({compiler.process(element.clauses, **kw)}) COLLATE "C"'
 
 
 def _task_columns() -> list[Column[object]]:

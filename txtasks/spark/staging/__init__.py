@@ -59,6 +59,7 @@ from txtasks.spark.staging.fanout import (
     by_queue,
     fanout_rows,
     groups_lock,
+    publish_order,
     stmt_drops,
     stmt_fanout_hints,
     write_rows,
@@ -405,10 +406,11 @@ TASK_COLUMNS = (
 
 
 def _task_rows(write_key: str, target: StageTarget) -> Any:
-    """The SELECT of a write's rows as pending tasks (`TASK_COLUMNS`), in staging order (with
-    dedup keys, a repeated key of the write only once)."""
+    """The SELECT of a write's rows as pending tasks (`TASK_COLUMNS`), in staging order; with
+    dedup keys, a repeated key of the write only once, in key order (as an enqueue inserts keys:
+    see `publish_order`)."""
     rows = write_rows(write_key, target.dedup)
-    return select(
+    query = select(
         literal(target.queue, tasks.c.queue.type),
         literal(target.task_name, tasks.c.task_name.type),
         rows.c.payload,
@@ -421,4 +423,5 @@ def _task_rows(write_key: str, target: StageTarget) -> Any:
         rows.c.created_at,
         rows.c.dedup_key,
         rows.c.partition_key,
-    ).order_by(rows.c.id)
+    )
+    return query.order_by(*publish_order(rows, target.dedup, rows.c.dedup_key))

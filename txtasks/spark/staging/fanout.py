@@ -34,7 +34,15 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql import FromClause
 
-from txtasks.schema.tables import ExactString, key_hints, staged, subscriptions, tasks, topic_drops
+from txtasks.schema.tables import (
+    ExactString,
+    byte_order,
+    key_hints,
+    staged,
+    subscriptions,
+    tasks,
+    topic_drops,
+)
 from txtasks.types import GROUP_HEADER, JSON_CONTENT_TYPE, MESSAGE_HEADER, TOPIC_HEADER, TaskState
 
 #: The columns a topic commit writes, in the order its SELECT gives them.
@@ -78,6 +86,15 @@ def write_rows(write_key: str, dedup: bool) -> FromClause:
     ranked = select(staged, rank.label("key_rank")).where(mine).subquery("ranked")
     firsts = or_(ranked.c.dedup_key.is_(None), ranked.c.key_rank == 1)
     return select(*(ranked.c[c.name] for c in staged.c)).where(firsts).subquery("rows")
+
+
+def publish_order(rows: FromClause, dedup: bool, key: Any, *then: Any) -> list[Any]:
+    """The order in which a commit inserts a write's rows (`write_rows`): staging order, or with
+    dedup keys, key order (`key`: each task's dedup key, in `byte_order`), as an enqueue and a
+    publish insert them. The unique index locks each key as it is inserted, so an application inserting keys
+    of the write while the commit runs takes them in the same order: one waits for the other,
+    neither holds a key the other waits for (a deadlock, which would fail one of them)."""
+    return [byte_order(key), rows.c.id, *then] if dedup else [rows.c.id, *then]
 
 
 def groups_lock(conn: Connection, topic: str) -> list[Group]:
@@ -133,8 +150,8 @@ def _headers(rows: FromClause, message: str) -> Any:
 
 def fanout_rows(write_key: str, target: TopicTarget, groups: Sequence[Group], message: str) -> Any:
     """The SELECT of a write's rows joined to the subscriptions of `groups`: one pending task
-    per row and group (with dedup keys, a repeated key of the write only once), in staging
-    order, in `COLUMNS` order (insert them skipping `<group>/<key>`s a live task holds).
+    per row and group (with dedup keys, a repeated key of the write only once), in
+    `publish_order`, in `COLUMNS` order (insert them skipping `<group>/<key>`s a live task holds).
     `message` is the commit's: a task's publish id is it and its staged row's id."""
     s = subscriptions.c
     rows = write_rows(write_key, target.dedup)
@@ -153,7 +170,8 @@ def fanout_rows(write_key: str, target: TopicTarget, groups: Sequence[Group], me
         _headers(rows, message),
         rows.c.partition_key,
     )
-    return _pairs(query, rows, target, groups).order_by(rows.c.id, s.group_name)
+    order = publish_order(rows, target.dedup, _dedup_key(rows), s.group_name)
+    return _pairs(query, rows, target, groups).order_by(*order)
 
 
 def stmt_fanout_hints(write_key: str, target: TopicTarget, groups: Sequence[Group]) -> Any:
