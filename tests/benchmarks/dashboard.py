@@ -99,7 +99,8 @@ async def _loaded(url: str, live: int, archived: int) -> bool:
 
 
 async def _load(url: str, live: int, archived: int) -> None:
-    app = App(database_url=url)
+    unbounded = f"{url}{'&' if '?' in url else '?'}command_timeout=0"  # it takes minutes
+    app = App(database_url=unbounded)
     try:
         dialect = bulk.dialect_of(app.driver)
         started = time.perf_counter()
