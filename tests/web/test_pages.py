@@ -62,6 +62,13 @@ async def test_task_detail_shows_error_payload_and_result(
     dead = await client.get(f"/tasks/{seeded.dead}")
     assert dead.status_code == 200
     assert 'id="error"' in dead.text and "report 7 failed: disk full" in dead.text
+    # its traceback, and the exception it was raised from with its own
+    error = dead.text.split('id="error"')[1].split("</pre>")[0]
+    assert "at tests.web.conftest.broken line " in error
+    assert "caused by: OSError: [Errno 28] No space left on device" in error
+    assert "at tests.web.conftest.write_report line " in error
+    row = await dashboard_app.ainspect(seeded.dead)  # app.inspect holds the same text
+    assert row is not None and "caused by: OSError" in (row.last_error or "")
     completed = await dashboard_app.atasks(states=["completed"])
     page = await client.get(f"/tasks/{completed[0].id}")
     assert "a@example.com" in page.text
