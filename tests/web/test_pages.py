@@ -252,3 +252,54 @@ async def test_run_now_of_a_keyed_task_scheduled_later(
     # without a hint, claims would not look at the key for an hour: a burst worker would wait
     await asyncio.wait_for(run_until_empty(dashboard_app, queues=["mail"]), 30)
     assert (await dashboard_app.ainspect(later)).state.value == "completed"  # type: ignore[union-attr]
+
+
+async def test_workers_page_lists_workers_and_cleaners_alive_and_gone(
+    client: httpx.AsyncClient, dashboard_app: App
+) -> None:
+    from datetime import timedelta
+
+    from cleaner.daemon import Cleaner, CleanerConfig
+    from txtasks.types import ProcessRow
+    from txtasks.worker import Worker, WorkerConfig
+
+    app = dashboard_app
+    now = app.clock()
+    gone = ProcessRow(
+        "worker-killed", "worker", "old-host", 4242, "mail", 3,
+        now - timedelta(minutes=10), now - timedelta(minutes=5), now - timedelta(minutes=4),
+    )  # fmt: skip
+    await app.driver.process_beat(gone, forget_before=now - timedelta(hours=1))
+    cleaner = Cleaner(app, CleanerConfig(rescuer=None, reannouncer=None, periodic=None))
+    worker = Worker(app, WorkerConfig(queues=("mail", "reports"), poll_interval=0.05))
+    running = asyncio.create_task(worker.run())
+    await cleaner.start()
+    try:
+        await wait_for_rows(app, 3)
+        page = await client.get("/workers")
+        rows = {
+            r.split("<td>")[2].split("</td>")[0]: r
+            for r in page.text.split('id="processes"')[1].split("</table>")[0].split("<tr ")[1:]
+        }
+        cleaner_id = next(i for i in rows if i.startswith("cleaner:"))
+        assert 'class="alive"' in rows[cleaner_id] and "archiver, retention" in rows[cleaner_id]
+        assert (
+            'class="alive"' in rows[worker.worker_id] and "mail, reports" in rows[worker.worker_id]
+        )
+        assert 'class="gone"' in rows["worker-killed"]
+        assert "stopped beating 4m ago" in rows["worker-killed"]
+    finally:
+        worker.stop()
+        await asyncio.wait_for(running, 10)
+        await cleaner.stop()
+    # both stopped cleanly: their rows are gone, the killed worker's stays until forgotten
+    assert [p.id for p in await app.driver.process_list()] == ["worker-killed"]
+
+
+async def wait_for_rows(app: App, count: int) -> None:
+    from tests.waiting import until
+
+    async def there() -> bool:
+        return len(await app.driver.process_list()) == count
+
+    await until(there, f"{count} heartbeat rows")

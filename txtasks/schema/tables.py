@@ -368,6 +368,26 @@ paused_queues = Table(
     mysql_engine="InnoDB",
 )
 
+#: Workers and cleaners that are running: each writes its row at start and again at every
+#: heartbeat (what it runs, how many tasks), and deletes it when it stops. A row whose
+#: `expires_at` passed belongs to a process that stopped beating (killed, or cut off).
+processes = Table(
+    "txtasks_processes",
+    metadata,
+    Column("id", ExactString(128), primary_key=True),
+    Column("kind", String(16), nullable=False),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    # what it runs: its queues (a worker) or sweeps (a cleaner), comma-separated
+    Column("runs", LongText, nullable=False),
+    # tasks it is running (a worker), or None
+    Column("running", Integer, nullable=True),
+    Column("started_at", Timestamp, nullable=False),
+    Column("beat_at", Timestamp, nullable=False),
+    Column("expires_at", Timestamp, nullable=False),
+    mysql_engine="InnoDB",
+)
+
 migrations = Table(
     "txtasks_migrations",
     metadata,

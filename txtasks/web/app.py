@@ -241,8 +241,12 @@ class Dashboard:
         return self.render(request, "periodic.html", schedules=schedules, others=others)
 
     async def page_workers(self, request: Request) -> Response:
-        workers = await self.reads.workers(now=self.app.clock())
-        return self.render(request, "workers.html", workers=workers, now=self.app.clock())
+        now = self.app.clock()
+        workers = await self.reads.workers(now=now)
+        processes = await self.app.driver.process_list()
+        return self.render(
+            request, "workers.html", workers=workers, processes=processes, now=now
+        )
 
     # -- actions ------------------------------------------------------------------------------
 

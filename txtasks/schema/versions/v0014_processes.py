@@ -1,0 +1,35 @@
+"""Workers and cleaners keep a heartbeat row: what they run, where, since when, and when they
+last beat (the dashboard's workers page lists both, and marks those that stopped beating)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sqlalchemy import Column, DateTime, Integer, String, Text
+from sqlalchemy.dialects import mysql
+
+if TYPE_CHECKING:  # alembic is imported only when migrating
+    from alembic.operations import Operations
+
+VERSION = 14
+NAME = "processes"
+
+_ID = String(128).with_variant(mysql.VARBINARY(128), "mysql", "mariadb")
+_TIMESTAMP = DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+_LONG_TEXT = Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb")
+
+
+def upgrade(op: Operations) -> None:
+    op.create_table(
+        "txtasks_processes",
+        Column("id", _ID, primary_key=True),
+        Column("kind", String(16), nullable=False),
+        Column("host", String(255), nullable=False),
+        Column("pid", Integer, nullable=False),
+        Column("runs", _LONG_TEXT, nullable=False),
+        Column("running", Integer, nullable=True),
+        Column("started_at", _TIMESTAMP, nullable=False),
+        Column("beat_at", _TIMESTAMP, nullable=False),
+        Column("expires_at", _TIMESTAMP, nullable=False),
+        mysql_engine="InnoDB",
+    )
