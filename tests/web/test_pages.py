@@ -28,6 +28,12 @@ async def test_queues_page_shows_depths_paused_and_chart(
     assert 'data-queue="mail"' in text and 'data-queue="reports"' in text
     assert "paused since" in text
     assert "<svg" in text and "1 completed" in text  # the hour's chart title
+    # enqueued in the hour, live or finished since: mail a completed task and a waiting one,
+    # reports a dead letter and a retrying task
+    mail = text.split('data-queue="mail"')[1].split("</tr>")[0]
+    reports = text.split('data-queue="reports"')[1].split("</tr>")[0]
+    assert "2 / 1 / 0" in mail and "2 enqueued, 1 completed, 0 failed" in mail
+    assert "2 / 0 / 1" in reports and 'class="arrived"' in reports
     assert "tenant-1" in text  # the busiest keys
 
 

@@ -34,6 +34,7 @@ from sqlalchemy.sql.expression import FunctionElement
 from txtasks.control import TaskFilter
 from txtasks.driver.dialect import key_hints_of
 from txtasks.driver.sql import SqlDriver
+from txtasks.driver.sql_admin import stmt_newest_before
 from txtasks.schema.tables import (
     IS_READY,
     KEYED,
@@ -61,6 +62,8 @@ CLAIM_ORDER = (tasks.c.priority.desc(), tasks.c.run_at, tasks.c.id)
 #: Text in the error is looked for among this many tasks (matching the other filters) a page.
 SEARCH_WINDOW = 5_000
 SINCE = bindparam("since", type_=Timestamp)
+#: Arrivals are counted from the newest task enqueued this many minutes before the window.
+ARRIVAL_MARGIN_MINUTES = 5
 
 
 class minute_of(FunctionElement[str]):  # an SQL function, named like one
@@ -260,6 +263,32 @@ def stmt_finished_per_minute() -> Any:
     )
 
 
+def stmt_arrived_live_per_minute() -> Any:
+    """Live tasks enqueued per queue and minute since `since`: backwards along the primary key
+    from the newest, down to id `after` (ids follow enqueue times closely)."""
+    minute = minute_of(tasks.c.created_at)
+    return (
+        select(tasks.c.queue, minute, func.count())
+        .where(tasks.c.id > bindparam("after", type_=Integer), tasks.c.created_at >= SINCE)
+        .group_by(tasks.c.queue, minute)
+    )
+
+
+def stmt_arrived_finished_per_minute() -> Any:
+    """Finished tasks enqueued per queue and minute since `since` (so finished since then
+    too): along the archive's index of state and finish time."""
+    minute = minute_of(archive.c.created_at)
+    return along_archive_state(
+        select(archive.c.queue, minute, func.count())
+        .where(
+            archive.c.state.in_(FINISHED),
+            archive.c.finished_at >= SINCE,
+            archive.c.created_at >= SINCE,
+        )
+        .group_by(archive.c.queue, minute)
+    )
+
+
 def stmt_workers() -> Any:
     """Workers holding an unexpired lease, per queue: along the lease index."""
     return (
@@ -304,6 +333,14 @@ def stmt_task_page(query: TaskQuery, cursor: str | None, limit: int, *columns: s
     if cursor:
         stmt = stmt.where(_after(cursor))
     return stmt.order_by(archive.c.finished_at.desc(), archive.c.id.desc()).limit(limit)
+
+
+def _minutes(now: datetime, minutes: int) -> tuple[datetime, dict[str, int]]:
+    """The start of the first of the last `minutes` minutes, and each minute's slot by label
+    (as `minute_of` writes it)."""
+    start = (now - timedelta(minutes=minutes - 1)).replace(second=0, microsecond=0)
+    labels = [(start + timedelta(minutes=i)).strftime("%Y-%m-%d %H:%M") for i in range(minutes)]
+    return start, {label: i for i, label in enumerate(labels)}
 
 
 def _select(table: Any, columns: tuple[str, ...]) -> Any:
@@ -440,9 +477,7 @@ class Reads:
     ) -> dict[str, dict[str, list[int]]]:
         """Per queue and state, the tasks finished in each of the last `minutes` minutes
         (oldest first)."""
-        start = (now - timedelta(minutes=minutes - 1)).replace(second=0, microsecond=0)
-        labels = [(start + timedelta(minutes=i)).strftime("%Y-%m-%d %H:%M") for i in range(minutes)]
-        index = {label: i for i, label in enumerate(labels)}
+        start, index = _minutes(now, minutes)
         found: dict[str, dict[str, list[int]]] = {}
         async with self.driver.connect() as conn:
             rows = await conn.execute(stmt_finished_per_minute(), {"since": start})
@@ -451,6 +486,27 @@ class Reads:
                 if slot is not None:
                     series = found.setdefault(queue, {}).setdefault(state, [0] * minutes)
                     series[slot] += int(count)
+        return found
+
+    async def arrived_per_minute(self, *, now: datetime, minutes: int = 60) -> dict[str, list[int]]:
+        """Per queue, the tasks enqueued in each of the last `minutes` minutes (oldest first),
+        live or finished since."""
+        start, index = _minutes(now, minutes)
+        # from a task enqueued a few minutes before the window: one a little out of id order
+        # (concurrent transactions, clocks) still counts
+        margin = start - timedelta(minutes=ARRIVAL_MARGIN_MINUTES)
+        found: dict[str, list[int]] = {}
+        async with self.driver.connect() as conn:
+            after = (await conn.execute(stmt_newest_before(margin))).scalar()
+            live = stmt_arrived_live_per_minute()
+            params = {"since": start, "after": -1 if after is None else int(after)}
+            rows = [*(await conn.execute(live, params)).all()]
+            finished = stmt_arrived_finished_per_minute()
+            rows += (await conn.execute(finished, {"since": start})).all()
+        for queue, minute, count in rows:
+            slot = index.get(minute)
+            if slot is not None:
+                found.setdefault(queue, [0] * minutes)[slot] += int(count)
         return found
 
     async def workers(self, *, now: datetime) -> list[Worker]:
