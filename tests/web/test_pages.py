@@ -99,7 +99,7 @@ async def test_periodic_and_workers_pages(client: httpx.AsyncClient, seeded: See
     periodic = await client.get("/periodic")
     assert 'data-schedule="nightly"' in periodic.text
     workers = await client.get("/workers")
-    assert workers.status_code == 200 and "No worker is running a task" in workers.text
+    assert workers.status_code == 200 and "No worker or cleaner is running" in workers.text
 
 
 async def test_redrive_a_dead_letter_and_it_is_logged_with_who(
@@ -177,6 +177,29 @@ async def test_counts_stop_at_their_cap(dashboard_app: App, seeded: Seeded) -> N
     depths = await Reads(driver).depths(now=dashboard_app.clock(), cap=2)
     assert (depths["mail"].scheduled, depths["mail"].capped) == (2, True)
     assert depths["reports"].dead == 1 and depths["reports"].scheduled == 1
+
+
+async def test_dead_letters_are_counted_per_queue_up_to_the_cap(
+    dashboard_app: App, seeded: Seeded
+) -> None:
+    """Each queue's count stops at the cap (along the archive's index of dead letters by
+    queue)."""
+    for n in range(3):
+        await dashboard_app.aenqueue("broken", n, queue="exports")
+    await run_until_empty(dashboard_app, queues=["exports"])
+    driver = dashboard_app.driver
+    assert isinstance(driver, SqlDriver)
+    depths = await Reads(driver).depths(now=dashboard_app.clock(), cap=2)
+    assert (depths["exports"].dead, depths["exports"].capped) == (2, True)
+    assert (depths["reports"].dead, depths["reports"].capped) == (1, False)
+    page = await client_page(dashboard_app, "/")
+    exports = page.split('data-queue="exports"')[1].split("</tr>")[0]
+    assert '">3</a>' in exports  # under the page's cap (1,000): the count itself
+
+
+async def client_page(app: App, path: str) -> str:
+    async with client_for(create_app(app, refresh=0)) as http:
+        return (await http.get(path)).text
 
 
 async def test_depths_count_each_queue_by_state(dashboard_app: App, seeded: Seeded) -> None:
@@ -289,9 +312,8 @@ async def test_workers_page_lists_workers_and_cleaners_alive_and_gone(
         }
         cleaner_id = next(i for i in rows if i.startswith("cleaner:"))
         assert 'class="alive"' in rows[cleaner_id] and "archiver, retention" in rows[cleaner_id]
-        assert (
-            'class="alive"' in rows[worker.worker_id] and "mail, reports" in rows[worker.worker_id]
-        )
+        mine = rows[worker.worker_id]
+        assert 'class="alive"' in mine and ">mail</a>, <a" in mine and ">reports</a>" in mine
         assert 'class="gone"' in rows["worker-killed"]
         assert "stopped beating 4m ago" in rows["worker-killed"]
     finally:

@@ -244,10 +244,8 @@ class Dashboard:
         return self.render(request, "periodic.html", schedules=schedules, others=others)
 
     async def page_workers(self, request: Request) -> Response:
-        now = self.app.clock()
-        workers = await self.reads.workers(now=now)
         processes = await self.app.driver.process_list()
-        return self.render(request, "workers.html", workers=workers, processes=processes, now=now)
+        return self.render(request, "workers.html", processes=processes, now=self.app.clock())
 
     # -- actions ------------------------------------------------------------------------------
 

@@ -4,8 +4,9 @@ Each is one statement along an index of `txtasks.schema.tables`, so that a page 
 hot table of millions of rows (`tests/web/test_plans.py` checks the plans): counts per queue
 along the claim, lease and stage indexes (on MariaDB/MySQL, whose claim index has no state,
 along the index of queue and state), finished tasks per minute along the archive's index of
-state and finish time, workers along the lease index, and pages of tasks by keyset (the primary
-key for live tasks, the archive's index for finished ones). Nothing here takes SQL from a user:
+state and finish time, tasks enqueued per minute backwards along the primary key and among
+those finished, and pages of tasks by keyset (the primary key for live tasks, the archive's
+index for finished ones). Nothing here takes SQL from a user:
 filters are bound values.
 """
 
@@ -36,6 +37,7 @@ from txtasks.driver.dialect import key_hints_of
 from txtasks.driver.sql import SqlDriver
 from txtasks.driver.sql_admin import stmt_newest_before
 from txtasks.schema.tables import (
+    IS_DEAD,
     IS_READY,
     KEYED,
     UNKEYED,
@@ -104,16 +106,6 @@ class QueueDepth:
 
 
 @dataclass(frozen=True)
-class Worker:
-    """A worker holding leases: its id, a queue it runs tasks of, how many, until when."""
-
-    worker_id: str
-    queue: str
-    running: int
-    lease_until: datetime
-
-
-@dataclass(frozen=True)
 class TaskPage:
     """One page of a task listing, and the cursor of the next one (None: the last page)."""
 
@@ -126,19 +118,50 @@ def _ready(keyed: bool) -> list[Any]:
     return [IS_READY, text(KEYED if keyed else UNKEYED)]
 
 
-def stmt_ready_queues(keyed: bool) -> Any:
-    """The queues that may have ready tasks, one index probe each: a loose scan of the (keyed)
-    claim index, which starts with the queue."""
+def _queues_along(table: Any, name: str, *where: Any, hint: Any = None) -> Any:
+    """The queues of the rows of `table` matching `where`, one index probe each: a loose scan
+    of an index that starts with the queue and holds those rows only (or, on MariaDB/MySQL,
+    starts with `where`'s equality and then the queue), followed as `hint` says."""
 
     def after(previous: Any) -> Any:
-        stmt = select(tasks.c.queue).where(*_ready(keyed))
+        stmt = select(table.c.queue).where(*where)
         if previous is not None:
-            stmt = stmt.where(tasks.c.queue > previous)
-        return stmt.order_by(tasks.c.queue).limit(1).scalar_subquery()
+            stmt = stmt.where(table.c.queue > previous)
+        stmt = stmt.order_by(table.c.queue).limit(1)
+        return (hint(stmt) if hint else stmt).scalar_subquery()
 
-    found = select(after(None).label("queue")).cte("ready_queues", recursive=True)
+    found = select(after(None).label("queue")).cte(name, recursive=True)
     found = found.union_all(select(after(found.c.queue)).where(found.c.queue.is_not(None)))
     return select(found.c.queue).where(found.c.queue.is_not(None))
+
+
+def stmt_ready_queues(keyed: bool) -> Any:
+    """The queues that may have ready tasks: a loose scan of the (keyed) claim index."""
+    return _queues_along(tasks, "ready_queues", *_ready(keyed))
+
+
+def _along_dead(stmt: Any) -> Any:
+    """`stmt` along the archive's index of dead letters on MariaDB/MySQL too (whose planner
+    would rather follow the index of state and finish time, reading every dead letter)."""
+    hint = "FORCE INDEX (ix_txtasks_archive_dead)"
+    return stmt.with_hint(archive, hint, "mysql").with_hint(archive, hint, "mariadb")
+
+
+def stmt_dead_queues() -> Any:
+    """The queues with dead letters: a loose scan of the archive's index of dead letters."""
+    return _queues_along(archive, "dead_queues", IS_DEAD, hint=_along_dead)
+
+
+def stmt_dead_count() -> Any:
+    """Dead letters of queue `queue`, up to `cap`: along the archive's index of dead letters,
+    from the queue's first entry."""
+    some = _along_dead(
+        select(archive.c.id)
+        .where(archive.c.queue == QUEUE, IS_DEAD)
+        .order_by(archive.c.finished_at)
+        .limit(bindparam("cap", type_=Integer))
+    ).subquery()
+    return select(func.count()).select_from(some)
 
 
 def stmt_ready_count(keyed: bool, *, due: bool) -> Any:
@@ -244,15 +267,6 @@ def stmt_processing_counts() -> Any:
     )
 
 
-def stmt_dead_counts() -> Any:
-    """Dead letters per queue: along the archive's index of state and finish time."""
-    return along_archive_state(
-        select(archive.c.queue, func.count())
-        .where(archive.c.state == TaskState.DEAD.value, archive.c.finished_at.is_not(None))
-        .group_by(archive.c.queue)
-    )
-
-
 def stmt_finished_per_minute() -> Any:
     """Tasks finished per queue, state and minute since `since`: along the archive's index."""
     minute = minute_of(archive.c.finished_at)
@@ -286,16 +300,6 @@ def stmt_arrived_finished_per_minute() -> Any:
             archive.c.created_at >= SINCE,
         )
         .group_by(archive.c.queue, minute)
-    )
-
-
-def stmt_workers() -> Any:
-    """Workers holding an unexpired lease, per queue: along the lease index."""
-    return (
-        select(tasks.c.worker_id, tasks.c.queue, func.count(), func.max(tasks.c.lease_expires_at))
-        .where(tasks.c.state == PROCESSING, tasks.c.lease_expires_at > NOW)
-        .group_by(tasks.c.worker_id, tasks.c.queue)
-        .order_by(tasks.c.worker_id, tasks.c.queue)
     )
 
 
@@ -412,10 +416,9 @@ class Reads:
                         depth.oldest_ready = head.scalar_one_or_none()
             for queue, count in (await conn.execute(stmt_processing_counts())).all():
                 found.setdefault(queue, QueueDepth(queue)).processing = int(count)
-            for queue, count in (await conn.execute(stmt_dead_counts())).all():
-                found.setdefault(queue, QueueDepth(queue)).dead = int(count)
+            await self._dead_counts(conn, found, cap)
         for depth in found.values():
-            depth.capped = depth.ready >= cap or depth.scheduled >= cap
+            depth.capped = depth.ready >= cap or depth.scheduled >= cap or depth.dead >= cap
         return found
 
     async def _depths_by_state(self, *, now: datetime, cap: int) -> dict[str, QueueDepth]:
@@ -442,11 +445,16 @@ class Reads:
                 depth.processing = int(running.scalar_one())
                 after = await conn.execute(stmt_next_queue(first=False), {"after": queue})
                 queue = after.scalar()
-            for queue, count in (await conn.execute(stmt_dead_counts())).all():
-                found.setdefault(queue, QueueDepth(queue)).dead = int(count)
+            await self._dead_counts(conn, found, cap)
         for depth in found.values():
-            depth.capped = depth.ready >= cap or depth.scheduled >= cap
+            depth.capped = depth.ready >= cap or depth.scheduled >= cap or depth.dead >= cap
         return found
+
+    async def _dead_counts(self, conn: Any, found: dict[str, QueueDepth], cap: int) -> None:
+        """Each queue's dead letters, up to `cap`, one bounded count per queue that has some."""
+        for queue in (await conn.execute(stmt_dead_queues())).scalars().all():
+            dead = await conn.execute(stmt_dead_count(), {"queue": queue, "cap": cap})
+            found.setdefault(queue, QueueDepth(queue)).dead = int(dead.scalar_one())
 
     async def busy_keys(
         self, *, now: datetime, limit: int = 20, cap: int = COUNT_CAP
@@ -508,11 +516,6 @@ class Reads:
             if slot is not None:
                 found.setdefault(queue, [0] * minutes)[slot] += int(count)
         return found
-
-    async def workers(self, *, now: datetime) -> list[Worker]:
-        async with self.driver.connect() as conn:
-            rows = (await conn.execute(stmt_workers(), {"now": now})).all()
-        return [Worker(w or "?", q, int(n), until) for w, q, n, until in rows]
 
     async def task_page(self, query: TaskQuery, cursor: str | None, limit: int) -> TaskPage:
         """A page of tasks matching `query` after `cursor`. Text in the error is looked for

@@ -1,18 +1,22 @@
 """Workers and cleaners keep a heartbeat row: what they run, where, since when, and when they
-last beat (the dashboard's workers page lists both, and marks those that stopped beating)."""
+last beat (the dashboard's workers page lists both, and marks those that stopped beating).
+And an index of the dead letters by queue (PostgreSQL, SQLite: of dead letters only; MariaDB/
+MySQL: of every archived row, by state, queue and finish time), along which the dashboard finds
+the queues with dead letters and counts each one's up to a cap, instead of every dead letter
+with a row lookup each (10 s on MariaDB with a million dead letters)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Column, DateTime, Integer, String, Text
+from sqlalchemy import Column, DateTime, Integer, String, Text, text
 from sqlalchemy.dialects import mysql
 
 if TYPE_CHECKING:  # alembic is imported only when migrating
     from alembic.operations import Operations
 
 VERSION = 14
-NAME = "processes"
+NAME = "processes_dead"
 
 _ID = String(128).with_variant(mysql.VARBINARY(128), "mysql", "mariadb")
 _TIMESTAMP = DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
@@ -33,3 +37,16 @@ def upgrade(op: Operations) -> None:
         Column("expires_at", _TIMESTAMP, nullable=False),
         mysql_engine="InnoDB",
     )
+    if op.get_context().dialect.name in ("postgresql", "sqlite"):
+        dead = text("state = 'dead'")
+        op.create_index(
+            "ix_txtasks_archive_dead",
+            "txtasks_archive",
+            ["queue", "finished_at"],
+            postgresql_where=dead,
+            sqlite_where=dead,
+        )
+    else:
+        op.create_index(
+            "ix_txtasks_archive_dead", "txtasks_archive", ["state", "queue", "finished_at"]
+        )
