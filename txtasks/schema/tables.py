@@ -209,8 +209,19 @@ archive = Table(
     mysql_engine="InnoDB",
 )
 #: Finished rows by state and age: dead letters newest first, retention oldest first (a queue,
-#: when given, filters); one index, so archiving a task writes two index entries, not three.
-Index("ix_txtasks_archive_state", archive.c.state, archive.c.finished_at)
+#: when given, filters), the tasks finished and enqueued per minute of the last hour. On
+#: MariaDB/MySQL it also holds the queue and the creation time, so that those per-minute counts
+#: read the index alone (a row lookup each read 2 s a page for 400,000 tasks an hour).
+Index(
+    "ix_txtasks_archive_state", archive.c.state, archive.c.finished_at
+).ddl_if(dialect=("postgresql", "sqlite"))  # type: ignore[arg-type]  # a tuple works
+Index(
+    "ix_txtasks_archive_state",
+    archive.c.state,
+    archive.c.finished_at,
+    archive.c.queue,
+    archive.c.created_at,
+).ddl_if(dialect=("mysql", "mariadb"))  # type: ignore[arg-type]
 #: Dead letters by queue: the dashboard finds the queues with dead letters and counts each
 #: one's up to a cap from it. Where the database has partial indexes, only dead letters are in
 #: it (archiving a task that completed writes no entry of it); MariaDB/MySQL index every

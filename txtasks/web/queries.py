@@ -118,26 +118,19 @@ def _ready(keyed: bool) -> list[Any]:
     return [IS_READY, text(KEYED if keyed else UNKEYED)]
 
 
-def _queues_along(table: Any, name: str, *where: Any, hint: Any = None) -> Any:
-    """The queues of the rows of `table` matching `where`, one index probe each: a loose scan
-    of an index that starts with the queue and holds those rows only (or, on MariaDB/MySQL,
-    starts with `where`'s equality and then the queue), followed as `hint` says."""
+def stmt_ready_queues(keyed: bool) -> Any:
+    """The queues that may have ready tasks, one index probe each: a loose scan of the (keyed)
+    claim index, which starts with the queue."""
 
     def after(previous: Any) -> Any:
-        stmt = select(table.c.queue).where(*where)
+        stmt = select(tasks.c.queue).where(*_ready(keyed))
         if previous is not None:
-            stmt = stmt.where(table.c.queue > previous)
-        stmt = stmt.order_by(table.c.queue).limit(1)
-        return (hint(stmt) if hint else stmt).scalar_subquery()
+            stmt = stmt.where(tasks.c.queue > previous)
+        return stmt.order_by(tasks.c.queue).limit(1).scalar_subquery()
 
-    found = select(after(None).label("queue")).cte(name, recursive=True)
+    found = select(after(None).label("queue")).cte("ready_queues", recursive=True)
     found = found.union_all(select(after(found.c.queue)).where(found.c.queue.is_not(None)))
     return select(found.c.queue).where(found.c.queue.is_not(None))
-
-
-def stmt_ready_queues(keyed: bool) -> Any:
-    """The queues that may have ready tasks: a loose scan of the (keyed) claim index."""
-    return _queues_along(tasks, "ready_queues", *_ready(keyed))
 
 
 def _along_dead(stmt: Any) -> Any:
@@ -147,9 +140,14 @@ def _along_dead(stmt: Any) -> Any:
     return stmt.with_hint(archive, hint, "mysql").with_hint(archive, hint, "mariadb")
 
 
-def stmt_dead_queues() -> Any:
-    """The queues with dead letters: a loose scan of the archive's index of dead letters."""
-    return _queues_along(archive, "dead_queues", IS_DEAD, hint=_along_dead)
+def stmt_dead_next_queue(*, first: bool) -> Any:
+    """The first queue with dead letters (after queue `after`): one probe of the archive's
+    index of dead letters. One statement per queue: MariaDB runs the recursive form of this
+    loose scan (`stmt_ready_queues`) as a scan of the index per queue."""
+    stmt = select(archive.c.queue).where(IS_DEAD)
+    if not first:
+        stmt = stmt.where(archive.c.queue > bindparam("after", type_=archive.c.queue.type))
+    return _along_dead(stmt.order_by(archive.c.queue).limit(1))
 
 
 def stmt_dead_count() -> Any:
@@ -452,9 +450,12 @@ class Reads:
 
     async def _dead_counts(self, conn: Any, found: dict[str, QueueDepth], cap: int) -> None:
         """Each queue's dead letters, up to `cap`, one bounded count per queue that has some."""
-        for queue in (await conn.execute(stmt_dead_queues())).scalars().all():
+        queue = (await conn.execute(stmt_dead_next_queue(first=True))).scalar()
+        while queue is not None:
             dead = await conn.execute(stmt_dead_count(), {"queue": queue, "cap": cap})
             found.setdefault(queue, QueueDepth(queue)).dead = int(dead.scalar_one())
+            after = await conn.execute(stmt_dead_next_queue(first=False), {"after": queue})
+            queue = after.scalar()
 
     async def busy_keys(
         self, *, now: datetime, limit: int = 20, cap: int = COUNT_CAP
