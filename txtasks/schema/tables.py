@@ -211,14 +211,15 @@ archive = Table(
 #: Finished rows by state and age: dead letters newest first, retention oldest first (a queue,
 #: when given, filters), the tasks finished and enqueued per minute of the last hour. On
 #: MariaDB/MySQL it also holds the queue and the creation time, so that those per-minute counts
-#: read the index alone (a row lookup each read 2 s a page for 400,000 tasks an hour).
-Index(
-    "ix_txtasks_archive_state", archive.c.state, archive.c.finished_at
-).ddl_if(dialect=("postgresql", "sqlite"))  # type: ignore[arg-type]  # a tuple works
+#: read the index alone (a row lookup each read 2 s a page for 400,000 tasks an hour), after
+#: the id, so that a page of them last finished first still follows it without a sort.
+_ARCHIVE_STATE = Index("ix_txtasks_archive_state", archive.c.state, archive.c.finished_at)
+_ARCHIVE_STATE.ddl_if(dialect=("postgresql", "sqlite"))  # type: ignore[arg-type]  # a tuple works
 Index(
     "ix_txtasks_archive_state",
     archive.c.state,
     archive.c.finished_at,
+    archive.c.id,
     archive.c.queue,
     archive.c.created_at,
 ).ddl_if(dialect=("mysql", "mariadb"))  # type: ignore[arg-type]
@@ -240,6 +241,16 @@ Index(
     archive.c.queue,
     archive.c.finished_at,
 ).ddl_if(dialect=("mysql", "mariadb"))  # type: ignore[arg-type]
+
+
+def along_archive_order(stmt: Any, *, by_queue: bool) -> Any:
+    """`stmt` (archived tasks of one state, last finished first) on MariaDB/MySQL along the
+    index in that order: of state, queue and finish time when it keeps one queue, else of state
+    and finish time (its planner would rather read every entry of the state and sort them)."""
+    if not by_queue:
+        return along_archive_state(stmt)
+    hint = "FORCE INDEX (ix_txtasks_archive_dead)"
+    return stmt.with_hint(archive, hint, "mysql").with_hint(archive, hint, "mariadb")
 
 
 def along_archive_state(stmt: Any) -> Any:

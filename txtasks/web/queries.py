@@ -42,6 +42,7 @@ from txtasks.schema.tables import (
     KEYED,
     UNKEYED,
     Timestamp,
+    along_archive_order,
     along_archive_state,
     archive,
     key_hints,
@@ -334,7 +335,8 @@ def stmt_task_page(query: TaskQuery, cursor: str | None, limit: int, *columns: s
     stmt = _select(archive, columns).where(archive.c.state == query.state, *query.clauses(archive))
     if cursor:
         stmt = stmt.where(_after(cursor))
-    return stmt.order_by(archive.c.finished_at.desc(), archive.c.id.desc()).limit(limit)
+    stmt = stmt.order_by(archive.c.finished_at.desc(), archive.c.id.desc()).limit(limit)
+    return along_archive_order(stmt, by_queue=query.queue is not None)
 
 
 def _minutes(now: datetime, minutes: int) -> tuple[datetime, dict[str, int]]:
