@@ -26,6 +26,7 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    union_all,
     update,
 )
 from sqlalchemy.ext.compiler import compiles
@@ -276,30 +277,28 @@ def stmt_finished_per_minute() -> Any:
     )
 
 
-def stmt_arrived_live_per_minute() -> Any:
-    """Live tasks enqueued per queue and minute since `since`: backwards along the primary key
-    from the newest, down to id `after` (ids follow enqueue times closely)."""
-    minute = minute_of(tasks.c.created_at)
-    return (
-        select(tasks.c.queue, minute, func.count())
+def stmt_arrived_per_minute() -> Any:
+    """Tasks enqueued per queue and minute since `since`, in one statement (one snapshot, so
+    that a task finishing meanwhile counts once): live ones backwards along the primary key
+    from the newest down to id `after` (ids follow enqueue times closely), finished ones among
+    those finished since (along the archive's index of state and finish time)."""
+    live_minute = minute_of(tasks.c.created_at)
+    live = (
+        select(tasks.c.queue, live_minute.label("minute"), func.count().label("n"))
         .where(tasks.c.id > bindparam("after", type_=Integer), tasks.c.created_at >= SINCE)
-        .group_by(tasks.c.queue, minute)
+        .group_by(tasks.c.queue, live_minute)
     )
-
-
-def stmt_arrived_finished_per_minute() -> Any:
-    """Finished tasks enqueued per queue and minute since `since` (so finished since then
-    too): along the archive's index of state and finish time."""
-    minute = minute_of(archive.c.created_at)
-    return along_archive_state(
-        select(archive.c.queue, minute, func.count())
+    done_minute = minute_of(archive.c.created_at)
+    done = along_archive_state(
+        select(archive.c.queue, done_minute.label("minute"), func.count().label("n"))
         .where(
             archive.c.state.in_(FINISHED),
             archive.c.finished_at >= SINCE,
             archive.c.created_at >= SINCE,
         )
-        .group_by(archive.c.queue, minute)
+        .group_by(archive.c.queue, done_minute)
     )
+    return union_all(live, done)
 
 
 @dataclass(frozen=True)
@@ -509,11 +508,8 @@ class Reads:
         found: dict[str, list[int]] = {}
         async with self.driver.connect() as conn:
             after = (await conn.execute(stmt_newest_before(margin))).scalar()
-            live = stmt_arrived_live_per_minute()
             params = {"since": start, "after": -1 if after is None else int(after)}
-            rows = [*(await conn.execute(live, params)).all()]
-            finished = stmt_arrived_finished_per_minute()
-            rows += (await conn.execute(finished, {"since": start})).all()
+            rows = (await conn.execute(stmt_arrived_per_minute(), params)).all()
         for queue, minute, count in rows:
             slot = index.get(minute)
             if slot is not None:
