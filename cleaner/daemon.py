@@ -27,6 +27,8 @@ from cleaner.stats import Stats, StatsConfig
 from cleaner.sweep import Sweep, SweepResult
 from txtasks.app import App
 from txtasks.faults import open_when_reachable
+from txtasks.processes import Beacon
+from txtasks.worker.worker import default_worker_id
 
 if TYPE_CHECKING:
     from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -35,6 +37,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cleaner")
 
+#: Seconds between two heartbeats of the cleaner's row (txtasks.processes); the row expires
+#: after three missed ones.
+BEAT_INTERVAL = 10.0
 #: A sweep counts as stalled when it has not finished a pass for this many intervals.
 STALL_INTERVALS = 3
 #: ... and for at least this many seconds (short intervals get slack for a slow database).
@@ -91,6 +96,15 @@ class Cleaner:
             )
         self._stopping = asyncio.Event()
         self._started_at: float | None = None
+        #: Its heartbeat row: its sweeps, where it runs, since when.
+        self._beacon = Beacon(
+            app.driver,
+            app.clock,
+            process_id=f"cleaner:{default_worker_id()}",
+            kind="cleaner",
+            runs=list(self.sweeps),
+            expires_after=3 * BEAT_INTERVAL,
+        )
         #: Waiting at start for the database to answer.
         self._connecting = False
 
@@ -115,6 +129,10 @@ class Cleaner:
         self._started_at = time.monotonic()
         for sweep in self.sweeps.values():
             sweep.start(self._scheduler)
+        await self._beacon.beat()
+        self._scheduler.add_job(
+            self._beacon.beat, "interval", seconds=BEAT_INTERVAL, id="heartbeat", max_instances=1
+        )
         log.info("cleaner started: %s", ", ".join(self.sweeps) or "no sweeps")
 
     async def stop(self) -> None:
@@ -129,6 +147,7 @@ class Cleaner:
             sweep.stop()
         await asyncio.gather(*(sweep.idle() for sweep in self.sweeps.values()))
         scheduler.shutdown(wait=False)
+        await self._beacon.end()
         if self.health_server is not None:
             await self.health_server.stop()
         log.info("cleaner stopped")

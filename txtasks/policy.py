@@ -14,9 +14,14 @@ from txtasks.errors import Drop, Reject, Retry
 from txtasks.retry import RetryStrategy
 from txtasks.types import Outcome, OutcomeKind, TaskKey
 
-MAX_ERROR_CHARS = 4000
-#: Frames of the stack an error text shows (the innermost).
-MAX_ERROR_FRAMES = 5
+#: The longest error text a task row keeps (the exception, its traceback and causes).
+MAX_ERROR_CHARS = 16_000
+#: Frames of each exception's stack an error text shows (the innermost), and the exceptions of
+#: a chain (the one raised, then what caused it or was being handled).
+MAX_ERROR_FRAMES = 50
+MAX_ERROR_CHAIN = 5
+#: Room left after an error text for what the policy adds ("(attempt 3 of 3)").
+_ERROR_MARGIN = 200
 
 
 class AckPolicy(str, enum.Enum):
@@ -55,14 +60,41 @@ def sanitized(outcome: Outcome) -> Outcome:
 
 def error_text(exc: BaseException) -> str:
     """A readable, bounded description of an exception for the `last_error` column: its
-    message, then where it was raised (the last frames, by module name: never a file path)."""
+    message, then its traceback (outermost frame first, by module name: never a file path),
+    then the exception that caused it or was being handled, with its own, and so on."""
+    parts = [_exception_text(exc)]
+    seen = {id(exc)}
+    while len(parts) < MAX_ERROR_CHAIN:
+        cause, how = _cause_of(exc)
+        if cause is None or id(cause) in seen:
+            break
+        parts.append(f"{how}: {_exception_text(cause)}")
+        exc = cause
+        seen.add(id(exc))
+    return "\n".join(parts)[: MAX_ERROR_CHARS - _ERROR_MARGIN]
+
+
+def _cause_of(exc: BaseException) -> tuple[BaseException | None, str]:
+    """The exception `exc` was raised from, or the one being handled when it was raised."""
+    if exc.__cause__ is not None:
+        return exc.__cause__, "caused by"
+    if exc.__context__ is not None and not exc.__suppress_context__:
+        return exc.__context__, "while handling"
+    return None, ""
+
+
+def _exception_text(exc: BaseException) -> str:
+    """One exception's message and the innermost frames of its traceback."""
     if isinstance(exc, SyntaxError):  # its standard text starts with the file's path
         text = f"{type(exc).__name__}: {exc.msg} (line {exc.lineno})"
     else:
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-    frames = list(traceback.walk_tb(exc.__traceback__))[-MAX_ERROR_FRAMES:]
-    text += "".join(_frame_line(frame, line) for frame, line in frames)
-    return text[:MAX_ERROR_CHARS]
+    text = text[: MAX_ERROR_CHARS // 4]
+    frames = list(traceback.walk_tb(exc.__traceback__))
+    if len(frames) > MAX_ERROR_FRAMES:
+        text += f"\n  ... {len(frames) - MAX_ERROR_FRAMES} outer frames not kept"
+        frames = frames[-MAX_ERROR_FRAMES:]
+    return text + "".join(_frame_line(frame, line) for frame, line in frames)
 
 
 def _frame_line(frame: FrameType, line: int) -> str:

@@ -443,3 +443,29 @@ class PeriodicRow:
             last_fire_at=row["last_fire_at"],
             updated_at=row["updated_at"],
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessRow:
+    """A worker or cleaner as its heartbeat row shows it."""
+
+    id: str
+    #: "worker" or "cleaner".
+    kind: str
+    host: str
+    pid: int
+    #: What it runs: its queues (a worker) or its sweeps (a cleaner), comma-separated.
+    runs: str
+    #: Tasks it is running (a worker), else None.
+    running: int | None
+    started_at: datetime
+    beat_at: datetime
+    #: When the row counts as gone unless it beats again.
+    expires_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Any) -> ProcessRow:
+        return cls(**{name: row[name] for name in cls.__slots__})
+
+    def alive(self, now: datetime) -> bool:
+        return self.expires_at > now

@@ -16,6 +16,7 @@ from txtasks import App
 from txtasks.cli.main import main
 from txtasks.clock import utcnow
 from txtasks.driver import driver_for_url
+from txtasks.testing import run_until_empty
 from txtasks.types import Outcome, OutcomeKind, Progress
 
 
@@ -134,6 +135,40 @@ def test_inspect_shows_the_progress_reported_and_the_result_kept(url: str) -> No
     asyncio.run(finish(driver_for_url(url), key))
     finished = json.loads(run(url, "inspect", str(task_id), "--json").output)
     assert (finished["state"], finished["result"]) == ("completed", {"pages": 4})
+
+
+def _read_config(payload: Any) -> None:
+    raise KeyError("retries")
+
+
+def test_inspect_shows_the_last_error_with_its_traceback(url: str) -> None:
+    app = App("cli-control", database_url=url)
+
+    @app.task(name="cli.fails", max_attempts=1)
+    def fails(payload: Any) -> None:
+        try:
+            _read_config(payload)
+        except KeyError as exc:
+            raise ValueError("no retry setting") from exc
+
+    task_id = fails.enqueue(None)
+
+    async def work() -> None:
+        await run_until_empty(app)
+        await app.aclose()
+
+    asyncio.run(work())
+    text = run(url, "inspect", str(task_id)).output
+    error = text.split("last error:")[1].splitlines()
+    assert error[1] == "  ValueError: no retry setting"
+    cause = error.index("  caused by: KeyError: 'retries'")
+    # the worker's frames (it ran the handler in a thread), then the handler's own
+    assert error[2].startswith("    at txtasks.worker.runner.")
+    assert error[cause - 1].startswith(f"    at {__name__}.fails line ")
+    assert error[-2].startswith(f"    at {__name__}._read_config line ")
+    assert error[-1] == "  (attempt 1 of 1)"
+    data = json.loads(run(url, "inspect", str(task_id), "--json").output)
+    assert data["last_error"] == "\n".join(line[2:] for line in error[1:])
 
 
 def test_tasks_lists_live_and_archived_tasks(url: str) -> None:

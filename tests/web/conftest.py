@@ -39,13 +39,20 @@ def declare(app: App) -> None:
     @app.task(name="broken", queue="reports", max_attempts=1)
     async def broken(payload: Any) -> None:
         if BROKEN["disk"]:
-            raise RuntimeError(f"report {payload} failed: disk full")
+            try:
+                write_report(payload)
+            except OSError as exc:
+                raise RuntimeError(f"report {payload} failed: disk full") from exc
 
     @app.task(name="flaky", queue="reports", max_attempts=5, retry=3600)
     async def flaky(payload: Any) -> None:
         raise RuntimeError("flaky: try again later")
 
     app.periodic("send", name="nightly", every=86400, payload={"to": "ops"})
+
+
+def write_report(payload: Any) -> None:
+    raise OSError(28, "No space left on device")
 
 
 async def seed(app: App) -> Seeded:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from cleaner.daemon import Cleaner, CleanerConfig
 from tests.conftest import backends
 from tests.servers import in_ci
 from tests.waiting import until
@@ -108,6 +109,11 @@ async def test_the_dashboard_in_chromium(
     # the queue view, and it refreshes itself: a queue that gets tasks appears without a reload
     await page.goto(served + "/")
     await page.wait_for_selector('tr[data-queue="reports"]')
+    # the chart of the last hour: tasks enqueued (a line) and finished (bars) per minute
+    chart = page.locator('tr[data-queue="mail"] svg.chart')
+    assert await chart.locator("polyline.arrived").count() == 1
+    assert await chart.locator("rect.ok").count() >= 1
+    assert "2 enqueued, 1 completed" in await chart.locator("title").text_content()
     await shot(page, "queues")
     await app.aenqueue("send", {"to": "c@example.com"}, queue="newsletters", delay=60)
     await page.wait_for_selector('tr[data-queue="newsletters"]', timeout=10_000)
@@ -123,6 +129,14 @@ async def test_the_dashboard_in_chromium(
     await page.wait_for_selector("#payload")
     assert "b@example.com" in await page.inner_text("#payload")
     await shot(page, "task")
+
+    # a dead letter's last error, with its traceback and the exception it was raised from
+    await page.goto(f"{served}/tasks/{seeded.dead}")
+    error = await page.inner_text("#error")
+    assert error.startswith("RuntimeError: report 7 failed: disk full")
+    assert "at tests.web.conftest.broken line " in error
+    assert "caused by: OSError: [Errno 28] No space left on device" in error
+    await shot(page, "task-error")
 
     # re-drive a dead letter from a selection, and see a worker run it
     await page.goto(served + "/dead")
@@ -155,9 +169,24 @@ async def test_the_dashboard_in_chromium(
     await run_until_empty(app, queues=["mail"])
     assert await state_of(app, held) == "completed"
 
-    for name in ("periodic", "workers"):
-        await page.goto(f"{served}/{name}")
-        await shot(page, name)
+    await page.goto(f"{served}/periodic")
+    await shot(page, "periodic")
+
+    # the workers view: a cleaner and a worker alive, from their heartbeat rows
+    cleaner = Cleaner(app, CleanerConfig(rescuer=None, reannouncer=None, periodic=None))
+    worker = Worker(app, WorkerConfig(queues=("mail",), poll_interval=0.05))
+    running = asyncio.create_task(worker.run())
+    await cleaner.start()
+    try:
+        await page.goto(f"{served}/workers")
+        await page.wait_for_selector('tr[data-process="cleaner"].alive', timeout=10_000)
+        await page.wait_for_selector('tr[data-process="worker"].alive', timeout=10_000)
+        assert "archiver, retention" in await page.inner_text('tr[data-process="cleaner"]')
+        await shot(page, "workers")
+    finally:
+        worker.stop()
+        await asyncio.wait_for(running, 10)
+        await cleaner.stop()
 
 
 async def _is(app: App, task_id: int, state: str) -> bool:

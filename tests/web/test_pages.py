@@ -28,6 +28,12 @@ async def test_queues_page_shows_depths_paused_and_chart(
     assert 'data-queue="mail"' in text and 'data-queue="reports"' in text
     assert "paused since" in text
     assert "<svg" in text and "1 completed" in text  # the hour's chart title
+    # enqueued in the hour, live or finished since: mail a completed task and a waiting one,
+    # reports a dead letter and a retrying task
+    mail = text.split('data-queue="mail"')[1].split("</tr>")[0]
+    reports = text.split('data-queue="reports"')[1].split("</tr>")[0]
+    assert "2 / 1 / 0" in mail and "2 enqueued, 1 completed, 0 failed" in mail
+    assert "2 / 0 / 1" in reports and 'class="arrived"' in reports
     assert "tenant-1" in text  # the busiest keys
 
 
@@ -62,6 +68,13 @@ async def test_task_detail_shows_error_payload_and_result(
     dead = await client.get(f"/tasks/{seeded.dead}")
     assert dead.status_code == 200
     assert 'id="error"' in dead.text and "report 7 failed: disk full" in dead.text
+    # its traceback, and the exception it was raised from with its own
+    error = dead.text.split('id="error"')[1].split("</pre>")[0]
+    assert "at tests.web.conftest.broken line " in error
+    assert "caused by: OSError: [Errno 28] No space left on device" in error
+    assert "at tests.web.conftest.write_report line " in error
+    row = await dashboard_app.ainspect(seeded.dead)  # app.inspect holds the same text
+    assert row is not None and "caused by: OSError" in (row.last_error or "")
     completed = await dashboard_app.atasks(states=["completed"])
     page = await client.get(f"/tasks/{completed[0].id}")
     assert "a@example.com" in page.text
@@ -86,7 +99,7 @@ async def test_periodic_and_workers_pages(client: httpx.AsyncClient, seeded: See
     periodic = await client.get("/periodic")
     assert 'data-schedule="nightly"' in periodic.text
     workers = await client.get("/workers")
-    assert workers.status_code == 200 and "No worker is running a task" in workers.text
+    assert workers.status_code == 200 and "No worker or cleaner is running" in workers.text
 
 
 async def test_redrive_a_dead_letter_and_it_is_logged_with_who(
@@ -164,6 +177,29 @@ async def test_counts_stop_at_their_cap(dashboard_app: App, seeded: Seeded) -> N
     depths = await Reads(driver).depths(now=dashboard_app.clock(), cap=2)
     assert (depths["mail"].scheduled, depths["mail"].capped) == (2, True)
     assert depths["reports"].dead == 1 and depths["reports"].scheduled == 1
+
+
+async def test_dead_letters_are_counted_per_queue_up_to_the_cap(
+    dashboard_app: App, seeded: Seeded
+) -> None:
+    """Each queue's count stops at the cap (along the archive's index of dead letters by
+    queue)."""
+    for n in range(3):
+        await dashboard_app.aenqueue("broken", n, queue="exports")
+    await run_until_empty(dashboard_app, queues=["exports"])
+    driver = dashboard_app.driver
+    assert isinstance(driver, SqlDriver)
+    depths = await Reads(driver).depths(now=dashboard_app.clock(), cap=2)
+    assert (depths["exports"].dead, depths["exports"].capped) == (2, True)
+    assert (depths["reports"].dead, depths["reports"].capped) == (1, False)
+    page = await client_page(dashboard_app, "/")
+    exports = page.split('data-queue="exports"')[1].split("</tr>")[0]
+    assert '">3</a>' in exports  # under the page's cap (1,000): the count itself
+
+
+async def client_page(app: App, path: str) -> str:
+    async with client_for(create_app(app, refresh=0)) as http:
+        return (await http.get(path)).text
 
 
 async def test_depths_count_each_queue_by_state(dashboard_app: App, seeded: Seeded) -> None:
@@ -245,3 +281,53 @@ async def test_run_now_of_a_keyed_task_scheduled_later(
     # without a hint, claims would not look at the key for an hour: a burst worker would wait
     await asyncio.wait_for(run_until_empty(dashboard_app, queues=["mail"]), 30)
     assert (await dashboard_app.ainspect(later)).state.value == "completed"  # type: ignore[union-attr]
+
+
+async def test_workers_page_lists_workers_and_cleaners_alive_and_gone(
+    client: httpx.AsyncClient, dashboard_app: App
+) -> None:
+    from datetime import timedelta
+
+    from cleaner.daemon import Cleaner, CleanerConfig
+    from txtasks.types import ProcessRow
+    from txtasks.worker import Worker, WorkerConfig
+
+    app = dashboard_app
+    now = app.clock()
+    gone = ProcessRow(
+        "worker-killed", "worker", "old-host", 4242, "mail", 3,
+        now - timedelta(minutes=10), now - timedelta(minutes=5), now - timedelta(minutes=4),
+    )  # fmt: skip
+    await app.driver.process_beat(gone, forget_before=now - timedelta(hours=1))
+    cleaner = Cleaner(app, CleanerConfig(rescuer=None, reannouncer=None, periodic=None))
+    worker = Worker(app, WorkerConfig(queues=("mail", "reports"), poll_interval=0.05))
+    running = asyncio.create_task(worker.run())
+    await cleaner.start()
+    try:
+        await wait_for_rows(app, 3)
+        page = await client.get("/workers")
+        rows = {
+            r.split("<td>")[2].split("</td>")[0]: r
+            for r in page.text.split('id="processes"')[1].split("</table>")[0].split("<tr ")[1:]
+        }
+        cleaner_id = next(i for i in rows if i.startswith("cleaner:"))
+        assert 'class="alive"' in rows[cleaner_id] and "archiver, retention" in rows[cleaner_id]
+        mine = rows[worker.worker_id]
+        assert 'class="alive"' in mine and ">mail</a>, <a" in mine and ">reports</a>" in mine
+        assert 'class="gone"' in rows["worker-killed"]
+        assert "stopped beating 4m ago" in rows["worker-killed"]
+    finally:
+        worker.stop()
+        await asyncio.wait_for(running, 10)
+        await cleaner.stop()
+    # both stopped cleanly: their rows are gone, the killed worker's stays until forgotten
+    assert [p.id for p in await app.driver.process_list()] == ["worker-killed"]
+
+
+async def wait_for_rows(app: App, count: int) -> None:
+    from tests.waiting import until
+
+    async def there() -> bool:
+        return len(await app.driver.process_list()) == count
+
+    await until(there, f"{count} heartbeat rows")

@@ -22,6 +22,7 @@ from txtasks.types import (
     NewTask,
     Outcome,
     PeriodicRow,
+    ProcessRow,
     QueueRates,
     QueueStats,
     Subscription,
@@ -346,6 +347,18 @@ class Driver(Protocol):
         limit: int = 100,
     ) -> list[TaskRow]:
         """The same for synchronous callers."""
+
+    # -- heartbeats of workers and cleaners --------------------------------------------------
+
+    async def process_beat(self, process: ProcessRow, *, forget_before: datetime) -> None:
+        """Write the heartbeat row of a worker or cleaner (made at its first beat), and delete
+        the rows of processes that stopped beating before `forget_before`."""
+
+    async def process_end(self, process_id: str) -> None:
+        """Delete the row of a process that stops (none: nothing happens)."""
+
+    async def process_list(self) -> list[ProcessRow]:
+        """Every heartbeat row, by kind and id, those expired included."""
 
     # -- the cleaner's sweeps -----------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from sqlalchemy import Executable, Integer, Result, bindparam, delete, select, u
 
 from txtasks.control import CANCELLABLE, TaskFilter, cancels_of
 from txtasks.driver.insert_plan import Step
-from txtasks.schema.tables import Timestamp, archive, paused_queues, tasks
+from txtasks.schema.tables import Timestamp, along_archive_order, archive, paused_queues, tasks
 from txtasks.types import READY_STATES, Cancel, TaskState
 
 #: A plan of statements returning what it did to each task.
@@ -215,9 +215,11 @@ class ControlDialect:
     def stmt_archive_list(state: str, where: TaskFilter) -> Executable:
         """Up to `limit` archived tasks in `state` matching `where`, last finished first: read
         along the archive's index of state and finish time."""
-        return (
+        stmt = (
             select(archive)
             .where(archive.c.state == state, *where.clauses(archive))
             .order_by(archive.c.finished_at.desc(), archive.c.id.desc())
             .limit(bindparam("limit", type_=Integer))
         )
+        ordered: Executable = along_archive_order(stmt, by_queue=where.queue is not None)
+        return ordered

@@ -42,6 +42,7 @@ from txtasks.types import (
     Outcome,
     OutcomeKind,
     PeriodicRow,
+    ProcessRow,
     QueueRates,
     QueueStats,
     Subscription,
@@ -98,6 +99,8 @@ class MemoryDriver:
         self.topic_drops: list[tuple[str, datetime]] = []
         #: Paused queues, with when each was paused.
         self.paused: dict[str, datetime] = {}
+        #: Heartbeat rows of workers and cleaners, by id.
+        self.processes: dict[str, ProcessRow] = {}
 
     async def open(self) -> None:
         return None
@@ -632,6 +635,24 @@ class MemoryDriver:
     async def queue_paused_list(self) -> dict[str, datetime]:
         with self._lock:
             return dict(sorted(self.paused.items()))
+
+    async def process_beat(self, process: ProcessRow, *, forget_before: datetime) -> None:
+        with self._lock:
+            started = self.processes.get(process.id)
+            if started is not None:  # the row keeps when it was made
+                process = replace(process, started_at=started.started_at)
+            self.processes[process.id] = process
+            for row in list(self.processes.values()):
+                if row.expires_at < forget_before:
+                    del self.processes[row.id]
+
+    async def process_end(self, process_id: str) -> None:
+        with self._lock:
+            self.processes.pop(process_id, None)
+
+    async def process_list(self) -> list[ProcessRow]:
+        with self._lock:
+            return sorted(self.processes.values(), key=lambda r: (r.kind, r.id))
 
     async def task_list(
         self,

@@ -45,6 +45,7 @@ from txtasks.driver.dialect import (
 from txtasks.driver.insert_plan import Statement, plan_run_async, plan_run_sync
 from txtasks.driver.sql_admin import SqlAdmin, override_of
 from txtasks.driver.sql_control import SqlControl
+from txtasks.driver.sql_processes import SqlProcesses
 from txtasks.driver.sql_topics import SqlTopics
 from txtasks.driver.timeouts import Timeouts, Watchdog, keepalive_set, socket_of
 from txtasks.driver.urls import url_async, url_parse, url_sync
@@ -104,7 +105,7 @@ class Claim:
 CLOSE_WITHIN = 2.0
 
 
-class SqlDriver(SqlAdmin, SqlTopics, SqlControl):
+class SqlDriver(SqlAdmin, SqlTopics, SqlControl, SqlProcesses):
     """A task store on a SQL database through SQLAlchemy's asyncio engine."""
 
     #: The SQL of this driver's database, until a connection tells it apart (MariaDB from

@@ -43,6 +43,7 @@ from txtasks.schema.tables import (
     TASK_COLUMNS,
     UNKEYED,
     Timestamp,
+    along_archive_order,
     along_archive_state,
     archive,
     key_hints,
@@ -273,11 +274,12 @@ class SqlAdmin:
         return where
 
     async def dead_list(self, *, queue: str | None = None, limit: int = 100) -> list[TaskRow]:
-        stmt = (
+        stmt = along_archive_order(
             select(archive)
             .where(*self._dead_where(None, queue))
             .order_by(archive.c.finished_at.desc(), archive.c.id.desc())
-            .limit(limit)
+            .limit(limit),
+            by_queue=queue is not None,
         )
         async with self.connect() as conn:
             return [TaskRow.from_row(r) for r in (await conn.execute(stmt)).mappings().all()]

@@ -232,8 +232,53 @@ archive = Table(
     mysql_engine="InnoDB",
 )
 #: Finished rows by state and age: dead letters newest first, retention oldest first (a queue,
-#: when given, filters); one index, so archiving a task writes two index entries, not three.
-Index("ix_txtasks_archive_state", archive.c.state, archive.c.finished_at)
+#: when given, filters), the tasks finished and enqueued per minute of the last hour. On
+#: PostgreSQL and MariaDB/MySQL it also holds the queue and the creation time, so that those
+#: per-minute counts read the index alone (with ten million archived tasks PostgreSQL read the
+#: whole archive for them, MariaDB a row per task); on MariaDB/MySQL after the id, so that a
+#: page of them last finished first still follows it without a sort.
+Index(
+    "ix_txtasks_archive_state",
+    archive.c.state,
+    archive.c.finished_at,
+    postgresql_include=["queue", "created_at"],
+).ddl_if(dialect=("postgresql", "sqlite"))  # type: ignore[arg-type]  # a tuple works
+Index(
+    "ix_txtasks_archive_state",
+    archive.c.state,
+    archive.c.finished_at,
+    archive.c.id,
+    archive.c.queue,
+    archive.c.created_at,
+).ddl_if(dialect=("mysql", "mariadb"))  # type: ignore[arg-type]
+#: Dead letters by queue: the dashboard finds the queues with dead letters and counts each
+#: one's up to a cap from it. Where the database has partial indexes, only dead letters are in
+#: it (archiving a task that completed writes no entry of it); MariaDB/MySQL index every
+#: archived row by state first.
+IS_DEAD = text("state = 'dead'")
+Index(
+    "ix_txtasks_archive_dead",
+    archive.c.queue,
+    archive.c.finished_at,
+    postgresql_where=IS_DEAD,
+    sqlite_where=IS_DEAD,
+).ddl_if(dialect=("postgresql", "sqlite"))  # type: ignore[arg-type]  # a tuple works
+Index(
+    "ix_txtasks_archive_dead",
+    archive.c.state,
+    archive.c.queue,
+    archive.c.finished_at,
+).ddl_if(dialect=("mysql", "mariadb"))  # type: ignore[arg-type]
+
+
+def along_archive_order(stmt: Any, *, by_queue: bool) -> Any:
+    """`stmt` (archived tasks of one state, last finished first) on MariaDB/MySQL along the
+    index in that order: of state, queue and finish time when it keeps one queue, else of state
+    and finish time (its planner would rather read every entry of the state and sort them)."""
+    if not by_queue:
+        return along_archive_state(stmt)
+    hint = "FORCE INDEX (ix_txtasks_archive_dead)"
+    return stmt.with_hint(archive, hint, "mysql").with_hint(archive, hint, "mariadb")
 
 
 def along_archive_state(stmt: Any) -> Any:
@@ -388,6 +433,26 @@ paused_queues = Table(
     metadata,
     Column("queue", ExactString(128), primary_key=True),
     Column("paused_at", Timestamp, nullable=False),
+    mysql_engine="InnoDB",
+)
+
+#: Workers and cleaners that are running: each writes its row at start and again at every
+#: heartbeat (what it runs, how many tasks), and deletes it when it stops. A row whose
+#: `expires_at` passed belongs to a process that stopped beating (killed, or cut off).
+processes = Table(
+    "txtasks_processes",
+    metadata,
+    Column("id", ExactString(128), primary_key=True),
+    Column("kind", String(16), nullable=False),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    # what it runs: its queues (a worker) or sweeps (a cleaner), comma-separated
+    Column("runs", LongText, nullable=False),
+    # tasks it is running (a worker), or None
+    Column("running", Integer, nullable=True),
+    Column("started_at", Timestamp, nullable=False),
+    Column("beat_at", Timestamp, nullable=False),
+    Column("expires_at", Timestamp, nullable=False),
     mysql_engine="InnoDB",
 )
 

@@ -167,7 +167,8 @@ class Dashboard:
         depths = await reads.depths(now=now)
         paused = await self.app.driver.queue_paused_list()
         rates = await reads.finished_per_minute(now=now)
-        for name in [*paused, *rates, *self.app.queues]:
+        arrivals = await reads.arrived_per_minute(now=now)
+        for name in [*paused, *rates, *arrivals, *self.app.queues]:
             depths.setdefault(name, QueueDepth(name))
         queues = []
         for name in sorted(depths):
@@ -175,14 +176,16 @@ class Dashboard:
             completed = series.get("completed", [0] * 60)
             others = [s for k, s in series.items() if k != "completed"]
             failed = [sum(v) for v in zip(*others, strict=True)] if others else [0] * 60
+            arrived = arrivals.get(name, [0] * 60)
             queues.append(
                 {
                     "depth": depths[name],
                     "paused_at": paused.get(name),
                     "oldest": _since(now, depths[name].oldest_ready),
+                    "in_hour": sum(arrived),
                     "done_hour": sum(completed),
                     "failed_hour": sum(failed),
-                    "chart": sparkline(completed, failed),
+                    "chart": sparkline(completed, failed, arrived),
                 }
             )
         keys = await reads.busy_keys(now=now)
@@ -241,8 +244,8 @@ class Dashboard:
         return self.render(request, "periodic.html", schedules=schedules, others=others)
 
     async def page_workers(self, request: Request) -> Response:
-        workers = await self.reads.workers(now=self.app.clock())
-        return self.render(request, "workers.html", workers=workers, now=self.app.clock())
+        processes = await self.app.driver.process_list()
+        return self.render(request, "workers.html", processes=processes, now=self.app.clock())
 
     # -- actions ------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""A small inline SVG chart: tasks finished per minute over the last hour."""
+"""A small inline SVG chart: tasks enqueued and finished per minute over the last hour."""
 
 from __future__ import annotations
 
@@ -8,11 +8,17 @@ from markupsafe import Markup
 
 
 def sparkline(
-    done: Sequence[int], failed: Sequence[int], *, width: int = 240, height: int = 36
+    done: Sequence[int],
+    failed: Sequence[int],
+    arrived: Sequence[int] = (),
+    *,
+    width: int = 240,
+    height: int = 36,
 ) -> Markup:
-    """Bars per minute, oldest left: completed in green, failed or dead on top in red."""
+    """Bars per minute, oldest left: completed in green, failed or dead on top in red; the
+    tasks enqueued each minute as a line over them."""
     count = max(len(done), 1)
-    peak = max([d + f for d, f in zip(done, failed, strict=True)] + [1])
+    peak = max([d + f for d, f in zip(done, failed, strict=True)] + [*arrived, 1])
     step = width / count
     bars = []
     for i, (d, f) in enumerate(zip(done, failed, strict=True)):
@@ -29,7 +35,16 @@ def sparkline(
                 f'<rect class="bad" x="{x:.1f}" y="{height - ok_h - bad_h:.1f}" '
                 f'width="{max(step - 1, 1):.1f}" height="{bad_h:.1f}"/>'
             )
-    title = f"last hour: {sum(done)} completed, {sum(failed)} failed or dead; peak {peak}/min"
+    if arrived:
+        points = " ".join(
+            f"{(i + 0.5) * step:.1f},{height - height * a / peak:.1f}"
+            for i, a in enumerate(arrived)
+        )
+        bars.append(f'<polyline class="arrived" points="{points}"/>')
+    title = (
+        f"last hour: {sum(arrived)} enqueued, {sum(done)} completed, {sum(failed)} failed or dead;"
+        f" peak {peak}/min"
+    )
     return Markup(
         f'<svg class="chart" width="{width}" height="{height}" role="img" '
         f'viewBox="0 0 {width} {height}"><title>{title}</title>'

@@ -4,8 +4,9 @@ Each is one statement along an index of `txtasks.schema.tables`, so that a page 
 hot table of millions of rows (`tests/web/test_plans.py` checks the plans): counts per queue
 along the claim, lease and stage indexes (on MariaDB/MySQL, whose claim index has no state,
 along the index of queue and state), finished tasks per minute along the archive's index of
-state and finish time, workers along the lease index, and pages of tasks by keyset (the primary
-key for live tasks, the archive's index for finished ones). Nothing here takes SQL from a user:
+state and finish time, tasks enqueued per minute backwards along the primary key and among
+those finished, and pages of tasks by keyset (the primary key for live tasks, the archive's
+index for finished ones). Nothing here takes SQL from a user:
 filters are bound values.
 """
 
@@ -25,6 +26,7 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    union_all,
     update,
 )
 from sqlalchemy.ext.compiler import compiles
@@ -34,11 +36,14 @@ from sqlalchemy.sql.expression import FunctionElement
 from txtasks.control import TaskFilter
 from txtasks.driver.dialect import key_hints_of
 from txtasks.driver.sql import SqlDriver
+from txtasks.driver.sql_admin import stmt_newest_before
 from txtasks.schema.tables import (
+    IS_DEAD,
     IS_READY,
     KEYED,
     UNKEYED,
     Timestamp,
+    along_archive_order,
     along_archive_state,
     archive,
     key_hints,
@@ -61,6 +66,8 @@ CLAIM_ORDER = (tasks.c.priority.desc(), tasks.c.run_at, tasks.c.id)
 #: Text in the error is looked for among this many tasks (matching the other filters) a page.
 SEARCH_WINDOW = 5_000
 SINCE = bindparam("since", type_=Timestamp)
+#: Arrivals are counted from the newest task enqueued this many minutes before the window.
+ARRIVAL_MARGIN_MINUTES = 5
 
 
 class minute_of(FunctionElement[str]):  # an SQL function, named like one
@@ -101,16 +108,6 @@ class QueueDepth:
 
 
 @dataclass(frozen=True)
-class Worker:
-    """A worker holding leases: its id, a queue it runs tasks of, how many, until when."""
-
-    worker_id: str
-    queue: str
-    running: int
-    lease_until: datetime
-
-
-@dataclass(frozen=True)
 class TaskPage:
     """One page of a task listing, and the cursor of the next one (None: the last page)."""
 
@@ -136,6 +133,35 @@ def stmt_ready_queues(keyed: bool) -> Any:
     found = select(after(None).label("queue")).cte("ready_queues", recursive=True)
     found = found.union_all(select(after(found.c.queue)).where(found.c.queue.is_not(None)))
     return select(found.c.queue).where(found.c.queue.is_not(None))
+
+
+def _along_dead(stmt: Any) -> Any:
+    """`stmt` along the archive's index of dead letters on MariaDB/MySQL too (whose planner
+    would rather follow the index of state and finish time, reading every dead letter)."""
+    hint = "FORCE INDEX (ix_txtasks_archive_dead)"
+    return stmt.with_hint(archive, hint, "mysql").with_hint(archive, hint, "mariadb")
+
+
+def stmt_dead_next_queue(*, first: bool) -> Any:
+    """The first queue with dead letters (after queue `after`): one probe of the archive's
+    index of dead letters. One statement per queue: MariaDB runs the recursive form of this
+    loose scan (`stmt_ready_queues`) as a scan of the index per queue."""
+    stmt = select(archive.c.queue).where(IS_DEAD)
+    if not first:
+        stmt = stmt.where(archive.c.queue > bindparam("after", type_=archive.c.queue.type))
+    return _along_dead(stmt.order_by(archive.c.queue).limit(1))
+
+
+def stmt_dead_count() -> Any:
+    """Dead letters of queue `queue`, up to `cap`: along the archive's index of dead letters,
+    from the queue's first entry."""
+    some = _along_dead(
+        select(archive.c.id)
+        .where(archive.c.queue == QUEUE, IS_DEAD)
+        .order_by(archive.c.finished_at)
+        .limit(bindparam("cap", type_=Integer))
+    ).subquery()
+    return select(func.count()).select_from(some)
 
 
 def stmt_ready_count(keyed: bool, *, due: bool) -> Any:
@@ -241,15 +267,6 @@ def stmt_processing_counts() -> Any:
     )
 
 
-def stmt_dead_counts() -> Any:
-    """Dead letters per queue: along the archive's index of state and finish time."""
-    return along_archive_state(
-        select(archive.c.queue, func.count())
-        .where(archive.c.state == TaskState.DEAD.value, archive.c.finished_at.is_not(None))
-        .group_by(archive.c.queue)
-    )
-
-
 def stmt_finished_per_minute() -> Any:
     """Tasks finished per queue, state and minute since `since`: along the archive's index."""
     minute = minute_of(archive.c.finished_at)
@@ -260,14 +277,28 @@ def stmt_finished_per_minute() -> Any:
     )
 
 
-def stmt_workers() -> Any:
-    """Workers holding an unexpired lease, per queue: along the lease index."""
-    return (
-        select(tasks.c.worker_id, tasks.c.queue, func.count(), func.max(tasks.c.lease_expires_at))
-        .where(tasks.c.state == PROCESSING, tasks.c.lease_expires_at > NOW)
-        .group_by(tasks.c.worker_id, tasks.c.queue)
-        .order_by(tasks.c.worker_id, tasks.c.queue)
+def stmt_arrived_per_minute() -> Any:
+    """Tasks enqueued per queue and minute since `since`, in one statement (one snapshot, so
+    that a task finishing meanwhile counts once): live ones backwards along the primary key
+    from the newest down to id `after` (ids follow enqueue times closely), finished ones among
+    those finished since (along the archive's index of state and finish time)."""
+    live_minute = minute_of(tasks.c.created_at)
+    live = (
+        select(tasks.c.queue, live_minute.label("minute"), func.count().label("n"))
+        .where(tasks.c.id > bindparam("after", type_=Integer), tasks.c.created_at >= SINCE)
+        .group_by(tasks.c.queue, live_minute)
     )
+    done_minute = minute_of(archive.c.created_at)
+    done = along_archive_state(
+        select(archive.c.queue, done_minute.label("minute"), func.count().label("n"))
+        .where(
+            archive.c.state.in_(FINISHED),
+            archive.c.finished_at >= SINCE,
+            archive.c.created_at >= SINCE,
+        )
+        .group_by(archive.c.queue, done_minute)
+    )
+    return union_all(live, done)
 
 
 @dataclass(frozen=True)
@@ -303,7 +334,16 @@ def stmt_task_page(query: TaskQuery, cursor: str | None, limit: int, *columns: s
     stmt = _select(archive, columns).where(archive.c.state == query.state, *query.clauses(archive))
     if cursor:
         stmt = stmt.where(_after(cursor))
-    return stmt.order_by(archive.c.finished_at.desc(), archive.c.id.desc()).limit(limit)
+    stmt = stmt.order_by(archive.c.finished_at.desc(), archive.c.id.desc()).limit(limit)
+    return along_archive_order(stmt, by_queue=query.queue is not None)
+
+
+def _minutes(now: datetime, minutes: int) -> tuple[datetime, dict[str, int]]:
+    """The start of the first of the last `minutes` minutes, and each minute's slot by label
+    (as `minute_of` writes it)."""
+    start = (now - timedelta(minutes=minutes - 1)).replace(second=0, microsecond=0)
+    labels = [(start + timedelta(minutes=i)).strftime("%Y-%m-%d %H:%M") for i in range(minutes)]
+    return start, {label: i for i, label in enumerate(labels)}
 
 
 def _select(table: Any, columns: tuple[str, ...]) -> Any:
@@ -375,10 +415,9 @@ class Reads:
                         depth.oldest_ready = head.scalar_one_or_none()
             for queue, count in (await conn.execute(stmt_processing_counts())).all():
                 found.setdefault(queue, QueueDepth(queue)).processing = int(count)
-            for queue, count in (await conn.execute(stmt_dead_counts())).all():
-                found.setdefault(queue, QueueDepth(queue)).dead = int(count)
+            await self._dead_counts(conn, found, cap)
         for depth in found.values():
-            depth.capped = depth.ready >= cap or depth.scheduled >= cap
+            depth.capped = depth.ready >= cap or depth.scheduled >= cap or depth.dead >= cap
         return found
 
     async def _depths_by_state(self, *, now: datetime, cap: int) -> dict[str, QueueDepth]:
@@ -405,11 +444,19 @@ class Reads:
                 depth.processing = int(running.scalar_one())
                 after = await conn.execute(stmt_next_queue(first=False), {"after": queue})
                 queue = after.scalar()
-            for queue, count in (await conn.execute(stmt_dead_counts())).all():
-                found.setdefault(queue, QueueDepth(queue)).dead = int(count)
+            await self._dead_counts(conn, found, cap)
         for depth in found.values():
-            depth.capped = depth.ready >= cap or depth.scheduled >= cap
+            depth.capped = depth.ready >= cap or depth.scheduled >= cap or depth.dead >= cap
         return found
+
+    async def _dead_counts(self, conn: Any, found: dict[str, QueueDepth], cap: int) -> None:
+        """Each queue's dead letters, up to `cap`, one bounded count per queue that has some."""
+        queue = (await conn.execute(stmt_dead_next_queue(first=True))).scalar()
+        while queue is not None:
+            dead = await conn.execute(stmt_dead_count(), {"queue": queue, "cap": cap})
+            found.setdefault(queue, QueueDepth(queue)).dead = int(dead.scalar_one())
+            after = await conn.execute(stmt_dead_next_queue(first=False), {"after": queue})
+            queue = after.scalar()
 
     async def busy_keys(
         self, *, now: datetime, limit: int = 20, cap: int = COUNT_CAP
@@ -440,9 +487,7 @@ class Reads:
     ) -> dict[str, dict[str, list[int]]]:
         """Per queue and state, the tasks finished in each of the last `minutes` minutes
         (oldest first)."""
-        start = (now - timedelta(minutes=minutes - 1)).replace(second=0, microsecond=0)
-        labels = [(start + timedelta(minutes=i)).strftime("%Y-%m-%d %H:%M") for i in range(minutes)]
-        index = {label: i for i, label in enumerate(labels)}
+        start, index = _minutes(now, minutes)
         found: dict[str, dict[str, list[int]]] = {}
         async with self.driver.connect() as conn:
             rows = await conn.execute(stmt_finished_per_minute(), {"since": start})
@@ -453,10 +498,23 @@ class Reads:
                     series[slot] += int(count)
         return found
 
-    async def workers(self, *, now: datetime) -> list[Worker]:
+    async def arrived_per_minute(self, *, now: datetime, minutes: int = 60) -> dict[str, list[int]]:
+        """Per queue, the tasks enqueued in each of the last `minutes` minutes (oldest first),
+        live or finished since."""
+        start, index = _minutes(now, minutes)
+        # from a task enqueued a few minutes before the window: one a little out of id order
+        # (concurrent transactions, clocks) still counts
+        margin = start - timedelta(minutes=ARRIVAL_MARGIN_MINUTES)
+        found: dict[str, list[int]] = {}
         async with self.driver.connect() as conn:
-            rows = (await conn.execute(stmt_workers(), {"now": now})).all()
-        return [Worker(w or "?", q, int(n), until) for w, q, n, until in rows]
+            after = (await conn.execute(stmt_newest_before(margin))).scalar()
+            params = {"since": start, "after": -1 if after is None else int(after)}
+            rows = (await conn.execute(stmt_arrived_per_minute(), params)).all()
+        for queue, minute, count in rows:
+            slot = index.get(minute)
+            if slot is not None:
+                found.setdefault(queue, [0] * minutes)[slot] += int(count)
+        return found
 
     async def task_page(self, query: TaskQuery, cursor: str | None, limit: int) -> TaskPage:
         """A page of tasks matching `query` after `cursor`. Text in the error is looked for

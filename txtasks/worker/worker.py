@@ -26,6 +26,7 @@ from txtasks.faults import Outage, open_when_reachable
 from txtasks.health import HealthServer, Pulse
 from txtasks.keys import Rate
 from txtasks.middleware import Middleware
+from txtasks.processes import Beacon
 from txtasks.types import Outcome, OutcomeKind, TaskKey, TaskRow
 from txtasks.wakeup import Notifier
 from txtasks.worker.config import WorkerConfig, WorkerStats
@@ -78,6 +79,15 @@ class Worker:
         if not self.queues:
             raise ConfigurationError("worker: no queues to serve (register a task or pass queues)")
         self.stats = WorkerStats()
+        #: Its heartbeat row (txtasks.processes): its queues and how many tasks it runs.
+        self._beacon = Beacon(
+            self.driver,
+            app.clock,
+            process_id=self.worker_id,
+            kind="worker",
+            runs=self.queues,
+            expires_after=self.config.lease,
+        )
         #: Claimed attempts not finished yet: waiting for a runner, or running.
         self._held: set[TaskKey] = set()
         #: Attempts of tasks with a key whose outcome is not written yet (see `_written`).
@@ -219,6 +229,7 @@ class Worker:
         progress = asyncio.create_task(self._progress.run(self._beat_stop), name="txtasks-progress")
         self._loops = [flusher, heartbeat, cancels, progress]
         log.info("worker %s serving %s", self.worker_id, ", ".join(self.queues))
+        await self._beacon.beat(running=0)
         try:
             await self.notifier.subscribe(self.queues, self.wake)
             await self._claim_loop()
@@ -230,6 +241,7 @@ class Worker:
             await asyncio.gather(flusher, heartbeat, cancels, progress, return_exceptions=True)
             await self._outcomes.drain(give_up=lambda: self._force)
             self._runner.close()
+            await self._beacon.end()
         log.info("worker %s stopped: %s", self.worker_id, self.stats)
         return self.stats
 
@@ -380,6 +392,7 @@ class Worker:
             keys = [*self._held, *self._outcomes.keys()]
             if keys and await self._leases_extend(keys):
                 self._cancel_look.set()  # looked for apart: a beat never waits for it
+            await self._beacon.beat(running=len(self._held))
             pulse.beat()
 
     async def _cancels_look(self) -> None:
