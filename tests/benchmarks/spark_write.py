@@ -145,6 +145,18 @@ def prepare(url: str) -> None:
         engine.dispose()
 
 
+def drop_bench_tables(url: str) -> None:
+    """Leave the database as the run found it: the hand-built pattern's tasks table shares the
+    tasks table's id sequence on PostgreSQL, which could then not be dropped."""
+    engine = create_engine(url_sync(url))
+    try:
+        with engine.begin() as conn:
+            for table in (PLAIN, HAND_STAGE, HAND_TASKS):
+                conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
+    finally:
+        engine.dispose()
+
+
 def count(url: str, table: str) -> int:
     engine = create_engine(url_sync(url))
     try:
@@ -230,6 +242,7 @@ def run_case(spark: Any, df: Any, case: Case, rows: int, runs: int, publishers: 
             + f", deferred publish {case.claimable['deferred'][-1]:.2f} s"
         )
     prepare(case.url)
+    drop_bench_tables(case.url)
 
 
 @dataclass

@@ -74,6 +74,7 @@ if TYPE_CHECKING:
 __all__ = [
     "STAGED_COLUMNS",
     "STAGED_KEY",
+    "Backlog",
     "Published",
     "SqlStaging",
     "StageTarget",
@@ -145,6 +146,18 @@ class Published:
     tasks: Mapping[str, int]
 
 
+@dataclass(frozen=True)
+class Backlog:
+    """The rows of deferred writes committed and not published yet."""
+
+    #: Staged rows waiting for a publisher.
+    rows: int = 0
+    #: Commits with rows waiting.
+    commits: int = 0
+    #: When the oldest of those commits was made; None when none waits.
+    oldest_committed_at: datetime | None = None
+
+
 class Staging(Protocol):
     """What workers and the cleaner need of every backend's staging."""
 
@@ -155,6 +168,9 @@ class Staging(Protocol):
     async def publish(self, *, limit: int, now: datetime) -> Published | None:
         """Publish up to `limit` staged rows of one attempt of a deferred write (in one
         transaction): None when no deferred write waits (one indexed probe)."""
+
+    async def backlog(self) -> Backlog:
+        """The rows of deferred writes waiting for a publisher."""
 
 
 @overload
@@ -391,6 +407,18 @@ class SqlStaging:
             if count:
                 published[queue] = count
         return published
+
+    async def backlog(self) -> Backlog:
+        """The rows of deferred writes waiting for a publisher (counted: one index entry per
+        row), how many commits they belong to, and the oldest commit's time."""
+        d = deferred.c
+        on = and_(staged.c.write_key == d.write_key, staged.c.stage_id == d.stage_id)
+        rows = select(func.count()).select_from(staged.join(deferred, on))
+        commits_ = select(func.count(d.commit_id.distinct()), func.min(d.committed_at))
+        async with self.driver.connect() as conn:
+            count = int((await conn.execute(rows)).scalar_one())
+            writes_, oldest = (await conn.execute(commits_)).one()
+        return Backlog(rows=count, commits=int(writes_), oldest_committed_at=oldest)
 
     def commit_seen(self, commit_id: str) -> bool:
         """Whether `commit_id` was committed already."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from txtasks.driver.memory import MemoryDriver
-from txtasks.spark.staging import Published
+from txtasks.spark.staging import Backlog, Published
 from txtasks.types import TaskState
 
 
@@ -33,3 +33,7 @@ class MemoryStaging:
     async def publish(self, *, limit: int, now: datetime) -> Published | None:
         """Nothing to publish: the in-memory driver stages no writes."""
         return None
+
+    async def backlog(self) -> Backlog:
+        """Nothing waits: the in-memory driver stages no writes."""
+        return Backlog()
