@@ -8,6 +8,7 @@ import tempfile
 
 from pyspark.sql import SparkSession
 
+from cleaner import Publisher, PublisherConfig
 from txtasks import App
 from txtasks.spark import register
 from txtasks.testing import run_until_empty
@@ -52,7 +53,9 @@ async def main() -> None:
     # The application enqueues order 3 itself before any publisher ran: its task is live when
     # the write's row with that dedup key is published, so it wins.
     await ship.aenqueue({"order_id": 3, "by": "app"}, dedup_key="3")
-    stats = await run_until_empty(app)  # this worker publishes the write, then runs it
+    published = await Publisher(app, PublisherConfig()).run_once()  # the cleaner's sweep
+    assert (published.rows, published.tasks) == (6, 5)  # order 3's row: its key was live
+    stats = await run_until_empty(app)  # a worker (it would publish too)
     assert stats.outcomes == {"completed": 6}
     assert sorted(shipped) == [(1, "spark"), (2, "spark"), (3, "app"), (4, "spark"),
                                (5, "spark"), (6, "spark")]  # fmt: skip

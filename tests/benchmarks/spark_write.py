@@ -98,6 +98,8 @@ class Case:
     seconds: dict[str, list[float]] = field(default_factory=dict)
     #: Seconds from the job's return to every task claimable, per txtasks mode.
     claimable: dict[str, list[float]] = field(default_factory=dict)
+    #: Seconds from the commit's start (its recorded time) to the job's return, per mode.
+    commit: dict[str, list[float]] = field(default_factory=dict)
 
     def add(self, table: dict[str, list[float]], writer: str, seconds: float) -> None:
         table.setdefault(writer, []).append(seconds)
@@ -225,6 +227,7 @@ def run_case(spark: Any, df: Any, case: Case, rows: int, runs: int, publishers: 
         for mode in ("atomic", "deferred"):
             prepare(case.url)
             case.add(case.seconds, mode, timed(txtasks(mode).save))
+            case.add(case.commit, mode, commit_seconds(case.url, time.time()))
             waited = 0.0  # atomic: claimable when the job returns
             if mode == "deferred":
                 waited = timed(lambda: publish_all(case.url, publishers))
@@ -352,9 +355,9 @@ def report(cases: list[Case], rows: int, partitions: int, runs: int, publishers:
         f"rows {rows:,}, partitions {partitions}, runs {runs} (median), Spark local[2], "
         f"{publishers} publishers",
         "",
-        "| database | writer | rows/s | / JDBC plain | / hand-built atomic | job s | "
+        "| database | writer | rows/s | / JDBC plain | / hand-built atomic | job s | commit s | "
         "job return to all claimable s |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     names = {
         "atomic": "txtasks atomic",
@@ -365,12 +368,13 @@ def report(cases: list[Case], rows: int, partitions: int, runs: int, publishers:
     for case in cases:
         median = {w: statistics.median(case.seconds[w]) for w in WRITERS}
         for writer in WRITERS:
-            claimable = case.claimable.get(writer)
+            claimable, commit = case.claimable.get(writer), case.commit.get(writer)
             shown = f"{statistics.median(claimable):.2f}" if claimable else "-"
+            committed = f"{statistics.median(commit):.2f}" if commit else "-"
             lines.append(
                 f"| {case.backend} | {names[writer]} | {rows / median[writer]:,.0f} | "
                 f"{median['jdbc'] / median[writer]:.2f}x | {median['hand'] / median[writer]:.2f}x | "
-                f"{median[writer]:.2f} | {shown} |"
+                f"{median[writer]:.2f} | {committed} | {shown} |"
             )
     return "\n".join([*lines, "", machine()])
 

@@ -13,6 +13,12 @@ skips a key the unique index holds, so a task enqueued with that key by a transa
 committing meanwhile wins and the commit goes on), and deletes the write's staged rows. Abort
 deletes them.
 
+A deferred commit (`commit_deferred`) makes the same checks and deletions, then records one row
+per committed attempt in `txtasks_deferred` instead of copying its rows: publishers copy them
+later, in batches (`txtasks.spark.staging.publisher`). Until then those rows belong to their
+commit: the commits and aborts of the same write key (a stream's later micro-batches), and the
+purge of abandoned rows, leave them alone.
+
 A write is open from before its first attempt stages until its commit or abort: it has a row in
 `txtasks_writes`. Staging ends by reading that row under a shared lock, and rolls back if it is
 gone; the commit and the abort first delete it, in a transaction of their own, which waits for
