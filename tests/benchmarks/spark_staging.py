@@ -1,8 +1,11 @@
-"""Seconds to stage rows on PostgreSQL, by wire format: COPY CSV written by Arrow (what
-`PostgresStaging` sends) against binary COPY (psycopg `write_row`, types set), the same rows
-in the same transaction shape (one attempt: one transaction), outside Spark.
+"""Seconds to stage rows, by wire format, outside Spark: on PostgreSQL COPY CSV written by
+Arrow (what `PostgresStaging` sends) against binary COPY (psycopg `write_row`, types set); on
+MariaDB/MySQL multi-row INSERTs of literals written by Arrow (what `MySQLStaging` sends)
+against `LOAD DATA LOCAL INFILE` of a CSV file Arrow writes (a connection with `local_infile`).
+The same rows in the same transaction shape (one attempt: one transaction).
 
     TXTASKS_BENCH_POSTGRES_URL=postgresql://app:app@127.0.0.1:45432/bench \\
+    TXTASKS_BENCH_MYSQL_URL=mysql://app:app@127.0.0.1:43306/bench \\
         python -m tests.benchmarks.spark_staging --rows 50000 --runs 5
 
 Each run stages `--rows` rows (the payload `{"order_id":N,"customer":"customer-N","amount":N.0}`,
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import tempfile
 import time
 import uuid
 from datetime import datetime
@@ -24,6 +28,7 @@ from sqlalchemy import Connection, text
 
 from txtasks.driver import driver_for_url
 from txtasks.spark.staging import STAGED_COLUMNS
+from txtasks.spark.staging.mysql import MySQLStaging
 from txtasks.spark.staging.postgresql import PostgresStaging
 
 COPY_BINARY = "COPY txtasks_staged ({}) FROM STDIN (FORMAT binary)"
@@ -52,6 +57,56 @@ class BinaryStaging(PostgresStaging):
                 copy.write_row(row)
 
 
+#: LOAD DATA of a CSV file Arrow writes (nulls: empty fields, as no key is empty).
+LOAD_STAGED = (
+    "LOAD DATA LOCAL INFILE '{path}' INTO TABLE txtasks_staged CHARACTER SET binary "
+    "FIELDS TERMINATED BY ',' OPTIONALLY ENCLOSED BY '\"' ESCAPED BY '' "
+    "LINES TERMINATED BY '\\n' ({names}) SET dedup_key = NULLIF(@dedup_key, '')"
+)
+
+
+class LoadDataStaging(MySQLStaging):
+    """Staging by LOAD DATA LOCAL INFILE of a CSV file Arrow writes (on a connection of its
+    own with `local_infile`, committed with the write-fence check on it)."""
+
+    def stage(self, write_key: str, batches: Any) -> int:
+        import pyarrow.csv as pa_csv  # type: ignore[import-untyped]
+        import pymysql
+
+        url = self.driver.sync_engine.url
+        conn = pymysql.connect(
+            host=url.host,
+            port=url.port or 3306,
+            user=url.username,
+            password=url.password,
+            database=url.database,
+            local_infile=True,
+        )
+        count = 0
+        try:
+            with conn.cursor() as cursor, tempfile.TemporaryDirectory() as tmp:
+                for n, batch in enumerate(batches):
+                    where = batch.schema.get_field_index("payload")
+                    text_ = batch.column(where).cast(pa.large_string())
+                    path = f"{tmp}/{n}.csv"
+                    options = pa_csv.WriteOptions(include_header=False, quoting_style="needed")
+                    pa_csv.write_csv(batch.set_column(where, "payload", text_), path, options)
+                    names = ", ".join(
+                        "@dedup_key" if c == "dedup_key" else c for c in batch.column_names
+                    )
+                    cursor.execute(LOAD_STAGED.format(path=path, names=names))
+                    count += batch.num_rows
+                cursor.execute(
+                    "SELECT write_key FROM txtasks_writes WHERE write_key = %s LOCK IN SHARE MODE",
+                    (write_key,),
+                )
+                assert cursor.fetchone() is not None
+            conn.commit()
+        finally:
+            conn.close()
+        return count
+
+
 def rows_table(key: str, stage_id: str, rows: int) -> Any:
     now = datetime(2030, 1, 1)
     payloads = [
@@ -75,13 +130,23 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--postgres-url", default=os.environ.get("TXTASKS_BENCH_POSTGRES_URL"))
+    parser.add_argument("--mysql-url", default=os.environ.get("TXTASKS_BENCH_MYSQL_URL"))
     parser.add_argument("--rows", type=int, default=50_000)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
-    if not args.postgres_url:
-        parser.error("give --postgres-url (or TXTASKS_BENCH_POSTGRES_URL)")
-    driver = driver_for_url(args.postgres_url)
-    stagings = {"csv": PostgresStaging(driver), "binary": BinaryStaging(driver)}  # type: ignore[arg-type]
+    if not args.postgres_url and not args.mysql_url:
+        parser.error("give --postgres-url and/or --mysql-url (or TXTASKS_BENCH_*_URL)")
+    print(f"rows {args.rows:,} per attempt, runs {args.runs} (median, after one warm-up)")
+    if args.postgres_url:
+        driver = driver_for_url(args.postgres_url)
+        run(driver, {"COPY csv": PostgresStaging, "COPY binary": BinaryStaging}, args)
+    if args.mysql_url:
+        driver = driver_for_url(args.mysql_url)
+        run(driver, {"INSERT literals": MySQLStaging, "LOAD DATA LOCAL": LoadDataStaging}, args)
+
+
+def run(driver: Any, kinds: dict[str, Any], args: Any) -> None:
+    stagings = {name: kind(driver) for name, kind in kinds.items()}
     seconds: dict[str, list[float]] = {name: [] for name in stagings}
     for _ in range(args.runs + 1):  # the first run warms up, untimed
         for name, staging in stagings.items():
@@ -93,11 +158,14 @@ def main() -> None:
             seconds[name].append(time.perf_counter() - started)
             staging.close(key)
             with driver.sync_engine.begin() as conn:
+                staged = conn.execute(text("SELECT count(*) FROM txtasks_staged")).scalar()
+                assert staged == args.rows, staged
                 conn.execute(text("DELETE FROM txtasks_staged"))
-    print(f"rows {args.rows:,} per attempt, runs {args.runs} (median, after one warm-up)")
     for name, values in seconds.items():
         median = statistics.median(values[1:])
-        print(f"{name}: {median:.3f} s ({args.rows / median:,.0f} rows/s)")
+        print(
+            f"{driver.capabilities.name} {name}: {median:.3f} s ({args.rows / median:,.0f} rows/s)"
+        )
 
 
 if __name__ == "__main__":
