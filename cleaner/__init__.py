@@ -3,12 +3,14 @@ are lost. Run it with `txtasks cleaner APP` or `python -m cleaner APP`.
 
 Sweeps, each one class with a config of named defaults and a testable `run_once()`:
 `Rescuer` (expired leases), `Reannouncer` (lost wake-ups), `Archiver` (finished rows in the
-hot table), `Retention` (old archive rows) and `Periodic` (cron and interval schedules).
+hot table), `Retention` (old archive rows), `Periodic` (cron and interval schedules) and
+`Publisher` (rows of Spark writes committed in deferred mode).
 """
 
 from cleaner.archiver import Archiver, ArchiverConfig, ArchiveResult
 from cleaner.daemon import Cleaner, CleanerConfig
 from cleaner.firer import Periodic, PeriodicConfig, PeriodicResult
+from cleaner.publisher import Publisher, PublisherConfig, PublishResult
 from cleaner.reannouncer import Reannouncer, ReannouncerConfig, ReannounceResult
 from cleaner.rescuer import Rescuer, RescuerConfig, RescueResult
 from cleaner.retention import Keep, Retention, RetentionConfig, RetentionResult
@@ -24,6 +26,9 @@ __all__ = [
     "Periodic",
     "PeriodicConfig",
     "PeriodicResult",
+    "PublishResult",
+    "Publisher",
+    "PublisherConfig",
     "ReannounceResult",
     "Reannouncer",
     "ReannouncerConfig",

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from cleaner.archiver import Archiver, ArchiverConfig
 from cleaner.firer import Periodic, PeriodicConfig
 from cleaner.health import HealthServer
+from cleaner.publisher import Publisher, PublisherConfig
 from cleaner.reannouncer import Reannouncer, ReannouncerConfig
 from cleaner.rescuer import Rescuer, RescuerConfig
 from cleaner.retention import Retention, RetentionConfig
@@ -55,6 +56,7 @@ class CleanerConfig:
     archiver: ArchiverConfig | None = field(default_factory=ArchiverConfig)
     retention: RetentionConfig | None = field(default_factory=RetentionConfig)
     periodic: PeriodicConfig | None = field(default_factory=PeriodicConfig)
+    publisher: PublisherConfig | None = field(default_factory=PublisherConfig)
     #: Queue gauges for the metrics; runs only when the cleaner serves metrics.
     stats: StatsConfig | None = field(default_factory=StatsConfig)
     #: Serve /livez and /readyz on this port (0: any free port); None: no HTTP endpoint.
@@ -69,6 +71,7 @@ SWEEPS: dict[str, type[Sweep[Any, Any]]] = {
     "archiver": Archiver,
     "retention": Retention,
     "periodic": Periodic,
+    "publisher": Publisher,
 }
 
 

@@ -27,11 +27,14 @@ compgen -G '/usr/lib/postgresql/*/bin/initdb' > /dev/null || missing+=("initdb (
 command -v epmd > /dev/null || missing+=("epmd (Erlang)")
 # Spark (the txtasks[spark] tests) needs Java 17 or newer
 if ! command -v java > /dev/null; then missing+=("java (Spark)"); packages+=(default-jre-headless); fi
+# the Spark benchmark (tests/benchmarks/spark_write.py) compares with Spark's JDBC writer
+if [ ! -e /usr/share/java/postgresql.jar ]; then missing+=("PostgreSQL JDBC driver (Spark benchmark)"); packages+=(libpostgresql-jdbc-java); fi
+if [ ! -e /usr/share/java/mariadb-java-client.jar ]; then missing+=("MariaDB JDBC driver (Spark benchmark)"); packages+=(libmariadb-java); fi
 # the dashboard's browser tests (tests/web) drive Debian's Chromium with Playwright
 if [ ! -x /usr/bin/chromium ]; then missing+=("chromium (dashboard tests)"); packages+=(chromium); fi
 
 if [ ${#missing[@]} -eq 0 ]; then
-  say "server binaries present (PostgreSQL, MariaDB, RabbitMQ, epmd, Java, Chromium)"
+  say "server binaries present (PostgreSQL, MariaDB, RabbitMQ, epmd, Java, JDBC drivers, Chromium)"
 else
   say "missing: ${missing[*]}"
   if [ "$(id -u)" = 0 ]; then

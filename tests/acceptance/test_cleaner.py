@@ -50,7 +50,7 @@ from txtasks.schema.tables import archive, tasks
 
 pytestmark = pytest.mark.acceptance
 
-SWEEPS = {"rescuer", "reannouncer", "archiver", "retention", "periodic"}
+SWEEPS = {"rescuer", "reannouncer", "archiver", "retention", "periodic", "publisher"}
 #: A cleaner that only rescues, often (the default pass interval is 5 s).
 RESCUER = ("--only", "rescuer", "--set", "rescuer.interval=0.2")
 POLL = ("--poll-interval", "0.05")

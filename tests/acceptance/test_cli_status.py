@@ -46,6 +46,9 @@ QUEUE_FIELDS = {
 KEY_FIELDS = {"queue", "key", "waiting", "processing", "rate_limited", "rate_limited_until"}
 
 
+DEFERRED_FIELDS = {"rows", "commits", "oldest_commit_age"}
+
+
 def task(queue: str, key: str | None = None, run_in: float = -1.0) -> NewTask:
     now = utcnow()
     return NewTask(
@@ -97,7 +100,8 @@ async def test_the_json_document(database_url: str) -> None:
 
     document = json.loads(run_status(database_url, "--json", columns=None))
 
-    assert set(document) == {"version", "at", "window_seconds", "queues", "keys"}
+    assert set(document) == {"version", "at", "window_seconds", "queues", "keys", "deferred"}
+    assert document["deferred"] == {"rows": 0, "commits": 0, "oldest_commit_age": None}
     assert (document["version"], document["window_seconds"]) == (1, 60.0)
     assert document["at"].endswith("+00:00")
     queues = {q["queue"]: q for q in document["queues"]}
@@ -125,6 +129,29 @@ async def test_the_json_document(database_url: str) -> None:
     assert not any(k["rate_limited"] for k in keys)
     one_key = json.loads(run_status(database_url, "--json", "--keys", "1", columns=None))
     assert [k["key"] for k in one_key["keys"]] == ["k1"]
+
+
+async def test_the_backlog_of_deferred_spark_writes(database_url: str) -> None:
+    """Rows of a Spark write committed in deferred mode that no publisher took yet: counted in
+    the JSON document and shown in a table of their own."""
+    from tests.integration.test_staging_conformance import TARGET, attempt
+    from txtasks.spark.staging import staging_for
+
+    driver = driver_for_url(database_url)
+    staging = staging_for(driver)
+    committed = utcnow() - timedelta(seconds=30)
+    staging.open("w", committed)
+    staging.stage("w", [attempt("w", "w.a", [1, 2]), attempt("w", "w.a", [3])])
+    staging.commit_deferred("c", "w", {"w.a": 3}, TARGET, now=committed)
+    await driver.close()
+
+    document = json.loads(run_status(database_url, "--json", columns=None))
+    shown = run_status(database_url, columns=200)
+
+    deferred = document["deferred"]
+    assert (deferred["rows"], deferred["commits"]) == (3, 1)
+    assert deferred["oldest_commit_age"] >= 30
+    assert "deferred Spark writes to publish" in shown
 
 
 @pytest.fixture
@@ -252,12 +279,14 @@ def test_the_documented_json_document_has_the_fields_status_prints() -> None:
     section = page[page.index("### `--json`") :]
     body = section.index("```json\n") + 8
     example = json.loads(section[body : section.index("\n```", body)])
-    assert set(example) == {"version", "at", "window_seconds", "queues", "keys"}
+    assert set(example) == {"version", "at", "window_seconds", "queues", "keys", "deferred"}
     assert [set(q) for q in example["queues"]] == [QUEUE_FIELDS]
     assert [set(k) for k in example["keys"]] == [KEY_FIELDS]
+    assert set(example["deferred"]) == DEFERRED_FIELDS
     table = section[section.index("| Field |") : section.index("\n\n", section.index("| Field |"))]
     described = set(re.findall(r"`(\w+)(?:\[\])?`", table)) - {"null"}
-    assert described == (QUEUE_FIELDS | KEY_FIELDS | set(example)) - {"queue", "key"}
+    fields = QUEUE_FIELDS | KEY_FIELDS | DEFERRED_FIELDS | set(example)
+    assert described == fields - {"queue", "key"}
 
 
 @pytest.mark.postgresql

@@ -1,6 +1,15 @@
 """Rows/s enqueued from Spark with `format("txtasks")`, against Spark's own JDBC writer writing
 the same DataFrame to a plain table in the same database, in one run.
 
+Four writers alternate in each run, each from empty tables: txtasks with `publish` = "atomic"
+and "deferred", Spark's JDBC writer into a plain table, and the hand-built atomic pattern (the
+JDBC writer into a staging table of the same columns, then one `INSERT ... SELECT` building each
+task's JSON payload into a table with the tasks table's columns and indexes, timed together).
+A writer's time is the Spark job's (stage and commit). For each txtasks mode the report also
+gives the time from the job's return to every task claimable: 0 for atomic (the commit made
+them claimable), for deferred the time `--publishers` publishers (threads of this process, each
+with its own connections, as workers or cleaners would be) take to publish the write.
+
     python -m tests.benchmarks.spark_write --help
     TXTASKS_BENCH_POSTGRES_URL=postgresql://app:app@127.0.0.1:45432/bench \\
     TXTASKS_BENCH_MYSQL_URL=mysql://app:app@127.0.0.1:43306/bench \\
@@ -46,6 +55,31 @@ JARS = {
     "mysql": "/usr/share/java/mariadb-java-client.jar",
 }
 PLAIN = "spark_bench_plain"
+#: The hand-built pattern's staging table (the DataFrame's columns) and tasks table (the tasks
+#: table's columns and indexes).
+HAND_STAGE, HAND_TASKS = "spark_bench_stage", "spark_bench_tasks"
+COLUMNS = "order_id BIGINT, customer VARCHAR(64), amount DOUBLE PRECISION"
+#: Each task of the hand-built pattern, as the commit writes it, per dialect.
+HAND_PUBLISH = (
+    "INSERT INTO {tasks} (queue, task_name, payload, content_type, state, priority, run_at, "
+    "attempt, max_attempts, created_at) SELECT 'bench', 'bench.order', {payload}, "
+    "'application/json', 'pending', 0, {now}, 0, 5, {now} FROM {stage}"
+)
+HAND_SQL = {
+    "postgresql": {
+        "payload": "convert_to(json_build_object('order_id', order_id, 'customer', customer, "
+        "'amount', amount)::text, 'UTF8')",
+        "now": "(now() AT TIME ZONE 'utc')",
+        "like": "CREATE TABLE {tasks} (LIKE txtasks_tasks INCLUDING ALL)",
+    },
+    "mysql": {
+        "payload": "JSON_OBJECT('order_id', order_id, 'customer', customer, 'amount', amount)",
+        "now": "UTC_TIMESTAMP(6)",
+        "like": "CREATE TABLE {tasks} LIKE txtasks_tasks",
+    },
+}
+#: The writers of a run, in order.
+WRITERS = ("atomic", "deferred", "jdbc", "hand")
 
 
 #: Rows of the shape the dedup writes stage, made by PostgreSQL (for fresh statistics).
@@ -60,8 +94,15 @@ STAGE_LIKE = (
 class Case:
     backend: str
     url: str
-    txtasks: list[float] = field(default_factory=list)
-    jdbc: list[float] = field(default_factory=list)
+    #: Seconds of each run, per writer (`WRITERS`).
+    seconds: dict[str, list[float]] = field(default_factory=dict)
+    #: Seconds from the job's return to every task claimable, per txtasks mode.
+    claimable: dict[str, list[float]] = field(default_factory=dict)
+    #: Seconds from the commit's start (its recorded time) to the job's return, per mode.
+    commit: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, table: dict[str, list[float]], writer: str, seconds: float) -> None:
+        table.setdefault(writer, []).append(seconds)
 
 
 def log(message: str) -> None:
@@ -95,13 +136,25 @@ def prepare(url: str) -> None:
             conn.execute(text("DELETE FROM txtasks_tasks"))
             conn.execute(text("DELETE FROM txtasks_staged"))
             conn.execute(text("DELETE FROM txtasks_commits"))
-            conn.execute(text(f"DROP TABLE IF EXISTS {PLAIN}"))
-            conn.execute(
-                text(
-                    f"CREATE TABLE {PLAIN} (order_id BIGINT, customer VARCHAR(64), "
-                    "amount DOUBLE PRECISION)"
-                )
-            )
+            conn.execute(text("DELETE FROM txtasks_deferred"))
+            for table in (PLAIN, HAND_STAGE, HAND_TASKS):
+                conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
+            conn.execute(text(f"CREATE TABLE {PLAIN} ({COLUMNS})"))
+            conn.execute(text(f"CREATE TABLE {HAND_STAGE} ({COLUMNS})"))
+            like = HAND_SQL[backend_name(url)]["like"]
+            conn.execute(text(like.format(tasks=HAND_TASKS)))
+    finally:
+        engine.dispose()
+
+
+def drop_bench_tables(url: str) -> None:
+    """Leave the database as the run found it: the hand-built pattern's tasks table shares the
+    tasks table's id sequence on PostgreSQL, which could then not be dropped."""
+    engine = create_engine(url_sync(url))
+    try:
+        with engine.begin() as conn:
+            for table in (PLAIN, HAND_STAGE, HAND_TASKS):
+                conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
     finally:
         engine.dispose()
 
@@ -121,30 +174,78 @@ def timed(action: Any) -> float:
     return time.perf_counter() - started
 
 
-def run_case(spark: Any, df: Any, case: Case, rows: int, runs: int) -> None:
-    for run in range(runs):
-        prepare(case.url)
-        seconds = timed(
-            lambda: (
-                df.write.format("txtasks")
-                .option("url", case.url)
-                .option("task", "bench.order")
-                .option("queue", "bench")
-                .mode("append")
-                .save()
-            )
+def publish_all(url: str, publishers: int) -> None:
+    """Publish every deferred write with `publishers` publishers at once (threads, each with a
+    driver of its own), until none waits."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from txtasks.clock import utcnow
+    from txtasks.driver import driver_for_url
+    from txtasks.spark.staging.publisher import publish_pending
+
+    async def one() -> None:
+        driver = driver_for_url(url)
+        try:
+            await publish_pending(driver, clock=utcnow, wake=lambda queue: None)
+        finally:
+            await driver.close()
+
+    with ThreadPoolExecutor(publishers) as pool:
+        for done in [pool.submit(asyncio.run, one()) for _ in range(publishers)]:
+            done.result()
+
+
+def hand_built(df: Any, url: str) -> None:
+    """The hand-built atomic pattern: the JDBC writer into a staging table, then one
+    INSERT ... SELECT into a table with the tasks table's columns and indexes."""
+    df.write.format("jdbc").options(dbtable=HAND_STAGE, **jdbc_options(url)).mode("append").save()
+    sql = HAND_SQL[backend_name(url)]
+    publish = HAND_PUBLISH.format(tasks=HAND_TASKS, stage=HAND_STAGE, **sql)
+    engine = create_engine(url_sync(url))
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(publish))
+    finally:
+        engine.dispose()
+
+
+def run_case(spark: Any, df: Any, case: Case, rows: int, runs: int, publishers: int) -> None:
+    def txtasks(mode: str) -> Any:
+        return (
+            df.write.format("txtasks")
+            .option("url", case.url)
+            .option("task", "bench.order")
+            .option("queue", "bench")
+            .option("publish", mode)
+            .mode("append")
         )
-        assert count(case.url, "txtasks_tasks") == rows
-        case.txtasks.append(seconds)
+
+    prepare(case.url)
+    txtasks("atomic").save()  # untimed: Spark's Python workers start
+    for run in range(runs):
+        for mode in ("atomic", "deferred"):
+            prepare(case.url)
+            case.add(case.seconds, mode, timed(txtasks(mode).save))
+            case.add(case.commit, mode, commit_seconds(case.url, time.time()))
+            waited = 0.0  # atomic: claimable when the job returns
+            if mode == "deferred":
+                waited = timed(lambda: publish_all(case.url, publishers))
+            assert count(case.url, "txtasks_tasks") == rows
+            case.add(case.claimable, mode, waited)
+        prepare(case.url)
         jdbc = df.write.format("jdbc").options(dbtable=PLAIN, **jdbc_options(case.url))
-        seconds = timed(jdbc.mode("append").save)
+        case.add(case.seconds, "jdbc", timed(jdbc.mode("append").save))
         assert count(case.url, PLAIN) == rows
-        case.jdbc.append(seconds)
+        case.add(case.seconds, "hand", timed(lambda: hand_built(df, case.url)))
+        assert count(case.url, HAND_TASKS) == rows
         log(
-            f"{case.backend} run {run + 1}: txtasks {rows / case.txtasks[-1]:,.0f} rows/s, "
-            f"JDBC {rows / case.jdbc[-1]:,.0f} rows/s"
+            f"{case.backend} run {run + 1}: "
+            + ", ".join(f"{w} {rows / case.seconds[w][-1]:,.0f} rows/s" for w in WRITERS)
+            + f", deferred publish {case.claimable['deferred'][-1]:.2f} s"
         )
     prepare(case.url)
+    drop_bench_tables(case.url)
 
 
 @dataclass
@@ -249,17 +350,32 @@ def machine() -> str:
     return f"{platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, {versions}"
 
 
-def report(cases: list[Case], rows: int, partitions: int, runs: int) -> str:
+def report(cases: list[Case], rows: int, partitions: int, runs: int, publishers: int) -> str:
     lines = [
-        f"rows {rows:,}, partitions {partitions}, runs {runs} (median), Spark local[2]",
+        f"rows {rows:,}, partitions {partitions}, runs {runs} (median), Spark local[2], "
+        f"{publishers} publishers",
         "",
-        "| database | txtasks rows/s | Spark JDBC rows/s | txtasks / JDBC |",
-        "|---|---|---|---|",
+        "| database | writer | rows/s | / JDBC plain | / hand-built atomic | job s | commit s | "
+        "job return to all claimable s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
+    names = {
+        "atomic": "txtasks atomic",
+        "deferred": "txtasks deferred",
+        "jdbc": "JDBC into a plain table",
+        "hand": "hand-built atomic (JDBC + INSERT ... SELECT)",
+    }
     for case in cases:
-        ours = rows / statistics.median(case.txtasks)
-        theirs = rows / statistics.median(case.jdbc)
-        lines.append(f"| {case.backend} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.2f}x |")
+        median = {w: statistics.median(case.seconds[w]) for w in WRITERS}
+        for writer in WRITERS:
+            claimable, commit = case.claimable.get(writer), case.commit.get(writer)
+            shown = f"{statistics.median(claimable):.2f}" if claimable else "-"
+            committed = f"{statistics.median(commit):.2f}" if commit else "-"
+            lines.append(
+                f"| {case.backend} | {names[writer]} | {rows / median[writer]:,.0f} | "
+                f"{median['jdbc'] / median[writer]:.2f}x | {median['hand'] / median[writer]:.2f}x | "
+                f"{median[writer]:.2f} | {committed} | {shown} |"
+            )
     return "\n".join([*lines, "", machine()])
 
 
@@ -273,6 +389,9 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--output", type=Path, help="also write the report here")
+    parser.add_argument(
+        "--publishers", type=int, default=2, help="publishers of the deferred writes"
+    )
     parser.add_argument("--dedup", action="store_true", help="time dedup writes (see above)")
     parser.add_argument("--sizes", default="100000,1000000", help="rows of each dedup write")
     args = parser.parse_args()
@@ -321,9 +440,9 @@ def main() -> None:
     df = df.cache()
     df.count()
     for case in cases:
-        run_case(spark, df, case, args.rows, args.runs)
+        run_case(spark, df, case, args.rows, args.runs, args.publishers)
     spark.stop()
-    text_report = report(cases, args.rows, args.partitions, args.runs)
+    text_report = report(cases, args.rows, args.partitions, args.runs, args.publishers)
     print(text_report)
     if args.output:
         args.output.write_text(text_report + "\n")

@@ -174,7 +174,13 @@ def test_cli_runs_the_documented_config_and_once(tmp_path: Path) -> None:
     configured = run(
         [*txtasks, *spec, "--config", "operations_cleaner_config:config"], tmp_path, url
     )
-    assert list(json.loads(configured.stdout)) == ["rescuer", "archiver", "retention", "periodic"]
+    assert list(json.loads(configured.stdout)) == [
+        "rescuer",
+        "archiver",
+        "retention",
+        "periodic",
+        "publisher",
+    ]
 
     only = run([*txtasks, *spec, "--only", "retention", "--only", "archiver"], tmp_path, url)
     assert json.loads(only.stdout) == {

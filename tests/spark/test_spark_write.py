@@ -1,5 +1,7 @@
 """`df.write.format("txtasks")` and `df.writeStream.format("txtasks")` in PySpark local[2],
 against every database: nothing claimable before the commit, everything after, exactly once.
+The exactly-once tests run in both publish modes (`mode`): in deferred mode, what the commit
+committed becomes claimable once publishers ran until none waits (`publish`).
 """
 
 from __future__ import annotations
@@ -20,11 +22,37 @@ import pytest
 from sqlalchemy import create_engine, func, select
 
 from txtasks import App, KeyLimits
+from txtasks.clock import utcnow
+from txtasks.driver import driver_for_url
 from txtasks.driver.urls import url_sync
 from txtasks.schema.tables import commits, key_hints, staged, tasks
+from txtasks.spark.staging.publisher import publish_pending
 from txtasks.testing import run_until_empty
 
 ROWS = 40
+
+
+@pytest.fixture(params=["atomic", "deferred"])
+def mode(request: pytest.FixtureRequest) -> str:
+    """The write's publish mode."""
+    return str(request.param)
+
+
+def publish(url: str, mode: str) -> int:
+    """Deferred mode: run publishers until none waits (as workers and the cleaner do); the
+    staged rows they took."""
+    if mode == "atomic":
+        return 0
+
+    async def run() -> int:
+        driver = driver_for_url(url)
+        try:
+            done = await publish_pending(driver, clock=utcnow, wake=lambda queue: None)
+            return done.rows
+        finally:
+            await driver.close()
+
+    return asyncio.run(run())
 
 
 def state_counts(url: str) -> Counter[str]:
@@ -116,18 +144,20 @@ def last_row_gated(spark: Any, gate: Path) -> Any:
 
 
 def test_a_write_becomes_claimable_at_commit_and_not_before(
-    spark: Any, database_url: str, tmp_path: Path
+    spark: Any, database_url: str, tmp_path: Path, mode: str
 ) -> None:
     gate = tmp_path / "gate"
     df = last_row_gated(spark, gate)
     seen: list[Counter[str]] = []
+    options = {"priority": "rank", "payload": "order_id,customer,amount", "publish": mode}
     with gate_opens_when_staged(database_url, gate, ROWS * 3 // 4, seen):
-        writer(
-            df, database_url, dedup="order_id", priority="rank", payload="order_id,customer,amount"
-        ).save()
+        writer(df, database_url, dedup="order_id", **options).save()
 
     assert seen, "the staged rows were never seen"
     assert seen[0] == {}  # rows staged, nothing in the tasks table yet
+    if mode == "deferred":  # committed, not published: still nothing claimable
+        assert (state_counts(database_url), staged_count(database_url)) == ({}, ROWS)
+    assert publish(database_url, mode) == (ROWS if mode == "deferred" else 0)
     assert staged_count(database_url) == 0
     rows = live_rows(database_url)
     assert Counter(r["state"] for r in rows) == {"pending": ROWS}
@@ -139,15 +169,18 @@ def test_a_write_becomes_claimable_at_commit_and_not_before(
 
 
 def test_rerunning_a_job_with_its_dedup_column_or_commit_id_adds_nothing(
-    spark: Any, database_url: str
+    spark: Any, database_url: str, mode: str
 ) -> None:
-    writer(orders(spark), database_url, dedup="order_id").save()
-    writer(orders(spark), database_url, dedup="order_id").save()  # keys live: all dropped
+    for _ in range(2):  # the second time, the keys are live: every row dropped
+        writer(orders(spark), database_url, dedup="order_id", publish=mode).save()
+        publish(database_url, mode)
     assert state_counts(database_url) == {"pending": ROWS}
 
-    writer(orders(spark, 10), database_url, commit_id="nightly-2030-01-01").save()
-    writer(orders(spark, 10), database_url, commit_id="nightly-2030-01-01").save()  # same run
+    for _ in range(2):  # the second time, the same run: nothing staged is committed
+        writer(orders(spark, 10), database_url, commit_id="nightly-2030-01-01", publish=mode).save()
+        publish(database_url, mode)
     assert state_counts(database_url) == {"pending": ROWS + 10}
+    assert staged_count(database_url) == 0
     engine = create_engine(url_sync(database_url))
     try:
         with engine.connect() as conn:
@@ -155,11 +188,12 @@ def test_rerunning_a_job_with_its_dedup_column_or_commit_id_adds_nothing(
     finally:
         engine.dispose()
     assert ledger["nightly-2030-01-01"] == 10  # recorded once, by the first run
-    assert sorted(ledger.values()) == [0, 10, ROWS]
+    # atomic: the tasks each commit published; deferred: the rows each commit committed
+    assert sorted(ledger.values()) == ([0, 10, ROWS] if mode == "atomic" else [10, ROWS, ROWS])
 
 
 def test_a_failing_partition_leaves_nothing_claimable_and_nothing_staged(
-    spark: Any, database_url: str, tmp_path: Path
+    spark: Any, database_url: str, tmp_path: Path, mode: str
 ) -> None:
     from pyspark.sql import functions as F
 
@@ -172,7 +206,8 @@ def test_a_failing_partition_leaves_nothing_claimable_and_nothing_staged(
         gate_opens_when_staged(database_url, gate, ROWS * 3 // 4),
         pytest.raises(Exception, match="row 39 is bad"),
     ):
-        writer(df, database_url).save()
+        writer(df, database_url, publish=mode).save()
+    assert publish(database_url, mode) == 0
     assert state_counts(database_url) == {}
     assert staged_count(database_url) == 0
 
@@ -195,7 +230,7 @@ def test_a_value_json_cannot_hold_fails_the_write_and_publishes_nothing(
 
 
 def test_a_crashed_partition_attempt_retried_by_spark_enqueues_once(
-    spark: Any, database_url: str, tmp_path: Path
+    spark: Any, database_url: str, tmp_path: Path, mode: str
 ) -> None:
     from pyspark.sql import functions as F
 
@@ -203,7 +238,9 @@ def test_a_crashed_partition_attempt_retried_by_spark_enqueues_once(
 
     marker = tmp_path / "crashed"
     crash = F.udf(lambda v: crash_first_attempt(v, ROWS // 2, str(marker)), "long", useArrow=False)
-    writer(orders(spark).withColumn("order_id", crash("order_id")), database_url).save()
+    df = orders(spark).withColumn("order_id", crash("order_id"))
+    writer(df, database_url, publish=mode).save()
+    publish(database_url, mode)
 
     assert marker.exists(), "the first attempt did not crash"
     rows = live_rows(database_url)
@@ -356,6 +393,7 @@ def test_bad_options_fail_before_anything_is_written(spark: Any, database_url: s
         ({"priority": "customer"}, "priority column 'customer' must be an integer"),
         ({"max_attempts": "zero"}, "option 'max_attempts' must be an integer >= 1"),
         ({"queue": "no spaces"}, "queue"),
+        ({"publish": "later"}, "option 'publish' must be 'atomic' or 'deferred', got 'later'"),
     ]
     for options, message in cases:
         with pytest.raises(Exception, match=message):
@@ -478,7 +516,7 @@ def test_a_keyed_commit_hints_only_the_keys_of_the_tasks_it_publishes(database_u
 
 
 def test_a_stream_restarted_from_its_checkpoint_enqueues_every_row_once(
-    spark: Any, database_url: str, tmp_path: Path
+    spark: Any, database_url: str, tmp_path: Path, mode: str
 ) -> None:
     source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
     source.mkdir()
@@ -497,6 +535,7 @@ def test_a_stream_restarted_from_its_checkpoint_enqueues_every_row_once(
             .option("task", "spark.order")
             .option("queue", "orders")
             .option("stream_id", "orders-feed")
+            .option("publish", mode)
             .option("checkpointLocation", str(checkpoint))
             .trigger(availableNow=True)
             .start()
@@ -507,6 +546,7 @@ def test_a_stream_restarted_from_its_checkpoint_enqueues_every_row_once(
     add_file(0, range(0, 10))
     add_file(1, range(10, 20))
     run_stream()  # micro-batches 0 and 1
+    publish(database_url, mode)
     assert state_counts(database_url) == {"pending": 20}
 
     # a crash after the sink committed batch 1 but before the checkpoint recorded it:
@@ -514,6 +554,7 @@ def test_a_stream_restarted_from_its_checkpoint_enqueues_every_row_once(
         (checkpoint / "commits" / name).unlink()
     add_file(2, range(20, 30))
     run_stream()  # replays batch 1, then batch 2
+    publish(database_url, mode)
 
     rows = live_rows(database_url)
     assert Counter(json.loads(r["payload"])["order_id"] for r in rows) == Counter(range(30))

@@ -181,6 +181,12 @@ def migrate(database_url: str | None, print_sql: bool, dialect: str | None, sinc
     show_default=True,
     help="Keep completed tasks in the archive table.",
 )
+@click.option(
+    "--publish-deferred/--no-publish-deferred",
+    default=WorkerDefault("publish_deferred"),
+    show_default=True,
+    help="Publish the rows of Spark writes committed in deferred mode.",
+)
 @loop_option
 @metrics_port_option
 @health_port_option

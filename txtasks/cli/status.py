@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from txtasks.driver import Driver
+    from txtasks.spark.staging import Backlog
 
 #: The version of the `--json` document.
 JSON_VERSION = 1
@@ -48,6 +49,8 @@ class Snapshot:
     queues: list[QueueStats]
     rates: dict[str, QueueRates]
     keys: list[KeyStats]
+    #: Rows of Spark writes committed in deferred mode, not published yet.
+    deferred: Backlog | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -56,6 +59,13 @@ class Snapshot:
             "window_seconds": WINDOW,
             "queues": [self._queue_json(q) for q in self.queues],
             "keys": [_key_json(k) for k in self.keys],
+            "deferred": {
+                "rows": self.deferred.rows if self.deferred else 0,
+                "commits": self.deferred.commits if self.deferred else 0,
+                "oldest_commit_age": _age_of(
+                    self.at, self.deferred.oldest_committed_at if self.deferred else None
+                ),
+            },
         }
 
     def _queue_json(self, q: QueueStats) -> dict[str, Any]:
@@ -85,6 +95,10 @@ def _key_json(k: KeyStats) -> dict[str, Any]:
     }
 
 
+def _age_of(now: datetime, at: datetime | None) -> float | None:
+    return None if at is None else max(0.0, (now - at).total_seconds())
+
+
 def _utc(at: datetime | None) -> datetime | None:
     """Times are stored as naive UTC; in JSON they say so (`...+00:00`)."""
     return None if at is None else at.replace(tzinfo=timezone.utc)
@@ -97,7 +111,10 @@ async def snapshot_take(driver: Driver, keys: int) -> Snapshot:
     for queue in rates.keys() - {q.queue for q in queues}:  # all its tasks were purged since
         queues.append(QueueStats(queue))
     busiest = await driver.key_stats(now=now, limit=keys) if keys else []
-    return Snapshot(now, sorted(queues, key=lambda q: q.queue), rates, busiest)
+    from txtasks.spark.staging import staging_for  # not at import: a fast `--help`
+
+    backlog = await staging_for(driver).backlog()
+    return Snapshot(now, sorted(queues, key=lambda q: q.queue), rates, busiest, backlog)
 
 
 # -- tables ------------------------------------------------------------------------------------
@@ -167,6 +184,12 @@ def snapshot_grids(snapshot: Snapshot) -> list[Grid]:
             keys.append([k.queue, k.key, str(k.waiting), str(k.processing), limited])
         columns = ["queue", "key", "waiting", "processing", "rate-limited until"]
         grids.append(Grid("busiest keys", columns, keys))
+    backlog = snapshot.deferred
+    if backlog is not None and backlog.rows:
+        age = _age(_age_of(snapshot.at, backlog.oldest_committed_at) or 0.0)
+        row = [str(backlog.rows), str(backlog.commits), age]
+        headers = ["rows", "commits", "oldest commit"]
+        grids.append(Grid("deferred Spark writes to publish", headers, [row]))
     return grids
 
 

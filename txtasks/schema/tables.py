@@ -330,6 +330,22 @@ writes = Table(
     mysql_engine="InnoDB",
 )
 
+#: The attempts of writes committed in deferred mode whose staged rows are not all published
+#: yet: a publisher moves them into the hot table in batches and deletes the row with the last
+#: batch (see `txtasks.spark.staging.publisher`).
+deferred = Table(
+    "txtasks_deferred",
+    metadata,
+    Column("stage_id", String(64), primary_key=True),
+    Column("write_key", String(32), nullable=False),
+    Column("commit_id", ExactString(255), nullable=False),
+    # what the publish adds to each row (a task name and queue, or a topic), as JSON
+    Column("target", Text, nullable=False),
+    Column("committed_at", Timestamp, nullable=False),
+    mysql_engine="InnoDB",
+)
+Index("ix_txtasks_deferred_write", deferred.c.write_key)
+
 #: Writes committed by a staging writer (Spark): a commit id is applied once.
 commits = Table(
     "txtasks_commits",

@@ -8,8 +8,9 @@
 
 Workers see nothing until the write commits and everything once it does: each partition
 stages its rows in a transaction of its own, invisible to workers; the driver-side commit makes
-them claimable in one transaction (once per commit id) and sends wake-ups; an abort deletes
-them. Streaming queries use the same source (`df.writeStream.format("txtasks")`), committing
+them claimable in one transaction (once per commit id) and sends wake-ups, or with option
+`publish` = "deferred" records the write and leaves its rows to publishers (workers, the
+cleaner); an abort deletes them. Streaming queries use the same source (`df.writeStream.format("txtasks")`), committing
 once per micro-batch. Needs `pip install "txtasks[spark]"`.
 """
 

@@ -13,7 +13,9 @@ while the write is open: the writer opens it on the driver, the commit and the a
 Exactly once: Spark hands the commit one message per partition, from the attempt that
 succeeded (its stage id and row count), so the commit publishes exactly those attempts' rows,
 checks none is missing, and deletes the write's other staged rows (attempts that failed or lost
-a speculative race); an abort deletes them all. The commit is recorded under a commit id (the
+a speculative race); an abort deletes them all. With option `publish` = "deferred" the commit
+only records the write (`SqlStaging.commit_deferred`), and workers or the cleaner publish its
+rows after it (`txtasks.spark.staging.publisher`). The commit is recorded under a commit id (the
 write's, or `stream:<stream_id>:<batch id>` for streaming), so a repeated commit (a restarted
 stream replaying a micro-batch) publishes nothing twice. A write with option `topic` instead of
 `task` is staged alike; its commit fans each row out to the groups subscribed to the topic at
@@ -141,8 +143,11 @@ def _target(options: WriteOptions) -> StageTarget | TopicTarget:
 
 def _commit(options: WriteOptions, key: str, commit_id: str, messages: list[Any]) -> None:
     stages = {m.stage_id: m.rows for m in messages if isinstance(m, StagedMessage)}
-    target = _target(options)
-    published = _staging(options.url).commit(commit_id, key, stages, target, now=utcnow())
+    target, staging = _target(options), _staging(options.url)
+    if options.publish == "deferred":  # publishers (workers, the cleaner) wake the queues
+        staging.commit_deferred(commit_id, key, stages, target, now=utcnow())
+        return
+    published = staging.commit(commit_id, key, stages, target, now=utcnow())
     if published and options.broker_url:
         _wake(options.broker_url, published)
 

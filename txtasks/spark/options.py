@@ -39,6 +39,9 @@ MAX_KEY_BYTES = 255
 MAX_ID_BYTES = 200
 #: Seconds the commit waits for its wake-ups to be published.
 WAKEUP_TIMEOUT = 5.0
+#: The publish modes (option `publish`): the commit makes every task claimable before it
+#: returns, or records the write and leaves the rows to publishers (workers, the cleaner).
+PUBLISH_MODES = ("atomic", "deferred")
 
 ATOMIC = (
     StringType,
@@ -82,6 +85,8 @@ class WriteOptions:
     broker_url: str | None = None
     commit_id: str | None = None
     stream_id: str | None = None
+    #: "atomic" (the commit publishes every task) or "deferred" (publishers do, after it).
+    publish: str = "atomic"
     #: column name -> "ntz" for TIMESTAMP_NTZ columns (naive UTC), "ltz" for TIMESTAMP ones.
     timestamps: Mapping[str, str] = field(default_factory=dict)
     #: Every column, in the order of the rows' fields.
@@ -121,6 +126,12 @@ class WriteOptions:
                         f"txtasks write: option '{option}' does not apply with 'topic' "
                         f"(each group's tasks get its subscription's {option})"
                     )
+        publish = (get("publish") or "atomic").strip().lower()
+        if publish not in PUBLISH_MODES:
+            raise ConfigurationError(
+                f"txtasks write: option 'publish' must be 'atomic' or 'deferred', "
+                f"got {get('publish')!r}"
+            )
         columns = {f.name: f.dataType for f in schema.fields}
         special = {k: get(k) for k in ("dedup", "key", "priority", "run_at")}
         for option, column in special.items():
@@ -182,6 +193,7 @@ class WriteOptions:
             broker_url=get("broker_url") or os.environ.get(ENV_BROKER_URL) or None,
             commit_id=get("commit_id"),
             stream_id=get("stream_id"),
+            publish=publish,
             timestamps={
                 name: "ntz" if isinstance(kind, TimestampNTZType) else "ltz"
                 for name, kind in columns.items()

@@ -46,6 +46,9 @@ class WorkerConfig:
     #: stored within this, and the worker writes progress at most once per interval, however
     #: many reports its handlers make (the latest of each attempt is kept).
     progress_interval: float = 1.0
+    #: Publish the rows of Spark writes committed in deferred mode (docs/spark.md), one batch
+    #: after another, checking every `poll_interval` (one indexed probe when none waits).
+    publish_deferred: bool = True
     #: Seconds a loop (claims, heartbeat, outcome writes) may overrun its interval, stuck in
     #: a database call, before /livez fails.
     stall_after: float = 60.0

@@ -96,6 +96,7 @@ class Worker:
         #: Database outages as seen by the claims and the heartbeat: logged once each.
         self._claim_outage = Outage(log, "claiming tasks")
         self._beat_outage = Outage(log, "extending leases")
+        self._publish_outage = Outage(log, "publishing deferred writes")
         self._wake = asyncio.Event()
         self._queue_rates: Mapping[str, Rate] = app.declared_queue_rates
         self._queue_rates_at: float | None = None  # monotonic time of the last read
@@ -228,6 +229,8 @@ class Worker:
         cancels = asyncio.create_task(self._cancels_watch(), name="txtasks-cancels")
         progress = asyncio.create_task(self._progress.run(self._beat_stop), name="txtasks-progress")
         self._loops = [flusher, heartbeat, cancels, progress]
+        if self.config.publish_deferred and not self.config.burst:  # a burst publishes inline
+            self._loops.append(asyncio.create_task(self._publish_loop(), name="txtasks-publish"))
         log.info("worker %s serving %s", self.worker_id, ", ".join(self.queues))
         await self._beacon.beat(running=0)
         try:
@@ -238,7 +241,7 @@ class Worker:
             await self._shutdown()
             self._beat_stop.set()
             self._outcomes.stop()
-            await asyncio.gather(flusher, heartbeat, cancels, progress, return_exceptions=True)
+            await asyncio.gather(*self._loops, return_exceptions=True)
             await self._outcomes.drain(give_up=lambda: self._force)
             self._runner.close()
             await self._beacon.end()
@@ -281,11 +284,40 @@ class Worker:
             if rows:
                 await asyncio.sleep(0)  # let the handlers start before the next claim goes out
                 continue
+            if self.config.burst and await self._publish():
+                continue  # tasks of deferred writes may have become claimable
             if self.config.burst and await self._burst_done():
                 return
             self.idle.set()
             await self._wait(self._wake, self._idle_delay())
             self.idle.clear()
+
+    async def _publish_loop(self) -> None:
+        """Publish the rows of deferred Spark writes, then look again every poll interval."""
+        while not self._stopping.is_set():
+            await self._publish()
+            await self._wait(self._stopping, self._poll_delay())
+
+    async def _publish(self) -> int:
+        """Publish batches of deferred Spark writes until none waits (see
+        `txtasks.spark.staging.publisher`); the rows taken. Waking the queues that got tasks
+        (this worker's at once). A database error is logged once per outage."""
+        if not self.config.publish_deferred:
+            return 0
+        from txtasks.spark.staging.publisher import publish_pending
+
+        try:
+            done = await publish_pending(self.driver, clock=self.app.clock, wake=self._published)
+        except Exception as exc:
+            self._publish_outage.failed(exc)
+            return 0
+        self._publish_outage.ok()
+        return done.rows
+
+    def _published(self, queue: str) -> None:
+        self.app.notify(queue)
+        if queue in self.queues:
+            self._wake.set()
 
     async def _rates(self) -> Mapping[str, Rate]:
         """The queues' own rates: those stored at run time over the declared ones, read at

@@ -13,6 +13,12 @@ skips a key the unique index holds, so a task enqueued with that key by a transa
 committing meanwhile wins and the commit goes on), and deletes the write's staged rows. Abort
 deletes them.
 
+A deferred commit (`commit_deferred`) makes the same checks and deletions, then records one row
+per committed attempt in `txtasks_deferred` instead of copying its rows: publishers copy them
+later, in batches (`txtasks.spark.staging.publisher`). Until then those rows belong to their
+commit: the commits and aborts of the same write key (a stream's later micro-batches), and the
+purge of abandoned rows, leave them alone.
+
 A write is open from before its first attempt stages until its commit or abort: it has a row in
 `txtasks_writes`. Staging ends by reading that row under a shared lock, and rolls back if it is
 gone; the commit and the abort first delete it, in a transaction of their own, which waits for
@@ -30,7 +36,9 @@ This package imports neither PySpark nor (until rows are sent in bulk) PyArrow.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import json
 import logging
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -40,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from sqlalchemy import (
     Connection,
+    and_,
     delete,
     exists,
     func,
@@ -52,7 +61,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from txtasks.errors import ConfigurationError, TxtasksError
-from txtasks.schema.tables import commits, key_hints, staged, tasks, writes
+from txtasks.schema.tables import commits, deferred, key_hints, staged, tasks, writes
 from txtasks.spark.staging.fanout import (
     COLUMNS,
     TopicTarget,
@@ -72,6 +81,8 @@ if TYPE_CHECKING:
 __all__ = [
     "STAGED_COLUMNS",
     "STAGED_KEY",
+    "Backlog",
+    "Published",
     "SqlStaging",
     "StageTarget",
     "StagedRowsMissing",
@@ -132,12 +143,41 @@ class StageTarget:
     keyed: bool = False
 
 
+@dataclass(frozen=True)
+class Published:
+    """What one publish batch of a deferred write did."""
+
+    #: Staged rows it took (each published as tasks, or skipped by dedup, or dropped).
+    rows: int
+    #: Tasks it made claimable, per queue.
+    tasks: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """The rows of deferred writes committed and not published yet."""
+
+    #: Staged rows waiting for a publisher.
+    rows: int = 0
+    #: Commits with rows waiting.
+    commits: int = 0
+    #: When the oldest of those commits was made; None when none waits.
+    oldest_committed_at: datetime | None = None
+
+
 class Staging(Protocol):
-    """What the cleaner's archiver needs of every backend's staging."""
+    """What workers and the cleaner need of every backend's staging."""
 
     async def purge(self, *, before: datetime, limit: int) -> int:
         """Delete up to `limit` staged rows created before `before` (writes that never
         committed or aborted)."""
+
+    async def publish(self, *, limit: int, now: datetime) -> Published | None:
+        """Publish up to `limit` staged rows of one attempt of a deferred write (in one
+        transaction): None when no deferred write waits (one indexed probe)."""
+
+    async def backlog(self) -> Backlog:
+        """The rows of deferred writes waiting for a publisher."""
 
 
 @overload
@@ -215,7 +255,7 @@ class SqlStaging:
         """Close a write and delete every row it staged."""
         self.close(write_key)
         with self.driver.sync_engine.begin() as conn:
-            return _delete_staged(conn, write_key)
+            return int(conn.execute(delete(staged).where(_own(conn, write_key))).rowcount)
 
     def commit(
         self,
@@ -241,23 +281,90 @@ class SqlStaging:
         try:
             with self.driver.sync_engine.begin() as conn:
                 conn.execute(insert(commits).values(commit_id=commit_id, committed_at=now, tasks=0))
-                _check_and_drop_losers(conn, write_key, stages)
-                if isinstance(target, TopicTarget):
-                    published = self._publish_topic(conn, write_key, target, now)
-                else:
-                    published = self._publish_task(conn, write_key, target)
+                own = _own(conn, write_key)
+                _check_and_drop_losers(conn, own, stages)
+                published = self.publish_rows(conn, own, target, now)
                 count = sum(published.values())
-                _delete_staged(conn, write_key)
+                conn.execute(delete(staged).where(own))
                 conn.execute(
                     update(commits).where(commits.c.commit_id == commit_id).values(tasks=count)
                 )
                 return published
-        except IntegrityError:
-            if not self.commit_seen(commit_id):
-                raise  # not a repeated commit: a real conflict
-            with self.driver.sync_engine.begin() as conn:
-                _delete_staged(conn, write_key)
+        except IntegrityError as exc:
+            self._repeated(commit_id, write_key, exc)
             return None
+
+    def commit_deferred(
+        self,
+        commit_id: str,
+        write_key: str,
+        stages: Mapping[str, int],
+        target: StageTarget | TopicTarget,
+        *,
+        now: datetime,
+    ) -> int | None:
+        """Commit the attempts in `stages` (stage id -> rows it staged) in deferred mode, once
+        per `commit_id`: check their rows as `commit` does and delete the other attempts' rows,
+        then record one row per attempt in `txtasks_deferred` for publishers (`publish`) to
+        move its rows into the hot table later; no staged row is written. Returns how many
+        staged rows were committed, or None when `commit_id` was committed before."""
+        self.close(write_key)
+        rows = sum(stages.values())
+        try:
+            with self.driver.sync_engine.begin() as conn:
+                conn.execute(
+                    insert(commits).values(commit_id=commit_id, committed_at=now, tasks=rows)
+                )
+                _check_and_drop_losers(conn, _own(conn, write_key), stages)
+                waiting = [
+                    {
+                        "stage_id": stage_id,
+                        "write_key": write_key,
+                        "commit_id": commit_id,
+                        "target": target_json(target),
+                        "committed_at": now,
+                    }
+                    for stage_id, count in stages.items()
+                    if count
+                ]
+                if waiting:
+                    conn.execute(insert(deferred), waiting)
+                return rows
+        except IntegrityError as exc:
+            self._repeated(commit_id, write_key, exc)
+            return None
+
+    def _repeated(self, commit_id: str, write_key: str, conflict: IntegrityError) -> None:
+        """A commit failed on a conflict: if `commit_id` was committed before, delete what its
+        write staged since (it repeats that commit), else raise the conflict."""
+        if not self.commit_seen(commit_id):
+            raise conflict  # not a repeated commit: a real conflict
+        with self.driver.sync_engine.begin() as conn:
+            conn.execute(delete(staged).where(_own(conn, write_key)))
+
+    def publish_rows(
+        self, conn: Connection, rows_of: Any, target: StageTarget | TopicTarget, now: datetime
+    ) -> dict[str, int]:
+        """Publish the staged rows `rows_of` (a condition on the staged table) as `target`
+        says: how many tasks became claimable, per queue."""
+        if isinstance(target, TopicTarget):
+            return self._publish_topic(conn, rows_of, target, now)
+        return self._publish_task(conn, rows_of, target)
+
+    async def publish(self, *, limit: int, now: datetime) -> Published | None:
+        """Publish up to `limit` staged rows of one attempt of a deferred write, in one
+        transaction (see `txtasks.spark.staging.publisher`); None when none waits."""
+        from txtasks.spark.staging.publisher import publish_batch
+
+        async with self.driver.connect() as conn:
+            probe = await conn.execute(select(deferred.c.stage_id).limit(1))
+            if probe.first() is None:
+                return None
+
+        async def work(conn: AsyncConnection) -> Published | None:
+            return await conn.run_sync(lambda c: publish_batch(self, c, limit, now))
+
+        return await self.driver.in_transaction(work)
 
     def insert_tasks(self, conn: Connection, columns: Sequence[str], rows: Any, dedup: bool) -> int:
         """INSERT ... SELECT `rows` (of `columns`) into the hot table; with `dedup`, skipping
@@ -273,25 +380,22 @@ class SqlStaging:
         # INSERT rowcount: not kept by default
         return int(conn.execute(stmt.execution_options(preserve_rowcount=True)).rowcount)
 
-    def _publish_task(
-        self, conn: Connection, write_key: str, target: StageTarget
-    ) -> dict[str, int]:
-        """Publish a write's staged rows as tasks of one task name and queue: how many, by
-        queue."""
+    def _publish_task(self, conn: Connection, rows_of: Any, target: StageTarget) -> dict[str, int]:
+        """Publish staged rows as tasks of one task name and queue: how many, by queue."""
         if target.keyed:  # before the publish: its dedup check then sees the same tasks
-            conn.execute(_stmt_hints(write_key, target))
-        rows = _task_rows(write_key, target)
+            conn.execute(_stmt_hints(rows_of, target))
+        rows = _task_rows(rows_of, target)
         count = self.insert_tasks(conn, TASK_COLUMNS, rows, target.dedup)
         return {target.queue: count} if count else {}
 
     def _publish_topic(
-        self, conn: Connection, write_key: str, target: TopicTarget, now: datetime
+        self, conn: Connection, rows_of: Any, target: TopicTarget, now: datetime
     ) -> dict[str, int]:
-        """Fan a write's staged rows out to the groups subscribed to its topic: how many tasks
+        """Fan staged rows out to the groups subscribed to its topic: how many tasks
         per queue (one statement per queue); with no group, record the rows as dropped."""
         groups = groups_lock(conn, target.topic)
         if not groups:
-            dropped = int(conn.execute(stmt_drops(write_key, target.topic, now)).rowcount)
+            dropped = int(conn.execute(stmt_drops(rows_of, target.topic, now)).rowcount)
             if dropped:
                 log.warning(
                     "topic %s has no subscriber: the %d rows of this write are dropped and "
@@ -301,15 +405,27 @@ class SqlStaging:
                 )
             return {}
         if target.keyed:  # before the publish: its dedup check then sees the same tasks
-            conn.execute(stmt_fanout_hints(write_key, target, groups))
+            conn.execute(stmt_fanout_hints(rows_of, target, groups))
         message = uuid.uuid4().hex[:24]  # the publish id of every task of this commit
         published = {}
         for queue, members in by_queue(groups).items():
-            rows = fanout_rows(write_key, target, members, message)
+            rows = fanout_rows(rows_of, target, members, message)
             count = self.insert_tasks(conn, COLUMNS, rows, target.dedup)
             if count:
                 published[queue] = count
         return published
+
+    async def backlog(self) -> Backlog:
+        """The rows of deferred writes waiting for a publisher (counted: one index entry per
+        row), how many commits they belong to, and the oldest commit's time."""
+        d = deferred.c
+        on = and_(staged.c.write_key == d.write_key, staged.c.stage_id == d.stage_id)
+        rows = select(func.count()).select_from(staged.join(deferred, on))
+        commits_ = select(func.count(d.commit_id.distinct()), func.min(d.committed_at))
+        async with self.driver.connect() as conn:
+            count = int((await conn.execute(rows)).scalar_one())
+            writes_, oldest = (await conn.execute(commits_)).one()
+        return Backlog(rows=count, commits=int(writes_), oldest_committed_at=oldest)
 
     def commit_seen(self, commit_id: str) -> bool:
         """Whether `commit_id` was committed already."""
@@ -321,13 +437,16 @@ class SqlStaging:
 
     async def purge(self, *, before: datetime, limit: int) -> int:
         """Delete up to `limit` staged rows created before `before` (writes that never
-        committed): those of the staged table, and `staged` rows left in the hot table by
+        committed): those of the staged table (not those of a deferred commit, which wait for
+        a publisher), and `staged` rows left in the hot table by
         txtasks versions before the staged table."""
+
+        committed = exists().where(deferred.c.stage_id == staged.c.stage_id)
 
         async def work(conn: AsyncConnection) -> int:
             done = await _purge(conn, tasks, before, limit, tasks.c.state == STAGED)
             if done < limit:
-                done += await _purge(conn, staged, before, limit - done)
+                done += await _purge(conn, staged, before, limit - done, ~committed)
             return done
 
         return await self.driver.in_transaction(work)
@@ -348,25 +467,19 @@ async def _purge(
     return int((await conn.execute(delete(table).where(table.c.id.in_(ids), *where))).rowcount)
 
 
-def _delete_staged(conn: Connection, write_key: str, stage_ids: Sequence[str] | None = None) -> int:
-    """Delete the staged rows of a write (only those of `stage_ids`, if given)."""
-    query = delete(staged).where(staged.c.write_key == write_key)
-    if stage_ids is None:
-        return int(conn.execute(query).rowcount)
-    done = 0
-    for start in range(0, len(stage_ids), CHUNK):
-        chunk = list(stage_ids[start : start + CHUNK])
-        done += int(conn.execute(query.where(staged.c.stage_id.in_(chunk))).rowcount)
-    return done
+def _own(conn: Connection, write_key: str) -> Any:
+    """The condition on the staged table for a write's rows, less those of attempts committed
+    in deferred mode that wait for a publisher (a stream's earlier micro-batches)."""
+    mine = staged.c.write_key == write_key
+    found = select(deferred.c.stage_id).where(deferred.c.write_key == write_key)
+    waiting = list(conn.execute(found).scalars())
+    return and_(mine, staged.c.stage_id.not_in(waiting)) if waiting else mine
 
 
-def _check_and_drop_losers(conn: Connection, write_key: str, stages: Mapping[str, int]) -> None:
-    """Check every reported attempt's rows are all staged; delete the other attempts' rows."""
-    per_stage = (
-        select(staged.c.stage_id, func.count())
-        .where(staged.c.write_key == write_key)
-        .group_by(staged.c.stage_id)
-    )
+def _check_and_drop_losers(conn: Connection, own: Any, stages: Mapping[str, int]) -> None:
+    """Check every reported attempt's rows are all staged; delete the other attempts' rows
+    (`own`: the write's rows, see `_own`)."""
+    per_stage = select(staged.c.stage_id, func.count()).where(own).group_by(staged.c.stage_id)
     found = {stage_id: int(n) for stage_id, n in conn.execute(per_stage).all()}
     for stage_id, rows in stages.items():
         if found.get(stage_id, 0) != rows:
@@ -375,14 +488,31 @@ def _check_and_drop_losers(conn: Connection, write_key: str, stages: Mapping[str
                 f"{found.get(stage_id, 0)} are left (purged as abandoned by the cleaner's "
                 "archiver.staged_after, or lost by the database); nothing was published"
             )
-    _delete_staged(conn, write_key, [s for s in found if s not in stages])
+    losers = [s for s in found if s not in stages]
+    for start in range(0, len(losers), CHUNK):
+        chunk = losers[start : start + CHUNK]
+        conn.execute(delete(staged).where(own, staged.c.stage_id.in_(chunk)))
 
 
-def _stmt_hints(write_key: str, target: StageTarget) -> Any:
+def target_json(target: StageTarget | TopicTarget) -> str:
+    """A publish target as the JSON a deferred commit records."""
+    kind = "topic" if isinstance(target, TopicTarget) else "task"
+    return json.dumps({kind: dataclasses.asdict(target)}, sort_keys=True)
+
+
+def target_from_json(text: str) -> StageTarget | TopicTarget:
+    """The publish target a deferred commit recorded (`target_json`)."""
+    found = json.loads(text)
+    if "topic" in found:
+        return TopicTarget(**found["topic"])
+    return StageTarget(**found["task"])
+
+
+def _stmt_hints(rows_of: Any, target: StageTarget) -> Any:
     """INSERT ... SELECT of one key hint per task key among the rows the commit publishes (less
     those whose dedup key a live task holds), due at the key's earliest run_at (run it before
     the publish, which makes its rows live)."""
-    rows = write_rows(write_key, target.dedup)
+    rows = write_rows(rows_of, target.dedup)
     where: list[Any] = [rows.c.partition_key.is_not(None)]
     if target.dedup:
         where.append(~exists().where(tasks.c.dedup_key == rows.c.dedup_key))
@@ -405,11 +535,11 @@ TASK_COLUMNS = (
 )  # fmt: skip
 
 
-def _task_rows(write_key: str, target: StageTarget) -> Any:
-    """The SELECT of a write's rows as pending tasks (`TASK_COLUMNS`), in staging order; with
-    dedup keys, a repeated key of the write only once, in key order (as an enqueue inserts keys:
-    see `publish_order`)."""
-    rows = write_rows(write_key, target.dedup)
+def _task_rows(rows_of: Any, target: StageTarget) -> Any:
+    """The SELECT of staged rows `rows_of` (see `write_rows`) as pending tasks
+    (`TASK_COLUMNS`), in staging order; with dedup keys, a repeated key of the write only once,
+    in key order (as an enqueue inserts keys: see `publish_order`)."""
+    rows = write_rows(rows_of, target.dedup)
     query = select(
         literal(target.queue, tasks.c.queue.type),
         literal(target.task_name, tasks.c.task_name.type),

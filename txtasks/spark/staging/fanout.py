@@ -74,16 +74,16 @@ class Group:
     queue: str
 
 
-def write_rows(write_key: str, dedup: bool) -> FromClause:
-    """The staged rows of a write that its commit may publish, with the staged table's columns:
-    all of them, or with dedup keys the first staged row of each key (and every row without
-    one). One scan of the write's rows, numbered per key by a window function: no subquery per
-    row, so the plan stays linear in rows whatever the statistics say."""
-    mine = staged.c.write_key == write_key
+def write_rows(rows_of: Any, dedup: bool) -> FromClause:
+    """The staged rows a publish may write (`rows_of`: a condition on the staged table, a
+    write's rows or a batch of them), with the staged table's columns: all of them, or with
+    dedup keys the first staged row of each key (and every row without one). One scan of the
+    rows, numbered per key by a window function: no subquery per row, so the plan stays linear
+    in rows whatever the statistics say."""
     if not dedup:
-        return select(staged).where(mine).subquery("rows")
+        return select(staged).where(rows_of).subquery("rows")
     rank = func.row_number().over(partition_by=staged.c.dedup_key, order_by=staged.c.id)
-    ranked = select(staged, rank.label("key_rank")).where(mine).subquery("ranked")
+    ranked = select(staged, rank.label("key_rank")).where(rows_of).subquery("ranked")
     firsts = or_(ranked.c.dedup_key.is_(None), ranked.c.key_rank == 1)
     return select(*(ranked.c[c.name] for c in staged.c)).where(firsts).subquery("rows")
 
@@ -148,13 +148,14 @@ def _headers(rows: FromClause, message: str) -> Any:
     )
 
 
-def fanout_rows(write_key: str, target: TopicTarget, groups: Sequence[Group], message: str) -> Any:
-    """The SELECT of a write's rows joined to the subscriptions of `groups`: one pending task
-    per row and group (with dedup keys, a repeated key of the write only once), in
-    `publish_order`, in `COLUMNS` order (insert them skipping `<group>/<key>`s a live task holds).
+def fanout_rows(rows_of: Any, target: TopicTarget, groups: Sequence[Group], message: str) -> Any:
+    """The SELECT of the staged rows `rows_of` (see `write_rows`) joined to the subscriptions
+    of `groups`: one pending task per row and group (with dedup keys, a repeated key of the
+    write only once), in `publish_order`, in `COLUMNS` order (insert them skipping
+    `<group>/<key>`s a live task holds).
     `message` is the commit's: a task's publish id is it and its staged row's id."""
     s = subscriptions.c
-    rows = write_rows(write_key, target.dedup)
+    rows = write_rows(rows_of, target.dedup)
     query = select(
         s.queue,
         s.task_name,
@@ -174,12 +175,12 @@ def fanout_rows(write_key: str, target: TopicTarget, groups: Sequence[Group], me
     return _pairs(query, rows, target, groups).order_by(*order)
 
 
-def stmt_fanout_hints(write_key: str, target: TopicTarget, groups: Sequence[Group]) -> Any:
+def stmt_fanout_hints(rows_of: Any, target: TopicTarget, groups: Sequence[Group]) -> Any:
     """INSERT ... SELECT of one key hint per task key and group queue among the deliveries the
     commit writes (less those whose `<group>/<key>` a live task holds), due at the key's
     earliest run_at (run it before the fan-out)."""
     q = subscriptions.c.queue
-    rows = write_rows(write_key, target.dedup)
+    rows = write_rows(rows_of, target.dedup)
     where: list[Any] = [rows.c.partition_key.is_not(None)]
     if target.dedup:
         where.append(~exists().where(tasks.c.dedup_key == _dedup_key(rows)))
@@ -188,9 +189,9 @@ def stmt_fanout_hints(write_key: str, target: TopicTarget, groups: Sequence[Grou
     return insert(key_hints).from_select(["queue", "partition_key", "run_at"], query)
 
 
-def stmt_drops(write_key: str, topic: str, now: datetime) -> Any:
-    """INSERT ... SELECT of one drop of `topic` per staged row of a write (no group)."""
+def stmt_drops(rows_of: Any, topic: str, now: datetime) -> Any:
+    """INSERT ... SELECT of one drop of `topic` per staged row of `rows_of` (no group)."""
     rows = select(literal(topic, ExactString(128)), literal(now, topic_drops.c.dropped_at.type))
-    rows = rows.select_from(staged).where(staged.c.write_key == write_key)
+    rows = rows.select_from(staged).where(rows_of)
     publish = insert(topic_drops).from_select(["topic", "dropped_at"], rows)
     return publish.execution_options(preserve_rowcount=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from txtasks.driver.memory import MemoryDriver
+from txtasks.spark.staging import Backlog, Published
 from txtasks.types import TaskState
 
 
@@ -28,3 +29,11 @@ class MemoryStaging:
             for task_id in stale:
                 del driver.live[task_id]
         return len(stale)
+
+    async def publish(self, *, limit: int, now: datetime) -> Published | None:
+        """Nothing to publish: the in-memory driver stages no writes."""
+        return None
+
+    async def backlog(self) -> Backlog:
+        """Nothing waits: the in-memory driver stages no writes."""
+        return Backlog()

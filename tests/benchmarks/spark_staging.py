@@ -1,0 +1,172 @@
+"""Seconds to stage rows, by wire format, outside Spark: on PostgreSQL COPY CSV written by
+Arrow (what `PostgresStaging` sends) against binary COPY (psycopg `write_row`, types set); on
+MariaDB/MySQL multi-row INSERTs of literals written by Arrow (what `MySQLStaging` sends)
+against `LOAD DATA LOCAL INFILE` of a CSV file Arrow writes (a connection with `local_infile`).
+The same rows in the same transaction shape (one attempt: one transaction).
+
+    TXTASKS_BENCH_POSTGRES_URL=postgresql://app:app@127.0.0.1:45432/bench \\
+    TXTASKS_BENCH_MYSQL_URL=mysql://app:app@127.0.0.1:43306/bench \\
+        python -m tests.benchmarks.spark_staging --rows 50000 --runs 5
+
+Each run stages `--rows` rows (the payload `{"order_id":N,"customer":"customer-N","amount":N.0}`,
+as the Spark benchmark's) under a fresh write, then deletes them; the formats alternate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped]
+from sqlalchemy import Connection, text
+
+from txtasks.driver import driver_for_url
+from txtasks.spark.staging import STAGED_COLUMNS
+from txtasks.spark.staging.mysql import MySQLStaging
+from txtasks.spark.staging.postgresql import PostgresStaging
+
+COPY_BINARY = "COPY txtasks_staged ({}) FROM STDIN (FORMAT binary)"
+TYPES = {
+    "write_key": "text",
+    "stage_id": "text",
+    "payload": "bytea",
+    "priority": "int4",
+    "run_at": "timestamp",
+    "dedup_key": "text",
+    "created_at": "timestamp",
+}
+
+
+class BinaryStaging(PostgresStaging):
+    """Staging by binary COPY: one Python tuple per row (psycopg writes the binary format)."""
+
+    def insert_batch(self, conn: Connection, batch: Any) -> None:
+        raw: Any = conn.connection.driver_connection
+        names = batch.column_names
+        copy_sql = COPY_BINARY.format(", ".join(names))
+        with raw.cursor() as cursor, cursor.copy(copy_sql) as copy:
+            copy.set_types([TYPES[n] for n in names])
+            columns = [batch.column(n).to_pylist() for n in names]
+            for row in zip(*columns, strict=True):
+                copy.write_row(row)
+
+
+#: LOAD DATA of a CSV file Arrow writes (nulls: empty fields, as no key is empty).
+LOAD_STAGED = (
+    "LOAD DATA LOCAL INFILE '{path}' INTO TABLE txtasks_staged CHARACTER SET binary "
+    "FIELDS TERMINATED BY ',' OPTIONALLY ENCLOSED BY '\"' ESCAPED BY '' "
+    "LINES TERMINATED BY '\\n' ({names}) SET dedup_key = NULLIF(@dedup_key, '')"
+)
+
+
+class LoadDataStaging(MySQLStaging):
+    """Staging by LOAD DATA LOCAL INFILE of a CSV file Arrow writes (on a connection of its
+    own with `local_infile`, committed with the write-fence check on it)."""
+
+    def stage(self, write_key: str, batches: Any) -> int:
+        import pyarrow.csv as pa_csv  # type: ignore[import-untyped]
+        import pymysql
+
+        url = self.driver.sync_engine.url
+        conn = pymysql.connect(
+            host=url.host,
+            port=url.port or 3306,
+            user=url.username,
+            password=url.password,
+            database=url.database,
+            local_infile=True,
+        )
+        count = 0
+        try:
+            with conn.cursor() as cursor, tempfile.TemporaryDirectory() as tmp:
+                for n, batch in enumerate(batches):
+                    where = batch.schema.get_field_index("payload")
+                    text_ = batch.column(where).cast(pa.large_string())
+                    path = f"{tmp}/{n}.csv"
+                    options = pa_csv.WriteOptions(include_header=False, quoting_style="needed")
+                    pa_csv.write_csv(batch.set_column(where, "payload", text_), path, options)
+                    names = ", ".join(
+                        "@dedup_key" if c == "dedup_key" else c for c in batch.column_names
+                    )
+                    cursor.execute(LOAD_STAGED.format(path=path, names=names))
+                    count += batch.num_rows
+                cursor.execute(
+                    "SELECT write_key FROM txtasks_writes WHERE write_key = %s LOCK IN SHARE MODE",
+                    (write_key,),
+                )
+                assert cursor.fetchone() is not None
+            conn.commit()
+        finally:
+            conn.close()
+        return count
+
+
+def rows_table(key: str, stage_id: str, rows: int) -> Any:
+    now = datetime(2030, 1, 1)
+    payloads = [
+        f'{{"order_id":{n},"customer":"customer-{n % 1000}","amount":{n % 100}.0}}'.encode()
+        for n in range(rows)
+    ]
+    columns = {
+        "write_key": pa.array([key] * rows, pa.large_string()),
+        "stage_id": pa.array([stage_id] * rows, pa.large_string()),
+        "payload": pa.array(payloads, pa.large_binary()),
+        "priority": pa.array([0] * rows, pa.int32()),
+        "run_at": pa.array([now] * rows, pa.timestamp("us")),
+        "dedup_key": pa.array([None] * rows, pa.large_string()),
+        "created_at": pa.array([now] * rows, pa.timestamp("us")),
+    }
+    return pa.table([columns[c] for c in STAGED_COLUMNS], names=list(STAGED_COLUMNS))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--postgres-url", default=os.environ.get("TXTASKS_BENCH_POSTGRES_URL"))
+    parser.add_argument("--mysql-url", default=os.environ.get("TXTASKS_BENCH_MYSQL_URL"))
+    parser.add_argument("--rows", type=int, default=50_000)
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    if not args.postgres_url and not args.mysql_url:
+        parser.error("give --postgres-url and/or --mysql-url (or TXTASKS_BENCH_*_URL)")
+    print(f"rows {args.rows:,} per attempt, runs {args.runs} (median, after one warm-up)")
+    if args.postgres_url:
+        driver = driver_for_url(args.postgres_url)
+        run(driver, {"COPY csv": PostgresStaging, "COPY binary": BinaryStaging}, args)
+    if args.mysql_url:
+        driver = driver_for_url(args.mysql_url)
+        run(driver, {"INSERT literals": MySQLStaging, "LOAD DATA LOCAL": LoadDataStaging}, args)
+
+
+def run(driver: Any, kinds: dict[str, Any], args: Any) -> None:
+    stagings = {name: kind(driver) for name, kind in kinds.items()}
+    seconds: dict[str, list[float]] = {name: [] for name in stagings}
+    for _ in range(args.runs + 1):  # the first run warms up, untimed
+        for name, staging in stagings.items():
+            key = uuid.uuid4().hex[:24]
+            table = rows_table(key, f"{key}.a", args.rows)
+            staging.open(key, datetime(2030, 1, 1))
+            started = time.perf_counter()
+            assert staging.stage(key, [table]) == args.rows
+            seconds[name].append(time.perf_counter() - started)
+            staging.close(key)
+            with driver.sync_engine.begin() as conn:
+                staged = conn.execute(text("SELECT count(*) FROM txtasks_staged")).scalar()
+                assert staged == args.rows, staged
+                conn.execute(text("DELETE FROM txtasks_staged"))
+    for name, values in seconds.items():
+        median = statistics.median(values[1:])
+        print(
+            f"{driver.capabilities.name} {name}: {median:.3f} s ({args.rows / median:,.0f} rows/s)"
+        )
+
+
+if __name__ == "__main__":
+    main()
