@@ -10,6 +10,7 @@ import json
 from datetime import timedelta
 from typing import Any
 
+import asyncpg
 import pytest
 from sqlalchemy import create_engine, event, make_url, text
 
@@ -319,12 +320,13 @@ async def test_on_mariadb_a_claim_and_an_outcome_reach_key_rows_by_their_primary
     engine.dispose()
 
 
-async def test_a_key_claim_locks_the_keys_that_waited_longest_along_their_index_only(
-    request: pytest.FixtureRequest, tmp_path: Any
+async def test_a_key_claim_reads_only_the_keys_it_locks_along_their_indexes(
+    request: pytest.FixtureRequest, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Statistics taken while no key was armed (the keys of an idle queue, the usual moment for
     autovacuum to analyze them) must not turn the lock of a claim's keys, once a burst of tasks
-    armed them, into reading and sorting every armed key."""
+    armed them, into reading and sorting every armed key; nor the write of when to look at the
+    keys it took again into a hash of every key of the table."""
     url = server_url(request, "postgresql", tmp_path)
     reset_schema(url)
     engine = create_engine(url_sync(url))
@@ -340,21 +342,38 @@ async def test_a_key_claim_locks_the_keys_that_waited_longest_along_their_index_
             conn.execute(text("UPDATE txtasks_keys SET ready_at = NULL"))
         conn.execute(text("ANALYZE txtasks_keys"))  # idle: none armed
         conn.execute(text("UPDATE txtasks_keys SET ready_at = now() - id * interval '1 second'"))
+        # and as many keys again, made since the statistics were taken
+        conn.execute(
+            text(
+                "INSERT INTO txtasks_keys (queue, partition_key, updated_at)"
+                " SELECT 'other', 'k' || i, now() FROM generate_series(1, 5000) AS i"
+            )
+        )
     engine.dispose()
     driver = driver_for_url(url)
     assert isinstance(driver, PostgresDriver)
-    plans: list[Any] = []
+    plans: dict[str, Any] = {}
 
-    @event.listens_for(driver.engine.sync_engine, "before_cursor_execute")
-    def explain(conn: Any, cursor: Any, statement: str, params: Any, *_: Any) -> None:
-        if "FROM txtasks_keys" in statement and "FOR UPDATE" in statement:
-            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params)
-            plans.append(cursor.fetchall()[0][0])
-            # the planner's choice on these statistics depends on the sizes of the table and
-            # its index (a bloated index of 10,000 keys took the bitmap scan): none is left
-            cursor.execute("SHOW enable_bitmapscan")
-            plans.append(cursor.fetchall()[0][0])
+    def explaining(method: Any) -> Any:
+        """The statements of a key claim on the asyncpg connection, explained (and run) first,
+        in its transaction, with its settings."""
 
+        async def run(self: Any, sql: str, *args: Any, **kwargs: Any) -> Any:
+            kind = (
+                "lock" if "FROM txtasks_keys" in sql and "FOR UPDATE" in sql
+                else "settle" if sql.startswith("UPDATE txtasks_keys AS k")
+                else None
+            )  # fmt: skip
+            if kind is not None:
+                plan = await self.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, *args)
+                plans[kind] = json.loads(plan) if isinstance(plan, str) else plan
+                plans[kind + " bitmap scans"] = await self.fetchval("SHOW enable_bitmapscan")
+            return await method(self, sql, *args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(asyncpg.Connection, "fetch", explaining(asyncpg.Connection.fetch))
+    monkeypatch.setattr(asyncpg.Connection, "execute", explaining(asyncpg.Connection.execute))
     now = utcnow()
     try:
         claimed = await driver.keyed_claim(
@@ -365,12 +384,17 @@ async def test_a_key_claim_locks_the_keys_that_waited_longest_along_their_index_
         intake = await driver.raw_fetch("claims", "SHOW enable_bitmapscan")
     finally:
         await driver.close()
-    assert claimed == [] and plans[1] == "off"  # keys without tasks: locked, put aside
+    assert claimed == [] and plans["lock bitmap scans"] == "off"  # keys without tasks
     assert intake[0][0] == "off"
-    tree = nodes((plans[0] if isinstance(plans[0], list) else json.loads(plans[0]))[0]["Plan"])
-    read = [
-        (n["Node Type"], n.get("Index Name"), n["Actual Rows"])
-        for n in tree
-        if n.get("Relation Name") == "txtasks_keys"
-    ]
-    assert read == [("Index Scan", "ix_txtasks_keys_ready", LIMIT)], read
+
+    def keys_read(kind: str) -> list[tuple[str, str | None, int]]:
+        return [
+            (n["Node Type"], n.get("Index Name"), n["Actual Rows"])
+            for n in nodes(plans[kind][0]["Plan"])
+            if n.get("Relation Name") == "txtasks_keys"
+        ]
+
+    assert keys_read("lock") == [("Index Scan", "ix_txtasks_keys_ready", LIMIT)]
+    # the keys it locked, put aside (nothing to start), each found by its primary key
+    settle = [r for r in keys_read("settle") if r[0] != "ModifyTable"]
+    assert settle == [("Index Scan", "txtasks_keys_pkey", LIMIT)], settle

@@ -81,11 +81,14 @@ ON CONFLICT (queue, partition_key) DO UPDATE
    SET ready_at = EXCLUDED.ready_at, updated_at = EXCLUDED.updated_at
  WHERE k.ready_at IS NULL OR k.ready_at > EXCLUDED.ready_at
 """
-#: Each held key's next look and rate start, from arrays.
+#: Each held key's next look and rate start, from arrays. The keys are found by their primary
+#: key (`k.id = ANY($1)`) whatever the statistics say: a join with the arrays alone was planned,
+#: from statistics taken when the table held fewer keys, as a hash of every key of the table,
+#: read in full at each claim.
 KEYS_SETTLE = (
     "UPDATE txtasks_keys AS k SET ready_at = v.ready_at, next_start_at = v.next_start_at, "
     "updated_at = $4 FROM unnest($1::bigint[], $2::timestamp[], $3::timestamp[]) "
-    "AS v(id, ready_at, next_start_at) WHERE k.id = v.id"
+    "AS v(id, ready_at, next_start_at) WHERE k.id = v.id AND k.id = ANY($1::bigint[])"
 )
 #: The plans of a claim of the keys' lane, for its transaction: every statement of it reads a
 #: few rows along an index in that index's order, and a bitmap scan reads every match before it
