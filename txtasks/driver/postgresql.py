@@ -82,9 +82,9 @@ ON CONFLICT (queue, partition_key) DO UPDATE
  WHERE k.ready_at IS NULL OR k.ready_at > EXCLUDED.ready_at
 """
 #: Each held key's next look and rate start, from arrays. The keys are found by their primary
-#: key (`k.id = ANY($1)`) whatever the statistics say: a join with the arrays alone was planned,
-#: from statistics taken when the table held fewer keys, as a hash of every key of the table,
-#: read in full at each claim.
+#: key (`k.id = ANY($1)`, and no sequential scan in the claim's transaction: `KEYS_PLANS`): a
+#: join with the arrays alone was planned as a hash of every key of the table, read in full at
+#: each claim.
 KEYS_SETTLE = (
     "UPDATE txtasks_keys AS k SET ready_at = v.ready_at, next_start_at = v.next_start_at, "
     "updated_at = $4 FROM unnest($1::bigint[], $2::timestamp[], $3::timestamp[]) "
@@ -95,8 +95,12 @@ KEYS_SETTLE = (
 #: sorts them. Statistics taken before a queue's keys were armed (a new queue, a burst of new
 #: keys: the table grows faster than autovacuum analyzes it) estimate a row or two, and the lock
 #: of the keys that waited longest then read and sorted every armed key (10,000 keys: 9,607 rows
-#: sorted to lock 107), per claim.
-KEYS_PLANS = "SET LOCAL enable_bitmapscan = off"
+#: sorted to lock 107), per claim. Nor a sequential scan: a plan made while the table held a few
+#: thousand keys (and kept by the connection's prepared statement) read every key to write the
+#: next look of the 250 a claim took, long after the table held 30,000.
+KEYS_PLANS = (
+    "SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)"
+)
 #: What the keys a claim holds have (`SqlDialect.keys_look`), in one statement: rows 'r' count
 #: the tasks processing of each key ($1[i], $2[i]), one probe of the running index per key;
 #: rows 'h' give the first live task of each ordered key ($3[i], $4[i]); rows 'd' the first
@@ -457,7 +461,7 @@ class PostgresDialect(SqlDialect):
     ) -> tuple[list[Any], list[Any]]:
         """One statement on the asyncpg connection (`_keys_lock_sql`): the keys locked, each
         with the limits stored for it (if any). First the claim's transaction turns bitmap
-        scans off (`KEYS_PLANS`)."""
+        and sequential scans off (`KEYS_PLANS`)."""
         await conn.exec_driver_sql(KEYS_PLANS)  # begins the transaction, as its first statement
         queues = params["queues"]
         records = await (await _raw(conn)).fetch(
