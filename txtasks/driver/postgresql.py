@@ -577,11 +577,11 @@ class PostgresDriver(SqlDriver):
             dsn = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
             # a plan per batch: a generic plan of the outcome statement walks the lease index
             # (every claimed-then-deleted row leaves a dead entry there) instead of the ids
-            # claims: no bitmap scan either, as in a claim of the keys' lane (`KEYS_PLANS`): the
-            # intake of key hints read every hint of its queues, from stale statistics, to take
-            # a thousand of them
+            # claims: no bitmap or sequential scan either, as in a claim of the keys' lane
+            # (`KEYS_PLANS`): the intake of key hints read every hint of its queues, from stale
+            # statistics, to take a thousand of them, or to find none
             settings = (
-                {"synchronous_commit": "off", "enable_bitmapscan": "off"}
+                {"synchronous_commit": "off", "enable_bitmapscan": "off", "enable_seqscan": "off"}
                 if purpose == "claims"
                 else {"plan_cache_mode": "force_custom_plan"}
             )
