@@ -58,7 +58,26 @@ class SqlProcesses:
             updated = await conn.execute(stmt_process_update(), beat)
             if updated.rowcount == 0:  # its first beat (a process id is its own)
                 await conn.execute(insert(processes).values(**values))
-            await conn.execute(stmt_processes_forget(), {"before": forget_before})
+
+        await self.in_transaction(work)
+        await self._processes_forget(forget_before)
+
+    async def _processes_forget(self, before: datetime) -> None:
+        """Delete the rows of processes that stopped beating before `before`: found by a read
+        that locks nothing, then deleted by primary key (and still expired) in a transaction of
+        their own. A delete by expiry in the beat's transaction scanned the table, waiting on the
+        row another process had just written: two workers beating at once deadlocked on
+        MariaDB."""
+        async with self.connect() as conn:
+            query = select(processes.c.id).where(processes.c.expires_at < before)
+            expired = sorted((await conn.execute(query)).scalars())
+        if not expired:
+            return
+
+        async def work(conn: AsyncConnection) -> None:
+            await conn.execute(
+                stmt_processes_forget().where(processes.c.id.in_(expired)), {"before": before}
+            )
 
         await self.in_transaction(work)
 
