@@ -81,11 +81,14 @@ async def test_claims_never_fail_an_application_transaction(
         for w in workers:
             await w.driver.close()
         await app.aclose()
+        try:
+            deadlocks_after = await innodb_deadlocks(engine)
+        finally:  # also when the test failed: no connection left open for a later test
+            await engine.dispose()
     assert [f"{type(e).__name__}: {e}"[:300] for e in failures] == []
     # nor one between the workers' own transactions: every statement locks only its rows
-    assert await innodb_deadlocks(engine) == deadlocks
+    assert deadlocks_after == deadlocks
     assert sorted(done) == list(range(1, 2 * CLIENTS * TRANSACTIONS + 1))
-    await engine.dispose()
 
 
 async def innodb_deadlocks(engine: AsyncEngine) -> int:
