@@ -6,8 +6,8 @@ before any row is written); `write()` in executor Python workers, once per parti
 between them.
 
 Writers take Arrow record batches (`DataSourceArrowWriter`; streams from PySpark 4.1 on, Spark
-rows before): see `txtasks.spark.encode`. Each partition attempt stages its rows in one
-transaction under a fresh `stage_id` and the write's key (`txtasks.spark.staging`),
+rows before): see `txtasks.spark.encode`. Each partition attempt stages its rows, one
+transaction per batch, under a fresh `stage_id` and the write's key (`txtasks.spark.staging`),
 while the write is open: the writer opens it on the driver, the commit and the abort close it.
 
 Exactly once: Spark hands the commit one message per partition, from the attempt that
