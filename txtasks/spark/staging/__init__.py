@@ -260,6 +260,10 @@ class SqlStaging:
         """Insert one Arrow table of staged rows; dialects override with their bulk path."""
         conn.execute(insert(staged), batch.to_pylist())
 
+    def prepare_publish(self, conn: Connection) -> None:
+        """Set up the transaction of a commit that copies a whole write's rows (dialects
+        override it; here nothing)."""
+
     def close(self, write_key: str) -> None:
         """Close a write: once this returns, no attempt stages under it any more."""
         with self.driver.sync_engine.begin() as conn:
@@ -294,6 +298,7 @@ class SqlStaging:
         self.close(write_key)
         try:
             with self.driver.sync_engine.begin() as conn:
+                self.prepare_publish(conn)
                 conn.execute(insert(commits).values(commit_id=commit_id, committed_at=now, tasks=0))
                 own = _own(conn, write_key)
                 _check_and_drop_losers(conn, own, stages)
