@@ -68,7 +68,7 @@ def one_transaction(staging: SqlStaging, write_key: str, batches: Any) -> int:
         for batch in batches:
             staging.insert_batch(conn, batch)
             count += batch.num_rows
-        staging._fence(conn, write_key, 0, count)
+        staging.check_open(conn, write_key, 0, count)
     return count
 
 

@@ -1,17 +1,17 @@
 """Staged writes: rows kept apart from the hot table, then copied into it by one commit.
 
-A staging writer (one Spark partition attempt) inserts its rows into `txtasks_staged` under
-the write's key and a `stage_id` of its own, one transaction per batch (none stays open while
-Spark computes the next). Only the columns that vary per row are staged (payload, priority, run_at, dedup key, task key); the commit supplies the
-rest. The commit, one transaction, records its `commit_id` in `txtasks_commits` (a second commit
-of the same id changes nothing and discards what it was given), checks that every reported
-attempt's rows are all there, deletes the rows of attempts it was not given, leaves one key hint
-per task key among the rows it publishes (as every enqueue does: see `txtasks.keys`), copies
-those rows into the hot table as `pending` with one INSERT ... SELECT (dropping rows that repeat
-a dedup key within the write, and skipping those whose key a live task holds: the insert itself
-skips a key the unique index holds, so a task enqueued with that key by a transaction
-committing meanwhile wins and the commit goes on), and deletes the write's staged rows. Abort
-deletes them.
+A staging writer (one Spark partition attempt) inserts its rows into `txtasks_staged` under the
+write's key and a `stage_id` of its own, one transaction per batch (none stays open while Spark
+computes the next). Only the columns that vary per row are staged (payload, priority, run_at, dedup
+key, task key); the commit supplies the rest. The commit, one transaction, records its `commit_id`
+in `txtasks_commits` (a second commit of the same id changes nothing and discards what it was
+given), checks that every reported attempt's rows are all there, deletes the rows of attempts it
+was not given, leaves one key hint per task key among the rows it publishes (as every enqueue does:
+see `txtasks.keys`), copies those rows into the hot table as `pending` with one INSERT ... SELECT
+(dropping rows that repeat a dedup key within the write, and skipping those whose key a live task
+holds: the insert itself skips a key the unique index holds, so a task enqueued with that key by a
+transaction committing meanwhile wins and the commit goes on), and deletes the write's staged rows.
+Abort deletes them.
 
 A deferred commit (`commit_deferred`) makes the same checks and deletions, then records one row
 per committed attempt in `txtasks_deferred` instead of copying its rows: publishers copy them
@@ -234,14 +234,14 @@ class SqlStaging:
             if batch.num_rows:
                 with self.driver.sync_engine.begin() as conn:
                     self.insert_batch(conn, batch)
-                    self._fence(conn, write_key, batch.num_rows, count)
+                    self.check_open(conn, write_key, batch.num_rows, count)
                 count += batch.num_rows
         if not count:  # an empty attempt: its write must be open all the same
             with self.driver.sync_engine.begin() as conn:
-                self._fence(conn, write_key, 0, 0)
+                self.check_open(conn, write_key, 0, 0)
         return count
 
-    def _fence(self, conn: Connection, write_key: str, rows: int, before: int) -> None:
+    def check_open(self, conn: Connection, write_key: str, rows: int, before: int) -> None:
         """Raise `WriteClosed` (rolling back `rows` rows) unless the write is open; read under
         a shared lock, so closing the write waits for this transaction."""
         still_open = (
