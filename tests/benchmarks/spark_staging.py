@@ -2,7 +2,10 @@
 Arrow (what `PostgresStaging` sends) against binary COPY (psycopg `write_row`, types set); on
 MariaDB/MySQL multi-row INSERTs of literals written by Arrow (what `MySQLStaging` sends)
 against `LOAD DATA LOCAL INFILE` of a CSV file Arrow writes (a connection with `local_infile`).
-The same rows in the same transaction shape (one attempt: one transaction).
+The same rows, in batches of `--batch-rows` (Spark's Arrow batches: 10,000 rows), each batch in a
+transaction of its own as txtasks stages them. Two more rows per database compare what
+txtasks sends with the staging before it: stage ids of 49 characters (the write key, a dot, 24
+hex digits; now 16 hex digits), and one transaction for all of an attempt's batches.
 
     TXTASKS_BENCH_POSTGRES_URL=postgresql://app:app@127.0.0.1:45432/bench \\
     TXTASKS_BENCH_MYSQL_URL=mysql://app:app@127.0.0.1:43306/bench \\
@@ -27,7 +30,8 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from sqlalchemy import Connection, text
 
 from txtasks.driver import driver_for_url
-from txtasks.spark.staging import STAGED_COLUMNS
+from txtasks.spark.datasource import STAGE_ID_CHARS
+from txtasks.spark.staging import STAGED_COLUMNS, SqlStaging
 from txtasks.spark.staging.mysql import MySQLStaging
 from txtasks.spark.staging.postgresql import PostgresStaging
 
@@ -56,6 +60,30 @@ class BinaryStaging(PostgresStaging):
             for row in zip(*columns, strict=True):
                 copy.write_row(row)
 
+
+def one_transaction(staging: SqlStaging, write_key: str, batches: Any) -> int:
+    """Stage every batch of an attempt in one transaction (txtasks before staging per batch)."""
+    count = 0
+    with staging.driver.sync_engine.begin() as conn:
+        for batch in batches:
+            staging.insert_batch(conn, batch)
+            count += batch.num_rows
+        staging.check_open(conn, write_key, 0, count)
+    return count
+
+
+class OneTransactionCopy(PostgresStaging):
+    def stage(self, write_key: str, batches: Any) -> int:
+        return one_transaction(self, write_key, batches)
+
+
+class OneTransactionInsert(MySQLStaging):
+    def stage(self, write_key: str, batches: Any) -> int:
+        return one_transaction(self, write_key, batches)
+
+
+#: The stage ids txtasks made before: the write key, a dot and 24 hex digits.
+LONG_IDS = 24 + 1 + 24
 
 #: LOAD DATA of a CSV file Arrow writes (nulls: empty fields, as no key is empty).
 LOAD_STAGED = (
@@ -133,28 +161,51 @@ def main() -> None:
     parser.add_argument("--mysql-url", default=os.environ.get("TXTASKS_BENCH_MYSQL_URL"))
     parser.add_argument("--rows", type=int, default=50_000)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--batch-rows", type=int, default=10_000)
     args = parser.parse_args()
     if not args.postgres_url and not args.mysql_url:
         parser.error("give --postgres-url and/or --mysql-url (or TXTASKS_BENCH_*_URL)")
     print(f"rows {args.rows:,} per attempt, runs {args.runs} (median, after one warm-up)")
     if args.postgres_url:
         driver = driver_for_url(args.postgres_url)
-        run(driver, {"COPY csv": PostgresStaging, "COPY binary": BinaryStaging}, args)
+        kinds = {
+            "COPY csv": (PostgresStaging, STAGE_ID_CHARS),
+            "COPY csv, 49-character stage ids": (PostgresStaging, LONG_IDS),
+            "COPY csv, one transaction per attempt": (OneTransactionCopy, STAGE_ID_CHARS),
+            "COPY binary": (BinaryStaging, STAGE_ID_CHARS),
+        }
+        run(driver, kinds, args)
     if args.mysql_url:
         driver = driver_for_url(args.mysql_url)
-        run(driver, {"INSERT literals": MySQLStaging, "LOAD DATA LOCAL": LoadDataStaging}, args)
+        kinds = {
+            "INSERT literals": (MySQLStaging, STAGE_ID_CHARS),
+            "INSERT literals, 49-character stage ids": (MySQLStaging, LONG_IDS),
+            "INSERT literals, one transaction per attempt": (OneTransactionInsert, STAGE_ID_CHARS),
+            "LOAD DATA LOCAL": (LoadDataStaging, STAGE_ID_CHARS),
+        }
+        run(driver, kinds, args)
 
 
-def run(driver: Any, kinds: dict[str, Any], args: Any) -> None:
-    stagings = {name: kind(driver) for name, kind in kinds.items()}
+def stage_id(key: str, chars: int) -> str:
+    """A stage id of `chars` characters (the write key and a dot first, if it is that long)."""
+    if chars == LONG_IDS:
+        return f"{key}.{uuid.uuid4().hex[:24]}"
+    return uuid.uuid4().hex[:chars]
+
+
+def run(driver: Any, kinds: dict[str, tuple[Any, int]], args: Any) -> None:
+    stagings = {name: (kind(driver), chars) for name, (kind, chars) in kinds.items()}
     seconds: dict[str, list[float]] = {name: [] for name in stagings}
     for _ in range(args.runs + 1):  # the first run warms up, untimed
-        for name, staging in stagings.items():
+        for name, (staging, chars) in stagings.items():
             key = uuid.uuid4().hex[:24]
-            table = rows_table(key, f"{key}.a", args.rows)
+            table = rows_table(key, stage_id(key, chars), args.rows)
+            batches = [
+                table.slice(i, args.batch_rows) for i in range(0, args.rows, args.batch_rows)
+            ]
             staging.open(key, datetime(2030, 1, 1))
             started = time.perf_counter()
-            assert staging.stage(key, [table]) == args.rows
+            assert staging.stage(key, batches) == args.rows
             seconds[name].append(time.perf_counter() - started)
             staging.close(key)
             with driver.sync_engine.begin() as conn:

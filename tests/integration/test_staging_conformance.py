@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -218,18 +218,71 @@ def test_staging_into_a_closed_write_is_refused(staging: SqlStaging) -> None:
 
     staging.open("aborted", T0)
     staging.abort("aborted")
-    with pytest.raises(WriteClosed, match="aborted already: this attempt's 3 rows were not"):
+    with pytest.raises(WriteClosed, match="aborted already: this batch's 3 rows were not"):
         staging.stage("aborted", [attempt("aborted", "aborted.a", [0, 1, 2])])
 
     staging.open("done", T0)
     staging.stage("done", [attempt("done", "done.a", [0, 1])])
     staging.commit("c", "done", {"done.a": 2}, TARGET, now=T0)
-    with pytest.raises(WriteClosed, match="this attempt's 4 rows were not staged"):
+    with pytest.raises(WriteClosed, match="this batch's 4 rows were not staged"):
         staging.stage("done", [attempt("done", "done.b", [0, 1, 2, 3])])
     assert staged_rows(staging) == {}
 
     staging.open("done", T0)  # a stream's next micro-batch opens its write again
     assert staging.stage("done", [attempt("done", "done.c", [7])]) == 1
+
+
+async def test_a_partition_slow_between_its_batches_blocks_no_other_writer(
+    sql: SqlDriver, staging: SqlStaging
+) -> None:
+    """Spark computes a partition's batches as the staging asks for them: while the next one
+    is slow to come, an application enqueues (on SQLite too, whose one write lock a
+    transaction takes as it begins), and the partition then stages the rest."""
+    staging.open("w", T0)
+    slow, resume = threading.Event(), threading.Event()
+
+    def batches() -> Iterator[pa.Table]:
+        yield attempt("w", "w.a", [0, 1])
+        slow.set()
+        assert resume.wait(60), "the test never let the partition go on"
+        yield attempt("w", "w.a", [2])
+
+    loop = asyncio.get_running_loop()
+    with ThreadPoolExecutor(1) as pool:
+        staged_ = loop.run_in_executor(pool, staging.stage, "w", batches())
+        try:
+            assert await loop.run_in_executor(None, slow.wait, 60)
+            # waits for the busy timeout, then fails, if the partition holds SQLite's lock
+            [enqueued] = await sql.task_insert_many([new("meanwhile")])
+        finally:
+            resume.set()
+        assert await staged_ == 3
+
+    assert staged_rows(staging) == {"w.a": 3}
+    assert [r.id for r in await claim(sql)] == [enqueued]
+    assert staging.commit("c", "w", {"w.a": 3}, TARGET, now=T0) == {"q": 3}
+    assert await claimed_values(sql) == [0, 1, 2]
+
+
+async def test_an_attempt_whose_write_ends_between_its_batches_leaves_no_row(
+    sql: SqlDriver, staging: SqlStaging
+) -> None:
+    """An attempt that Spark stopped waiting for staged a batch, then its write was committed
+    (with another attempt of the partition): its next batch is refused, and the commit deleted
+    the batch before."""
+    staging.open("w", T0)
+    staging.stage("w", [attempt("w", "w.winner", ["w0", "w1"])])
+
+    def batches() -> Iterator[pa.Table]:
+        yield attempt("w", "w.late", ["l0", "l1"])
+        assert staging.commit("c", "w", {"w.winner": 2}, TARGET, now=T0) == {"q": 2}
+        yield attempt("w", "w.late", ["l2"])
+
+    with pytest.raises(WriteClosed, match=r"this batch's 1 rows were not staged .*the 2 rows"):
+        staging.stage("w", batches())
+
+    assert staged_rows(staging) == {}
+    assert await claimed_values(sql) == ["w0", "w1"]
 
 
 # -- exactly once -------------------------------------------------------------------------------

@@ -312,7 +312,7 @@ def test_an_attempt_that_stages_after_its_write_ended_stages_nothing(database_ur
 
     committed = two_column_writer(database_url)
     committed.commit([committed.write(batches(2))])
-    with pytest.raises(WriteClosed, match="this attempt's 4 rows were not staged"):
+    with pytest.raises(WriteClosed, match="this batch's 4 rows were not staged"):
         committed.write(batches(4))
 
     assert staged_count(database_url) == 0

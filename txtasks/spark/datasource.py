@@ -6,8 +6,8 @@ before any row is written); `write()` in executor Python workers, once per parti
 between them.
 
 Writers take Arrow record batches (`DataSourceArrowWriter`; streams from PySpark 4.1 on, Spark
-rows before): see `txtasks.spark.encode`. Each partition attempt stages its rows in one
-transaction under a fresh `stage_id` and the write's key (`txtasks.spark.staging`),
+rows before): see `txtasks.spark.encode`. Each partition attempt stages its rows, one
+transaction per batch, under a fresh `stage_id` and the write's key (`txtasks.spark.staging`),
 while the write is open: the writer opens it on the driver, the commit and the abort close it.
 
 Exactly once: Spark hands the commit one message per partition, from the attempt that
@@ -60,6 +60,10 @@ StreamWriterBase: Any = getattr(
 SOURCE_NAME = "txtasks"
 #: Spark rows per staged batch on the row path.
 ROWS_PER_BATCH = 10_000
+#: Random hex digits of a stage id (64 bits): it tells apart the attempts of one write and
+#: the deferred commits waiting for a publisher, and is sent with every staged row and kept in
+#: the staged table's index, so it stays short.
+STAGE_ID_CHARS = 16
 
 
 def register(spark: SparkSession | None = None) -> None:
@@ -98,7 +102,7 @@ class StagedMessage(WriterCommitMessage):
 
 
 def write_key(name: str) -> str:
-    """The prefix of every stage id of a write or stream (hex: safe in LIKE patterns)."""
+    """The key under which every attempt of a write or stream stages its rows."""
     return hashlib.sha256(name.encode()).hexdigest()[:24]
 
 
@@ -125,7 +129,7 @@ def row_encoder(options: WriteOptions, rows: Iterable[Any]) -> Encoder:
 def _stage(options: WriteOptions, key: str, encode: Encoder) -> StagedMessage:
     context = TaskContext.get()
     partition = context.partitionId() if context is not None else 0
-    stage_id = f"{key}.{uuid.uuid4().hex[:24]}"
+    stage_id = uuid.uuid4().hex[:STAGE_ID_CHARS]
     count = _staging(options.url).stage(key, encode(key, stage_id, utcnow()))
     return StagedMessage(stage_id, partition, count)
 

@@ -1,17 +1,17 @@
 """Staged writes: rows kept apart from the hot table, then copied into it by one commit.
 
-A staging writer (one Spark partition attempt) inserts its rows into `txtasks_staged` under
-the write's key and a `stage_id` of its own, in one transaction. Only the columns that vary
-per row are staged (payload, priority, run_at, dedup key, task key); the commit supplies the
-rest. The commit, one transaction, records its `commit_id` in `txtasks_commits` (a second commit
-of the same id changes nothing and discards what it was given), checks that every reported
-attempt's rows are all there, deletes the rows of attempts it was not given, leaves one key hint
-per task key among the rows it publishes (as every enqueue does: see `txtasks.keys`), copies
-those rows into the hot table as `pending` with one INSERT ... SELECT (dropping rows that repeat
-a dedup key within the write, and skipping those whose key a live task holds: the insert itself
-skips a key the unique index holds, so a task enqueued with that key by a transaction
-committing meanwhile wins and the commit goes on), and deletes the write's staged rows. Abort
-deletes them.
+A staging writer (one Spark partition attempt) inserts its rows into `txtasks_staged` under the
+write's key and a `stage_id` of its own, one transaction per batch (none stays open while Spark
+computes the next). Only the columns that vary per row are staged (payload, priority, run_at, dedup
+key, task key); the commit supplies the rest. The commit, one transaction, records its `commit_id`
+in `txtasks_commits` (a second commit of the same id changes nothing and discards what it was
+given), checks that every reported attempt's rows are all there, deletes the rows of attempts it
+was not given, leaves one key hint per task key among the rows it publishes (as every enqueue does:
+see `txtasks.keys`), copies those rows into the hot table as `pending` with one INSERT ... SELECT
+(dropping rows that repeat a dedup key within the write, and skipping those whose key a live task
+holds: the insert itself skips a key the unique index holds, so a task enqueued with that key by a
+transaction committing meanwhile wins and the commit goes on), and deletes the write's staged rows.
+Abort deletes them.
 
 A deferred commit (`commit_deferred`) makes the same checks and deletions, then records one row
 per committed attempt in `txtasks_deferred` instead of copying its rows: publishers copy them
@@ -20,11 +20,12 @@ commit: the commits and aborts of the same write key (a stream's later micro-bat
 purge of abandoned rows, leave them alone.
 
 A write is open from before its first attempt stages until its commit or abort: it has a row in
-`txtasks_writes`. Staging ends by reading that row under a shared lock, and rolls back if it is
-gone; the commit and the abort first delete it, in a transaction of their own, which waits for
-the stagers that hold the lock. So an attempt still running when its write ended (the loser of a
-speculative race, an attempt Spark stopped waiting for) stages nothing, and no staged row
-outlives its write.
+`txtasks_writes`. Each batch's transaction ends by reading that row under a shared lock, and
+rolls back if it is gone; the commit and the abort first delete it, in a transaction of their
+own, which waits for the stagers that hold the lock. So an attempt still running when its write
+ended (the loser of a speculative race, an attempt Spark stopped waiting for) stages nothing
+more, what it staged before is deleted by that commit or abort (it is not an attempt the commit
+was given), and no staged row outlives its write.
 
 Staged rows arrive as Arrow tables (`STAGED_COLUMNS`, then `STAGED_KEY` for a keyed write):
 dialects send them in bulk (COPY, multi-row INSERT, naming the batch's columns; see the modules
@@ -221,30 +222,47 @@ class SqlStaging:
             pass  # open already: a re-run with the same commit id, a restarted stream
 
     def stage(self, write_key: str, batches: Iterable[Any]) -> int:
-        """Insert staged rows (Arrow tables of `STAGED_COLUMNS`, and maybe `STAGED_KEY`) in one
-        transaction, which
-        commits only if the write is still open (else raises `WriteClosed`)."""
+        """Insert staged rows (Arrow tables of `STAGED_COLUMNS`, and maybe `STAGED_KEY`), each
+        batch in a transaction of its own that commits only if the write is still open (else
+        raises `WriteClosed`). No transaction stays open while the next batch is computed, so
+        a slow partition holds no lock (on SQLite: the database's one write lock) between its
+        batches. The batches an attempt staged before a failure stay under its stage id until
+        its write's commit (which publishes only the attempts Spark reports) or abort deletes
+        them. Returns how many rows were staged."""
         count = 0
-        with self.driver.sync_engine.begin() as conn:
-            for batch in batches:
-                if batch.num_rows:
+        for batch in batches:
+            if batch.num_rows:
+                with self.driver.sync_engine.begin() as conn:
                     self.insert_batch(conn, batch)
-                    count += batch.num_rows
-            still_open = (
-                select(writes.c.write_key)
-                .where(writes.c.write_key == write_key)
-                .with_for_update(read=True)
-            )
-            if conn.execute(still_open).first() is None:
-                raise WriteClosed(
-                    f"staged write {write_key} was committed or aborted already: this attempt's "
-                    f"{count} rows were not staged"
-                )
+                    self.check_open(conn, write_key, batch.num_rows, count)
+                count += batch.num_rows
+        if not count:  # an empty attempt: its write must be open all the same
+            with self.driver.sync_engine.begin() as conn:
+                self.check_open(conn, write_key, 0, 0)
         return count
+
+    def check_open(self, conn: Connection, write_key: str, rows: int, before: int) -> None:
+        """Raise `WriteClosed` (rolling back `rows` rows) unless the write is open; read under
+        a shared lock, so closing the write waits for this transaction."""
+        still_open = (
+            select(writes.c.write_key)
+            .where(writes.c.write_key == write_key)
+            .with_for_update(read=True)
+        )
+        if conn.execute(still_open).first() is None:
+            raise WriteClosed(
+                f"staged write {write_key} was committed or aborted already: this batch's "
+                f"{rows} rows were not staged (nor will the {before} rows this attempt "
+                "staged before it be published: the write's commit or abort deletes them)"
+            )
 
     def insert_batch(self, conn: Connection, batch: Any) -> None:
         """Insert one Arrow table of staged rows; dialects override with their bulk path."""
         conn.execute(insert(staged), batch.to_pylist())
+
+    def prepare_publish(self, conn: Connection) -> None:
+        """Set up the transaction of a commit that copies a whole write's rows (dialects
+        override it; here nothing)."""
 
     def close(self, write_key: str) -> None:
         """Close a write: once this returns, no attempt stages under it any more."""
@@ -280,6 +298,7 @@ class SqlStaging:
         self.close(write_key)
         try:
             with self.driver.sync_engine.begin() as conn:
+                self.prepare_publish(conn)
                 conn.execute(insert(commits).values(commit_id=commit_id, committed_at=now, tasks=0))
                 own = _own(conn, write_key)
                 _check_and_drop_losers(conn, own, stages)
