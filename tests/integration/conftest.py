@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BACKENDS, reset_schema, server_url
-from txtasks.driver import Driver, MemoryDriver, driver_for_url
+from txtasks.driver import Driver, MemoryDriver, SqlDriver, driver_for_url
+from txtasks.spark.staging import SqlStaging, staging_for
 
 DRIVERS = [pytest.param("memory", id="memory"), *BACKENDS]
 
@@ -25,6 +26,21 @@ async def driver(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
     await sql.open()
     yield sql
     await sql.close()
+
+
+@pytest.fixture
+async def sql(database_url: str) -> AsyncIterator[SqlDriver]:
+    """An open SQL driver on `database_url`'s database (the staging suites)."""
+    driver = driver_for_url(database_url)
+    await driver.open()
+    yield driver
+    await driver.close()
+
+
+@pytest.fixture
+def staging(sql: SqlDriver) -> SqlStaging:
+    """The staging of Spark writes on `sql`'s database."""
+    return staging_for(sql)
 
 
 async def another(driver: Driver) -> Driver:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -24,7 +24,7 @@ import pyarrow as pa
 import pytest
 from sqlalchemy import func, select
 
-from txtasks.driver import MemoryDriver, SqlDriver, driver_for_url
+from txtasks.driver import MemoryDriver, SqlDriver
 from txtasks.errors import ConfigurationError
 from txtasks.schema.tables import commits, key_hints, staged, topic_drops, writes
 from txtasks.spark.staging import (
@@ -60,19 +60,6 @@ async def claim(driver: SqlDriver, limit: int = 1000) -> list[TaskRow]:
     """Claim up to `limit` ready tasks of queue "q", after T0."""
     now = at(10)
     return await driver.task_claim_many(["q"], limit, now=now, lease_until=at(40), worker_id="w")
-
-
-@pytest.fixture
-async def sql(database_url: str) -> AsyncIterator[SqlDriver]:
-    driver = driver_for_url(database_url)
-    await driver.open()
-    yield driver
-    await driver.close()
-
-
-@pytest.fixture
-def staging(sql: SqlDriver) -> SqlStaging:
-    return staging_for(sql)
 
 
 def attempt(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -27,11 +27,11 @@ import txtasks
 from tests.conftest import backends
 from tests.integration.test_staging_conformance import T0, attempt, ledger, staged_rows
 from tests.waiting import until_sync
-from txtasks.driver import SqlDriver, driver_for_url
+from txtasks.driver import SqlDriver
 from txtasks.driver.urls import url_sync
 from txtasks.enqueue import insert_many_tx, publish_many_tx
 from txtasks.schema.tables import tasks
-from txtasks.spark.staging import STAGED_KEY, SqlStaging, StageTarget, TopicTarget, staging_for
+from txtasks.spark.staging import STAGED_KEY, SqlStaging, StageTarget, TopicTarget
 from txtasks.types import JSON_CONTENT_TYPE, NewPublish, NewTask, Subscription
 
 #: Rows of the plan test: past the ~262,000 rows where a hashed subplan stops fitting work_mem.
@@ -48,19 +48,6 @@ GROUPS = [
     Subscription("order.created", "billing", "bill", "q"),
     Subscription("order.created", "shipping", "ship", "q2"),
 ]
-
-
-@pytest.fixture
-async def sql(database_url: str) -> AsyncIterator[SqlDriver]:
-    driver = driver_for_url(database_url)
-    await driver.open()
-    yield driver
-    await driver.close()
-
-
-@pytest.fixture
-def staging(sql: SqlDriver) -> SqlStaging:
-    return staging_for(sql)
 
 
 @pytest.fixture

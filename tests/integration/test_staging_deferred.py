@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -53,19 +52,6 @@ from txtasks.spark.staging import (
 )
 from txtasks.spark.staging.publisher import PublishTotals, publish_batch, publish_pending
 from txtasks.testing import run_until_empty
-
-
-@pytest.fixture
-async def sql(database_url: str) -> AsyncIterator[SqlDriver]:
-    driver = driver_for_url(database_url)
-    await driver.open()
-    yield driver
-    await driver.close()
-
-
-@pytest.fixture
-def staging(sql: SqlDriver) -> SqlStaging:
-    return staging_for(sql)
 
 
 async def publish_all(driver: SqlDriver, limit: int = 2, woken: list[str] | None = None) -> Any:
