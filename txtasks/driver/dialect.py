@@ -379,9 +379,10 @@ class SqlDialect(TopicsDialect, ControlDialect):
     @staticmethod
     @functools.cache
     def stmt_hints_take() -> Executable:
-        """Up to `limit` hints of `queues`, oldest first, locked, skipping locked ones."""
+        """The ids of up to `limit` hints of `queues`, oldest first, locked, skipping locked
+        ones."""
         return (
-            select(key_hints.c.id, key_hints.c.queue, key_hints.c.partition_key, key_hints.c.run_at)
+            select(key_hints.c.id)
             .where(key_hints.c.queue.in_(bindparam("queues", expanding=True)))
             .order_by(key_hints.c.id)
             .limit(bindparam("limit", type_=Integer))
@@ -393,20 +394,43 @@ class SqlDialect(TopicsDialect, ControlDialect):
     def stmt_hints_delete() -> Executable:
         return delete(key_hints).where(key_hints.c.id.in_(bindparam("ids", expanding=True)))
 
+    @classmethod
+    @functools.cache
+    def stmt_hints_arm(cls) -> Executable:
+        """Create or arm the keys of hints `ids` (params ids, now), each for its earliest hint,
+        in key order, in the database: the hints never travel to the worker and back."""
+        hinted = (
+            select(
+                key_hints.c.queue,
+                key_hints.c.partition_key,
+                func.min(key_hints.c.run_at),
+                bindparam("now", type_=Timestamp),
+            )
+            .where(key_hints.c.id.in_(bindparam("ids", expanding=True)))
+            .group_by(key_hints.c.queue, key_hints.c.partition_key)
+            .order_by(key_hints.c.queue, key_hints.c.partition_key)
+        )
+        stmt = cls.upsert(keys).from_select(
+            ["queue", "partition_key", "ready_at", "updated_at"], hinted
+        )
+        arm: Executable = stmt.on_conflict_do_update(
+            index_elements=[keys.c.queue, keys.c.partition_key],
+            set_={
+                "ready_at": cls.armed_at(keys.c.ready_at, stmt.excluded.ready_at),
+                "updated_at": stmt.excluded.updated_at,
+            },
+        )
+        return arm
+
     async def hints_take(self, conn: AsyncConnection, queues: list[str], now: datetime) -> None:
-        """Turn up to HINTS_PER_CLAIM hints of `queues` into armed keys, deleting them."""
+        """Turn up to HINTS_PER_CLAIM hints of `queues` into armed keys, deleting them: their
+        ids read and locked, the keys armed from them and the hints deleted, in the database."""
         params = {"queues": queues, "limit": HINTS_PER_CLAIM}
-        hints = (await conn.execute(self.stmt_hints_take(), params)).all()
-        if not hints:
+        ids = list((await conn.execute(self.stmt_hints_take(), params)).scalars())
+        if not ids:
             return
-        await conn.execute(self.stmt_hints_delete(), {"ids": [h.id for h in hints]})
-        armed = key_hints_of((h.queue, h.partition_key, h.run_at) for h in hints)
-        rows = [
-            {"queue": a["queue"], "partition_key": a["partition_key"],
-             "ready_at": a["run_at"], "now": now}
-            for a in armed
-        ]  # fmt: skip
-        await conn.execute(self.stmt_keys_arm(), rows)
+        await conn.execute(self.stmt_hints_arm(), {"ids": ids, "now": now})
+        await conn.execute(self.stmt_hints_delete(), {"ids": ids})
 
     async def keys_wake(
         self, conn: AsyncConnection, pairs: Sequence[tuple[str, str]], now: datetime

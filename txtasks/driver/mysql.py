@@ -136,6 +136,29 @@ class MySQLDialect(SqlDialect):
             updated_at=stmt.inserted.updated_at,
         )
 
+    @staticmethod
+    @functools.cache
+    def stmt_hints_arm() -> Executable:
+        """As `SqlDialect.stmt_hints_arm`, the hints found by their primary key."""
+        return text(
+            "INSERT INTO txtasks_keys (queue, partition_key, ready_at, updated_at) "
+            "SELECT h.queue, h.partition_key, min(h.run_at), :now FROM "
+            f"{IDS_TABLE} STRAIGHT_JOIN txtasks_key_hints AS h FORCE INDEX (PRIMARY) ON h.id = v.id "
+            "GROUP BY h.queue, h.partition_key ORDER BY h.queue, h.partition_key "
+            "ON DUPLICATE KEY UPDATE ready_at = CASE WHEN txtasks_keys.ready_at IS NULL "
+            "OR txtasks_keys.ready_at > VALUES(ready_at) THEN VALUES(ready_at) "
+            "ELSE txtasks_keys.ready_at END, updated_at = VALUES(updated_at)"
+        ).bindparams(bindparam("ids", type_=JSON), bindparam("now", type_=Timestamp))
+
+    @staticmethod
+    @functools.cache
+    def stmt_hints_delete() -> Executable:
+        """Hints `ids`, each found by its primary key."""
+        return text(
+            f"DELETE h FROM {IDS_TABLE} STRAIGHT_JOIN txtasks_key_hints AS h "
+            "FORCE INDEX (PRIMARY) ON h.id = v.id"
+        ).bindparams(bindparam("ids", type_=JSON))
+
     async def keys_held(self, conn: AsyncConnection, params: dict[str, Any]) -> list[Any]:
         """The ready keys read first without a lock, then locked by their primary keys (see
         `KEYS_BY_ID`), skipping those another claim holds and those no longer ready."""
