@@ -183,12 +183,14 @@ async def test_a_key_claim_counts_each_key_s_running_tasks_along_their_own_index
         )
         await conn.execute("ANALYZE txtasks_tasks")
         names = [f"k{i}" for i in range(0, 20, 2)]
-        args = (["q"] * len(names), names, [], [], [], [], [], utcnow())
-        plan = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + KEYS_LOOK_SQL, *args)
-        counts = await conn.fetch(KEYS_LOOK_SQL, *args)
+        args = (json.dumps(["q"] * len(names)), json.dumps(names), "[]", "[]", "[]", "[]", "")
+        plan = await conn.fetchval(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + KEYS_LOOK_SQL, *args, utcnow()
+        )
+        counts = await conn.fetch(KEYS_LOOK_SQL, *args, utcnow())
     finally:
         await conn.close()
-    assert sorted((r["kind"], r["partition_key"], r["n"]) for r in counts) == sorted(
+    assert sorted((r["kind"], names[r["i"] - 1], r["n"]) for r in counts) == sorted(
         ("r", k, 6) for k in names
     )
     tree = nodes((plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"])

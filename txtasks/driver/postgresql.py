@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import math
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -56,11 +57,12 @@ SELECT * FROM claimed ORDER BY priority DESC, run_at, id
 """
 
 
-#: Claim the ready rows $4 (of keys the claim holds), as `CLAIM_SQL` does.
+#: Claim the ready rows $4 (their ids, comma-separated: asyncpg checks every element of an
+#: array parameter in Python) of keys the claim holds, as `CLAIM_SQL` does.
 CLAIM_IDS_SQL = f"""
 UPDATE txtasks_tasks SET state = 'processing', attempt = attempt + 1,
        lease_expires_at = $1, worker_id = $2, started_at = $3
- WHERE id = ANY($4::bigint[]) AND {READY}
+ WHERE id = ANY(string_to_array($4, ',')::bigint[]) AND {READY}
 RETURNING {", ".join(CLAIMED_COLUMNS)}
 """
 #: Delete up to :limit hints of :queues and arm their keys, in one statement. Any hints will
@@ -81,14 +83,16 @@ ON CONFLICT (queue, partition_key) DO UPDATE
    SET ready_at = EXCLUDED.ready_at, updated_at = EXCLUDED.updated_at
  WHERE k.ready_at IS NULL OR k.ready_at > EXCLUDED.ready_at
 """
-#: Each held key's next look and rate start, from arrays. The keys are found by their primary
+#: Each held key's next look and rate start, from arrays (the ids comma-separated, as
+#: `CLAIM_IDS_SQL`'s). The keys are found by their primary
 #: key (`k.id = ANY($1)`, and no sequential scan in the claim's transaction: `KEYS_PLANS`): a
 #: join with the arrays alone was planned as a hash of every key of the table, read in full at
 #: each claim.
 KEYS_SETTLE = (
     "UPDATE txtasks_keys AS k SET ready_at = v.ready_at, next_start_at = v.next_start_at, "
-    "updated_at = $4 FROM unnest($1::bigint[], $2::timestamp[], $3::timestamp[]) "
-    "AS v(id, ready_at, next_start_at) WHERE k.id = v.id AND k.id = ANY($1::bigint[])"
+    "updated_at = $4 FROM unnest(string_to_array($1, ',')::bigint[], $2::timestamp[], "
+    "$3::timestamp[]) AS v(id, ready_at, next_start_at) "
+    "WHERE k.id = v.id AND k.id = ANY(string_to_array($1, ',')::bigint[])"
 )
 #: The plans of a claim of the keys' lane, for its transaction: every statement of it reads a
 #: few rows along an index in that index's order, and a bitmap scan reads every match before it
@@ -101,28 +105,35 @@ KEYS_SETTLE = (
 KEYS_PLANS = (
     "SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)"
 )
-#: What the keys a claim holds have (`SqlDialect.keys_look`), in one statement: rows 'r' count
-#: the tasks processing of each key ($1[i], $2[i]), one probe of the running index per key;
-#: rows 'h' give the first live task of each ordered key ($3[i], $4[i]); rows 'd' the first
-#: $7[i] due ready tasks of each other key ($5[i], $6[i]), in claim order.
+#: What the keys a claim holds have (`SqlDialect.keys_look`), in one statement. The keys travel
+#: as JSON arrays of their queues and names (asyncpg checks every element of an array parameter
+#: in Python, and names may hold any character), and come back as their place in them: rows
+#: 'r' count the tasks processing of each key ($1[i], $2[i]), one probe of the running index
+#: per key; rows 'h' give the first live task of each ordered key ($3[i], $4[i]); rows 'd' the
+#: first $7[i] due ready tasks of each other key ($5[i], $6[i]; $7 comma-separated), in claim
+#: order.
 KEYS_LOOK_SQL = f"""
-SELECT 'r' AS kind, k.queue, k.partition_key, r.n, NULL::bigint AS id, NULL::varchar AS state,
+SELECT 'r' AS kind, k.i, r.n, NULL::bigint AS id, NULL::varchar AS state,
        NULL::timestamp AS run_at, NULL::bigint[] AS ids
-  FROM unnest($1::varchar[], $2::varchar[]) AS k(queue, partition_key)
+  FROM ROWS FROM (json_array_elements_text($1::json), json_array_elements_text($2::json))
+       WITH ORDINALITY AS k(queue, partition_key, i)
   CROSS JOIN LATERAL (SELECT count(*) AS n FROM txtasks_tasks t
                        WHERE t.queue = k.queue AND t.partition_key = k.partition_key
                          AND t.state = 'processing') AS r
  WHERE r.n > 0
 UNION ALL
-SELECT 'h', k.queue, k.partition_key, NULL, t.id, t.state, t.run_at, NULL
-  FROM unnest($3::varchar[], $4::varchar[]) AS k(queue, partition_key)
+SELECT 'h', k.i, NULL, t.id, t.state, t.run_at, NULL
+  FROM ROWS FROM (json_array_elements_text($3::json), json_array_elements_text($4::json))
+       WITH ORDINALITY AS k(queue, partition_key, i)
   CROSS JOIN LATERAL (SELECT id, state, run_at FROM txtasks_tasks
                        WHERE queue = k.queue AND partition_key = k.partition_key
                          AND state IN ('pending', 'retryable', 'processing')
                        ORDER BY id LIMIT 1) AS t
 UNION ALL
-SELECT 'd', k.queue, k.partition_key, NULL, NULL, NULL, NULL, d.ids
-  FROM unnest($5::varchar[], $6::varchar[], $7::int[]) AS k(queue, partition_key, n)
+SELECT 'd', k.i, NULL, NULL, NULL, NULL, d.ids
+  FROM ROWS FROM (json_array_elements_text($5::json), json_array_elements_text($6::json),
+                  unnest(string_to_array($7, ',')::int[]))
+       WITH ORDINALITY AS k(queue, partition_key, n, i)
   CROSS JOIN LATERAL (SELECT array_agg(id ORDER BY priority DESC, run_at, id) AS ids
                         FROM (SELECT id, priority, run_at FROM txtasks_tasks
                                WHERE queue = k.queue AND partition_key = k.partition_key
@@ -440,7 +451,7 @@ class PostgresDialect(SqlDialect):
         """One statement of arrays, not one per key, on the asyncpg connection."""
         await (await _raw(conn)).execute(
             KEYS_SETTLE,
-            [p["b_id"] for p in params],
+            ",".join([str(p["b_id"]) for p in params]),
             [p["b_ready_at"] for p in params],
             [p["b_next_start_at"] for p in params],
             params[0]["now"],
@@ -452,7 +463,7 @@ class PostgresDialect(SqlDialect):
         raw = await _raw(conn)
         p = params
         records = await raw.fetch(
-            CLAIM_IDS_SQL, p["lease_until"], p["worker_id"], p["now"], p["ids"]
+            CLAIM_IDS_SQL, p["lease_until"], p["worker_id"], p["now"], ",".join(map(str, p["ids"]))
         )
         return [TaskRow.from_claim(r, p["worker_id"], p["lease_until"], p["now"]) for r in records]
 
@@ -489,26 +500,27 @@ class PostgresDialect(SqlDialect):
         key_ids: Mapping[tuple[str, str], int],
         now: datetime,
     ) -> KeysLook:
-        """One statement, on the asyncpg connection, the keys as arrays."""
+        """One statement, on the asyncpg connection, the keys as JSON arrays."""
         raw = await _raw(conn)
         rows = await raw.fetch(
             KEYS_LOOK_SQL,
-            [q for q, _k in counted],
-            [k for _q, k in counted],
-            [q for q, _k in ordered],
-            [k for _q, k in ordered],
-            [q for q, _k, _n in asked],
-            [k for _q, k, _n in asked],
-            [n for _q, _k, n in asked],
+            json.dumps([q for q, _k in counted]),
+            json.dumps([k for _q, k in counted]),
+            json.dumps([q for q, _k in ordered]),
+            json.dumps([k for _q, k in ordered]),
+            json.dumps([q for q, _k, _n in asked]),
+            json.dumps([k for _q, k, _n in asked]),
+            ",".join([str(n) for _q, _k, n in asked]),
             now,
         )
         look = KeysLook()
-        for kind, queue, key, n, task_id, state, run_at, ids in rows:
+        for kind, i, n, task_id, state, run_at, ids in rows:
             if kind == "r":
-                look.running[(queue, key)] = n
+                look.running[counted[i - 1]] = n
             elif kind == "h":
-                look.heads[(queue, key)] = KeyHead(task_id, state, run_at)
+                look.heads[ordered[i - 1]] = KeyHead(task_id, state, run_at)
             else:
+                queue, key, _n = asked[i - 1]
                 look.due[(queue, key)] = ids
         return look
 
