@@ -220,6 +220,9 @@ class SqlDialect(TopicsDialect, ControlDialect):
     returning_insert: ClassVar[bool] = True
     #: The dedup-insert returns the ids of the rows it inserted.
     returning_dedup: ClassVar[bool] = True
+    #: `keys_lock` puts the keys it locks aside (`ready_at` NULL) in the same statement, so
+    #: that a claim's settle writes only the keys it looks at again (or whose rate moved).
+    keys_lock_clears: ClassVar[bool] = False
 
     @staticmethod
     def connection_setup(engine: Engine) -> None:

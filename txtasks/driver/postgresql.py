@@ -158,19 +158,25 @@ class HeldKey(NamedTuple):
 @functools.cache
 def _keys_lock_sql(queues: int) -> str:
     """The keys of `queues` ($3...) not paused, ready by $1, longest waiting first, up to $2,
-    locked, skipping those another claim holds; each with the limits stored for it (a row per
-    stored limit, of its queue or of every queue '*'). The queues are separate parameters, so
-    that with one queue the scan of the ready index is an equality, in the index's order."""
+    locked, skipping those another claim holds, and put aside (`ready_at` NULL: the claim's
+    settle writes only the keys it looks at again, see `SqlDialect.keys_lock_clears`); each
+    with the limits stored for it (a row per stored limit, of its queue or of every queue
+    '*'). The queues are separate parameters, so that with one queue the scan of the ready
+    index is an equality, in the index's order."""
     names = ", ".join(f"${i + 3}" for i in range(queues))
     return f"""
 WITH held AS (
-  SELECT id, queue, partition_key, next_start_at, ready_at FROM txtasks_keys
+  SELECT id, ready_at FROM txtasks_keys
    WHERE queue IN ({names}) AND queue NOT IN (SELECT queue FROM txtasks_paused_queues)
      AND ready_at <= $1::timestamp
-   ORDER BY ready_at, id LIMIT $2::int FOR UPDATE SKIP LOCKED)
+   ORDER BY ready_at, id LIMIT $2::int FOR UPDATE SKIP LOCKED
+), taken AS (
+  UPDATE txtasks_keys k SET ready_at = NULL, updated_at = $1::timestamp
+    FROM held WHERE k.id = held.id
+  RETURNING k.id, k.queue, k.partition_key, k.next_start_at, held.ready_at)
 SELECT h.id, h.queue, h.partition_key, h.next_start_at, o.queue,
        {", ".join(f"o.{c}" for c in _LIMIT_COLUMNS)}
-  FROM held h LEFT JOIN txtasks_key_limits o
+  FROM taken h LEFT JOIN txtasks_key_limits o
     ON o.partition_key = h.partition_key AND (o.queue = h.queue OR o.queue = '*')
  ORDER BY h.ready_at, h.id
 """
@@ -368,6 +374,7 @@ class PostgresDialect(SqlDialect):
     lock."""
 
     capabilities: ClassVar[Capabilities] = Capabilities("postgresql")
+    keys_lock_clears: ClassVar[bool] = True
     upsert = staticmethod(pg_insert)
 
     @staticmethod

@@ -586,9 +586,13 @@ class SqlDriver(SqlAdmin, SqlTopics, SqlControl, SqlProcesses):
                     x[2] = due.get((x[1].queue, x[1].key))
         params = [
             {"b_id": key_id, "b_ready_at": ready_at, "b_next_start_at": next_start, "now": now}
-            for key_id, _s, ready_at, next_start in settled
+            for key_id, s, ready_at, next_start in settled
+            if not self.sql.keys_lock_clears
+            or ready_at is not None
+            or next_start != s.next_start_at
         ]
-        await self.sql.keys_settle(conn, params)
+        if params:
+            await self.sql.keys_settle(conn, params)
         return [ready_at for _id, _s, ready_at, _next in settled]
 
     async def _keys_next_due(
