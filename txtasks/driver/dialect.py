@@ -594,9 +594,15 @@ class SqlDialect(TopicsDialect, ControlDialect):
         """The keys a claim serves (`keys_held`) and the `txtasks_key_limits` rows stored for
         them."""
         held = await self.keys_held(conn, params)
-        if not held:
-            return [], []
+        if not held or (await conn.execute(self.stmt_key_limits_any())).first() is None:
+            return held, []  # no limits stored at all, as usual: no names sent to look for
         return held, await self.key_overrides(conn, sorted({h.partition_key for h in held}))
+
+    @staticmethod
+    @functools.cache
+    def stmt_key_limits_any() -> Executable:
+        """A row if any limits are stored (`txtasks_key_limits`)."""
+        return select(key_limits.c.partition_key).limit(1)
 
     async def keys_held(self, conn: AsyncConnection, params: dict[str, Any]) -> list[Any]:
         """The keys a claim serves, locked, longest waiting first (params as
