@@ -84,10 +84,9 @@ ON CONFLICT (queue, partition_key) DO UPDATE
  WHERE k.ready_at IS NULL OR k.ready_at > EXCLUDED.ready_at
 """
 #: Each held key's next look and rate start, from arrays (the ids comma-separated, as
-#: `CLAIM_IDS_SQL`'s). The keys are found by their primary
-#: key (`k.id = ANY($1)`, and no sequential scan in the claim's transaction: `KEYS_PLANS`): a
-#: join with the arrays alone was planned as a hash of every key of the table, read in full at
-#: each claim.
+#: `CLAIM_IDS_SQL`'s). The keys are found by their primary key (`k.id = ANY($1)`, and no
+#: sequential scan in the claim's transaction: `KEYS_PLANS`): a join with the arrays alone was
+#: planned as a hash of every key of the table, read in full at each claim.
 KEYS_SETTLE = (
     "UPDATE txtasks_keys AS k SET ready_at = v.ready_at, next_start_at = v.next_start_at, "
     "updated_at = $4 FROM unnest(string_to_array($1, ',')::bigint[], $2::timestamp[], "
