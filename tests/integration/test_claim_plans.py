@@ -12,7 +12,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from sqlalchemy import create_engine, event, make_url, text
+from sqlalchemy import create_engine, event, make_url, select, text
 
 from tests.conftest import BACKENDS, reset_schema, server_url
 from txtasks.clock import utcnow
@@ -21,6 +21,7 @@ from txtasks.driver.dialect import dialect_for
 from txtasks.driver.postgresql import CLAIM_SQL, FINISH_SQL, KEYS_LOOK_SQL, PostgresDriver
 from txtasks.driver.sql import Claim, SqlDriver
 from txtasks.driver.urls import url_sync
+from txtasks.schema.tables import keys as keys_table
 from txtasks.types import NewTask
 
 BACKLOG = 3000
@@ -232,8 +233,8 @@ def test_a_key_claim_reads_each_key_s_due_tasks_along_the_claim_index_on_mariadb
                 )
             )
         with engine.begin() as conn:
-            ids = conn.execute(text("SELECT id FROM txtasks_keys")).scalars().all()
-            params = {"ids": ids, "now": utcnow()}
+            names = dict(conn.execute(select(keys_table.c.id, keys_table.c.partition_key)).all())
+            params = {"ids": list(names), "now": utcnow()}
             statement = dialect_for(conn.dialect).stmt_keys_due_first(1)
             state = statement.compile(dialect=conn.dialect).construct_expanded_state(params)
             explain = "EXPLAIN " + state.statement
@@ -243,7 +244,7 @@ def test_a_key_claim_reads_each_key_s_due_tasks_along_the_claim_index_on_mariadb
             read = handler_reads(conn) - before
     finally:
         engine.dispose()
-    assert sorted(row.partition_key for row in due) == sorted(keys)
+    assert sorted(names[row.id] for row in due) == sorted(keys)
     assert all(row.d0 is not None for row in due)
     probes = [dict(row) for row in plan if row["select_type"] == "DEPENDENT SUBQUERY"]
     assert len(probes) == 1, plan

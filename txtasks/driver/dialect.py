@@ -665,9 +665,10 @@ class SqlDialect(TopicsDialect, ControlDialect):
     @staticmethod
     @functools.cache
     def stmt_keys_due_first(count: int) -> Executable:
-        """The first `count` due ready tasks (columns d0, d1, ...; NULL past the last) of each
-        key of the rows `ids` of `txtasks_keys` (params ids, now), in claim order: one probe of
-        the claim index per key and task, in one small statement whatever the number of keys."""
+        """Each key of the rows `ids` of `txtasks_keys` (its id) with its first `count` due
+        ready tasks (columns d0, d1, ...; NULL past the last; params ids, now), in claim order:
+        one probe of the claim index per key and task, in one small statement whatever the
+        number of keys."""
 
         def due(offset: int) -> Any:
             return (
@@ -680,7 +681,7 @@ class SqlDialect(TopicsDialect, ControlDialect):
                 .label(f"d{offset}")
             )
 
-        return select(keys.c.queue, keys.c.partition_key, *map(due, range(count))).where(
+        return select(keys.c.id, *map(due, range(count))).where(
             keys.c.id.in_(bindparam("ids", expanding=True))
         )
 
@@ -728,10 +729,12 @@ class SqlDialect(TopicsDialect, ControlDialect):
             count = max(n for _q, _k, n in few)
             wanted = {(q, k): n for q, k, n in few}
             params = {"ids": [key_ids[(q, k)] for q, k, _n in few], "now": now}
-            for queue, key, *first in await conn.execute(self.stmt_keys_due_first(count), params):
-                due = [task_id for task_id in first[: wanted[(queue, key)]] if task_id is not None]
+            pairs = {key_id: pair for pair, key_id in key_ids.items()}
+            for key_id, *first in await conn.execute(self.stmt_keys_due_first(count), params):
+                pair = pairs[key_id]
+                due = [task_id for task_id in first[: wanted[pair]] if task_id is not None]
                 if due:
-                    look.due[(queue, key)] = due
+                    look.due[pair] = due
         many = [(q, k, n) for q, k, n in asked if n > DUE_FIRST]
         if many:
             for task_id, queue, key in await self.keys_due(conn, many, now):
