@@ -84,8 +84,8 @@ WRITERS = ("atomic", "deferred", "jdbc", "hand")
 
 #: Rows of the shape the dedup writes stage, made by PostgreSQL (for fresh statistics).
 STAGE_LIKE = (
-    "INSERT INTO txtasks_staged (write_key, stage_id, payload, priority, run_at, dedup_key, "
-    "created_at) SELECT '{key}', '{key}.a', convert_to('{{\"order_id\":' || g || '}}', 'UTF8'), "
+    "INSERT INTO txtasks_staged (stage, n, payload, priority, run_at, dedup_key, "
+    "created_at) SELECT 0, g, convert_to('{{\"order_id\":' || g || '}}', 'UTF8'), "
     "0, now(), (g / 2)::text, now() FROM generate_series(0, {rows} - 1) AS g"
 )
 
@@ -137,6 +137,7 @@ def prepare(url: str) -> None:
             conn.execute(text("DELETE FROM txtasks_staged"))
             conn.execute(text("DELETE FROM txtasks_commits"))
             conn.execute(text("DELETE FROM txtasks_deferred"))
+            conn.execute(text("DELETE FROM txtasks_stages"))
             for table in (PLAIN, HAND_STAGE, HAND_TASKS):
                 conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
             conn.execute(text(f"CREATE TABLE {PLAIN} ({COLUMNS})"))

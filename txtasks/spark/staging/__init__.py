@@ -242,12 +242,7 @@ class SqlStaging:
         database's one write lock) between its batches. The batches an attempt staged before a
         failure stay under its number until its write's commit (which publishes only the
         attempts Spark reports) or abort deletes them. Returns how many rows were staged."""
-        with self.driver.sync_engine.begin() as conn:
-            values = {"write_key": write_key, "stage_id": stage_id, "created_at": now or utcnow()}
-            drawn = conn.execute(insert(attempts).values(values)).inserted_primary_key
-            assert drawn is not None  # an INSERT of one row
-            number = int(drawn[0])
-            self.check_open(conn, write_key, f"attempt {stage_id} staged no row")
+        number = self.record_attempt(write_key, stage_id, now or utcnow())
         count = 0
         for batch in batches:
             if batch.num_rows:
@@ -262,6 +257,15 @@ class SqlStaging:
                     )
                 count += batch.num_rows
         return count
+
+    def record_attempt(self, write_key: str, stage_id: str, now: datetime) -> int:
+        """Record an attempt of an open write (else raise `WriteClosed`): its number."""
+        with self.driver.sync_engine.begin() as conn:
+            values = {"write_key": write_key, "stage_id": stage_id, "created_at": now}
+            drawn = conn.execute(insert(attempts).values(values)).inserted_primary_key
+            assert drawn is not None  # an INSERT of one row
+            self.check_open(conn, write_key, f"attempt {stage_id} staged no row")
+            return int(drawn[0])
 
     def check_open(self, conn: Connection, write_key: str, refused: str) -> None:
         """Raise `WriteClosed` (rolling back the transaction: `refused` says what it did)
