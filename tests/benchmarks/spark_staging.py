@@ -1,7 +1,9 @@
 """Seconds to stage rows, by wire format, outside Spark: on PostgreSQL COPY CSV written by
 Arrow (what `PostgresStaging` sends) against binary COPY (psycopg `write_row`, types set); on
 MariaDB/MySQL multi-row INSERTs of literals written by Arrow (what `MySQLStaging` sends)
-against `LOAD DATA LOCAL INFILE` of a CSV file Arrow writes (a connection with `local_infile`).
+against `LOAD DATA LOCAL INFILE` of a file of tab-separated values Arrow writes (what
+`MySQLStaging` sends on a connection opened with `local_infile`: the data source's option
+`local_infile`).
 The same rows, in batches of `--batch-rows` (Spark's Arrow batches: 10,000 rows), each batch in a
 transaction of its own as txtasks stages them, each attempt recorded first (its number keys its
 rows). One more row per database compares what txtasks sends with the staging before it: one
@@ -20,14 +22,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import tempfile
 import time
 import uuid
 from datetime import datetime
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, make_url, text
 
 from txtasks.driver import driver_for_url
 from txtasks.spark.datasource import STAGE_ID_CHARS
@@ -84,56 +85,13 @@ class OneTransactionInsert(MySQLStaging):
         return one_transaction(self, write_key, stage_id, batches)
 
 
-#: LOAD DATA of a CSV file Arrow writes (nulls: empty fields, as no key is empty).
-LOAD_STAGED = (
-    "LOAD DATA LOCAL INFILE '{path}' INTO TABLE txtasks_staged CHARACTER SET binary "
-    "FIELDS TERMINATED BY ',' OPTIONALLY ENCLOSED BY '\"' ESCAPED BY '' "
-    "LINES TERMINATED BY '\\n' ({names}) SET dedup_key = NULLIF(@dedup_key, '')"
-)
-
-
 class LoadDataStaging(MySQLStaging):
-    """Staging by LOAD DATA LOCAL INFILE of a CSV file Arrow writes (on a connection of its
-    own with `local_infile`, committed with the write-fence check on it)."""
+    """txtasks' staging with option `local_infile`: LOAD DATA LOCAL INFILE, on a driver whose
+    connections are opened with `local_infile`."""
 
-    def stage(self, write_key: str, stage_id: str, batches: Any, **_: Any) -> int:
-        import pyarrow.csv as pa_csv  # type: ignore[import-untyped]
-        import pymysql
-
-        number = self.record_attempt(write_key, stage_id, NOW)
-        url = self.driver.sync_engine.url
-        conn = pymysql.connect(
-            host=url.host,
-            port=url.port or 3306,
-            user=url.username,
-            password=url.password,
-            database=url.database,
-            local_infile=True,
-        )
-        count = 0
-        try:
-            with conn.cursor() as cursor, tempfile.TemporaryDirectory() as tmp:
-                for n, batch in enumerate(batches):
-                    batch = numbered(batch, number, count)
-                    where = batch.schema.get_field_index("payload")
-                    text_ = batch.column(where).cast(pa.large_string())
-                    path = f"{tmp}/{n}.csv"
-                    options = pa_csv.WriteOptions(include_header=False, quoting_style="needed")
-                    pa_csv.write_csv(batch.set_column(where, "payload", text_), path, options)
-                    names = ", ".join(
-                        "@dedup_key" if c == "dedup_key" else c for c in batch.column_names
-                    )
-                    cursor.execute(LOAD_STAGED.format(path=path, names=names))
-                    count += batch.num_rows
-                cursor.execute(
-                    "SELECT write_key FROM txtasks_writes WHERE write_key = %s LOCK IN SHARE MODE",
-                    (write_key,),
-                )
-                assert cursor.fetchone() is not None
-            conn.commit()
-        finally:
-            conn.close()
-        return count
+    def __init__(self, driver: Any) -> None:
+        url = make_url(driver.url).update_query_dict({"local_infile": "1"})
+        super().__init__(driver_for_url(url.render_as_string(hide_password=False)))
 
 
 def rows_table(rows: int) -> Any:
@@ -178,7 +136,7 @@ def main() -> None:
         kinds = {
             "INSERT literals": MySQLStaging,
             "INSERT literals, one transaction per attempt": OneTransactionInsert,
-            "LOAD DATA LOCAL": LoadDataStaging,
+            "LOAD DATA LOCAL (option local_infile)": LoadDataStaging,
         }
         run(driver, kinds, args)
 
