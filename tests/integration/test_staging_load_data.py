@@ -114,10 +114,8 @@ async def test_a_row_load_data_would_change_fails_its_batch(
     staging.open("w", T0)
     too_long = keyed_attempt([("a", None, "x" * 300)])
 
-    with pytest.raises(
-        StagingWarning,
-        match=r"LOAD DATA loaded 1 of 1 rows \(first warning: 1265 Data truncated for column 'partition_key'",
-    ):
+    truncated = r"LOAD DATA loaded 1 of 1 rows \(first warning: 1265 Data truncated for column"
+    with pytest.raises(StagingWarning, match=truncated + " 'partition_key'"):
         loading.stage("w", "w.a", [too_long])
 
     assert rows_of(staging, "w.a") == []

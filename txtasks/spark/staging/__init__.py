@@ -1,19 +1,19 @@
 """Staged writes: rows kept apart from the hot table, then copied into it by one commit.
 
 A staging writer (one Spark partition attempt) first records itself in `txtasks_stages` (the
-write's key and a `stage_id` of its own, once), which gives it a number, then inserts its rows
-into `txtasks_staged` under that number and their own (0, 1, ...: the table's primary key and
-its one index), one transaction per batch (none stays open while Spark computes the next). Only
-the columns that vary per row are staged (payload, priority, run_at, dedup key, task key); the
-commit supplies the rest. The commit, one transaction, records its `commit_id`
-in `txtasks_commits` (a second commit of the same id changes nothing and discards what it was
-given), checks that every reported attempt's rows are all there, deletes the rows of the write's
-attempts it was not given, leaves one key hint per task key among the rows it publishes (as every enqueue does:
-see `txtasks.keys`), copies those rows into the hot table as `pending` with one INSERT ... SELECT
-(dropping rows that repeat a dedup key within the write, and skipping those whose key a live task
-holds: the insert itself skips a key the unique index holds, so a task enqueued with that key by a
-transaction committing meanwhile wins and the commit goes on), and deletes the write's staged rows
-and attempts. Abort deletes them.
+write's key and a `stage_id` of its own, once), which gives it a number, then inserts its rows into
+`txtasks_staged` under that number and their own (0, 1, ...: the table's primary key and its one
+index), one transaction per batch (none stays open while Spark computes the next). Only the columns
+that vary per row are staged (payload, priority, run_at, dedup key, task key); the commit supplies
+the rest. The commit, one transaction, records its `commit_id` in `txtasks_commits` (a second
+commit of the same id changes nothing and discards what it was given), checks that every reported
+attempt's rows are all there, deletes the rows of the write's attempts it was not given, leaves one
+key hint per task key among the rows it publishes (as every enqueue does: see `txtasks.keys`),
+copies those rows into the hot table as `pending` with one INSERT ... SELECT (dropping rows that
+repeat a dedup key within the write, and skipping those whose key a live task holds: the insert
+itself skips a key the unique index holds, so a task enqueued with that key by a transaction
+committing meanwhile wins and the commit goes on), and deletes the write's staged rows and
+attempts. Abort deletes them.
 
 A deferred commit (`commit_deferred`) makes the same checks and deletions, then records each
 committed attempt with rows in `txtasks_deferred` (its number, the commit, the publish target)
@@ -32,8 +32,8 @@ was given), and no staged row outlives its write.
 
 Staged rows arrive as Arrow tables (`STAGED_COLUMNS`, then `STAGED_KEY` for a keyed write);
 `stage` puts the attempt's number and each row's in front (`stage`, `n`), and dialects send them
-in bulk (COPY, multi-row INSERT, naming the batch's columns; see the modules beside this one). `staging_for` picks a backend's staging by
-its name, and the staging works through the driver's public engine and transactions. These
+in bulk (COPY, multi-row INSERT or LOAD DATA, naming the batch's columns; see the modules beside
+this one). `staging_for` picks a backend's staging by its name, and the staging works through the driver's public engine and transactions. These
 methods are synchronous, except the cleaner's purge: Spark's Python workers are synchronous.
 This package imports neither PySpark nor (until rows are sent in bulk) PyArrow.
 """

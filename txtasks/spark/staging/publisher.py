@@ -3,13 +3,13 @@
 A write committed in deferred mode (`SqlStaging.commit_deferred`) left one row per attempt in
 `txtasks_deferred`. A publish batch is one transaction: it locks one such row (`FOR UPDATE SKIP
 LOCKED`: concurrent publishers take different attempts; SQLite has one writer at a time), takes
-the attempt's first `limit` staged rows by key (a range of its row numbers), publishes them as the atomic commit would
-(`SqlStaging.publish_rows`: task name and queue, or a topic's groups subscribed now; key hints;
-dedup evaluated now, so a live task with the same dedup key, one published earlier from the same
-write included, wins), deletes them, and deletes the attempt's rows (in `txtasks_deferred` and
-`txtasks_stages`) with its last batch. A
-publisher killed at any point rolls its batch back; the next one takes it again: every committed
-row is published exactly once.
+the attempt's first `limit` staged rows (a range of its row numbers, along the primary key),
+publishes them as the atomic commit would (`SqlStaging.publish_rows`: task name and queue, or a
+topic's groups subscribed now; key hints; dedup evaluated now, so a live task with the same
+dedup key, one published earlier from the same write included, wins), deletes them, and deletes
+the attempt's rows (in `txtasks_deferred` and `txtasks_stages`) with its last batch. A publisher
+killed at any point rolls its batch back; the next one takes it again: every committed row is
+published exactly once.
 """
 
 from __future__ import annotations
