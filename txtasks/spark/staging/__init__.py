@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Protocol, overload
 from sqlalchemy import (
     Connection,
     and_,
+    bindparam,
     delete,
     exists,
     func,
@@ -326,8 +327,8 @@ class SqlStaging:
             with self.driver.sync_engine.begin() as conn:
                 self.prepare_publish(conn)
                 conn.execute(insert(commits).values(commit_id=commit_id, committed_at=now, tasks=0))
-                _check_and_drop_losers(conn, write_key, stages)
-                published = self.publish_rows(conn, _own(write_key), target, now)
+                numbers = _check_and_drop_losers(conn, write_key, stages)
+                published = self.publish_rows(conn, _of_attempts(numbers), target, now)
                 count = sum(published.values())
                 _drop(conn, write_key)
                 conn.execute(
@@ -554,6 +555,14 @@ def _own(write_key: str) -> Any:
     """The condition on the staged table for the rows of a write's attempts (`_attempts_of`)."""
     mine = select(attempts.c.id).where(_attempts_of(write_key))
     return staged.c.stage.in_(mine.scalar_subquery())
+
+
+def _of_attempts(numbers: Iterable[int]) -> Any:
+    """The condition on the staged table for the rows of the attempts `numbers`, written out
+    in the statement (no bound value per attempt): read along the primary key, whatever the
+    statistics of the attempts' table say."""
+    listed: Any = bindparam("stages", sorted(numbers), expanding=True, literal_execute=True)
+    return staged.c.stage.in_(listed)
 
 
 def _drop(conn: Connection, write_key: str) -> int:
