@@ -141,7 +141,7 @@ async def test_the_backlog_of_deferred_spark_writes(database_url: str) -> None:
     staging = staging_for(driver)
     committed = utcnow() - timedelta(seconds=30)
     staging.open("w", committed)
-    staging.stage("w", [attempt("w", "w.a", [1, 2]), attempt("w", "w.a", [3])])
+    staging.stage("w", "w.a", [attempt([1, 2]), attempt([3])])
     staging.commit_deferred("c", "w", {"w.a": 3}, TARGET, now=committed)
     await driver.close()
 

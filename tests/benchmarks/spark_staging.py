@@ -1,11 +1,13 @@
 """Seconds to stage rows, by wire format, outside Spark: on PostgreSQL COPY CSV written by
 Arrow (what `PostgresStaging` sends) against binary COPY (psycopg `write_row`, types set); on
 MariaDB/MySQL multi-row INSERTs of literals written by Arrow (what `MySQLStaging` sends)
-against `LOAD DATA LOCAL INFILE` of a CSV file Arrow writes (a connection with `local_infile`).
+against `LOAD DATA LOCAL INFILE` of a file of tab-separated values Arrow writes (what
+`MySQLStaging` sends on a connection opened with `local_infile`: the data source's option
+`local_infile`).
 The same rows, in batches of `--batch-rows` (Spark's Arrow batches: 10,000 rows), each batch in a
-transaction of its own as txtasks stages them. Two more rows per database compare what
-txtasks sends with the staging before it: stage ids of 49 characters (the write key, a dot, 24
-hex digits; now 16 hex digits), and one transaction for all of an attempt's batches.
+transaction of its own as txtasks stages them, each attempt recorded first (its number keys its
+rows). One more row per database compares what txtasks sends with the staging before it: one
+transaction for all of an attempt's batches.
 
     TXTASKS_BENCH_POSTGRES_URL=postgresql://app:app@127.0.0.1:45432/bench \\
     TXTASKS_BENCH_MYSQL_URL=mysql://app:app@127.0.0.1:43306/bench \\
@@ -20,25 +22,25 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import tempfile
 import time
 import uuid
 from datetime import datetime
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, make_url, text
 
 from txtasks.driver import driver_for_url
 from txtasks.spark.datasource import STAGE_ID_CHARS
-from txtasks.spark.staging import STAGED_COLUMNS, SqlStaging
+from txtasks.spark.staging import STAGED_COLUMNS, SqlStaging, numbered
 from txtasks.spark.staging.mysql import MySQLStaging
 from txtasks.spark.staging.postgresql import PostgresStaging
 
+NOW = datetime(2030, 1, 1)
 COPY_BINARY = "COPY txtasks_staged ({}) FROM STDIN (FORMAT binary)"
 TYPES = {
-    "write_key": "text",
-    "stage_id": "text",
+    "stage": "int8",
+    "n": "int4",
     "payload": "bytea",
     "priority": "int4",
     "run_at": "timestamp",
@@ -61,89 +63,44 @@ class BinaryStaging(PostgresStaging):
                 copy.write_row(row)
 
 
-def one_transaction(staging: SqlStaging, write_key: str, batches: Any) -> int:
+def one_transaction(staging: SqlStaging, write_key: str, stage_id: str, batches: Any) -> int:
     """Stage every batch of an attempt in one transaction (txtasks before staging per batch)."""
+    number = staging.record_attempt(write_key, stage_id, NOW)
     count = 0
     with staging.driver.sync_engine.begin() as conn:
         for batch in batches:
-            staging.insert_batch(conn, batch)
+            staging.insert_batch(conn, numbered(batch, number, count))
             count += batch.num_rows
-        staging.check_open(conn, write_key, 0, count)
+        staging.check_open(conn, write_key, "not staged")
     return count
 
 
 class OneTransactionCopy(PostgresStaging):
-    def stage(self, write_key: str, batches: Any) -> int:
-        return one_transaction(self, write_key, batches)
+    def stage(self, write_key: str, stage_id: str, batches: Any, **_: Any) -> int:
+        return one_transaction(self, write_key, stage_id, batches)
 
 
 class OneTransactionInsert(MySQLStaging):
-    def stage(self, write_key: str, batches: Any) -> int:
-        return one_transaction(self, write_key, batches)
-
-
-#: The stage ids txtasks made before: the write key, a dot and 24 hex digits.
-LONG_IDS = 24 + 1 + 24
-
-#: LOAD DATA of a CSV file Arrow writes (nulls: empty fields, as no key is empty).
-LOAD_STAGED = (
-    "LOAD DATA LOCAL INFILE '{path}' INTO TABLE txtasks_staged CHARACTER SET binary "
-    "FIELDS TERMINATED BY ',' OPTIONALLY ENCLOSED BY '\"' ESCAPED BY '' "
-    "LINES TERMINATED BY '\\n' ({names}) SET dedup_key = NULLIF(@dedup_key, '')"
-)
+    def stage(self, write_key: str, stage_id: str, batches: Any, **_: Any) -> int:
+        return one_transaction(self, write_key, stage_id, batches)
 
 
 class LoadDataStaging(MySQLStaging):
-    """Staging by LOAD DATA LOCAL INFILE of a CSV file Arrow writes (on a connection of its
-    own with `local_infile`, committed with the write-fence check on it)."""
+    """txtasks' staging with option `local_infile`: LOAD DATA LOCAL INFILE, on a driver whose
+    connections are opened with `local_infile`."""
 
-    def stage(self, write_key: str, batches: Any) -> int:
-        import pyarrow.csv as pa_csv  # type: ignore[import-untyped]
-        import pymysql
-
-        url = self.driver.sync_engine.url
-        conn = pymysql.connect(
-            host=url.host,
-            port=url.port or 3306,
-            user=url.username,
-            password=url.password,
-            database=url.database,
-            local_infile=True,
-        )
-        count = 0
-        try:
-            with conn.cursor() as cursor, tempfile.TemporaryDirectory() as tmp:
-                for n, batch in enumerate(batches):
-                    where = batch.schema.get_field_index("payload")
-                    text_ = batch.column(where).cast(pa.large_string())
-                    path = f"{tmp}/{n}.csv"
-                    options = pa_csv.WriteOptions(include_header=False, quoting_style="needed")
-                    pa_csv.write_csv(batch.set_column(where, "payload", text_), path, options)
-                    names = ", ".join(
-                        "@dedup_key" if c == "dedup_key" else c for c in batch.column_names
-                    )
-                    cursor.execute(LOAD_STAGED.format(path=path, names=names))
-                    count += batch.num_rows
-                cursor.execute(
-                    "SELECT write_key FROM txtasks_writes WHERE write_key = %s LOCK IN SHARE MODE",
-                    (write_key,),
-                )
-                assert cursor.fetchone() is not None
-            conn.commit()
-        finally:
-            conn.close()
-        return count
+    def __init__(self, driver: Any) -> None:
+        url = make_url(driver.url).update_query_dict({"local_infile": "1"})
+        super().__init__(driver_for_url(url.render_as_string(hide_password=False)))
 
 
-def rows_table(key: str, stage_id: str, rows: int) -> Any:
-    now = datetime(2030, 1, 1)
+def rows_table(rows: int) -> Any:
+    now = NOW
     payloads = [
         f'{{"order_id":{n},"customer":"customer-{n % 1000}","amount":{n % 100}.0}}'.encode()
         for n in range(rows)
     ]
     columns = {
-        "write_key": pa.array([key] * rows, pa.large_string()),
-        "stage_id": pa.array([stage_id] * rows, pa.large_string()),
         "payload": pa.array(payloads, pa.large_binary()),
         "priority": pa.array([0] * rows, pa.int32()),
         "run_at": pa.array([now] * rows, pa.timestamp("us")),
@@ -169,49 +126,42 @@ def main() -> None:
     if args.postgres_url:
         driver = driver_for_url(args.postgres_url)
         kinds = {
-            "COPY csv": (PostgresStaging, STAGE_ID_CHARS),
-            "COPY csv, 49-character stage ids": (PostgresStaging, LONG_IDS),
-            "COPY csv, one transaction per attempt": (OneTransactionCopy, STAGE_ID_CHARS),
-            "COPY binary": (BinaryStaging, STAGE_ID_CHARS),
+            "COPY csv": PostgresStaging,
+            "COPY csv, one transaction per attempt": OneTransactionCopy,
+            "COPY binary": BinaryStaging,
         }
         run(driver, kinds, args)
     if args.mysql_url:
         driver = driver_for_url(args.mysql_url)
         kinds = {
-            "INSERT literals": (MySQLStaging, STAGE_ID_CHARS),
-            "INSERT literals, 49-character stage ids": (MySQLStaging, LONG_IDS),
-            "INSERT literals, one transaction per attempt": (OneTransactionInsert, STAGE_ID_CHARS),
-            "LOAD DATA LOCAL": (LoadDataStaging, STAGE_ID_CHARS),
+            "INSERT literals": MySQLStaging,
+            "INSERT literals, one transaction per attempt": OneTransactionInsert,
+            "LOAD DATA LOCAL (option local_infile)": LoadDataStaging,
         }
         run(driver, kinds, args)
 
 
-def stage_id(key: str, chars: int) -> str:
-    """A stage id of `chars` characters (the write key and a dot first, if it is that long)."""
-    if chars == LONG_IDS:
-        return f"{key}.{uuid.uuid4().hex[:24]}"
-    return uuid.uuid4().hex[:chars]
-
-
-def run(driver: Any, kinds: dict[str, tuple[Any, int]], args: Any) -> None:
-    stagings = {name: (kind(driver), chars) for name, (kind, chars) in kinds.items()}
+def run(driver: Any, kinds: dict[str, Any], args: Any) -> None:
+    stagings = {name: kind(driver) for name, kind in kinds.items()}
     seconds: dict[str, list[float]] = {name: [] for name in stagings}
     for _ in range(args.runs + 1):  # the first run warms up, untimed
-        for name, (staging, chars) in stagings.items():
+        for name, staging in stagings.items():
             key = uuid.uuid4().hex[:24]
-            table = rows_table(key, stage_id(key, chars), args.rows)
+            table = rows_table(args.rows)
             batches = [
                 table.slice(i, args.batch_rows) for i in range(0, args.rows, args.batch_rows)
             ]
             staging.open(key, datetime(2030, 1, 1))
             started = time.perf_counter()
-            assert staging.stage(key, batches) == args.rows
+            stage_id = uuid.uuid4().hex[:STAGE_ID_CHARS]
+            assert staging.stage(key, stage_id, batches) == args.rows
             seconds[name].append(time.perf_counter() - started)
             staging.close(key)
             with driver.sync_engine.begin() as conn:
                 staged = conn.execute(text("SELECT count(*) FROM txtasks_staged")).scalar()
                 assert staged == args.rows, staged
                 conn.execute(text("DELETE FROM txtasks_staged"))
+                conn.execute(text("DELETE FROM txtasks_stages"))
     for name, values in seconds.items():
         median = statistics.median(values[1:])
         print(

@@ -84,8 +84,8 @@ WRITERS = ("atomic", "deferred", "jdbc", "hand")
 
 #: Rows of the shape the dedup writes stage, made by PostgreSQL (for fresh statistics).
 STAGE_LIKE = (
-    "INSERT INTO txtasks_staged (write_key, stage_id, payload, priority, run_at, dedup_key, "
-    "created_at) SELECT '{key}', '{key}.a', convert_to('{{\"order_id\":' || g || '}}', 'UTF8'), "
+    "INSERT INTO txtasks_staged (stage, n, payload, priority, run_at, dedup_key, "
+    "created_at) SELECT 0, g, convert_to('{{\"order_id\":' || g || '}}', 'UTF8'), "
     "0, now(), (g / 2)::text, now() FROM generate_series(0, {rows} - 1) AS g"
 )
 
@@ -94,6 +94,8 @@ STAGE_LIKE = (
 class Case:
     backend: str
     url: str
+    #: MariaDB/MySQL: txtasks stages with LOAD DATA LOCAL INFILE (option `local_infile`).
+    local_infile: bool = False
     #: Seconds of each run, per writer (`WRITERS`).
     seconds: dict[str, list[float]] = field(default_factory=dict)
     #: Seconds from the job's return to every task claimable, per txtasks mode.
@@ -137,6 +139,7 @@ def prepare(url: str) -> None:
             conn.execute(text("DELETE FROM txtasks_staged"))
             conn.execute(text("DELETE FROM txtasks_commits"))
             conn.execute(text("DELETE FROM txtasks_deferred"))
+            conn.execute(text("DELETE FROM txtasks_stages"))
             for table in (PLAIN, HAND_STAGE, HAND_TASKS):
                 conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
             conn.execute(text(f"CREATE TABLE {PLAIN} ({COLUMNS})"))
@@ -218,6 +221,7 @@ def run_case(spark: Any, df: Any, case: Case, rows: int, runs: int, publishers: 
             .option("task", "bench.order")
             .option("queue", "bench")
             .option("publish", mode)
+            .option("local_infile", str(case.local_infile).lower())
             .mode("append")
         )
 
@@ -393,10 +397,17 @@ def main() -> None:
         "--publishers", type=int, default=2, help="publishers of the deferred writes"
     )
     parser.add_argument("--dedup", action="store_true", help="time dedup writes (see above)")
+    parser.add_argument(
+        "--local-infile",
+        action="store_true",
+        help="MariaDB/MySQL: txtasks writes with option local_infile (LOAD DATA LOCAL INFILE)",
+    )
     parser.add_argument("--sizes", default="100000,1000000", help="rows of each dedup write")
     args = parser.parse_args()
     cases = [
-        Case(b, u) for b, u in (("postgresql", args.postgres_url), ("mysql", args.mysql_url)) if u
+        Case(b, u, local_infile=args.local_infile and b == "mysql")
+        for b, u in (("postgresql", args.postgres_url), ("mysql", args.mysql_url))
+        if u
     ]
     if not cases:
         parser.error("give --postgres-url and/or --mysql-url (or TXTASKS_BENCH_*_URL)")

@@ -26,7 +26,7 @@ from sqlalchemy import func, select
 
 from txtasks.driver import MemoryDriver, SqlDriver
 from txtasks.errors import ConfigurationError
-from txtasks.schema.tables import commits, key_hints, staged, topic_drops, writes
+from txtasks.schema.tables import commits, key_hints, staged, stages, topic_drops, writes
 from txtasks.spark.staging import (
     STAGED_COLUMNS,
     STAGED_KEY,
@@ -63,8 +63,6 @@ async def claim(driver: SqlDriver, limit: int = 1000) -> list[TaskRow]:
 
 
 def attempt(
-    key: str,
-    stage_id: str,
     values: Sequence[Any],
     *,
     dedup: Sequence[str | None] | None = None,
@@ -73,8 +71,6 @@ def attempt(
     """An attempt's staged table, as the Spark encoder builds it: payloads {"v": value}."""
     count = len(values)
     columns = {
-        "write_key": pa.array([key] * count, pa.large_string()),
-        "stage_id": pa.array([stage_id] * count, pa.large_string()),
         "payload": pa.array([json.dumps({"v": v}).encode() for v in values], pa.large_binary()),
         "priority": pa.array(range(count), pa.int32()),
         "run_at": pa.array([T0] * count, pa.timestamp("us")),
@@ -91,8 +87,12 @@ async def claimed_values(driver: SqlDriver) -> list[Any]:
 
 
 def staged_rows(staging: SqlStaging) -> dict[str, int]:
-    """Rows left in the staged table per stage id."""
-    query = select(staged.c.stage_id, func.count()).group_by(staged.c.stage_id)
+    """Rows left in the staged table per stage id (of its attempt, committed or not)."""
+    query = (
+        select(stages.c.stage_id, func.count())
+        .select_from(staged.join(stages, staged.c.stage == stages.c.id))
+        .group_by(stages.c.stage_id)
+    )
     with staging.driver.sync_engine.connect() as conn:
         return {stage_id: int(n) for stage_id, n in conn.execute(query).all()}
 
@@ -121,9 +121,9 @@ async def test_a_commit_makes_exactly_the_staged_rows_of_its_write_claimable(
 ) -> None:
     staging.open("w1", T0)
     staging.open("w2", T0)
-    assert staging.stage("w1", [attempt("w1", "w1.a", [0, 1]), attempt("w1", "w1.a", [2])]) == 3
-    assert staging.stage("w1", [attempt("w1", "w1.b", AWKWARD)]) == len(AWKWARD)
-    assert staging.stage("w2", [attempt("w2", "w2.a", ["other write"])]) == 1
+    assert staging.stage("w1", "w1.a", [attempt([0, 1]), attempt([2])]) == 3
+    assert staging.stage("w1", "w1.b", [attempt(AWKWARD)]) == len(AWKWARD)
+    assert staging.stage("w2", "w2.a", [attempt(["other write"])]) == 1
     assert await claim(sql) == []  # staged: invisible to workers
 
     published = staging.commit("c1", "w1", {"w1.a": 3, "w1.b": len(AWKWARD)}, TARGET, now=at(1))
@@ -147,7 +147,7 @@ async def test_a_commit_with_dedup_keys_publishes_each_key_once_and_not_over_a_l
     [live] = await sql.task_insert_many([new("live", dedup_key="k1")])
     staging.open("w", T0)
     keys = ["k1", "k2", "k2", "k3", None]
-    staging.stage("w", [attempt("w", "w.a", ["a", "b", "c", "d", "e"], dedup=keys)])
+    staging.stage("w", "w.a", [attempt(["a", "b", "c", "d", "e"], dedup=keys)])
 
     published = staging.commit("c", "w", {"w.a": 5}, StageTarget("q", "t", 1, dedup=True), now=T0)
 
@@ -164,7 +164,7 @@ async def test_a_commit_missing_staged_rows_publishes_nothing(
     sql: SqlDriver, staging: SqlStaging
 ) -> None:
     staging.open("w", T0)
-    staging.stage("w", [attempt("w", "w.a", [0, 1, 2, 3, 4])])
+    staging.stage("w", "w.a", [attempt([0, 1, 2, 3, 4])])
 
     with pytest.raises(StagedRowsMissing, match=r"attempt w\.a staged 6 rows but 5 are left"):
         staging.commit("c", "w", {"w.a": 6}, TARGET, now=T0)
@@ -175,7 +175,7 @@ async def test_a_commit_missing_staged_rows_publishes_nothing(
     assert ledger(staging) == {}  # the commit id was not spent...
     assert staged_rows(staging) == {"w.a": 5}  # ...nor the rows deleted; the write is closed
     with pytest.raises(WriteClosed):
-        staging.stage("w", [attempt("w", "w.b", [5])])
+        staging.stage("w", "w.b", [attempt([5])])
     # an attempt that staged no rows reports 0, and the commit goes through
     assert staging.commit("c", "w", {"w.a": 5, "w.empty": 0}, TARGET, now=T0) == {"q": 5}
     assert await claimed_values(sql) == [0, 1, 2, 3, 4]
@@ -187,9 +187,9 @@ async def test_a_commit_missing_staged_rows_publishes_nothing(
 async def test_an_abort_deletes_what_its_write_staged(sql: SqlDriver, staging: SqlStaging) -> None:
     staging.open("w", T0)
     staging.open("other", T0)
-    staging.stage("w", [attempt("w", "w.a", [0, 1, 2])])
-    staging.stage("w", [attempt("w", "w.b", [3, 4])])
-    staging.stage("other", [attempt("other", "other.a", [5])])
+    staging.stage("w", "w.a", [attempt([0, 1, 2])])
+    staging.stage("w", "w.b", [attempt([3, 4])])
+    staging.stage("other", "other.a", [attempt([5])])
 
     assert staging.abort("w") == 5
 
@@ -201,22 +201,22 @@ async def test_an_abort_deletes_what_its_write_staged(sql: SqlDriver, staging: S
 
 def test_staging_into_a_closed_write_is_refused(staging: SqlStaging) -> None:
     with pytest.raises(WriteClosed, match="write never was committed or aborted already"):
-        staging.stage("never", [attempt("never", "never.a", [0])])
+        staging.stage("never", "never.a", [attempt([0])])
 
     staging.open("aborted", T0)
     staging.abort("aborted")
-    with pytest.raises(WriteClosed, match="aborted already: this batch's 3 rows were not"):
-        staging.stage("aborted", [attempt("aborted", "aborted.a", [0, 1, 2])])
+    with pytest.raises(WriteClosed, match=r"aborted already: attempt aborted\.a staged no row"):
+        staging.stage("aborted", "aborted.a", [attempt([0, 1, 2])])
 
     staging.open("done", T0)
-    staging.stage("done", [attempt("done", "done.a", [0, 1])])
+    staging.stage("done", "done.a", [attempt([0, 1])])
     staging.commit("c", "done", {"done.a": 2}, TARGET, now=T0)
-    with pytest.raises(WriteClosed, match="this batch's 4 rows were not staged"):
-        staging.stage("done", [attempt("done", "done.b", [0, 1, 2, 3])])
+    with pytest.raises(WriteClosed, match=r"attempt done\.b staged no row"):
+        staging.stage("done", "done.b", [attempt([0, 1, 2, 3])])
     assert staged_rows(staging) == {}
 
     staging.open("done", T0)  # a stream's next micro-batch opens its write again
-    assert staging.stage("done", [attempt("done", "done.c", [7])]) == 1
+    assert staging.stage("done", "done.c", [attempt([7])]) == 1
 
 
 async def test_a_partition_slow_between_its_batches_blocks_no_other_writer(
@@ -229,14 +229,14 @@ async def test_a_partition_slow_between_its_batches_blocks_no_other_writer(
     slow, resume = threading.Event(), threading.Event()
 
     def batches() -> Iterator[pa.Table]:
-        yield attempt("w", "w.a", [0, 1])
+        yield attempt([0, 1])
         slow.set()
         assert resume.wait(60), "the test never let the partition go on"
-        yield attempt("w", "w.a", [2])
+        yield attempt([2])
 
     loop = asyncio.get_running_loop()
     with ThreadPoolExecutor(1) as pool:
-        staged_ = loop.run_in_executor(pool, staging.stage, "w", batches())
+        staged_ = loop.run_in_executor(pool, staging.stage, "w", "w.a", batches())
         try:
             assert await loop.run_in_executor(None, slow.wait, 60)
             # waits for the busy timeout, then fails, if the partition holds SQLite's lock
@@ -258,15 +258,15 @@ async def test_an_attempt_whose_write_ends_between_its_batches_leaves_no_row(
     (with another attempt of the partition): its next batch is refused, and the commit deleted
     the batch before."""
     staging.open("w", T0)
-    staging.stage("w", [attempt("w", "w.winner", ["w0", "w1"])])
+    staging.stage("w", "w.winner", [attempt(["w0", "w1"])])
 
     def batches() -> Iterator[pa.Table]:
-        yield attempt("w", "w.late", ["l0", "l1"])
+        yield attempt(["l0", "l1"])
         assert staging.commit("c", "w", {"w.winner": 2}, TARGET, now=T0) == {"q": 2}
-        yield attempt("w", "w.late", ["l2"])
+        yield attempt(["l2"])
 
     with pytest.raises(WriteClosed, match=r"this batch's 1 rows were not staged .*the 2 rows"):
-        staging.stage("w", batches())
+        staging.stage("w", "w.late", batches())
 
     assert staged_rows(staging) == {}
     assert await claimed_values(sql) == ["w0", "w1"]
@@ -279,11 +279,11 @@ async def test_a_repeated_commit_id_enqueues_nothing_twice(
     sql: SqlDriver, staging: SqlStaging
 ) -> None:
     staging.open("stream", T0)
-    staging.stage("stream", [attempt("stream", "stream.a", [0, 1, 2])])
+    staging.stage("stream", "stream.a", [attempt([0, 1, 2])])
     assert staging.commit("stream:7", "stream", {"stream.a": 3}, TARGET, now=T0) == {"q": 3}
 
     staging.open("stream", T0)  # the restarted stream replays micro-batch 7
-    staging.stage("stream", [attempt("stream", "stream.b", [0, 1, 2])])
+    staging.stage("stream", "stream.b", [attempt([0, 1, 2])])
     assert staging.commit("stream:7", "stream", {"stream.b": 3}, TARGET, now=T0) is None
 
     assert await claimed_values(sql) == [0, 1, 2]
@@ -292,7 +292,7 @@ async def test_a_repeated_commit_id_enqueues_nothing_twice(
     assert staging.commit_seen("stream:7") and not staging.commit_seen("stream:8")
 
     staging.open("stream", T0)
-    staging.stage("stream", [attempt("stream", "stream.c", [3])])
+    staging.stage("stream", "stream.c", [attempt([3])])
     assert staging.commit("stream:8", "stream", {"stream.c": 1}, TARGET, now=T0) == {"q": 1}
     assert await claimed_values(sql) == [3]
 
@@ -307,7 +307,7 @@ async def test_of_concurrent_attempts_of_a_partition_only_the_reported_one_count
 
     def run(stage_id: str, values: list[str]) -> int:
         start.wait()
-        return staging.stage("w", [attempt("w", stage_id, values)])
+        return staging.stage("w", stage_id, [attempt(values)])
 
     with ThreadPoolExecutor(2) as pool:
         loser = pool.submit(run, "w.loser", ["l0", "l1", "l2"])
@@ -318,7 +318,7 @@ async def test_of_concurrent_attempts_of_a_partition_only_the_reported_one_count
     assert staging.commit("c", "w", {"w.winner": 3}, TARGET, now=T0) == {"q": 3}
 
     with pytest.raises(WriteClosed):
-        staging.stage("w", [attempt("w", "w.late", ["x0"])])
+        staging.stage("w", "w.late", [attempt(["x0"])])
     assert await claimed_values(sql) == ["w0", "w1", "w2"]
     assert staged_rows(staging) == {}
 
@@ -346,11 +346,9 @@ def table_rows(staging: SqlStaging, query: Any) -> list[Any]:
         return list(conn.execute(query).all())
 
 
-def keyed_attempt(
-    key: str, stage_id: str, rows: Sequence[tuple[Any, str | None, str | None]]
-) -> pa.Table:
+def keyed_attempt(rows: Sequence[tuple[Any, str | None, str | None]]) -> pa.Table:
     """An attempt of a keyed write: (value, dedup key, task key) per row."""
-    table = attempt(key, stage_id, [v for v, _, _ in rows], dedup=[d for _, d, _ in rows])
+    table = attempt([v for v, _, _ in rows], dedup=[d for _, d, _ in rows])
     return table.append_column(STAGED_KEY, pa.array([k for _, _, k in rows], pa.large_string()))
 
 
@@ -359,8 +357,8 @@ async def test_a_topic_commit_gives_each_row_to_every_group_subscribed_at_the_co
 ) -> None:
     await sql.subscription_set_many(GROUPS[:2], now=T0)
     staging.open("w", T0)
-    staging.stage("w", [attempt("w", "w.a", ["a", "b"]), attempt("w", "w.a", ["c"])])
-    staging.stage("w", [attempt("w", "w.b", AWKWARD)])
+    staging.stage("w", "w.a", [attempt(["a", "b"]), attempt(["c"])])
+    staging.stage("w", "w.b", [attempt(AWKWARD)])
     await sql.subscription_set_many(GROUPS[2:], now=T0)  # after staging, before the commit
     assert await claim_all(sql) == []  # staged: invisible to workers
 
@@ -402,7 +400,7 @@ async def test_a_topic_commit_is_one_statement_per_queue_whatever_the_number_of_
     groups.append(Subscription("order.created", "other", "t", "q2"))
     await sql.subscription_set_many(groups, now=T0)
     staging.open("w", T0)
-    staging.stage("w", [attempt("w", "w.a", list(range(20)))])
+    staging.stage("w", "w.a", [attempt(list(range(20)))])
     inserts: list[str] = []
 
     def count(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
@@ -426,7 +424,7 @@ async def test_a_topic_commit_applies_dedup_keys_per_group(
     [live] = await sql.task_insert_many([new("live", dedup_key="billing/k1")])
     staging.open("w", T0)
     keys = ["k1", "k2", "k2", None]
-    staging.stage("w", [attempt("w", "w.a", ["a", "b", "c", "d"], dedup=keys)])
+    staging.stage("w", "w.a", [attempt(["a", "b", "c", "d"], dedup=keys)])
 
     target = replace(TOPIC, dedup=True)
     published = staging.commit("c", "w", {"w.a": 4}, target, now=T0)
@@ -448,7 +446,7 @@ async def test_a_topic_commit_applies_dedup_keys_per_group(
     assert ledger(staging) == {"c": 8}
 
     staging.open("w", T0)  # the same keys again: every group holds them
-    staging.stage("w", [attempt("w", "w.b", ["e", "f"], dedup=["k1", "k2"])])
+    staging.stage("w", "w.b", [attempt(["e", "f"], dedup=["k1", "k2"])])
     assert staging.commit("c2", "w", {"w.b": 2}, target, now=T0) == {}
     assert ledger(staging) == {"c": 8, "c2": 0}
 
@@ -460,7 +458,7 @@ async def test_a_keyed_topic_commit_hints_each_key_in_each_group_queue_it_publis
     [_live] = await sql.task_insert_many([new("live", dedup_key="shipping/d2")])
     staging.open("w", T0)
     rows = [("a", "d1", "x"), ("b", "d1", "y"), ("c", "d2", "z"), ("d", None, None)]
-    staging.stage("w", [keyed_attempt("w", "w.a", rows)])
+    staging.stage("w", "w.a", [keyed_attempt(rows)])
 
     target = replace(TOPIC, dedup=True, keyed=True)
     assert staging.commit("c", "w", {"w.a": 4}, target, now=T0) == {"q": 6, "q2": 2}
@@ -485,7 +483,7 @@ async def test_a_topic_commit_with_a_priority_column_uses_each_rows_priority(
 ) -> None:
     await sql.subscription_set_many(GROUPS, now=T0)
     staging.open("w", T0)
-    staging.stage("w", [attempt("w", "w.a", ["a", "b", "c"])])  # priorities 0, 1, 2
+    staging.stage("w", "w.a", [attempt(["a", "b", "c"])])  # priorities 0, 1, 2
 
     staging.commit("c", "w", {"w.a": 3}, replace(TOPIC, ranked=True), now=T0)
 
@@ -500,8 +498,8 @@ async def test_a_topic_commit_without_a_subscriber_drops_the_rows_and_counts_the
         [Subscription("order.cancelled", "billing", "bill", "q")], now=T0
     )
     staging.open("w", T0)
-    staging.stage("w", [attempt("w", "w.a", ["a", "b", "c"], dedup=["k", "k", None])])
-    staging.stage("w", [attempt("w", "w.lost", ["x"])])  # an attempt Spark did not report
+    staging.stage("w", "w.a", [attempt(["a", "b", "c"], dedup=["k", "k", None])])
+    staging.stage("w", "w.lost", [attempt(["x"])])  # an attempt Spark did not report
 
     assert staging.commit("c", "w", {"w.a": 3}, replace(TOPIC, dedup=True), now=at(5)) == {}
 
@@ -519,11 +517,11 @@ async def test_a_repeated_topic_commit_id_publishes_nothing_twice(
 ) -> None:
     await sql.subscription_set_many(GROUPS, now=T0)
     staging.open("stream", T0)
-    staging.stage("stream", [attempt("stream", "stream.a", [0, 1])])
+    staging.stage("stream", "stream.a", [attempt([0, 1])])
     assert staging.commit("s:7", "stream", {"stream.a": 2}, TOPIC, now=T0) == {"q": 4, "q2": 2}
 
     staging.open("stream", T0)  # the restarted stream replays micro-batch 7
-    staging.stage("stream", [attempt("stream", "stream.b", [0, 1])])
+    staging.stage("stream", "stream.b", [attempt([0, 1])])
     assert staging.commit("s:7", "stream", {"stream.b": 2}, TOPIC, now=T0) is None
 
     assert len(await claim_all(sql)) == 6
@@ -535,7 +533,7 @@ async def test_a_topic_commit_missing_staged_rows_publishes_and_drops_nothing(
     sql: SqlDriver, staging: SqlStaging
 ) -> None:
     staging.open("w", T0)
-    staging.stage("w", [attempt("w", "w.a", [0, 1])])
+    staging.stage("w", "w.a", [attempt([0, 1])])
     with pytest.raises(StagedRowsMissing):
         staging.commit("c", "w", {"w.a": 3}, TOPIC, now=T0)
     assert table_rows(staging, select(topic_drops.c.id)) == []
@@ -553,7 +551,7 @@ async def test_an_unsubscribe_during_a_topic_commit_waits_for_it(
         pytest.skip("SQLite runs one writer at a time: the commit excludes every change")
     await sql.subscription_set_many(GROUPS, now=T0)
     staging.open("w", T0)
-    staging.stage("w", [keyed_attempt("w", "w.a", [("a", None, "x")])])
+    staging.stage("w", "w.a", [keyed_attempt([("a", None, "x")])])
     engine = staging.driver.sync_engine
     read, go = threading.Event(), threading.Event()
 
@@ -598,8 +596,8 @@ async def test_the_purge_deletes_old_staged_rows_in_batches(
     legacy_row = replace(new("legacy"), state=TaskState.STAGED, stage_id="old.1")  # at(-3600)
     [legacy] = await sql.task_insert_many([legacy_row])
     staging.open("w", T0)
-    staging.stage("w", [attempt("w", "w.old", [0, 1, 2], created_at=at(-60))])
-    staging.stage("w", [attempt("w", "w.new", [3], created_at=at(60))])
+    staging.stage("w", "w.old", [attempt([0, 1, 2], created_at=at(-60))])
+    staging.stage("w", "w.new", [attempt([3], created_at=at(60))])
     await sql.task_insert_many([new("pending")])
 
     purged = [await purge_abandoned(sql, before=T0, limit=2) for _ in range(3)]

@@ -41,7 +41,7 @@ from tests.integration.test_staging_conformance import (
 )
 from txtasks import App
 from txtasks.driver import MemoryDriver, SqlDriver, driver_for_url
-from txtasks.schema.tables import deferred, key_hints
+from txtasks.schema.tables import deferred, key_hints, stages
 from txtasks.spark.staging import (
     SqlStaging,
     StagedRowsMissing,
@@ -62,14 +62,17 @@ async def publish_all(driver: SqlDriver, limit: int = 2, woken: list[str] | None
 
 def waiting(staging: SqlStaging) -> dict[str, str]:
     """The attempts of deferred commits not all published: stage id -> commit id."""
-    return dict(table_rows(staging, select(deferred.c.stage_id, deferred.c.commit_id)))
+    query = select(stages.c.stage_id, deferred.c.commit_id).join_from(
+        deferred, stages, deferred.c.stage == stages.c.id
+    )
+    return dict(table_rows(staging, query))
 
 
 def stage_two(staging: SqlStaging, key: str = "w") -> None:
     """Open write `key` and stage two attempts: values 0-4 and 5-6."""
     staging.open(key, T0)
-    staging.stage(key, [attempt(key, f"{key}.a", [0, 1, 2]), attempt(key, f"{key}.a", [3, 4])])
-    staging.stage(key, [attempt(key, f"{key}.b", [5, 6])])
+    staging.stage(key, f"{key}.a", [attempt([0, 1, 2]), attempt([3, 4])])
+    staging.stage(key, f"{key}.b", [attempt([5, 6])])
 
 
 # -- the commit ---------------------------------------------------------------------------------
@@ -80,7 +83,7 @@ async def test_a_deferred_commit_publishes_nothing_and_publishers_publish_everyt
 ) -> None:
     stage_two(staging)
     staging.open("other", T0)
-    staging.stage("other", [attempt("other", "other.a", ["not committed"])])
+    staging.stage("other", "other.a", [attempt(["not committed"])])
 
     assert staging.commit_deferred("c", "w", {"w.a": 5, "w.b": 2}, TARGET, now=at(1)) == 7
 
@@ -109,7 +112,7 @@ async def test_a_deferred_commit_checks_the_rows_and_drops_the_losers_as_an_atom
 ) -> None:
     stage_two(staging)
     staging.open("w", T0)
-    staging.stage("w", [attempt("w", "w.loser", ["x", "y"])])
+    staging.stage("w", "w.loser", [attempt(["x", "y"])])
 
     with pytest.raises(StagedRowsMissing, match=r"attempt w\.a staged 6 rows but 5 are left"):
         staging.commit_deferred("c", "w", {"w.a": 6, "w.b": 2}, TARGET, now=T0)
@@ -131,7 +134,7 @@ async def test_a_repeated_deferred_commit_id_publishes_nothing_twice(
     )
 
     staging.open("stream", T0)  # the restarted stream replays micro-batch 7
-    staging.stage("stream", [attempt("stream", "stream.c", [0, 1, 2, 3, 4, 5, 6])])
+    staging.stage("stream", "stream.c", [attempt([0, 1, 2, 3, 4, 5, 6])])
     assert staging.commit_deferred("stream:7", "stream", {"stream.c": 7}, TARGET, now=T0) is None
     assert staging.commit("stream:7", "stream", {"stream.c": 7}, TARGET, now=T0) is None
 
@@ -149,16 +152,16 @@ async def test_a_streams_later_micro_batches_leave_its_unpublished_ones_alone(
     stage_two(staging, "s")
     assert staging.commit_deferred("s:1", "s", {"s.a": 5, "s.b": 2}, TARGET, now=T0) == 7
     staging.open("s", T0)
-    staging.stage("s", [attempt("s", "s.c", [7, 8])])
+    staging.stage("s", "s.c", [attempt([7, 8])])
     assert staging.abort("s") == 2  # micro-batch 2 aborted
     staging.open("s", T0)
-    staging.stage("s", [attempt("s", "s.d", [9])])
-    staging.stage("s", [attempt("s", "s.loser", ["lost"])])
+    staging.stage("s", "s.d", [attempt([9])])
+    staging.stage("s", "s.loser", [attempt(["lost"])])
 
     assert staging.commit("s:2", "s", {"s.d": 1}, TARGET, now=T0) == {"q": 1}  # atomic
     assert await claimed_values(sql) == [9]
     staging.open("s", T0)
-    staging.stage("s", [attempt("s", "s.e", [10])])
+    staging.stage("s", "s.e", [attempt([10])])
     assert staging.commit_deferred("s:3", "s", {"s.e": 1}, TARGET, now=T0) == 1
 
     assert staged_rows(staging) == {"s.a": 5, "s.b": 2, "s.e": 1}
@@ -171,10 +174,10 @@ async def test_the_purge_leaves_the_rows_of_a_deferred_commit_to_its_publishers(
     sql: SqlDriver, staging: SqlStaging
 ) -> None:
     stage_two(staging)
-    staging.stage("w", [attempt("w", "w.abandoned", ["x"], created_at=at(-60))])
+    staging.stage("w", "w.abandoned", [attempt(["x"], created_at=at(-60))])
     staging.commit_deferred("c", "w", {"w.a": 5, "w.b": 2}, TARGET, now=T0)
     staging.open("old", T0)
-    staging.stage("old", [attempt("old", "old.a", ["y", "z"], created_at=at(-60))])
+    staging.stage("old", "old.a", [attempt(["y", "z"], created_at=at(-60))])
 
     assert await purge_abandoned(sql, before=at(3600), limit=100) == 2
 
@@ -191,8 +194,8 @@ async def test_dedup_is_evaluated_at_publish_and_a_live_task_wins(
 ) -> None:
     [before] = await sql.task_insert_many([new("live before the commit", dedup_key="k1")])
     staging.open("w", T0)
-    staging.stage("w", [attempt("w", "w.a", ["a", "b", "c"], dedup=["k1", "k2", "k2"])])
-    staging.stage("w", [attempt("w", "w.b", ["d", "e", "f"], dedup=["k2", "k3", None])])
+    staging.stage("w", "w.a", [attempt(["a", "b", "c"], dedup=["k1", "k2", "k2"])])
+    staging.stage("w", "w.b", [attempt(["d", "e", "f"], dedup=["k2", "k3", None])])
     target = StageTarget("q", "t", 1, dedup=True)
     staging.commit_deferred("c", "w", {"w.a": 3, "w.b": 3}, target, now=T0)
     [after] = await sql.task_insert_many([new("live after the commit", dedup_key="k3")])
@@ -214,7 +217,7 @@ async def test_a_keyed_deferred_write_hints_each_key_it_publishes(
 ) -> None:
     staging.open("w", T0)
     rows = [("a", None, "x"), ("b", None, "y"), ("c", None, "x"), ("d", None, None)]
-    staging.stage("w", [keyed_attempt("w", "w.a", rows)])
+    staging.stage("w", "w.a", [keyed_attempt(rows)])
     staging.commit_deferred("c", "w", {"w.a": 4}, StageTarget("q", "t", 1, keyed=True), now=T0)
     assert table_rows(staging, select(key_hints.c.partition_key)) == []
 
@@ -297,7 +300,7 @@ async def test_concurrent_publishers_publish_every_row_once(
     staging.open("w", T0)
     stages = {f"w.{n}": 10 for n in range(6)}
     for n, stage_id in enumerate(stages):
-        staging.stage("w", [attempt("w", stage_id, list(range(n * 10, n * 10 + 10)))])
+        staging.stage("w", stage_id, [attempt(list(range(n * 10, n * 10 + 10)))])
     staging.commit_deferred("c", "w", stages, TARGET, now=T0)
     others = [driver_for_url(database_url) for _ in range(3)]
     try:

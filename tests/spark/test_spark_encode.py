@@ -59,18 +59,16 @@ def test_the_arrow_and_row_paths_stage_the_same_rows(spark: Any) -> None:
         df.schema,
     )
     now = datetime(2030, 1, 1)
-    arrow = [staged_from_arrow(b, options, "w", "w.1", now) for b in df.toArrow().to_batches()]
+    arrow = [staged_from_arrow(b, options, now) for b in df.toArrow().to_batches()]
     by_arrow = [r for table in arrow for r in table.to_pylist()]
-    by_rows = staged_from_rows(df.collect(), options, "w", "w.1", now).to_pylist()
+    by_rows = staged_from_rows(df.collect(), options, now).to_pylist()
 
     assert len(by_arrow) == len(by_rows) == 40
     for ours, theirs in zip(by_arrow, by_rows, strict=True):
         assert json.loads(ours.pop("payload")) == json.loads(theirs.pop("payload"))
         assert ours == theirs
     first = json.loads(
-        staged_from_arrow(df.toArrow().to_batches()[0], options, "w", "w.1", now)["payload"][1]
-        .as_py()
-        .decode()
+        staged_from_arrow(df.toArrow().to_batches()[0], options, now)["payload"][1].as_py().decode()
     )
     assert first["big"] == 1e15 and isinstance(first["big"], float)
     assert first["d"] == 1.5 and first["money"] == "0.1429" and first["day"] == "2026-01-02"
@@ -158,16 +156,16 @@ def test_key_values_are_staged_as_text_and_nulls_as_no_key() -> None:
     now = datetime(2030, 1, 1)
     options = keyed_options(StringType(), key="customer")
     batch = keyed_batch(["c1", None, "é 漢"], pa.string())
-    by_arrow = staged_from_arrow(batch, options, "w", "w.1", now)
+    by_arrow = staged_from_arrow(batch, options, now)
     assert by_arrow[STAGED_KEY].to_pylist() == ["c1", None, "é 漢"]
     assert json.loads(by_arrow["payload"][0].as_py()) == {"n": 0, "customer": "c1"}  # kept
-    rows = staged_from_rows(as_rows(batch), options, "w", "w.1", now)
+    rows = staged_from_rows(as_rows(batch), options, now)
     assert rows.to_pylist() == by_arrow.to_pylist()
 
     numbers = keyed_options(LongType(), key="customer", payload="n")
-    staged = staged_from_arrow(keyed_batch([42, None], pa.int64()), numbers, "w", "w.1", now)
+    staged = staged_from_arrow(keyed_batch([42, None], pa.int64()), numbers, now)
     assert staged[STAGED_KEY].to_pylist() == ["42", None]
-    unkeyed = staged_from_arrow(batch, keyed_options(StringType()), "w", "w.1", now)
+    unkeyed = staged_from_arrow(batch, keyed_options(StringType()), now)
     assert STAGED_KEY not in unkeyed.column_names
 
 
@@ -194,6 +192,6 @@ def test_a_key_value_the_tasks_table_cannot_hold_is_refused(value: str, problem:
         "(a key is 1-255 bytes of UTF-8 without NUL)"
     )
     with pytest.raises(ConfigurationError, match=expected):
-        staged_from_arrow(batch, options, "w", "w.1", datetime(2030, 1, 1))
+        staged_from_arrow(batch, options, datetime(2030, 1, 1))
     with pytest.raises(ConfigurationError, match=expected):
-        staged_from_rows(as_rows(batch), options, "w", "w.1", datetime(2030, 1, 1))
+        staged_from_rows(as_rows(batch), options, datetime(2030, 1, 1))

@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, func, select
+from sqlalchemy import create_engine, func, select, text
 
+from tests.conftest import backends
 from txtasks import App, KeyLimits
 from txtasks.clock import utcnow
 from txtasks.driver import driver_for_url
-from txtasks.driver.urls import url_sync
+from txtasks.driver.urls import backend_name, url_sync
 from txtasks.schema.tables import commits, key_hints, staged, tasks
 from txtasks.spark.staging.publisher import publish_pending
 from txtasks.testing import run_until_empty
@@ -312,7 +313,7 @@ def test_an_attempt_that_stages_after_its_write_ended_stages_nothing(database_ur
 
     committed = two_column_writer(database_url)
     committed.commit([committed.write(batches(2))])
-    with pytest.raises(WriteClosed, match="this batch's 4 rows were not staged"):
+    with pytest.raises(WriteClosed, match=r"attempt [0-9a-f]+ staged no row"):
         committed.write(batches(4))
 
     assert staged_count(database_url) == 0
@@ -332,11 +333,14 @@ def test_an_abort_waits_for_an_attempt_that_is_committing_its_rows(database_url:
     engine = _driver(database_url).sync_engine
     committing, go = threading.Event(), threading.Event()
     stager: list[threading.Thread] = []
+    commits: list[Any] = []
 
-    def hold(conn: Any) -> None:  # the attempt, about to commit, holds its lock on the write
-        if stager and threading.current_thread() is stager[0]:
-            committing.set()
-            go.wait(60)
+    def hold(conn: Any) -> None:  # the attempt, about to commit its rows, holds its lock on
+        if stager and threading.current_thread() is stager[0]:  # the write (its first
+            commits.append(conn)  # transaction recorded the attempt)
+            if len(commits) == 2:
+                committing.set()
+                go.wait(60)
 
     staged_rows: list[int] = []
     stager.append(threading.Thread(target=lambda: staged_rows.append(write.write(batches(3)).rows)))
@@ -394,7 +398,10 @@ def test_bad_options_fail_before_anything_is_written(spark: Any, database_url: s
         ({"max_attempts": "zero"}, "option 'max_attempts' must be an integer >= 1"),
         ({"queue": "no spaces"}, "queue"),
         ({"publish": "later"}, "option 'publish' must be 'atomic' or 'deferred', got 'later'"),
+        ({"local_infile": "yes"}, "option 'local_infile' must be 'true' or 'false', got 'yes'"),
     ]
+    if backend_name(database_url) != "mysql":
+        cases.append(({"local_infile": "true"}, "'local_infile' applies to MariaDB/MySQL only"))
     for options, message in cases:
         with pytest.raises(Exception, match=message):
             writer(df, database_url, **{"payload": "order_id", **options}).save()
@@ -402,6 +409,29 @@ def test_bad_options_fail_before_anything_is_written(spark: Any, database_url: s
         writer(df, database_url).mode("overwrite").save()
     assert state_counts(database_url) == {}
     assert staged_count(database_url) == 0
+
+
+@pytest.mark.parametrize("database_url", backends("mysql"), indirect=True)
+def test_option_local_infile_stages_by_load_data(spark: Any, database_url: str, mode: str) -> None:
+    """With option `local_infile`, each partition's batch goes in by LOAD DATA LOCAL INFILE
+    (counted by the server), and the tasks are those of any write."""
+    engine = create_engine(url_sync(database_url))
+    status = text("SHOW GLOBAL STATUS LIKE 'Com_load'")
+    try:
+        with engine.connect() as conn:
+            before = int(conn.execute(status).one()[1])
+        options = {"payload": "order_id,customer", "publish": mode, "local_infile": "true"}
+        writer(orders(spark), database_url, dedup="order_id", **options).save()
+        with engine.connect() as conn:
+            assert int(conn.execute(status).one()[1]) - before == 4  # a batch per partition
+    finally:
+        engine.dispose()
+
+    publish(database_url, mode)
+    rows = live_rows(database_url)
+    assert Counter(r["state"] for r in rows) == {"pending": ROWS}
+    first = next(r for r in rows if r["dedup_key"] == "5")
+    assert json.loads(first["payload"]) == {"order_id": 5, "customer": "customer-5"}
 
 
 def test_workers_run_what_spark_enqueued(spark: Any, database_url: str) -> None:

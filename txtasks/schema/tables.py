@@ -300,14 +300,30 @@ periodic = Table(
     mysql_engine="InnoDB",
 )
 
-#: Rows staged by a staging writer (a Spark partition attempt), until its write commits: the
-#: commit copies them into the hot table with the write's queue, task name and attempts.
-staged = Table(
-    "txtasks_staged",
+#: The partition attempts staging rows (Spark), one row each: the attempt's number (`id`), drawn
+#: once when it starts, keys its staged rows; its write and stage id are kept here, once. The
+#: commit of its write deletes it (a deferred commit: the publish of its last rows).
+stages = Table(
+    "txtasks_stages",
     metadata,
     Column("id", Id, primary_key=True, autoincrement=True),
     Column("write_key", String(32), nullable=False),
     Column("stage_id", String(64), nullable=False),
+    Column("created_at", Timestamp, nullable=False),
+    mysql_engine="InnoDB",
+    sqlite_autoincrement=True,
+)
+Index("ix_txtasks_stages_write", stages.c.write_key)
+
+#: Rows staged by a staging writer (a Spark partition attempt), until its write commits: the
+#: commit copies them into the hot table with the write's queue, task name and attempts. Keyed
+#: by the attempt (`stage`: its `stages` row) and the row's number in it (0, 1, ...): the one
+#: index.
+staged = Table(
+    "txtasks_staged",
+    metadata,
+    Column("stage", Id, primary_key=True, autoincrement=False),
+    Column("n", Integer, primary_key=True, autoincrement=False),
     Column("payload", Blob, nullable=False),
     Column("priority", Integer, nullable=False),
     Column("run_at", Timestamp, nullable=False),
@@ -316,9 +332,7 @@ staged = Table(
     # the task's key (see txtasks.keys); None: no key
     Column("partition_key", ExactString(255), nullable=True),
     mysql_engine="InnoDB",
-    sqlite_autoincrement=True,
 )
-Index("ix_txtasks_staged_write", staged.c.write_key, staged.c.stage_id)
 
 #: Staged writes in progress: staging commits only while its write's row is here (see
 #: `txtasks.spark.staging`).
@@ -331,20 +345,19 @@ writes = Table(
 )
 
 #: The attempts of writes committed in deferred mode whose staged rows are not all published
-#: yet: a publisher moves them into the hot table in batches and deletes the row with the last
-#: batch (see `txtasks.spark.staging.publisher`).
+#: yet (`stage`: the attempt's number, its `stages` row): a publisher moves them into the hot
+#: table in batches and deletes the row with the last batch (see
+#: `txtasks.spark.staging.publisher`).
 deferred = Table(
     "txtasks_deferred",
     metadata,
-    Column("stage_id", String(64), primary_key=True),
-    Column("write_key", String(32), nullable=False),
+    Column("stage", Id, primary_key=True, autoincrement=False),
     Column("commit_id", ExactString(255), nullable=False),
     # what the publish adds to each row (a task name and queue, or a topic), as JSON
     Column("target", Text, nullable=False),
     Column("committed_at", Timestamp, nullable=False),
     mysql_engine="InnoDB",
 )
-Index("ix_txtasks_deferred_write", deferred.c.write_key)
 
 #: Writes committed by a staging writer (Spark): a commit id is applied once.
 commits = Table(

@@ -7,7 +7,7 @@ between them.
 
 Writers take Arrow record batches (`DataSourceArrowWriter`; streams from PySpark 4.1 on, Spark
 rows before): see `txtasks.spark.encode`. Each partition attempt stages its rows, one
-transaction per batch, under a fresh `stage_id` and the write's key (`txtasks.spark.staging`),
+transaction per batch, under a fresh `stage_id` of the write's key (`txtasks.spark.staging`),
 while the write is open: the writer opens it on the driver, the commit and the abort close it.
 
 Exactly once: Spark hands the commit one message per partition, from the attempt that
@@ -60,9 +60,9 @@ StreamWriterBase: Any = getattr(
 SOURCE_NAME = "txtasks"
 #: Spark rows per staged batch on the row path.
 ROWS_PER_BATCH = 10_000
-#: Random hex digits of a stage id (64 bits): it tells apart the attempts of one write and
-#: the deferred commits waiting for a publisher, and is sent with every staged row and kept in
-#: the staged table's index, so it stays short.
+#: Random hex digits of a stage id (64 bits): it tells apart the attempts of one write in the
+#: messages Spark hands the commit (the database keeps it once per attempt, beside the number
+#: that keys the attempt's staged rows).
 STAGE_ID_CHARS = 16
 
 
@@ -106,31 +106,28 @@ def write_key(name: str) -> str:
     return hashlib.sha256(name.encode()).hexdigest()[:24]
 
 
-#: Staged tables of one partition attempt, from its write key, stage id and staging time.
-Encoder = Callable[[str, str, datetime], Iterator[Any]]
+#: Staged tables of one partition attempt, from its staging time.
+Encoder = Callable[[datetime], Iterator[Any]]
 
 
 def arrow_encoder(options: WriteOptions, batches: Iterable[Any]) -> Encoder:
     """Arrow record batches -> staged tables, one per batch."""
-    return lambda key, stage_id, now: (
-        staged_from_arrow(b, options, key, stage_id, now) for b in batches
-    )
+    return lambda now: (staged_from_arrow(b, options, now) for b in batches)
 
 
 def row_encoder(options: WriteOptions, rows: Iterable[Any]) -> Encoder:
     """Spark rows -> staged tables of `ROWS_PER_BATCH` rows."""
     iterator = iter(rows)
     chunks = iter(lambda: list(itertools.islice(iterator, ROWS_PER_BATCH)), [])
-    return lambda key, stage_id, now: (
-        staged_from_rows(c, options, key, stage_id, now) for c in chunks
-    )
+    return lambda now: (staged_from_rows(c, options, now) for c in chunks)
 
 
 def _stage(options: WriteOptions, key: str, encode: Encoder) -> StagedMessage:
     context = TaskContext.get()
     partition = context.partitionId() if context is not None else 0
     stage_id = uuid.uuid4().hex[:STAGE_ID_CHARS]
-    count = _staging(options.url).stage(key, encode(key, stage_id, utcnow()))
+    now = utcnow()
+    count = _staging(options.url).stage(key, stage_id, encode(now), now=now)
     return StagedMessage(stage_id, partition, count)
 
 

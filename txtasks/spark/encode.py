@@ -68,9 +68,7 @@ def _dumps(value: Any) -> str:
 # -- the Arrow path -----------------------------------------------------------------------------
 
 
-def staged_from_arrow(
-    batch: pa.RecordBatch, options: WriteOptions, write_key: str, stage_id: str, now: datetime
-) -> pa.Table:
+def staged_from_arrow(batch: pa.RecordBatch, options: WriteOptions, now: datetime) -> pa.Table:
     """One Arrow record batch of the DataFrame as staged rows."""
     types = {f.name: f.dataType for f in options.schema.fields}
     parts: list[Any] = []
@@ -91,19 +89,18 @@ def staged_from_arrow(
         column(options.dedup),
         column(options.key),
     )
-    return _staged(batch.num_rows, payload, special, (write_key, stage_id, now), options)
+    return _staged(batch.num_rows, payload, special, now, options)
 
 
 def _staged(
     count: int,
     payload: Any,
     special: tuple[Any, Any, Any, Any],
-    attempt: tuple[str, str, datetime],
+    now: datetime,
     options: WriteOptions,
 ) -> pa.Table:
     """The staged table; `special` holds the priority, run_at, dedup and key columns (or
-    None), `attempt` the write key, stage id and staging time."""
-    write_key, stage_id, now = attempt
+    None), `now` the staging time."""
     payload = payload.cast(pa.large_binary())
     _check_sizes(payload)
     rank, due, unique, key = special
@@ -118,8 +115,6 @@ def _staged(
         dedup = unique.cast(TEXT)
         _check_keys(dedup, "dedup", limit=options.dedup_bytes)
     columns = {
-        "write_key": pa.repeat(pa.scalar(write_key, TEXT), count),
-        "stage_id": pa.repeat(pa.scalar(stage_id, TEXT), count),
         "payload": payload,
         "priority": priority,
         "run_at": run_at,
@@ -258,9 +253,7 @@ def _utc(value: datetime, kind: str) -> datetime:
     return value.astimezone(timezone.utc).replace(tzinfo=None)
 
 
-def staged_from_rows(
-    rows: Iterable[Row], options: WriteOptions, write_key: str, stage_id: str, now: datetime
-) -> pa.Table:
+def staged_from_rows(rows: Iterable[Row], options: WriteOptions, now: datetime) -> pa.Table:
     """Spark rows as staged rows (one Python pass per row)."""
     where = {name: i for i, name in enumerate(options.columns)}
     payload = [(c, where[c], c not in options.native) for c in options.payload]
@@ -283,7 +276,7 @@ def staged_from_rows(
         None if options.dedup is None else pa.array([_text_or_none(v) for v in unique], TEXT),
         None if options.key is None else pa.array([_text_or_none(v) for v in key], TEXT),
     )
-    return _staged(len(texts), pa.array(texts, TEXT), special, (write_key, stage_id, now), options)
+    return _staged(len(texts), pa.array(texts, TEXT), special, now, options)
 
 
 def _utc_or_none(value: datetime | None, kind: str) -> datetime | None:

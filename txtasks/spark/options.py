@@ -27,8 +27,10 @@ from pyspark.sql.types import (
     TimestampNTZType,
     TimestampType,
 )
+from sqlalchemy import make_url
 
 from txtasks.app import ENV_BROKER_URL, ENV_DATABASE_URL, check_queue_name
+from txtasks.driver.urls import backend_name
 from txtasks.errors import ConfigurationError
 from txtasks.topics import MAX_PUBLISH_DEDUP_BYTES, check_topic_name
 
@@ -132,6 +134,7 @@ class WriteOptions:
                 f"txtasks write: option 'publish' must be 'atomic' or 'deferred', "
                 f"got {get('publish')!r}"
             )
+        url = _local_infile(url, get("local_infile"))
         columns = {f.name: f.dataType for f in schema.fields}
         special = {k: get(k) for k in ("dedup", "key", "priority", "run_at")}
         for option, column in special.items():
@@ -203,6 +206,26 @@ class WriteOptions:
             native=frozenset(c for c in payload if isinstance(columns[c], NATIVE)),
             schema=schema,
         )
+
+
+def _local_infile(url: str, value: str | None) -> str:
+    """The database URL of the write: with option `local_infile` = "true" (MariaDB/MySQL
+    only), its connections are opened with `local_infile`, and stage by LOAD DATA LOCAL
+    INFILE."""
+    flag = (value or "false").strip().lower()
+    if flag not in ("true", "false"):
+        raise ConfigurationError(
+            f"txtasks write: option 'local_infile' must be 'true' or 'false', got {value!r}"
+        )
+    if flag == "false":
+        return url
+    if backend_name(url) != "mysql":
+        raise ConfigurationError(
+            "txtasks write: option 'local_infile' applies to MariaDB/MySQL only, "
+            f"not {backend_name(url)}"
+        )
+    with_flag = make_url(url).update_query_dict({"local_infile": "1"})
+    return with_flag.render_as_string(hide_password=False)
 
 
 def _positive_int(text: str | None, option: str, default: int) -> int:

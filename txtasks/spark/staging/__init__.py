@@ -1,23 +1,26 @@
 """Staged writes: rows kept apart from the hot table, then copied into it by one commit.
 
-A staging writer (one Spark partition attempt) inserts its rows into `txtasks_staged` under the
-write's key and a `stage_id` of its own, one transaction per batch (none stays open while Spark
-computes the next). Only the columns that vary per row are staged (payload, priority, run_at, dedup
-key, task key); the commit supplies the rest. The commit, one transaction, records its `commit_id`
-in `txtasks_commits` (a second commit of the same id changes nothing and discards what it was
-given), checks that every reported attempt's rows are all there, deletes the rows of attempts it
-was not given, leaves one key hint per task key among the rows it publishes (as every enqueue does:
-see `txtasks.keys`), copies those rows into the hot table as `pending` with one INSERT ... SELECT
-(dropping rows that repeat a dedup key within the write, and skipping those whose key a live task
-holds: the insert itself skips a key the unique index holds, so a task enqueued with that key by a
-transaction committing meanwhile wins and the commit goes on), and deletes the write's staged rows.
-Abort deletes them.
+A staging writer (one Spark partition attempt) first records itself in `txtasks_stages` (the
+write's key and a `stage_id` of its own, once), which gives it a number, then inserts its rows into
+`txtasks_staged` under that number and their own (0, 1, ...: the table's primary key and its one
+index), one transaction per batch (none stays open while Spark computes the next). Only the columns
+that vary per row are staged (payload, priority, run_at, dedup key, task key); the commit supplies
+the rest. The commit, one transaction, records its `commit_id` in `txtasks_commits` (a second
+commit of the same id changes nothing and discards what it was given), checks that every reported
+attempt's rows are all there, deletes the rows of the write's attempts it was not given, leaves one
+key hint per task key among the rows it publishes (as every enqueue does: see `txtasks.keys`),
+copies those rows into the hot table as `pending` with one INSERT ... SELECT (dropping rows that
+repeat a dedup key within the write, and skipping those whose key a live task holds: the insert
+itself skips a key the unique index holds, so a task enqueued with that key by a transaction
+committing meanwhile wins and the commit goes on), and deletes the write's staged rows and
+attempts. Abort deletes them.
 
-A deferred commit (`commit_deferred`) makes the same checks and deletions, then records one row
-per committed attempt in `txtasks_deferred` instead of copying its rows: publishers copy them
-later, in batches (`txtasks.spark.staging.publisher`). Until then those rows belong to their
-commit: the commits and aborts of the same write key (a stream's later micro-batches), and the
-purge of abandoned rows, leave them alone.
+A deferred commit (`commit_deferred`) makes the same checks and deletions, then records each
+committed attempt with rows in `txtasks_deferred` (its number, the commit, the publish target)
+instead of copying its rows: publishers copy them later, in batches
+(`txtasks.spark.staging.publisher`), and delete the attempt with its last batch. Until then
+those rows belong to their commit: the commits and aborts of the same write key (a stream's
+later micro-batches) leave its attempts alone, and so does the purge of abandoned rows.
 
 A write is open from before its first attempt stages until its commit or abort: it has a row in
 `txtasks_writes`. Each batch's transaction ends by reading that row under a shared lock, and
@@ -27,10 +30,10 @@ ended (the loser of a speculative race, an attempt Spark stopped waiting for) st
 more, what it staged before is deleted by that commit or abort (it is not an attempt the commit
 was given), and no staged row outlives its write.
 
-Staged rows arrive as Arrow tables (`STAGED_COLUMNS`, then `STAGED_KEY` for a keyed write):
-dialects send them in bulk (COPY, multi-row INSERT, naming the batch's columns; see the modules
-beside this one). `staging_for` picks a backend's staging by
-its name, and the staging works through the driver's public engine and transactions. These
+Staged rows arrive as Arrow tables (`STAGED_COLUMNS`, then `STAGED_KEY` for a keyed write);
+`stage` puts the attempt's number and each row's in front (`stage`, `n`), and dialects send them
+in bulk (COPY, multi-row INSERT or LOAD DATA, naming the batch's columns; see the modules beside
+this one). `staging_for` picks a backend's staging by its name, and the staging works through the driver's public engine and transactions. These
 methods are synchronous, except the cleaner's purge: Spark's Python workers are synchronous.
 This package imports neither PySpark nor (until rows are sent in bulk) PyArrow.
 """
@@ -50,19 +53,23 @@ from typing import TYPE_CHECKING, Any, Protocol, overload
 from sqlalchemy import (
     Connection,
     and_,
+    bindparam,
     delete,
     exists,
     func,
     insert,
     literal,
+    or_,
     select,
     update,
 )
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from txtasks.clock import utcnow
 from txtasks.errors import ConfigurationError, TxtasksError
 from txtasks.schema.tables import commits, deferred, key_hints, staged, tasks, writes
+from txtasks.schema.tables import stages as attempts
 from txtasks.spark.staging.fanout import (
     COLUMNS,
     TopicTarget,
@@ -96,13 +103,12 @@ __all__ = [
 
 log = logging.getLogger("txtasks.spark")
 STAGED = TaskState.STAGED.value
-#: Stage ids per statement when deleting the rows of attempts a commit was not given.
+#: Attempts per statement when deleting the rows of attempts a commit was not given.
 CHUNK = 1000
 
-#: The columns every staged batch (an Arrow table) has, in order.
+#: The columns every staged batch (an Arrow table) has, in order (`stage` puts the attempt's
+#: number and each row's, `stage` and `n`, in front of them).
 STAGED_COLUMNS = (
-    "write_key",
-    "stage_id",
     "payload",
     "priority",
     "run_at",
@@ -221,29 +227,51 @@ class SqlStaging:
         except IntegrityError:
             pass  # open already: a re-run with the same commit id, a restarted stream
 
-    def stage(self, write_key: str, batches: Iterable[Any]) -> int:
-        """Insert staged rows (Arrow tables of `STAGED_COLUMNS`, and maybe `STAGED_KEY`), each
-        batch in a transaction of its own that commits only if the write is still open (else
-        raises `WriteClosed`). No transaction stays open while the next batch is computed, so
-        a slow partition holds no lock (on SQLite: the database's one write lock) between its
-        batches. The batches an attempt staged before a failure stay under its stage id until
-        its write's commit (which publishes only the attempts Spark reports) or abort deletes
-        them. Returns how many rows were staged."""
+    def stage(
+        self,
+        write_key: str,
+        stage_id: str,
+        batches: Iterable[Any],
+        *,
+        now: datetime | None = None,
+    ) -> int:
+        """Stage one attempt's rows (Arrow tables of `STAGED_COLUMNS`, and maybe `STAGED_KEY`)
+        under `stage_id`: record the attempt (which draws its number) while the write is open,
+        then insert each batch, numbering its rows, in a transaction of its own that commits
+        only if the write is still open (else raises `WriteClosed`). No transaction stays open
+        while the next batch is computed, so a slow partition holds no lock (on SQLite: the
+        database's one write lock) between its batches. The batches an attempt staged before a
+        failure stay under its number until its write's commit (which publishes only the
+        attempts Spark reports) or abort deletes them. Returns how many rows were staged."""
+        number = self.record_attempt(write_key, stage_id, now or utcnow())
         count = 0
         for batch in batches:
             if batch.num_rows:
                 with self.driver.sync_engine.begin() as conn:
-                    self.insert_batch(conn, batch)
-                    self.check_open(conn, write_key, batch.num_rows, count)
+                    self.insert_batch(conn, numbered(batch, number, count))
+                    self.check_open(
+                        conn,
+                        write_key,
+                        f"this batch's {batch.num_rows} rows were not staged (nor will the "
+                        f"{count} rows this attempt staged before it be published: the "
+                        "write's commit or abort deletes them)",
+                    )
                 count += batch.num_rows
-        if not count:  # an empty attempt: its write must be open all the same
-            with self.driver.sync_engine.begin() as conn:
-                self.check_open(conn, write_key, 0, 0)
         return count
 
-    def check_open(self, conn: Connection, write_key: str, rows: int, before: int) -> None:
-        """Raise `WriteClosed` (rolling back `rows` rows) unless the write is open; read under
-        a shared lock, so closing the write waits for this transaction."""
+    def record_attempt(self, write_key: str, stage_id: str, now: datetime) -> int:
+        """Record an attempt of an open write (else raise `WriteClosed`): its number."""
+        with self.driver.sync_engine.begin() as conn:
+            values = {"write_key": write_key, "stage_id": stage_id, "created_at": now}
+            drawn = conn.execute(insert(attempts).values(values)).inserted_primary_key
+            assert drawn is not None  # an INSERT of one row
+            self.check_open(conn, write_key, f"attempt {stage_id} staged no row")
+            return int(drawn[0])
+
+    def check_open(self, conn: Connection, write_key: str, refused: str) -> None:
+        """Raise `WriteClosed` (rolling back the transaction: `refused` says what it did)
+        unless the write is open; read under a shared lock, so closing the write waits for
+        this transaction."""
         still_open = (
             select(writes.c.write_key)
             .where(writes.c.write_key == write_key)
@@ -251,13 +279,12 @@ class SqlStaging:
         )
         if conn.execute(still_open).first() is None:
             raise WriteClosed(
-                f"staged write {write_key} was committed or aborted already: this batch's "
-                f"{rows} rows were not staged (nor will the {before} rows this attempt "
-                "staged before it be published: the write's commit or abort deletes them)"
+                f"staged write {write_key} was committed or aborted already: {refused}"
             )
 
     def insert_batch(self, conn: Connection, batch: Any) -> None:
-        """Insert one Arrow table of staged rows; dialects override with their bulk path."""
+        """Insert one Arrow table of staged rows (numbered: `numbered`); dialects override with
+        their bulk path."""
         conn.execute(insert(staged), batch.to_pylist())
 
     def prepare_publish(self, conn: Connection) -> None:
@@ -273,7 +300,7 @@ class SqlStaging:
         """Close a write and delete every row it staged."""
         self.close(write_key)
         with self.driver.sync_engine.begin() as conn:
-            return int(conn.execute(delete(staged).where(_own(conn, write_key))).rowcount)
+            return _drop(conn, write_key)
 
     def commit(
         self,
@@ -300,11 +327,10 @@ class SqlStaging:
             with self.driver.sync_engine.begin() as conn:
                 self.prepare_publish(conn)
                 conn.execute(insert(commits).values(commit_id=commit_id, committed_at=now, tasks=0))
-                own = _own(conn, write_key)
-                _check_and_drop_losers(conn, own, stages)
-                published = self.publish_rows(conn, own, target, now)
+                numbers = _check_and_drop_losers(conn, write_key, stages)
+                published = self.publish_rows(conn, _of_attempts(numbers), target, now)
                 count = sum(published.values())
-                conn.execute(delete(staged).where(own))
+                _drop(conn, write_key)
                 conn.execute(
                     update(commits).where(commits.c.commit_id == commit_id).values(tasks=count)
                 )
@@ -324,7 +350,7 @@ class SqlStaging:
     ) -> int | None:
         """Commit the attempts in `stages` (stage id -> rows it staged) in deferred mode, once
         per `commit_id`: check their rows as `commit` does and delete the other attempts' rows,
-        then record one row per attempt in `txtasks_deferred` for publishers (`publish`) to
+        then record each attempt with rows in `txtasks_deferred`, for publishers (`publish`) to
         move its rows into the hot table later; no staged row is written. Returns how many
         staged rows were committed, or None when `commit_id` was committed before."""
         self.close(write_key)
@@ -334,20 +360,22 @@ class SqlStaging:
                 conn.execute(
                     insert(commits).values(commit_id=commit_id, committed_at=now, tasks=rows)
                 )
-                _check_and_drop_losers(conn, _own(conn, write_key), stages)
+                numbers = _check_and_drop_losers(conn, write_key, stages)
                 waiting = [
                     {
-                        "stage_id": stage_id,
-                        "write_key": write_key,
+                        "stage": number,
                         "commit_id": commit_id,
                         "target": target_json(target),
                         "committed_at": now,
                     }
-                    for stage_id, count in stages.items()
+                    for number, count in numbers.items()
                     if count
                 ]
                 if waiting:
                     conn.execute(insert(deferred), waiting)
+                empty = [number for number, count in numbers.items() if not count]
+                if empty:
+                    conn.execute(delete(attempts).where(attempts.c.id.in_(empty)))
                 return rows
         except IntegrityError as exc:
             self._repeated(commit_id, write_key, exc)
@@ -359,7 +387,7 @@ class SqlStaging:
         if not self.commit_seen(commit_id):
             raise conflict  # not a repeated commit: a real conflict
         with self.driver.sync_engine.begin() as conn:
-            conn.execute(delete(staged).where(_own(conn, write_key)))
+            _drop(conn, write_key)
 
     def publish_rows(
         self, conn: Connection, rows_of: Any, target: StageTarget | TopicTarget, now: datetime
@@ -376,7 +404,7 @@ class SqlStaging:
         from txtasks.spark.staging.publisher import publish_batch
 
         async with self.driver.connect() as conn:
-            probe = await conn.execute(select(deferred.c.stage_id).limit(1))
+            probe = await conn.execute(select(deferred.c.stage).limit(1))
             if probe.first() is None:
                 return None
 
@@ -438,8 +466,7 @@ class SqlStaging:
         """The rows of deferred writes waiting for a publisher (counted: one index entry per
         row), how many commits they belong to, and the oldest commit's time."""
         d = deferred.c
-        on = and_(staged.c.write_key == d.write_key, staged.c.stage_id == d.stage_id)
-        rows = select(func.count()).select_from(staged.join(deferred, on))
+        rows = select(func.count()).select_from(staged.join(deferred, staged.c.stage == d.stage))
         commits_ = select(func.count(d.commit_id.distinct()), func.min(d.committed_at))
         async with self.driver.connect() as conn:
             count = int((await conn.execute(rows)).scalar_one())
@@ -457,49 +484,110 @@ class SqlStaging:
     async def purge(self, *, before: datetime, limit: int) -> int:
         """Delete up to `limit` staged rows created before `before` (writes that never
         committed): those of the staged table (not those of a deferred commit, which wait for
-        a publisher), and `staged` rows left in the hot table by
-        txtasks versions before the staged table."""
-
-        committed = exists().where(deferred.c.stage_id == staged.c.stage_id)
+        a publisher), and `staged` rows left in the hot table by txtasks versions before the
+        staged table; then the attempts recorded before `before` that have no row left."""
 
         async def work(conn: AsyncConnection) -> int:
-            done = await _purge(conn, tasks, before, limit, tasks.c.state == STAGED)
+            done = await _purge_tasks(conn, before, limit)
             if done < limit:
-                done += await _purge(conn, staged, before, limit - done, ~committed)
+                done += await _purge_staged(conn, before, limit - done)
+            await conn.execute(delete(attempts).where(attempts.c.created_at < before, *_EMPTY))
             return done
 
         return await self.driver.in_transaction(work)
 
 
-async def _purge(
-    conn: AsyncConnection, table: Any, before: datetime, limit: int, *where: Any
-) -> int:
-    pick = (
-        select(table.c.id)
-        .where(table.c.created_at < before, *where)
-        .order_by(table.c.id)
-        .limit(limit)
-    )
+async def _purge_tasks(conn: AsyncConnection, before: datetime, limit: int) -> int:
+    """Delete up to `limit` hot rows in state `staged` created before `before`."""
+    where = (tasks.c.created_at < before, tasks.c.state == STAGED)
+    pick = select(tasks.c.id).where(*where).order_by(tasks.c.id).limit(limit)
     ids = list((await conn.execute(pick)).scalars())
     if not ids:
         return 0
-    return int((await conn.execute(delete(table).where(table.c.id.in_(ids), *where))).rowcount)
+    return int((await conn.execute(delete(tasks).where(tasks.c.id.in_(ids), *where))).rowcount)
 
 
-def _own(conn: Connection, write_key: str) -> Any:
-    """The condition on the staged table for a write's rows, less those of attempts committed
-    in deferred mode that wait for a publisher (a stream's earlier micro-batches)."""
-    mine = staged.c.write_key == write_key
-    found = select(deferred.c.stage_id).where(deferred.c.write_key == write_key)
-    waiting = list(conn.execute(found).scalars())
-    return and_(mine, staged.c.stage_id.not_in(waiting)) if waiting else mine
+async def _purge_staged(conn: AsyncConnection, before: datetime, limit: int) -> int:
+    """Delete up to `limit` staged rows created before `before`, not of a deferred commit: the
+    first ones by key, deleted as one range of row numbers per attempt."""
+    committed = exists().where(deferred.c.stage == staged.c.stage)
+    where = (staged.c.created_at < before, ~committed)
+    pick = select(staged.c.stage, staged.c.n).where(*where)
+    found = (await conn.execute(pick.order_by(staged.c.stage, staged.c.n).limit(limit))).all()
+    if not found:
+        return 0
+    ranges: dict[int, tuple[int, int]] = {}
+    for stage, n in found:
+        low = ranges.get(stage, (n, n))[0]
+        ranges[stage] = (low, n)
+    picked = or_(
+        *(and_(staged.c.stage == s, staged.c.n.between(lo, hi)) for s, (lo, hi) in ranges.items())
+    )
+    return int((await conn.execute(delete(staged).where(picked, *where))).rowcount)
 
 
-def _check_and_drop_losers(conn: Connection, own: Any, stages: Mapping[str, int]) -> None:
-    """Check every reported attempt's rows are all staged; delete the other attempts' rows
-    (`own`: the write's rows, see `_own`)."""
-    per_stage = select(staged.c.stage_id, func.count()).where(own).group_by(staged.c.stage_id)
-    found = {stage_id: int(n) for stage_id, n in conn.execute(per_stage).all()}
+def numbered(batch: Any, number: int, start: int) -> Any:
+    """An Arrow table of staged rows with the attempt's number (`stage`) and each row's (`n`,
+    from `start`) in front."""
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+    count = batch.num_rows
+    batch = batch.add_column(0, "n", pa.array(range(start, start + count), pa.int32()))
+    return batch.add_column(0, "stage", pa.repeat(pa.scalar(number, pa.int64()), count))
+
+
+#: The condition on the attempts for those with no staged row left and no deferred commit.
+_EMPTY = (
+    ~exists().where(staged.c.stage == attempts.c.id),
+    ~exists().where(deferred.c.stage == attempts.c.id),
+)
+
+
+def _attempts_of(write_key: str) -> Any:
+    """The condition on the attempts for those of a write, less those committed in deferred
+    mode that wait for a publisher (a stream's earlier micro-batches)."""
+    return and_(
+        attempts.c.write_key == write_key, ~exists().where(deferred.c.stage == attempts.c.id)
+    )
+
+
+def _own(write_key: str) -> Any:
+    """The condition on the staged table for the rows of a write's attempts (`_attempts_of`)."""
+    mine = select(attempts.c.id).where(_attempts_of(write_key))
+    return staged.c.stage.in_(mine.scalar_subquery())
+
+
+def _of_attempts(numbers: Iterable[int]) -> Any:
+    """The condition on the staged table for the rows of the attempts `numbers`, written out
+    in the statement (no bound value per attempt): read along the primary key, whatever the
+    statistics of the attempts' table say."""
+    listed: Any = bindparam("stages", sorted(numbers), expanding=True, literal_execute=True)
+    return staged.c.stage.in_(listed)
+
+
+def _drop(conn: Connection, write_key: str) -> int:
+    """Delete a write's attempts (`_attempts_of`) and their rows: how many rows."""
+    count = int(conn.execute(delete(staged).where(_own(write_key))).rowcount)
+    conn.execute(delete(attempts).where(_attempts_of(write_key)))
+    return count
+
+
+def _check_and_drop_losers(
+    conn: Connection, write_key: str, stages: Mapping[str, int]
+) -> dict[int, int]:
+    """Check every reported attempt's rows are all staged; delete the write's other attempts
+    and their rows. The reported attempts' numbers, with how many rows each staged."""
+    a = attempts.c
+    per_attempt = (
+        select(a.id, a.stage_id, func.count(staged.c.n))
+        .select_from(attempts.outerjoin(staged, staged.c.stage == a.id))
+        .where(_attempts_of(write_key))
+        .group_by(a.id, a.stage_id)
+    )
+    numbers = {int(n): (stage_id, int(rows)) for n, stage_id, rows in conn.execute(per_attempt)}
+    found: dict[str, int] = {}
+    for stage_id, rows in numbers.values():
+        found[stage_id] = found.get(stage_id, 0) + rows
     for stage_id, rows in stages.items():
         if found.get(stage_id, 0) != rows:
             raise StagedRowsMissing(
@@ -507,10 +595,12 @@ def _check_and_drop_losers(conn: Connection, own: Any, stages: Mapping[str, int]
                 f"{found.get(stage_id, 0)} are left (purged as abandoned by the cleaner's "
                 "archiver.staged_after, or lost by the database); nothing was published"
             )
-    losers = [s for s in found if s not in stages]
+    losers = [n for n, (stage_id, _) in numbers.items() if stage_id not in stages]
     for start in range(0, len(losers), CHUNK):
         chunk = losers[start : start + CHUNK]
-        conn.execute(delete(staged).where(own, staged.c.stage_id.in_(chunk)))
+        conn.execute(delete(staged).where(staged.c.stage.in_(chunk)))
+        conn.execute(delete(attempts).where(a.id.in_(chunk)))
+    return {n: rows for n, (stage_id, rows) in numbers.items() if stage_id in stages}
 
 
 def target_json(target: StageTarget | TopicTarget) -> str:

@@ -82,7 +82,8 @@ def write_rows(rows_of: Any, dedup: bool) -> FromClause:
     in rows whatever the statistics say."""
     if not dedup:
         return select(staged).where(rows_of).subquery("rows")
-    rank = func.row_number().over(partition_by=staged.c.dedup_key, order_by=staged.c.id)
+    order = (staged.c.stage, staged.c.n)
+    rank = func.row_number().over(partition_by=staged.c.dedup_key, order_by=order)
     ranked = select(staged, rank.label("key_rank")).where(rows_of).subquery("ranked")
     firsts = or_(ranked.c.dedup_key.is_(None), ranked.c.key_rank == 1)
     return select(*(ranked.c[c.name] for c in staged.c)).where(firsts).subquery("rows")
@@ -94,7 +95,8 @@ def publish_order(rows: FromClause, dedup: bool, key: Any, *then: Any) -> list[A
     publish insert them. The unique index locks each key as it is inserted, so an application inserting keys
     of the write while the commit runs takes them in the same order: one waits for the other,
     neither holds a key the other waits for (a deadlock, which would fail one of them)."""
-    return [byte_order(key), rows.c.id, *then] if dedup else [rows.c.id, *then]
+    staging = [rows.c.stage, rows.c.n]
+    return [byte_order(key), *staging, *then] if dedup else [*staging, *then]
 
 
 def groups_lock(conn: Connection, topic: str) -> list[Group]:
@@ -135,13 +137,16 @@ def _pairs(query: Any, rows: FromClause, target: TopicTarget, groups: Sequence[G
 
 def _headers(rows: FromClause, message: str) -> Any:
     """Each delivery's headers, as `publish_tx` writes them (the topic, the publish's id, the
-    group): a staged row's id is its publish's, the same in every group's task."""
+    group): a staged row's key (its attempt's number and its own) is its publish's, the same
+    in every group's task."""
     topic, id_, group = (f'"{h}":"' for h in (TOPIC_HEADER, MESSAGE_HEADER, GROUP_HEADER))
     return (
         literal(f"{{{topic}", String)
         + subscriptions.c.topic
         + literal(f'",{id_}{message}.', String)
-        + cast(rows.c.id, String)
+        + cast(rows.c.stage, String)
+        + literal(".", String)
+        + cast(rows.c.n, String)
         + literal(f'",{group}', String)
         + subscriptions.c.group_name
         + literal('"}', String)
@@ -153,7 +158,8 @@ def fanout_rows(rows_of: Any, target: TopicTarget, groups: Sequence[Group], mess
     of `groups`: one pending task per row and group (with dedup keys, a repeated key of the
     write only once), in `publish_order`, in `COLUMNS` order (insert them skipping
     `<group>/<key>`s a live task holds).
-    `message` is the commit's: a task's publish id is it and its staged row's id."""
+    `message` is the commit's: a task's publish id is it and its staged row's key,
+    `<message>.<stage>.<n>`."""
     s = subscriptions.c
     rows = write_rows(rows_of, target.dedup)
     query = select(

@@ -1,7 +1,10 @@
-"""MariaDB / MySQL staging: multi-row INSERTs whose values Arrow writes as SQL literals."""
+"""MariaDB / MySQL staging: multi-row INSERTs whose values Arrow writes as SQL literals, or on a
+connection opened with `local_infile` (the data source's option `local_infile`), `LOAD DATA
+LOCAL INFILE` of a file of tab-separated values Arrow writes."""
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +23,11 @@ STATEMENT_BYTES = 4 * 1024 * 1024
 NO_BACKSLASH_ESCAPES = 512
 #: ER_DUP_ENTRY: the one warning of INSERT IGNORE that the commit lets by.
 DUPLICATE_KEY = 1062
+#: Staged rows as tab-separated values in LOAD DATA's default format (its FIELDS and LINES
+#: defaults: a tab between fields, a newline after each row, `\` escapes, `\N` a NULL).
+LOAD_STAGED = "LOAD DATA LOCAL INFILE %s INTO TABLE txtasks_staged CHARACTER SET binary ({})"
+#: What LOAD DATA's default format escapes in a value.
+LOAD_ESCAPES = (("\\", "\\\\"), ("\t", "\\t"), ("\n", "\\n"), ("\0", "\\0"))
 
 
 def staged_values(batch: Any, backslash_escapes: bool = True) -> list[str]:
@@ -56,11 +64,39 @@ def staged_values(batch: Any, backslash_escapes: bool = True) -> list[str]:
     return statements
 
 
+def staged_text(batch: Any) -> bytes:
+    """An Arrow table of staged rows as LOAD DATA's default text format, built column-wise by
+    Arrow: values escaped, `\\N` for nulls, a tab between fields, a newline after each row."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    text_type = pa.large_string()
+    tab, newline, empty = (pa.scalar(c, text_type) for c in ("\t", "\n", ""))
+    parts: list[Any] = []
+    for column in batch.columns:
+        text = column.cast(text_type)
+        if not pa.types.is_integer(column.type):
+            for char, escaped in LOAD_ESCAPES:
+                text = pc.replace_substring(text, char, escaped)
+        parts += [text.fill_null("\\N"), tab]
+    parts[-1] = newline
+    rows = pc.binary_join_element_wise(*parts, empty)
+    if isinstance(rows, pa.ChunkedArray):
+        rows = rows.combine_chunks()
+    bounds = pa.array([0, len(rows)], pa.int64())
+    joined = pc.binary_join(pa.LargeListArray.from_arrays(bounds, rows), empty)[0]
+    return str(joined.as_py()).encode()
+
+
 class MySQLStaging(SqlStaging):
-    """Multi-row INSERTs of literals built by Arrow, sent without per-value escaping."""
+    """Multi-row INSERTs of literals built by Arrow, sent without per-value escaping; on a
+    connection opened with `local_infile`, LOAD DATA LOCAL INFILE of a file Arrow writes."""
 
     def insert_batch(self, conn: Connection, batch: Any) -> None:
         raw: Any = conn.connection.driver_connection
+        if getattr(raw, "_local_infile", False):
+            load_batch(raw, batch)
+            return
         backslash = not getattr(raw, "server_status", 0) & NO_BACKSLASH_ESCAPES
         head = INSERT_STAGED.format(", ".join(batch.column_names))
         with raw.cursor() as cursor:
@@ -88,6 +124,29 @@ class MySQLStaging(SqlStaging):
                     f"duplicate dedup keys (first: {first}); nothing was published"
                 )
         return count
+
+
+def load_batch(raw: Any, batch: Any) -> None:
+    """LOAD DATA LOCAL INFILE of one staged batch (a temporary file the server reads through
+    this connection); a row it left out or changed (a warning) fails the batch."""
+    with tempfile.NamedTemporaryFile(prefix="txtasks-staged-", suffix=".tsv") as file:
+        file.write(staged_text(batch))
+        file.flush()
+        with raw.cursor() as cursor:
+            loaded = cursor.execute(LOAD_STAGED.format(", ".join(batch.column_names)), (file.name,))
+            cursor.execute("SHOW WARNINGS LIMIT 1")
+            warned = cursor.fetchall()
+    if loaded != batch.num_rows or warned:
+        first = f"{warned[0][1]} {warned[0][2]}" if warned else "none"
+        raise StagingWarning(
+            f"txtasks staging: LOAD DATA loaded {loaded} of {batch.num_rows} rows (first "
+            f"warning: {first}); the batch was not staged"
+        )
+
+
+class StagingWarning(TxtasksError):
+    """MariaDB / MySQL: LOAD DATA left out or changed a staged row: the batch is rolled
+    back."""
 
 
 class PublishWarning(TxtasksError):

@@ -3,12 +3,13 @@
 A write committed in deferred mode (`SqlStaging.commit_deferred`) left one row per attempt in
 `txtasks_deferred`. A publish batch is one transaction: it locks one such row (`FOR UPDATE SKIP
 LOCKED`: concurrent publishers take different attempts; SQLite has one writer at a time), takes
-the attempt's first `limit` staged rows by id, publishes them as the atomic commit would
-(`SqlStaging.publish_rows`: task name and queue, or a topic's groups subscribed now; key hints;
-dedup evaluated now, so a live task with the same dedup key, one published earlier from the same
-write included, wins), deletes them, and deletes the attempt's row with its last batch. A
-publisher killed at any point rolls its batch back; the next one takes it again: every committed
-row is published exactly once.
+the attempt's first `limit` staged rows (a range of its row numbers, along the primary key),
+publishes them as the atomic commit would (`SqlStaging.publish_rows`: task name and queue, or a
+topic's groups subscribed now; key hints; dedup evaluated now, so a live task with the same
+dedup key, one published earlier from the same write included, wins), deletes them, and deletes
+the attempt's rows (in `txtasks_deferred` and `txtasks_stages`) with its last batch. A publisher
+killed at any point rolls its batch back; the next one takes it again: every committed row is
+published exactly once.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Connection, and_, delete, func, select
 
 from txtasks.schema.tables import deferred, staged
+from txtasks.schema.tables import stages as attempts
 from txtasks.spark.staging import Published, target_from_json
 
 if TYPE_CHECKING:
@@ -37,24 +39,25 @@ def publish_batch(
     """Publish up to `limit` staged rows of one deferred attempt in `conn`'s transaction; None
     when no attempt waits that another publisher has not locked."""
     pick = (
-        select(deferred.c.stage_id, deferred.c.write_key, deferred.c.target)
-        .order_by(deferred.c.stage_id)  # the primary key: the lock stops at the row it returns
+        select(deferred.c.stage, deferred.c.target)
+        .order_by(deferred.c.stage)  # the primary key: the lock stops at the row it returns
         .limit(1)
         .with_for_update(skip_locked=True)
     )
     found = conn.execute(pick).first()
     if found is None:
         return None
-    stage = and_(staged.c.write_key == found.write_key, staged.c.stage_id == found.stage_id)
-    first = select(staged.c.id).where(stage).order_by(staged.c.id).limit(limit).subquery()
-    top, rows = conn.execute(select(func.max(first.c.id), func.count())).one()
+    stage = staged.c.stage == found.stage
+    first = select(staged.c.n).where(stage).order_by(staged.c.n).limit(limit).subquery()
+    top, rows = conn.execute(select(func.max(first.c.n), func.count())).one()
     tasks: dict[str, int] = {}
     if rows:
-        batch = and_(stage, staged.c.id <= top)
+        batch = and_(stage, staged.c.n <= top)
         tasks = staging.publish_rows(conn, batch, target_from_json(found.target), now)
         conn.execute(delete(staged).where(batch))
     if rows < limit:  # the attempt's last batch
-        conn.execute(delete(deferred).where(deferred.c.stage_id == found.stage_id))
+        conn.execute(delete(deferred).where(deferred.c.stage == found.stage))
+        conn.execute(delete(attempts).where(attempts.c.id == found.stage))
     return Published(rows=int(rows), tasks=tasks)
 
 
