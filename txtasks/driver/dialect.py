@@ -182,12 +182,14 @@ def _key_probe(index: str) -> Select[Any]:
     return _force_index(select(tasks.c.id), index).where(same_key).correlate(keys)
 
 
-def _force_index(stmt: Select[Any], name: str) -> Select[Any]:
-    """`stmt` reading `txtasks_tasks` along index `name` on MySQL and MariaDB: their optimizer
-    picks the lease index for a key's probe when the statistics are stale (the state is its
-    first column), and then reads every ready task of the queue for each key."""
+def _force_index(stmt: Select[Any], name: str, table: Table = tasks) -> Select[Any]:
+    """`stmt` reading `table` along index `name` on MySQL and MariaDB. Their optimizer picks
+    the lease index for a key's probe when the statistics are stale (the state is its first
+    column), and then reads every ready task of the queue for each key; and it reads the keys
+    of a claim or an outcome, given by their ids or names, with a scan of every key of the
+    table, on statistics taken while the table was empty."""
     hint = f"FORCE INDEX ({name})"
-    return stmt.with_hint(tasks, hint, "mysql").with_hint(tasks, hint, "mariadb")
+    return stmt.with_hint(table, hint, "mysql").with_hint(table, hint, "mariadb")
 
 
 def _union(parts: Sequence[Any]) -> Executable:
@@ -478,7 +480,8 @@ class SqlDialect(TopicsDialect, ControlDialect):
             .scalar_subquery()
             .is_not(None)
         )
-        return select(keys.c.id).where(keys.c.id.in_(bindparam("ids", expanding=True)), ready)
+        by_id = select(keys.c.id).where(keys.c.id.in_(bindparam("ids", expanding=True)), ready)
+        return _force_index(by_id, "PRIMARY", keys)
 
     @staticmethod
     @functools.cache
@@ -486,11 +489,13 @@ class SqlDialect(TopicsDialect, ControlDialect):
         """The rows of keys `pairs` (queue, key), in id order, locked, skipping those a claim
         holds."""
         pairs = tuple_(keys.c.queue, keys.c.partition_key).in_(bindparam("pairs", expanding=True))
-        return (
+        return _force_index(
             select(keys.c.id, keys.c.queue, keys.c.partition_key)
             .where(pairs)
             .order_by(keys.c.id)
-            .with_for_update(skip_locked=True)
+            .with_for_update(skip_locked=True),
+            "uq_txtasks_keys",
+            keys,
         )
 
     @classmethod
@@ -656,11 +661,12 @@ class SqlDialect(TopicsDialect, ControlDialect):
             .limit(1)
             .scalar_subquery()
         )
-        return (
+        heads = (
             select(tasks.c.id, tasks.c.queue, tasks.c.partition_key, tasks.c.state, tasks.c.run_at)
             .select_from(keys.join(tasks, tasks.c.id == head))
             .where(keys.c.id.in_(bindparam("ids", expanding=True)))
         )
+        return _force_index(heads, "PRIMARY", keys)
 
     @staticmethod
     @functools.cache
@@ -681,9 +687,10 @@ class SqlDialect(TopicsDialect, ControlDialect):
                 .label(f"d{offset}")
             )
 
-        return select(keys.c.id, *map(due, range(count))).where(
+        by_id = select(keys.c.id, *map(due, range(count))).where(
             keys.c.id.in_(bindparam("ids", expanding=True))
         )
+        return _force_index(by_id, "PRIMARY", keys)
 
     @staticmethod
     @functools.cache
