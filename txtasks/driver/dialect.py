@@ -415,17 +415,8 @@ class SqlDialect(TopicsDialect, ControlDialect):
             .group_by(key_hints.c.queue, key_hints.c.partition_key)
             .order_by(key_hints.c.queue, key_hints.c.partition_key)
         )
-        stmt = cls.upsert(keys).from_select(
-            ["queue", "partition_key", "ready_at", "updated_at"], hinted
-        )
-        arm: Executable = stmt.on_conflict_do_update(
-            index_elements=[keys.c.queue, keys.c.partition_key],
-            set_={
-                "ready_at": cls.armed_at(keys.c.ready_at, stmt.excluded.ready_at),
-                "updated_at": stmt.excluded.updated_at,
-            },
-        )
-        return arm
+        columns = ["queue", "partition_key", "ready_at", "updated_at"]
+        return cls.keys_armed(cls.upsert(keys).from_select(columns, hinted))
 
     async def hints_take(self, conn: AsyncConnection, queues: list[str], now: datetime) -> None:
         """Turn up to HINTS_PER_CLAIM hints of `queues` into armed keys, deleting them: their
@@ -528,7 +519,12 @@ class SqlDialect(TopicsDialect, ControlDialect):
     def stmt_keys_arm(cls) -> Executable:
         """Create or arm keys (params: queue, partition_key, ready_at, now): a key's `ready_at`
         becomes the earlier of its own and the hint's."""
-        stmt = cls.upsert(keys).values(**keys_arm_values())
+        return cls.keys_armed(cls.upsert(keys).values(**keys_arm_values()))
+
+    @classmethod
+    def keys_armed(cls, stmt: Any) -> Executable:
+        """`stmt`, an INSERT ... ON CONFLICT into `txtasks_keys`, arming a key that exists:
+        its `ready_at` becomes the earlier of its own and the new row's."""
         arm: Executable = stmt.on_conflict_do_update(
             index_elements=[keys.c.queue, keys.c.partition_key],
             set_={

@@ -47,6 +47,14 @@ KEYS_TABLE = (
     "JSON_TABLE(:keys, '$[*]' COLUMNS (id BIGINT PATH '$[0]', attempt INT PATH '$[1]')) AS k"
 )
 
+
+def _delete_by_ids(name: str) -> Executable:
+    """Delete the rows `:ids` (a JSON array) of table `name`, each found by its primary key."""
+    return text(
+        f"DELETE t FROM {IDS_TABLE} STRAIGHT_JOIN {name} AS t FORCE INDEX (PRIMARY) ON t.id = v.id"
+    ).bindparams(bindparam("ids", type_=JSON))
+
+
 #: Deadlock found; lock wait timeout exceeded.
 TRANSIENT_ERRNOS = frozenset({1213, 1205})
 
@@ -154,10 +162,7 @@ class MySQLDialect(SqlDialect):
     @functools.cache
     def stmt_hints_delete() -> Executable:
         """Hints `ids`, each found by its primary key."""
-        return text(
-            f"DELETE h FROM {IDS_TABLE} STRAIGHT_JOIN txtasks_key_hints AS h "
-            "FORCE INDEX (PRIMARY) ON h.id = v.id"
-        ).bindparams(bindparam("ids", type_=JSON))
+        return _delete_by_ids("txtasks_key_hints")
 
     async def keys_held(self, conn: AsyncConnection, params: dict[str, Any]) -> list[Any]:
         """The ready keys read first without a lock, then locked by their primary keys (see
@@ -291,10 +296,7 @@ class MySQLDialect(SqlDialect):
     @functools.cache
     def stmt_delete() -> Executable:
         """Remove rows `ids`, each found by its primary key (see `stmt_lock_keys`)."""
-        return text(
-            f"DELETE t FROM {IDS_TABLE} STRAIGHT_JOIN txtasks_tasks AS t FORCE INDEX (PRIMARY) "
-            "ON t.id = v.id"
-        ).bindparams(bindparam("ids", type_=JSON))
+        return _delete_by_ids("txtasks_tasks")
 
     @classmethod
     @functools.cache
