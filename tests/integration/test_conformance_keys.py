@@ -277,7 +277,10 @@ async def test_a_hint_for_an_armed_key_a_claim_holds_arms_it_again_after_the_cla
 
 async def lock_waits(driver: SqlDriver) -> int:
     """How many sessions of the database wait for a lock (PostgreSQL)."""
-    waits = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+    waits = (
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+    )
     async with driver.connect() as conn:
         return int((await conn.exec_driver_sql(waits)).scalar_one())
 
