@@ -330,10 +330,11 @@ def test_on_mariadb_keys_given_by_id_or_name_are_read_alone_whatever_the_statist
 ) -> None:
     """MariaDB read every key of the table, along a whole index, for each statement given the
     keys of a claim or of an outcome (the due tasks of the keys a claim holds, whether the keys
-    of finished tasks have a ready task left, the heads of ordered keys, the keys of finished
-    tasks by name) in a burn-down of 10,000 keys: 10,000 keys read per claim and per outcome
-    batch (`ANALYZE` of those statements during the benchmark). Each now reads the keys it is
-    given along the primary or the unique key, whatever the statistics. (The plan of the
+    of finished tasks have a ready task left, the keys of finished tasks by name) in a
+    burn-down of 10,000 keys: 10,000 keys read per claim and per outcome batch (`ANALYZE` of
+    those statements during the benchmark). Each, and the read of the heads of ordered keys
+    built the same way, now reads the keys it is given along the primary or the unique key,
+    whatever the statistics. (The plan of the
     benchmark, taken on statistics of a busy table, did not come back here, on statistics of
     a table of one key: this guards the forced indexes, it did not fail before them.)"""
     url = server_url(request, "mysql", tmp_path)
