@@ -493,6 +493,16 @@ async def test_live_count_counts_due_tasks_and_valid_leases(driver: Driver) -> N
     assert await driver.live_count(["a"], now=expired, due_before=expired) == 1
 
 
+async def test_live_count_at_most_stops_at_its_bound(driver: Driver) -> None:
+    await fill_for_stats(driver)  # 5 live by at(200): 4 ready, 1 running
+    counts = [
+        await driver.live_count(None, now=T0, due_before=at(200), at_most=n) for n in (1, 2, 4, 9)
+    ]
+    assert counts == [1, 2, 4, 5]
+    assert await driver.live_count(["a"], now=T0, due_before=T0, at_most=1) == 1
+    assert await driver.live_count(["c", "zz"], now=T0, due_before=at(49), at_most=1) == 0
+
+
 # ----------------------------------------------------------------------------- 7. dead letters
 
 

@@ -248,10 +248,16 @@ class Driver(Protocol):
         lost)."""
 
     async def live_count(
-        self, queues: Sequence[str] | None, *, now: datetime, due_before: datetime
+        self,
+        queues: Sequence[str] | None,
+        *,
+        now: datetime,
+        due_before: datetime,
+        at_most: int | None = None,
     ) -> int:
         """Tasks still to do: ready before `due_before` in a queue not paused, or processing
-        under a valid lease."""
+        under a valid lease. With `at_most`, counting stops there (whether any are left is
+        `at_most=1`: the database stops at the first row it finds)."""
 
     async def task_get(self, task_id: int) -> TaskRow | None:
         """One task by id, live or archived: its state, attempts, last error, headers, and

@@ -497,11 +497,16 @@ class MemoryDriver:
     # -- inspection ---------------------------------------------------------------------------
 
     async def live_count(
-        self, queues: Sequence[str] | None, *, now: datetime, due_before: datetime
+        self,
+        queues: Sequence[str] | None,
+        *,
+        now: datetime,
+        due_before: datetime,
+        at_most: int | None = None,
     ) -> int:
         with self._lock:
-            return sum(
-                1
+            live = (
+                r
                 for r in self.live.values()
                 if (queues is None or r.queue in queues)
                 and (
@@ -517,6 +522,7 @@ class MemoryDriver:
                     )
                 )
             )
+            return sum(1 for _ in itertools.islice(live, at_most))
 
     async def task_get(self, task_id: int) -> TaskRow | None:
         return self.task_get_sync(task_id)

@@ -22,6 +22,7 @@ from sqlalchemy import (
     literal,
     select,
     text,
+    true,
     union_all,
     update,
 )
@@ -175,19 +176,28 @@ class SqlAdmin:
             await conn.execute(select(literal(1)))
 
     async def live_count(
-        self, queues: Sequence[str] | None, *, now: datetime, due_before: datetime
+        self,
+        queues: Sequence[str] | None,
+        *,
+        now: datetime,
+        due_before: datetime,
+        at_most: int | None = None,
     ) -> int:
+        """Ready tasks and running ones counted apart, each along its own index (the claim's
+        state index, the lease index), each stopping at `at_most`."""
+        in_queues = tasks.c.queue.in_(queues) if queues is not None else true()
         ready = and_(
+            in_queues,
             IS_READY,
             tasks.c.run_at <= due_before,
             tasks.c.queue.not_in(select(paused_queues.c.queue)),
         )
-        running = (tasks.c.state == PROCESSING) & (tasks.c.lease_expires_at > now)
-        stmt = select(func.count()).select_from(tasks).where(ready | running)
-        if queues is not None:
-            stmt = stmt.where(tasks.c.queue.in_(queues))
+        running = and_(tasks.c.state == PROCESSING, tasks.c.lease_expires_at > now, in_queues)
+        parts = [select(tasks.c.id).where(where).limit(at_most) for where in (ready, running)]
+        counts = [select(func.count()).select_from(p.subquery()).scalar_subquery() for p in parts]
         async with self.connect() as conn:
-            return int((await conn.execute(stmt)).scalar_one())
+            found = int((await conn.execute(select(counts[0] + counts[1]))).scalar_one())
+        return found if at_most is None else min(found, at_most)
 
     async def task_get(self, task_id: int) -> TaskRow | None:
         async with self.connect() as conn:

@@ -372,7 +372,8 @@ class Worker:
         await self._outcomes.flush()
         now = self.app.clock()
         due = now + timedelta(seconds=self.config.burst_horizon)
-        return await self.driver.live_count(self.queues, now=now, due_before=due) == 0
+        left = await self.driver.live_count(self.queues, now=now, due_before=due, at_most=1)
+        return left == 0
 
     async def _wait(self, event: asyncio.Event, timeout: float | None) -> None:
         """Wait for `event` (or a stop request) at most `timeout` seconds."""
