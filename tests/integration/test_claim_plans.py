@@ -237,17 +237,18 @@ def test_a_key_claim_reads_each_key_s_due_tasks_along_the_claim_index_on_mariadb
         with engine.begin() as conn:
             names = dict(conn.execute(select(keys_table.c.id, keys_table.c.partition_key)).all())
             params = {"ids": list(names), "now": utcnow()}
-            statement = dialect_for(conn.dialect).stmt_keys_due_first(1)
+            sql = dialect_for(conn.dialect)
+            statement = sql.stmt_keys_due_first(1)
             state = statement.compile(dialect=conn.dialect).construct_expanded_state(params)
             explain = "EXPLAIN " + state.statement
             plan = conn.exec_driver_sql(explain, state.parameters).mappings().all()
             before = handler_reads(conn)
-            due = conn.execute(statement, params).all()
+            due = sql.rows(conn.execute(statement, params))  # (key id, its first due task)
             read = handler_reads(conn) - before
     finally:
         engine.dispose()
-    assert sorted(names[row.id] for row in due) == sorted(keys)
-    assert all(row.d0 is not None for row in due)
+    assert sorted(names[key_id] for key_id, _first in due) == sorted(keys)
+    assert all(first is not None for _key_id, first in due)
     probes = [dict(row) for row in plan if row["select_type"] == "DEPENDENT SUBQUERY"]
     assert len(probes) == 1, plan
     assert all(p["type"] == "ref" and p["key"] == "ix_txtasks_tasks_claim" for p in probes), plan

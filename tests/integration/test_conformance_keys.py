@@ -41,6 +41,35 @@ async def test_tasks_with_and_without_a_key_are_all_claimed(driver: Driver) -> N
     assert (await get(driver, ids[1])).partition_key == "a"
 
 
+#: Keys a collation would merge (case, accents, trailing spaces), and characters JSON escapes.
+ODD_KEYS = [
+    "Customer:42",
+    "customer:42",
+    "cafe",
+    "café",
+    "a b",
+    "a b ",
+    'quote " back \\ slash',
+    "tab\tnew\nline",
+    "\u00fcn\u00efc\u00f6de \u2603",
+    "emoji \U0001f642",
+]
+
+
+async def test_keys_of_any_characters_are_told_apart_and_kept_exactly(driver: Driver) -> None:
+    """Each key has its own slot, and its name comes back as it went in, through every
+    statement a claim and an outcome read keys with."""
+    limits = {"q": KeyLimits(concurrency=1)}
+    ids = await driver.task_insert_many([new(i, key=k) for i in range(2) for k in ODD_KEYS])
+    first = await claim(driver, keys=limits)
+    assert sorted(r.partition_key or "" for r in first) == sorted(ODD_KEYS)
+    assert await claim(driver, keys=limits) == []
+    await write(driver, *map(done, first))  # each key's slot comes back, armed by name
+    second = await claim(driver, keys=limits)
+    assert sorted(r.partition_key or "" for r in second) == sorted(ODD_KEYS)
+    assert sorted(r.id for r in first + second) == sorted(ids)
+
+
 async def test_a_key_found_without_declared_limits(driver: Driver) -> None:
     """Tasks with a key enqueued by another application are found by a claim that declares no
     key limits (the keys' lane probes)."""

@@ -128,6 +128,15 @@ def key_hints_of(
     ]
 
 
+class HeldKey(NamedTuple):
+    """A key a claim of the keys' lane locked."""
+
+    id: int
+    queue: str
+    partition_key: str
+    next_start_at: datetime | None
+
+
 class KeyHead(NamedTuple):
     """The first live task of an ordered key."""
 
@@ -418,11 +427,22 @@ class SqlDialect(TopicsDialect, ControlDialect):
         columns = ["queue", "partition_key", "ready_at", "updated_at"]
         return cls.keys_armed(cls.upsert(keys).from_select(columns, hinted))
 
+    @staticmethod
+    def rows(result: Result[Any]) -> list[Any]:
+        """The rows of one of the statements that read keys or hints (MySQL/MariaDB return
+        them as one JSON value: `MySQLDialect.rows`), as tuples."""
+        return list(result)
+
+    @staticmethod
+    def scalars(result: Result[Any]) -> list[Any]:
+        """The values of such a statement of one column."""
+        return list(result.scalars())
+
     async def hints_take(self, conn: AsyncConnection, queues: list[str], now: datetime) -> None:
         """Turn up to HINTS_PER_CLAIM hints of `queues` into armed keys, deleting them: their
         ids read and locked, the keys armed from them and the hints deleted, in the database."""
         params = {"queues": queues, "limit": HINTS_PER_CLAIM}
-        ids = list((await conn.execute(self.stmt_hints_take(), params)).scalars())
+        ids = self.scalars(await conn.execute(self.stmt_hints_take(), params))
         if not ids:
             return
         await conn.execute(self.stmt_hints_arm(), {"ids": ids, "now": now})
@@ -444,13 +464,13 @@ class SqlDialect(TopicsDialect, ControlDialect):
         claim holds one; a hint for those, taken by a later claim. An outcome never waits for
         a claim."""
         wanted = set(pairs)
-        rows = (yield cls.stmt_keys_of(), {"pairs": sorted(wanted)}).all()
+        rows = cls.rows((yield cls.stmt_keys_of(), {"pairs": sorted(wanted)}))
         if rows:
-            busy = yield cls.stmt_keys_busy(), {"ids": [r.id for r in rows]}
-            ids = list(busy.scalars())
+            busy = yield cls.stmt_keys_busy(), {"ids": [key_id for key_id, _q, _k in rows]}
+            ids = cls.scalars(busy)
             if ids:
                 yield cls.stmt_keys_wake(), {"ids": ids, "now": now}
-        locked = {(r.queue, r.partition_key) for r in rows}
+        locked = {(queue, key) for _id, queue, key in rows}
         hints = [
             {"queue": q, "partition_key": k, "run_at": now} for q, k in sorted(wanted - locked)
         ]
@@ -620,7 +640,7 @@ class SqlDialect(TopicsDialect, ControlDialect):
         """(queue, key, tasks processing) of the keys `pairs` (queue, key) that have some."""
         names = sorted({k for _q, k in pairs})
         result = await conn.execute(self.stmt_keys_running(), {"names": names})
-        return [(q, k, int(n)) for q, k, n in result]
+        return [(q, k, int(n)) for q, k, n in self.rows(result)]
 
     @staticmethod
     @functools.cache
@@ -733,7 +753,8 @@ class SqlDialect(TopicsDialect, ControlDialect):
             wanted = {(q, k): n for q, k, n in few}
             params = {"ids": [key_ids[(q, k)] for q, k, _n in few], "now": now}
             pairs = {key_id: pair for pair, key_id in key_ids.items()}
-            for key_id, *first in await conn.execute(self.stmt_keys_due_first(count), params):
+            due_first = await conn.execute(self.stmt_keys_due_first(count), params)
+            for key_id, *first in self.rows(due_first):
                 pair = pairs[key_id]
                 due = [task_id for task_id in first[: wanted[pair]] if task_id is not None]
                 if due:

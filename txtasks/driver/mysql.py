@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import math
 from collections.abc import Iterator, Sequence
+from datetime import datetime
 from typing import Any, ClassVar
 
 from sqlalchemy import (
@@ -13,24 +15,35 @@ from sqlalchemy import (
     Connection,
     Engine,
     Executable,
+    Result,
     String,
     bindparam,
+    cast,
     event,
+    func,
     select,
     text,
     update,
 )
+from sqlalchemy.dialects.mysql import CHAR
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities
-from txtasks.driver.dialect import SqlDialect, keys_arm_values
+from txtasks.driver.dialect import HeldKey, SqlDialect, keys_arm_values
 from txtasks.driver.dialect_topics import PUBLISH_COLUMNS
 from txtasks.driver.sql import SqlDriver
 from txtasks.errors import SchemaError
 from txtasks.schema import migrate as schema_migrate
-from txtasks.schema.tables import Timestamp, keys, paused_queues, subscriptions, tasks
+from txtasks.schema.tables import (
+    ExactString,
+    Timestamp,
+    keys,
+    paused_queues,
+    subscriptions,
+    tasks,
+)
 from txtasks.types import READY_STATES, TaskRow, TaskState
 
 #: A JSON array of ids, or of [id, attempt] pairs, as a table: joined to the tasks table by
@@ -48,12 +61,29 @@ KEYS_TABLE = (
 )
 
 
+def _listed(stmt: Any) -> Executable:
+    """`stmt`'s rows as one JSON array (of its values, or of arrays of them): PyMySQL reads a
+    row in Python, column by column, in microseconds; `json.loads` reads the array in C. Names
+    (`ExactString`, stored as UTF-8 bytes) go as text; times as their text (which
+    `datetime.fromisoformat` reads back). See `MySQLDialect.rows`."""
+    listed = stmt.subquery("j")
+    values = [
+        cast(c, CHAR(charset="utf8mb4")) if isinstance(c.type, ExactString) else c for c in listed.c
+    ]
+    one = values[0] if len(values) == 1 else func.json_array(*values)
+    return select(func.json_arrayagg(one))
+
+
 def _delete_by_ids(name: str) -> Executable:
     """Delete the rows `:ids` (a JSON array) of table `name`, each found by its primary key."""
     return text(
         f"DELETE t FROM {IDS_TABLE} STRAIGHT_JOIN {name} AS t FORCE INDEX (PRIMARY) ON t.id = v.id"
     ).bindparams(bindparam("ids", type_=JSON))
 
+
+#: The longest a `GROUP_CONCAT` (and MariaDB's `JSON_ARRAYAGG`) may be: 1 GiB, the largest
+#: `max_allowed_packet` (which then bounds it).
+GROUP_CONCAT_MAX = 1 << 30
 
 #: Deadlock found; lock wait timeout exceeded.
 TRANSIENT_ERRNOS = frozenset({1213, 1205})
@@ -164,29 +194,69 @@ class MySQLDialect(SqlDialect):
         """Hints `ids`, each found by its primary key."""
         return _delete_by_ids("txtasks_key_hints")
 
+    @staticmethod
+    def rows(result: Result[Any]) -> list[Any]:
+        """The rows of a statement `_listed` returns as one JSON array (none: NULL)."""
+        value = result.scalar()
+        return [] if value is None else list(json.loads(value))
+
+    scalars = rows
+
+    @classmethod
+    @functools.cache
+    def stmt_hints_take(cls) -> Executable:
+        return _listed(super().stmt_hints_take())
+
     async def keys_held(self, conn: AsyncConnection, params: dict[str, Any]) -> list[Any]:
         """The ready keys read first without a lock, then locked by their primary keys (see
-        `KEYS_BY_ID`), skipping those another claim holds and those no longer ready."""
-        ids = list((await conn.execute(self.stmt_keys_ready(), params)).scalars())  # the ids
+        `KEYS_BY_ID`), skipping those another claim holds and those no longer ready; longest
+        waiting first."""
+        ids = self.rows(await conn.execute(self.stmt_keys_ready_ids(), params))
         if not ids:
             return []
-        held = await conn.execute(self.stmt_keys_lock_ids(), {"ids": ids, "now": params["now"]})
-        return list(held)
+        locked = await conn.execute(self.stmt_keys_lock_ids(), {"ids": ids, "now": params["now"]})
+        held = sorted(self.rows(locked), key=lambda r: (r[4], r[0]))  # ready_at, id
+        return [
+            HeldKey(key_id, queue, key, None if start is None else datetime.fromisoformat(start))
+            for key_id, queue, key, start, _ready_at in held
+        ]
+
+    @classmethod
+    @functools.cache
+    def stmt_keys_ready_ids(cls) -> Executable:
+        return _listed(cls.stmt_keys_ready().with_only_columns(keys.c.id))
 
     @staticmethod
     @functools.cache
     def stmt_keys_lock_ids() -> Executable:
-        """Keys `ids` still ready by `now`, locked, skipping those another claim holds,
-        longest waiting first."""
-        return (
+        """Keys `ids` still ready by `now`, locked, skipping those another claim holds, with
+        when each became ready."""
+        return _listed(
             text(
-                "SELECT k.id, k.queue, k.partition_key, k.next_start_at "
+                "SELECT k.id, k.queue, k.partition_key, k.next_start_at, k.ready_at "
                 f"FROM {KEYS_BY_ID} WHERE k.ready_at <= :now "
                 "ORDER BY k.ready_at, k.id FOR UPDATE SKIP LOCKED"
             )
             .bindparams(bindparam("ids", type_=JSON), bindparam("now", type_=Timestamp))
-            .columns(keys.c.id, keys.c.queue, keys.c.partition_key, keys.c.next_start_at)
+            .columns(
+                keys.c.id, keys.c.queue, keys.c.partition_key, keys.c.next_start_at, keys.c.ready_at
+            )
         )
+
+    @classmethod
+    @functools.cache
+    def stmt_keys_running(cls) -> Executable:
+        return _listed(super().stmt_keys_running())
+
+    @classmethod
+    @functools.cache
+    def stmt_keys_due_first(cls, count: int) -> Executable:
+        return _listed(super().stmt_keys_due_first(count))
+
+    @classmethod
+    @functools.cache
+    def stmt_keys_busy(cls) -> Executable:
+        return _listed(super().stmt_keys_busy())
 
     @staticmethod
     @functools.cache
@@ -198,7 +268,7 @@ class MySQLDialect(SqlDialect):
             "queue VARCHAR(128) CHARACTER SET utf8mb4 PATH '$[0]', "
             "partition_key VARCHAR(255) CHARACTER SET utf8mb4 PATH '$[1]')) AS v"
         )
-        return (
+        return _listed(
             text(
                 f"SELECT k.id, k.queue, k.partition_key FROM {pairs} "
                 "STRAIGHT_JOIN txtasks_keys AS k FORCE INDEX (uq_txtasks_keys) "
@@ -366,12 +436,15 @@ class MySQLDriver(SqlDriver):
         """The server's side of the bounds: a lock wait ends within the command timeout, and
         MariaDB ends a session left idle in a transaction (its client gone) as long after, so
         the rows a vanished or stalled worker had locked are freed. (MySQL has no such setting:
-        its `wait_timeout` applies to every idle connection.)"""
+        its `wait_timeout` applies to every idle connection.) And MariaDB's `JSON_ARRAYAGG`,
+        which returns the rows of the keys' statements (`_listed`), may be as long as
+        `max_allowed_packet` allows instead of `group_concat_max_len`'s 1 MB."""
+        settings = {"group_concat_max_len": GROUP_CONCAT_MAX}
         command = self.timeouts.command
         if command is None:
-            return {}
+            return settings
         seconds = max(1, math.ceil(command))
-        settings = {"innodb_lock_wait_timeout": seconds}
+        settings["innodb_lock_wait_timeout"] = seconds
         if mariadb:
             settings["idle_transaction_timeout"] = seconds
         return settings

@@ -9,7 +9,7 @@ import json
 import math
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 from sqlalchemy import Connection, Executable, Result, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -17,7 +17,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from txtasks.driver.base import Capabilities, WriteResult
-from txtasks.driver.dialect import KeyHead, KeysLook, SqlDialect
+from txtasks.driver.dialect import HeldKey, KeyHead, KeysLook, SqlDialect
 from txtasks.driver.insert_plan import CopyRows, Statement, Step
 from txtasks.driver.sql import CLOSE_WITHIN, Claim, SqlDriver
 from txtasks.driver.timeouts import Watchdog, keepalive_set, socket_of
@@ -143,15 +143,6 @@ SELECT 'd', k.i, NULL, NULL, NULL, NULL, d.ids
 
 #: The limits a `txtasks_key_limits` row stores.
 _LIMIT_COLUMNS = ("concurrency", "ordered", "rate_count", "rate_per", "rate_burst")
-
-
-class HeldKey(NamedTuple):
-    """A key a claim of the keys' lane locked."""
-
-    id: int
-    queue: str
-    partition_key: str
-    next_start_at: datetime | None
 
 
 @functools.cache
