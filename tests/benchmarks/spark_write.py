@@ -359,6 +359,7 @@ def run_dedup(spark: Any, case: DedupCase, partitions: int, runs: int) -> None:
         )
     df.unpersist()
     prepare(case.url)
+    drop_bench_tables(case.url)
 
 
 def dedup_report(cases: list[DedupCase], partitions: int, runs: int) -> str:

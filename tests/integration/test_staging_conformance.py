@@ -233,6 +233,38 @@ async def test_a_commit_whose_attempt_lost_a_row_in_its_middle_publishes_nothing
     assert staged_rows(staging) == {"w.a": 4, "w.b": 2}  # nothing ended: the write can retry
 
 
+async def test_a_row_lost_after_the_commit_checked_its_attempts_publishes_nothing(
+    sql: SqlDriver, staging: SqlStaging
+) -> None:
+    """A row deleted by another transaction (the purge of an old write's rows) between the
+    commit's check and its publish: the publish reads the rows as they are then, so its own
+    row count is the check that holds (a count before it would have passed, and the write
+    been published short of a row)."""
+    from sqlalchemy import event
+
+    if sql.capabilities.name == "sqlite":
+        pytest.skip("SQLite runs one writer at a time: the commit excludes every change")
+    staging.open("w", T0)
+    staging.stage("w", "w.a", [attempt([0, 1, 2, 3, 4])])
+    engine = staging.driver.sync_engine
+    lost: list[str] = []
+
+    def lose(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("INSERT INTO TXTASKS_TASKS") and not lost:
+            lost.append(statement)
+            lose_row(staging, "w.a", 2)  # another connection; it commits at once
+
+    event.listen(engine, "before_cursor_execute", lose)
+    try:
+        with pytest.raises(StagedRowsMissing, match=r"attempt w\.a staged 5 rows but 4 are left"):
+            staging.commit("c", "w", {"w.a": 5}, TARGET, now=T0)
+    finally:
+        event.remove(engine, "before_cursor_execute", lose)
+    assert lost
+    assert await claim_all(sql) == []
+    assert ledger(staging) == {}
+
+
 # -- abort and closed writes ----------------------------------------------------------------------
 
 
