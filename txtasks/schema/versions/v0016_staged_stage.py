@@ -127,9 +127,7 @@ def upgrade(op: Operations) -> None:
 
     # deferred attempts: keyed by their number
     d = old_deferred.c
-    op.create_table(
-        "txtasks_deferred_moved", *_deferred_columns(), mysql_engine="InnoDB"
-    )
+    op.create_table("txtasks_deferred_moved", *_deferred_columns(), mysql_engine="InnoDB")
     joined = old_deferred.join(
         stages, (stages.c.write_key == d.write_key) & (stages.c.stage_id == d.stage_id)
     )
