@@ -284,6 +284,14 @@ async def test_an_abort_deletes_what_its_write_staged(sql: SqlDriver, staging: S
     assert await claimed_values(sql) == []
 
 
+def test_staging_under_an_empty_write_key_is_refused(staging: SqlStaging) -> None:
+    """The empty write key is that of ended attempts, whose rows no write reads."""
+    staging.open(DROPPED, T0)
+    with pytest.raises(ConfigurationError, match="a write key must not be empty"):
+        staging.stage(DROPPED, "x.a", [attempt([0])])
+    assert staged_rows(staging, ended=True) == {}
+
+
 def test_staging_into_a_closed_write_is_refused(staging: SqlStaging) -> None:
     with pytest.raises(WriteClosed, match="write never was committed or aborted already"):
         staging.stage("never", "never.a", [attempt([0])])

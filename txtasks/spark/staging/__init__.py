@@ -37,7 +37,7 @@ A write is open from before its first attempt stages until its commit or abort: 
 rolls back if it is gone; the commit and the abort first delete it, in a transaction of their
 own, which waits for the stagers that hold the lock. So an attempt still running when its write
 ended (the loser of a speculative race, an attempt Spark stopped waiting for) stages nothing
-more, what it staged before is deleted by that commit or abort (it is not an attempt the commit
+more, what it staged before is ended by that commit or abort (it is not an attempt the commit
 was given), and no staged row is read once its write ended.
 
 Staged rows arrive as Arrow tables (`STAGED_COLUMNS`, then `STAGED_KEY` for a keyed write);
@@ -254,9 +254,7 @@ class SqlStaging:
         while the next batch is computed, so a slow partition holds no lock (on SQLite: the
         database's one write lock) between its batches. The batches an attempt staged before a
         failure stay under its number until its write's commit (which publishes only the
-        attempts Spark reports) or abort deletes them. Returns how many rows were staged."""
-        if write_key == DROPPED:
-            raise ConfigurationError("staging: a write key must not be empty")
+        attempts Spark reports) or abort ends them. Returns how many rows were staged."""
         number = self.record_attempt(write_key, stage_id, now or utcnow())
         count = 0
         for batch in batches:
@@ -275,6 +273,8 @@ class SqlStaging:
 
     def record_attempt(self, write_key: str, stage_id: str, now: datetime) -> int:
         """Record an attempt of an open write (else raise `WriteClosed`): its number."""
+        if write_key == DROPPED:
+            raise ConfigurationError("staging: a write key must not be empty")
         with self.driver.sync_engine.begin() as conn:
             values = {"write_key": write_key, "stage_id": stage_id, "created_at": now}
             drawn = conn.execute(insert(attempts).values(values)).inserted_primary_key
