@@ -44,7 +44,7 @@ class ArchiveResult(SweepResult):
 
     #: Finished rows moved from the hot table to the archive.
     archived: int = 0
-    #: Staged rows of abandoned writes deleted.
+    #: Staged rows deleted: of ended attempts, and of abandoned writes.
     abandoned: int = 0
 
 

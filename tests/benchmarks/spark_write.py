@@ -8,7 +8,9 @@ task's JSON payload into a table with the tasks table's columns and indexes, tim
 A writer's time is the Spark job's (stage and commit). For each txtasks mode the report also
 gives the time from the job's return to every task claimable: 0 for atomic (the commit made
 them claimable), for deferred the time `--publishers` publishers (threads of this process, each
-with its own connections, as workers or cleaners would be) take to publish the write.
+with its own connections, as workers or cleaners would be) take to publish the write; and the
+time the cleaner's archiver then takes, off the job's path, to delete the staged rows no write
+reads any more (the rows of the attempts the write ended), in its batches.
 
     python -m tests.benchmarks.spark_write --help
     TXTASKS_BENCH_POSTGRES_URL=postgresql://app:app@127.0.0.1:45432/bench \\
@@ -102,6 +104,9 @@ class Case:
     claimable: dict[str, list[float]] = field(default_factory=dict)
     #: Seconds from the commit's start (its recorded time) to the job's return, per mode.
     commit: dict[str, list[float]] = field(default_factory=dict)
+    #: Seconds the cleaner's archiver takes, after the write, to delete the staged rows that
+    #: no write reads any more (those of ended attempts), per mode.
+    purge: dict[str, list[float]] = field(default_factory=dict)
 
     def add(self, table: dict[str, list[float]], writer: str, seconds: float) -> None:
         table.setdefault(writer, []).append(seconds)
@@ -199,6 +204,35 @@ def publish_all(url: str, publishers: int) -> None:
             done.result()
 
 
+def purge_ended(url: str) -> int:
+    """Run the cleaner's purge of staged rows as the archiver does (batches of its default
+    size until one comes back short): the rows deleted."""
+    import asyncio
+    from datetime import timedelta
+
+    from cleaner.archiver import ArchiverConfig
+    from txtasks.clock import utcnow
+    from txtasks.driver import driver_for_url
+    from txtasks.spark.staging import purge_abandoned
+
+    config = ArchiverConfig()
+
+    async def purge() -> int:
+        driver = driver_for_url(url)
+        before = utcnow() - timedelta(seconds=config.staged_after)
+        done = 0
+        try:
+            while True:
+                found = await purge_abandoned(driver, before=before, limit=config.batch_size)
+                done += found
+                if found < config.batch_size:
+                    return done
+        finally:
+            await driver.close()
+
+    return asyncio.run(purge())
+
+
 def hand_built(df: Any, url: str) -> None:
     """The hand-built atomic pattern: the JDBC writer into a staging table, then one
     INSERT ... SELECT into a table with the tasks table's columns and indexes."""
@@ -237,6 +271,8 @@ def run_case(spark: Any, df: Any, case: Case, rows: int, runs: int, publishers: 
                 waited = timed(lambda: publish_all(case.url, publishers))
             assert count(case.url, "txtasks_tasks") == rows
             case.add(case.claimable, mode, waited)
+            case.add(case.purge, mode, timed(lambda: purge_ended(case.url)))
+            assert count(case.url, "txtasks_staged") == 0
         prepare(case.url)
         jdbc = df.write.format("jdbc").options(dbtable=PLAIN, **jdbc_options(case.url))
         case.add(case.seconds, "jdbc", timed(jdbc.mode("append").save))
@@ -323,6 +359,7 @@ def run_dedup(spark: Any, case: DedupCase, partitions: int, runs: int) -> None:
         )
     df.unpersist()
     prepare(case.url)
+    drop_bench_tables(case.url)
 
 
 def dedup_report(cases: list[DedupCase], partitions: int, runs: int) -> str:
@@ -360,8 +397,8 @@ def report(cases: list[Case], rows: int, partitions: int, runs: int, publishers:
         f"{publishers} publishers",
         "",
         "| database | writer | rows/s | / JDBC plain | / hand-built atomic | job s | commit s | "
-        "job return to all claimable s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "job return to all claimable s | cleaner purge s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     names = {
         "atomic": "txtasks atomic",
@@ -372,13 +409,16 @@ def report(cases: list[Case], rows: int, partitions: int, runs: int, publishers:
     for case in cases:
         median = {w: statistics.median(case.seconds[w]) for w in WRITERS}
         for writer in WRITERS:
-            claimable, commit = case.claimable.get(writer), case.commit.get(writer)
-            shown = f"{statistics.median(claimable):.2f}" if claimable else "-"
-            committed = f"{statistics.median(commit):.2f}" if commit else "-"
+            shown = [
+                f"{statistics.median(found):.2f}" if found else "-"
+                for found in (case.commit.get(writer), case.claimable.get(writer))
+            ]
+            purged = case.purge.get(writer)
+            shown.append(f"{statistics.median(purged):.3f}" if purged else "-")
             lines.append(
                 f"| {case.backend} | {names[writer]} | {rows / median[writer]:,.0f} | "
                 f"{median['jdbc'] / median[writer]:.2f}x | {median['hand'] / median[writer]:.2f}x | "
-                f"{median[writer]:.2f} | {committed} | {shown} |"
+                f"{median[writer]:.2f} | {' | '.join(shown)} |"
             )
     return "\n".join([*lines, "", machine()])
 

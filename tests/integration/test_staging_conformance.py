@@ -22,14 +22,16 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 
 from txtasks.driver import MemoryDriver, SqlDriver
 from txtasks.errors import ConfigurationError
 from txtasks.schema.tables import commits, key_hints, staged, stages, topic_drops, writes
 from txtasks.spark.staging import (
+    DROPPED,
     STAGED_COLUMNS,
     STAGED_KEY,
+    Backlog,
     SqlStaging,
     StagedRowsMissing,
     StageTarget,
@@ -86,15 +88,26 @@ async def claimed_values(driver: SqlDriver) -> list[Any]:
     return sorted((json.loads(r.payload)["v"] for r in rows), key=repr)
 
 
-def staged_rows(staging: SqlStaging) -> dict[str, int]:
-    """Rows left in the staged table per stage id (of its attempt, committed or not)."""
+def staged_rows(staging: SqlStaging, *, ended: bool = False) -> dict[str, int]:
+    """Rows left in the staged table per stage id of an attempt of a write (not committed, or
+    committed in deferred mode); with `ended`, of an attempt ended (`DROPPED`: no write reads
+    them, the purge deletes them)."""
+    kept = stages.c.write_key == DROPPED if ended else stages.c.write_key != DROPPED
     query = (
         select(stages.c.stage_id, func.count())
         .select_from(staged.join(stages, staged.c.stage == stages.c.id))
+        .where(kept)
         .group_by(stages.c.stage_id)
     )
     with staging.driver.sync_engine.connect() as conn:
         return {stage_id: int(n) for stage_id, n in conn.execute(query).all()}
+
+
+def all_staged(staging: SqlStaging) -> tuple[int, int]:
+    """Every row of the staged table and of the attempts table, whatever their write."""
+    with staging.driver.sync_engine.connect() as conn:
+        rows = conn.execute(select(func.count()).select_from(staged)).scalar_one()
+        return int(rows), int(conn.execute(select(func.count()).select_from(stages)).scalar_one())
 
 
 def ledger(staging: SqlStaging) -> dict[str, int]:
@@ -181,6 +194,77 @@ async def test_a_commit_missing_staged_rows_publishes_nothing(
     assert await claimed_values(sql) == [0, 1, 2, 3, 4]
 
 
+def lose_row(staging: SqlStaging, stage_id: str, n: int) -> None:
+    """Delete row `n` of an attempt behind the staging's back (as the purge or a lost write
+    would)."""
+    number = select(stages.c.id).where(stages.c.stage_id == stage_id).scalar_subquery()
+    with staging.driver.sync_engine.begin() as conn:
+        conn.execute(delete(staged).where(staged.c.stage == number, staged.c.n == n))
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        TARGET,
+        StageTarget("q", "t", 1, dedup=True),
+        TopicTarget("order.created"),  # fanned out to the groups subscribed below
+        TopicTarget("nobody.listens"),  # no group: the rows would be dropped and counted
+    ],
+    ids=["task", "dedup", "topic", "topic-no-group"],
+)
+async def test_a_commit_whose_attempt_lost_a_row_in_its_middle_publishes_nothing(
+    sql: SqlDriver, staging: SqlStaging, target: StageTarget | TopicTarget
+) -> None:
+    """The attempt's last row is there (its number is as reported): the publish itself finds
+    the row short, and the commit rolls back."""
+    await sql.subscription_set_many(GROUPS, now=T0)
+    staging.open("w", T0)
+    staging.stage("w", "w.a", [attempt([0, 1]), attempt([2, 3, 4])])
+    staging.stage("w", "w.b", [attempt([5, 6])])
+    lose_row(staging, "w.a", 2)
+
+    with pytest.raises(StagedRowsMissing, match=r"attempt w\.a staged 5 rows but 4 are left"):
+        staging.commit("c", "w", {"w.a": 5, "w.b": 2}, target, now=T0)
+
+    assert await claim_all(sql) == []
+    assert ledger(staging) == {}
+    assert table_rows(staging, select(topic_drops.c.id)) == []
+    assert table_rows(staging, select(key_hints.c.queue)) == []
+    assert staged_rows(staging) == {"w.a": 4, "w.b": 2}  # nothing ended: the write can retry
+
+
+async def test_a_row_lost_after_the_commit_checked_its_attempts_publishes_nothing(
+    sql: SqlDriver, staging: SqlStaging
+) -> None:
+    """A row deleted by another transaction (the purge of an old write's rows) between the
+    commit's check and its publish: the publish reads the rows as they are then, so its own
+    row count is the check that holds (a count before it would have passed, and the write
+    been published short of a row)."""
+    from sqlalchemy import event
+
+    if sql.capabilities.name == "sqlite":
+        pytest.skip("SQLite runs one writer at a time: the commit excludes every change")
+    staging.open("w", T0)
+    staging.stage("w", "w.a", [attempt([0, 1, 2, 3, 4])])
+    engine = staging.driver.sync_engine
+    lost: list[str] = []
+
+    def lose(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("INSERT INTO TXTASKS_TASKS") and not lost:
+            lost.append(statement)
+            lose_row(staging, "w.a", 2)  # another connection; it commits at once
+
+    event.listen(engine, "before_cursor_execute", lose)
+    try:
+        with pytest.raises(StagedRowsMissing, match=r"attempt w\.a staged 5 rows but 4 are left"):
+            staging.commit("c", "w", {"w.a": 5}, TARGET, now=T0)
+    finally:
+        event.remove(engine, "before_cursor_execute", lose)
+    assert lost
+    assert await claim_all(sql) == []
+    assert ledger(staging) == {}
+
+
 # -- abort and closed writes ----------------------------------------------------------------------
 
 
@@ -191,12 +275,21 @@ async def test_an_abort_deletes_what_its_write_staged(sql: SqlDriver, staging: S
     staging.stage("w", "w.b", [attempt([3, 4])])
     staging.stage("other", "other.a", [attempt([5])])
 
-    assert staging.abort("w") == 5
+    assert staging.abort("w") == 2  # attempts ended: the purge deletes their rows
 
     assert staged_rows(staging) == {"other.a": 1}
+    assert staged_rows(staging, ended=True) == {"w.a": 3, "w.b": 2}
     assert open_writes(staging) == {"other"}
     assert ledger(staging) == {}
     assert await claimed_values(sql) == []
+
+
+def test_staging_under_an_empty_write_key_is_refused(staging: SqlStaging) -> None:
+    """The empty write key is that of ended attempts, whose rows no write reads."""
+    staging.open(DROPPED, T0)
+    with pytest.raises(ConfigurationError, match="a write key must not be empty"):
+        staging.stage(DROPPED, "x.a", [attempt([0])])
+    assert staged_rows(staging, ended=True) == {}
 
 
 def test_staging_into_a_closed_write_is_refused(staging: SqlStaging) -> None:
@@ -287,14 +380,15 @@ async def test_a_repeated_commit_id_enqueues_nothing_twice(
     assert staging.commit("stream:7", "stream", {"stream.b": 3}, TARGET, now=T0) is None
 
     assert await claimed_values(sql) == [0, 1, 2]
-    assert staged_rows(staging) == {}  # the replay's rows are discarded
+    assert staged_rows(staging) == {}  # the replay's rows are discarded...
+    assert staged_rows(staging, ended=True) == {"stream.a": 3, "stream.b": 3}  # ...by the purge
     assert ledger(staging) == {"stream:7": 3}
     assert staging.commit_seen("stream:7") and not staging.commit_seen("stream:8")
 
     staging.open("stream", T0)
     staging.stage("stream", "stream.c", [attempt([3])])
     assert staging.commit("stream:8", "stream", {"stream.c": 1}, TARGET, now=T0) == {"q": 1}
-    assert await claimed_values(sql) == [3]
+    assert await claimed_values(sql) == [3]  # not the ended rows of its write key's attempts
 
 
 async def test_of_concurrent_attempts_of_a_partition_only_the_reported_one_counts(
@@ -606,6 +700,35 @@ async def test_the_purge_deletes_old_staged_rows_in_batches(
     assert await sql.task_get(legacy) is None
     assert staged_rows(staging) == {"w.new": 1}
     assert len(await claim(sql, 10)) == 1
+
+
+async def test_the_rows_of_ended_attempts_are_read_by_no_write_and_purged_in_batches(
+    sql: SqlDriver, staging: SqlStaging
+) -> None:
+    """A commit (and an abort) ends its write's attempts, whose rows it leaves: they count in
+    no backlog, no later write under the same key reads them, and the purge deletes them,
+    whatever their age, then their attempts; another write's rows stay."""
+    staging.open("w", T0)
+    staging.stage("w", "w.a", [attempt([0, 1, 2])])
+    staging.stage("w", "w.loser", [attempt(["l0", "l1"])])
+    staging.open("other", T0)
+    staging.stage("other", "other.a", [attempt(["o"])])
+    assert staging.commit("w:1", "w", {"w.a": 3}, TARGET, now=T0) == {"q": 3}
+    staging.open("w", T0)  # the stream's next micro-batch
+    staging.stage("w", "w.b", [attempt([3])])
+    assert staged_rows(staging, ended=True) == {"w.a": 3, "w.loser": 2}
+    assert await staging.backlog() == Backlog()
+
+    assert staging.commit("w:2", "w", {"w.b": 1}, TARGET, now=T0) == {"q": 1}
+    assert await claimed_values(sql) == [0, 1, 2, 3]
+    purged = [await purge_abandoned(sql, before=at(-3600), limit=2) for _ in range(5)]
+
+    assert purged == [2, 2, 2, 0, 0]  # the rows of w.a, w.loser and w.b, none left
+    assert staged_rows(staging, ended=True) == {}
+    assert staged_rows(staging) == {"other.a": 1}
+    assert all_staged(staging) == (1, 1)  # the ended attempts are gone too
+    assert staging.commit("o", "other", {"other.a": 1}, TARGET, now=T0) == {"q": 1}
+    assert await claimed_values(sql) == ["o"]
 
 
 # -- picking a backend's staging ------------------------------------------------------------------

@@ -26,7 +26,8 @@ from txtasks import App, KeyLimits
 from txtasks.clock import utcnow
 from txtasks.driver import driver_for_url
 from txtasks.driver.urls import backend_name, url_sync
-from txtasks.schema.tables import commits, key_hints, staged, tasks
+from txtasks.schema.tables import commits, key_hints, staged, stages, tasks
+from txtasks.spark.staging import DROPPED
 from txtasks.spark.staging.publisher import publish_pending
 from txtasks.testing import run_until_empty
 
@@ -67,11 +68,14 @@ def state_counts(url: str) -> Counter[str]:
 
 
 def staged_count(url: str) -> int:
-    """Rows in the staged table (staged, not yet committed)."""
+    """Rows in the staged table of attempts of a write (staged, not yet committed; not those of
+    attempts ended, which the purge deletes)."""
     engine = create_engine(url_sync(url))
     try:
         with engine.connect() as conn:
-            return int(conn.execute(select(func.count()).select_from(staged)).scalar_one())
+            ours = staged.join(stages, staged.c.stage == stages.c.id)
+            query = select(func.count()).select_from(ours).where(stages.c.write_key != DROPPED)
+            return int(conn.execute(query).scalar_one())
     finally:
         engine.dispose()
 

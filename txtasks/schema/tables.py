@@ -302,7 +302,8 @@ periodic = Table(
 
 #: The partition attempts staging rows (Spark), one row each: the attempt's number (`id`), drawn
 #: once when it starts, keys its staged rows; its write and stage id are kept here, once. The
-#: commit of its write deletes it (a deferred commit: the publish of its last rows).
+#: commit or abort of its write ends it (write key "": no write reads its rows) and the cleaner's
+#: purge deletes it after its rows (a deferred commit's: the publish of its last rows).
 stages = Table(
     "txtasks_stages",
     metadata,

@@ -12,8 +12,8 @@ while the write is open: the writer opens it on the driver, the commit and the a
 
 Exactly once: Spark hands the commit one message per partition, from the attempt that
 succeeded (its stage id and row count), so the commit publishes exactly those attempts' rows,
-checks none is missing, and deletes the write's other staged rows (attempts that failed or lost
-a speculative race); an abort deletes them all. With option `publish` = "deferred" the commit
+checks none is missing, and ends the write's other attempts (that failed or lost a speculative
+race), whose rows no write reads and the cleaner deletes; an abort ends them all. With option `publish` = "deferred" the commit
 only records the write (`SqlStaging.commit_deferred`), and workers or the cleaner publish its
 rows after it (`txtasks.spark.staging.publisher`). The commit is recorded under a commit id (the
 write's, or `stream:<stream_id>:<batch id>` for streaming), so a repeated commit (a restarted

@@ -59,10 +59,13 @@ moved_staged = table("txtasks_staged_moved", *(column(c) for c in ("stage", "n",
 moved_deferred = table("txtasks_deferred_moved", *(column(c) for c in ("stage", *DEFERRED_COLUMNS)))
 
 
-def _staged_columns(*, keyed: bool) -> list[Column[Any]]:
+def _staged_columns() -> list[Column[Any]]:
+    """The staged table's columns, keyed by `(stage, n)` (the rows set aside too: a server that
+    requires a primary key, MySQL's `sql_require_primary_key` or MariaDB's
+    `innodb_force_primary_key`, refuses a table without one)."""
     return [
-        Column("stage", _ID, primary_key=keyed, autoincrement=False, nullable=False),
-        Column("n", Integer, primary_key=keyed, autoincrement=False, nullable=False),
+        Column("stage", _ID, primary_key=True, autoincrement=False, nullable=False),
+        Column("n", Integer, primary_key=True, autoincrement=False, nullable=False),
         Column("payload", _BLOB, nullable=False),
         Column("priority", Integer, nullable=False),
         Column("run_at", _TS, nullable=False),
@@ -72,9 +75,10 @@ def _staged_columns(*, keyed: bool) -> list[Column[Any]]:
     ]
 
 
-def _deferred_columns(*, keyed: bool) -> list[Column[Any]]:
+def _deferred_columns() -> list[Column[Any]]:
+    """The deferred attempts' columns, keyed by `stage` (the rows set aside too)."""
     return [
-        Column("stage", _ID, primary_key=keyed, autoincrement=False, nullable=False),
+        Column("stage", _ID, primary_key=True, autoincrement=False, nullable=False),
         Column("commit_id", _COMMIT, nullable=False),
         Column("target", Text, nullable=False),
         Column("committed_at", _TS, nullable=False),
@@ -108,7 +112,7 @@ def upgrade(op: Operations) -> None:
     op.execute(insert(new_stages).from_select(["write_key", "stage_id", "created_at"], attempts))
 
     # the rows, numbered within their attempt, set aside while the table is made again
-    op.create_table("txtasks_staged_moved", *_staged_columns(keyed=False), mysql_engine="InnoDB")
+    op.create_table("txtasks_staged_moved", *_staged_columns(), mysql_engine="InnoDB")
     number = func.row_number().over(partition_by=stages.c.id, order_by=s.id) - literal_column("1")
     joined = old_staged.join(
         stages, (stages.c.write_key == s.write_key) & (stages.c.stage_id == s.stage_id)
@@ -117,15 +121,13 @@ def upgrade(op: Operations) -> None:
     op.execute(insert(moved_staged).from_select(["stage", "n", *ROW_COLUMNS], rows))
     op.drop_index("ix_txtasks_staged_write", table_name="txtasks_staged")
     op.drop_table("txtasks_staged")
-    op.create_table("txtasks_staged", *_staged_columns(keyed=True), mysql_engine="InnoDB")
+    op.create_table("txtasks_staged", *_staged_columns(), mysql_engine="InnoDB")
     _copy(op, moved_staged, "txtasks_staged", ("stage", "n", *ROW_COLUMNS))
     op.drop_table("txtasks_staged_moved")
 
     # deferred attempts: keyed by their number
     d = old_deferred.c
-    op.create_table(
-        "txtasks_deferred_moved", *_deferred_columns(keyed=False), mysql_engine="InnoDB"
-    )
+    op.create_table("txtasks_deferred_moved", *_deferred_columns(), mysql_engine="InnoDB")
     joined = old_deferred.join(
         stages, (stages.c.write_key == d.write_key) & (stages.c.stage_id == d.stage_id)
     )
@@ -133,7 +135,7 @@ def upgrade(op: Operations) -> None:
     op.execute(insert(moved_deferred).from_select(["stage", *DEFERRED_COLUMNS], rows))
     op.drop_index("ix_txtasks_deferred_write", table_name="txtasks_deferred")
     op.drop_table("txtasks_deferred")
-    op.create_table("txtasks_deferred", *_deferred_columns(keyed=True), mysql_engine="InnoDB")
+    op.create_table("txtasks_deferred", *_deferred_columns(), mysql_engine="InnoDB")
     names = ("stage", *DEFERRED_COLUMNS)
     _copy(op, moved_deferred, "txtasks_deferred", names)
     op.drop_table("txtasks_deferred_moved")

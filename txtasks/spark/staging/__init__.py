@@ -12,12 +12,22 @@ key hint per task key among the rows it publishes (as every enqueue does: see `t
 copies those rows into the hot table as `pending` with one INSERT ... SELECT (dropping rows that
 repeat a dedup key within the write, and skipping those whose key a live task holds: the insert
 itself skips a key the unique index holds, so a task enqueued with that key by a transaction
-committing meanwhile wins and the commit goes on), and deletes the write's staged rows and
-attempts. Abort deletes them.
+committing meanwhile wins and the commit goes on), and ends the write's attempts. Abort ends
+them too.
 
-A deferred commit (`commit_deferred`) makes the same checks and deletions, then records each
-committed attempt with rows in `txtasks_deferred` (its number, the commit, the publish target)
-instead of copying its rows: publishers copy them later, in batches
+The commit's work besides its INSERT ... SELECT is per attempt, not per row. Its row check:
+each attempt's last row number (one index probe) must be one less than the rows Spark
+reported, so the attempt holds at most those rows, and the INSERT must then read exactly as
+many rows as were reported (its own row count, per queue for a topic), else the commit raises
+`StagedRowsMissing` and rolls back; a dedup write, whose INSERT leaves rows out on purpose,
+counts each attempt's rows first instead. Ending an attempt moves it to the write key `DROPPED`
+(one UPDATE of the write's attempts): no write reads its rows any more, and the cleaner's purge
+deletes them and then the attempt, in batches, off the commit's path (`SqlStaging.purge`).
+Attempt numbers are never reused, so those rows never join another attempt.
+
+A deferred commit (`commit_deferred`) counts each reported attempt's rows, ends the others,
+then records each committed attempt with rows in `txtasks_deferred` (its number, the commit,
+the publish target) instead of copying its rows: publishers copy them later, in batches
 (`txtasks.spark.staging.publisher`), and delete the attempt with its last batch. Until then
 those rows belong to their commit: the commits and aborts of the same write key (a stream's
 later micro-batches) leave its attempts alone, and so does the purge of abandoned rows.
@@ -27,8 +37,8 @@ A write is open from before its first attempt stages until its commit or abort: 
 rolls back if it is gone; the commit and the abort first delete it, in a transaction of their
 own, which waits for the stagers that hold the lock. So an attempt still running when its write
 ended (the loser of a speculative race, an attempt Spark stopped waiting for) stages nothing
-more, what it staged before is deleted by that commit or abort (it is not an attempt the commit
-was given), and no staged row outlives its write.
+more, what it staged before is ended by that commit or abort (it is not an attempt the commit
+was given), and no staged row is read once its write ended.
 
 Staged rows arrive as Arrow tables (`STAGED_COLUMNS`, then `STAGED_KEY` for a keyed write);
 `stage` puts the attempt's number and each row's in front (`stage`, `n`), and dialects send them
@@ -87,6 +97,7 @@ if TYPE_CHECKING:
     from txtasks.driver import Driver, SqlDriver
 
 __all__ = [
+    "DROPPED",
     "STAGED_COLUMNS",
     "STAGED_KEY",
     "Backlog",
@@ -103,8 +114,9 @@ __all__ = [
 
 log = logging.getLogger("txtasks.spark")
 STAGED = TaskState.STAGED.value
-#: Attempts per statement when deleting the rows of attempts a commit was not given.
-CHUNK = 1000
+#: The write key of attempts whose write ended (committed or aborted, or not the attempt a
+#: commit was given): no write reads their rows; the purge deletes them (`SqlStaging.purge`).
+DROPPED = ""
 
 #: The columns every staged batch (an Arrow table) has, in order (`stage` puts the attempt's
 #: number and each row's, `stage` and `n`, in front of them).
@@ -242,7 +254,7 @@ class SqlStaging:
         while the next batch is computed, so a slow partition holds no lock (on SQLite: the
         database's one write lock) between its batches. The batches an attempt staged before a
         failure stay under its number until its write's commit (which publishes only the
-        attempts Spark reports) or abort deletes them. Returns how many rows were staged."""
+        attempts Spark reports) or abort ends them. Returns how many rows were staged."""
         number = self.record_attempt(write_key, stage_id, now or utcnow())
         count = 0
         for batch in batches:
@@ -261,6 +273,8 @@ class SqlStaging:
 
     def record_attempt(self, write_key: str, stage_id: str, now: datetime) -> int:
         """Record an attempt of an open write (else raise `WriteClosed`): its number."""
+        if write_key == DROPPED:
+            raise ConfigurationError("staging: a write key must not be empty")
         with self.driver.sync_engine.begin() as conn:
             values = {"write_key": write_key, "stage_id": stage_id, "created_at": now}
             drawn = conn.execute(insert(attempts).values(values)).inserted_primary_key
@@ -297,10 +311,10 @@ class SqlStaging:
             conn.execute(delete(writes).where(writes.c.write_key == write_key))
 
     def abort(self, write_key: str) -> int:
-        """Close a write and delete every row it staged."""
+        """Close a write and end its attempts (the purge deletes their rows): how many."""
         self.close(write_key)
         with self.driver.sync_engine.begin() as conn:
-            return _drop(conn, write_key)
+            return _end(conn, write_key)
 
     def commit(
         self,
@@ -316,28 +330,39 @@ class SqlStaging:
 
         A `TopicTarget` fans each row out to the groups subscribed to its topic at the
         commit (see `txtasks.spark.staging.fanout`). Returns how many tasks became claimable
-        per queue, or None when `commit_id` was
-        committed before (then every staged row of the write is deleted: it repeats that
-        commit). Raises `StagedRowsMissing`, publishing nothing, if an attempt's rows are
-        not all there. The write is closed first (a stream opens it again for its next
-        micro-batch).
+        per queue, or None when `commit_id` was committed before (then the write's attempts
+        are ended: it repeats that commit). Raises `StagedRowsMissing`, publishing nothing,
+        if an attempt's rows are not all there: checked per attempt (a probe of its last row
+        number), then by the publish's own row count (see the module's docstring). The write
+        is closed first (a stream opens it again for its next micro-batch).
         """
         self.close(write_key)
+        counted = target.dedup  # a dedup publish leaves rows out: count them instead
         try:
             with self.driver.sync_engine.begin() as conn:
                 self.prepare_publish(conn)
                 conn.execute(insert(commits).values(commit_id=commit_id, committed_at=now, tasks=0))
-                numbers = _check_and_drop_losers(conn, write_key, stages)
-                published = self.publish_rows(conn, _of_attempts(numbers), target, now)
-                count = sum(published.values())
-                _drop(conn, write_key)
+                numbers = _check(conn, write_key, stages, counted=counted)
+                rows = None if counted else sum(numbers.values())
+                published = self.publish_rows(conn, _of_attempts(numbers), target, now, rows=rows)
+                _end(conn, write_key)
                 conn.execute(
-                    update(commits).where(commits.c.commit_id == commit_id).values(tasks=count)
+                    update(commits)
+                    .where(commits.c.commit_id == commit_id)
+                    .values(tasks=sum(published.values()))
                 )
                 return published
         except IntegrityError as exc:
             self._repeated(commit_id, write_key, exc)
             return None
+        except _Short:  # rolled back: say which attempt lost rows
+            with self.driver.sync_engine.connect() as conn:
+                _check(conn, write_key, stages, counted=True)
+            raise StagedRowsMissing(
+                f"txtasks commit: the staged rows changed while write {write_key} committed "
+                "(purged as abandoned by the cleaner's archiver.staged_after?); nothing was "
+                "published"
+            ) from None
 
     def commit_deferred(
         self,
@@ -349,10 +374,11 @@ class SqlStaging:
         now: datetime,
     ) -> int | None:
         """Commit the attempts in `stages` (stage id -> rows it staged) in deferred mode, once
-        per `commit_id`: check their rows as `commit` does and delete the other attempts' rows,
-        then record each attempt with rows in `txtasks_deferred`, for publishers (`publish`) to
-        move its rows into the hot table later; no staged row is written. Returns how many
-        staged rows were committed, or None when `commit_id` was committed before."""
+        per `commit_id`: count their rows (else raise `StagedRowsMissing`), record each
+        attempt with rows in `txtasks_deferred`, for publishers (`publish`) to move its rows
+        into the hot table later, and end the write's other attempts; no staged row is
+        written. Returns how many staged rows were committed, or None when `commit_id` was
+        committed before."""
         self.close(write_key)
         rows = sum(stages.values())
         try:
@@ -360,7 +386,7 @@ class SqlStaging:
                 conn.execute(
                     insert(commits).values(commit_id=commit_id, committed_at=now, tasks=rows)
                 )
-                numbers = _check_and_drop_losers(conn, write_key, stages)
+                numbers = _check(conn, write_key, stages, counted=True)
                 waiting = [
                     {
                         "stage": number,
@@ -373,30 +399,36 @@ class SqlStaging:
                 ]
                 if waiting:
                     conn.execute(insert(deferred), waiting)
-                empty = [number for number, count in numbers.items() if not count]
-                if empty:
-                    conn.execute(delete(attempts).where(attempts.c.id.in_(empty)))
+                _end(conn, write_key)  # the others: those not reported, and the empty ones
                 return rows
         except IntegrityError as exc:
             self._repeated(commit_id, write_key, exc)
             return None
 
     def _repeated(self, commit_id: str, write_key: str, conflict: IntegrityError) -> None:
-        """A commit failed on a conflict: if `commit_id` was committed before, delete what its
-        write staged since (it repeats that commit), else raise the conflict."""
+        """A commit failed on a conflict: if `commit_id` was committed before, end the
+        attempts of its write (it repeats that commit), else raise the conflict."""
         if not self.commit_seen(commit_id):
             raise conflict  # not a repeated commit: a real conflict
         with self.driver.sync_engine.begin() as conn:
-            _drop(conn, write_key)
+            _end(conn, write_key)
 
     def publish_rows(
-        self, conn: Connection, rows_of: Any, target: StageTarget | TopicTarget, now: datetime
+        self,
+        conn: Connection,
+        rows_of: Any,
+        target: StageTarget | TopicTarget,
+        now: datetime,
+        *,
+        rows: int | None = None,
     ) -> dict[str, int]:
         """Publish the staged rows `rows_of` (a condition on the staged table) as `target`
-        says: how many tasks became claimable, per queue."""
+        says: how many tasks became claimable, per queue. With `rows` (a target without
+        dedup keys), each statement must read that many staged rows, else it raises `_Short`
+        (roll the transaction back)."""
         if isinstance(target, TopicTarget):
-            return self._publish_topic(conn, rows_of, target, now)
-        return self._publish_task(conn, rows_of, target)
+            return self._publish_topic(conn, rows_of, target, now, rows)
+        return self._publish_task(conn, rows_of, target, rows)
 
     async def publish(self, *, limit: int, now: datetime) -> Published | None:
         """Publish up to `limit` staged rows of one attempt of a deferred write, in one
@@ -427,22 +459,26 @@ class SqlStaging:
         # INSERT rowcount: not kept by default
         return int(conn.execute(stmt.execution_options(preserve_rowcount=True)).rowcount)
 
-    def _publish_task(self, conn: Connection, rows_of: Any, target: StageTarget) -> dict[str, int]:
+    def _publish_task(
+        self, conn: Connection, rows_of: Any, target: StageTarget, rows: int | None
+    ) -> dict[str, int]:
         """Publish staged rows as tasks of one task name and queue: how many, by queue."""
         if target.keyed:  # before the publish: its dedup check then sees the same tasks
             conn.execute(_stmt_hints(rows_of, target))
-        rows = _task_rows(rows_of, target)
-        count = self.insert_tasks(conn, TASK_COLUMNS, rows, target.dedup)
+        query = _task_rows(rows_of, target)
+        count = _read(self.insert_tasks(conn, TASK_COLUMNS, query, target.dedup), rows)
         return {target.queue: count} if count else {}
 
     def _publish_topic(
-        self, conn: Connection, rows_of: Any, target: TopicTarget, now: datetime
+        self, conn: Connection, rows_of: Any, target: TopicTarget, now: datetime, rows: int | None
     ) -> dict[str, int]:
         """Fan staged rows out to the groups subscribed to its topic: how many tasks
         per queue (one statement per queue); with no group, record the rows as dropped."""
         groups = groups_lock(conn, target.topic)
         if not groups:
-            dropped = int(conn.execute(stmt_drops(rows_of, target.topic, now)).rowcount)
+            dropped = _read(
+                int(conn.execute(stmt_drops(rows_of, target.topic, now)).rowcount), rows
+            )
             if dropped:
                 log.warning(
                     "topic %s has no subscriber: the %d rows of this write are dropped and "
@@ -456,8 +492,9 @@ class SqlStaging:
         message = uuid.uuid4().hex[:24]  # the publish id of every task of this commit
         published = {}
         for queue, members in by_queue(groups).items():
-            rows = fanout_rows(rows_of, target, members, message)
-            count = self.insert_tasks(conn, COLUMNS, rows, target.dedup)
+            query = fanout_rows(rows_of, target, members, message)
+            count = self.insert_tasks(conn, COLUMNS, query, target.dedup)
+            _read(count, None if rows is None else rows * len(members))
             if count:
                 published[queue] = count
         return published
@@ -482,19 +519,42 @@ class SqlStaging:
             return found.first() is not None
 
     async def purge(self, *, before: datetime, limit: int) -> int:
-        """Delete up to `limit` staged rows created before `before` (writes that never
-        committed): those of the staged table (not those of a deferred commit, which wait for
-        a publisher), and `staged` rows left in the hot table by txtasks versions before the
-        staged table; then the attempts recorded before `before` that have no row left."""
+        """Delete up to `limit` staged rows no write reads: first those of ended attempts
+        (`DROPPED`, whatever their age), then those created before `before` (writes that never
+        committed) of the staged table (not those of a deferred commit, which wait for a
+        publisher), and `staged` rows left in the hot table by txtasks versions before the
+        staged table; then the attempts ended or recorded before `before` that have no row
+        left."""
 
         async def work(conn: AsyncConnection) -> int:
-            done = await _purge_tasks(conn, before, limit)
+            done = await _purge_dropped(conn, limit)
+            if done < limit:
+                done += await _purge_tasks(conn, before, limit - done)
             if done < limit:
                 done += await _purge_staged(conn, before, limit - done)
-            await conn.execute(delete(attempts).where(attempts.c.created_at < before, *_EMPTY))
+            old = or_(attempts.c.write_key == DROPPED, attempts.c.created_at < before)
+            await conn.execute(delete(attempts).where(old, *_EMPTY))
             return done
 
         return await self.driver.in_transaction(work)
+
+
+async def _purge_dropped(conn: AsyncConnection, limit: int) -> int:
+    """Delete up to `limit` rows of ended attempts (`DROPPED`), attempt after attempt, each
+    batch a range of its row numbers (along the primary key)."""
+    done = 0
+    ended = select(attempts.c.id).where(attempts.c.write_key == DROPPED).order_by(attempts.c.id)
+    for number in (await conn.execute(ended.limit(limit))).scalars():
+        stage = staged.c.stage == number
+        first = select(staged.c.n).where(stage).order_by(staged.c.n).limit(limit - done)
+        top = select(func.max(first.subquery().c.n))
+        last = (await conn.execute(top)).scalar_one()
+        if last is not None:
+            found = await conn.execute(delete(staged).where(stage, staged.c.n <= last))
+            done += int(found.rowcount)
+        if done >= limit:
+            break
+    return done
 
 
 async def _purge_tasks(conn: AsyncConnection, before: datetime, limit: int) -> int:
@@ -551,12 +611,6 @@ def _attempts_of(write_key: str) -> Any:
     )
 
 
-def _own(write_key: str) -> Any:
-    """The condition on the staged table for the rows of a write's attempts (`_attempts_of`)."""
-    mine = select(attempts.c.id).where(_attempts_of(write_key))
-    return staged.c.stage.in_(mine.scalar_subquery())
-
-
 def _of_attempts(numbers: Iterable[int]) -> Any:
     """The condition on the staged table for the rows of the attempts `numbers`, written out
     in the statement (no bound value per attempt): read along the primary key, whatever the
@@ -565,29 +619,47 @@ def _of_attempts(numbers: Iterable[int]) -> Any:
     return staged.c.stage.in_(listed)
 
 
-def _drop(conn: Connection, write_key: str) -> int:
-    """Delete a write's attempts (`_attempts_of`) and their rows: how many rows."""
-    count = int(conn.execute(delete(staged).where(_own(write_key))).rowcount)
-    conn.execute(delete(attempts).where(_attempts_of(write_key)))
+def _end(conn: Connection, write_key: str) -> int:
+    """End a write's attempts (`_attempts_of`): move them to `DROPPED`, whose rows no write
+    reads and the purge deletes. How many attempts."""
+    ended = update(attempts).where(_attempts_of(write_key)).values(write_key=DROPPED)
+    return int(conn.execute(ended).rowcount)
+
+
+class _Short(TxtasksError):
+    """A publish read fewer (or more) staged rows than the commit was given."""
+
+
+def _read(count: int, rows: int | None) -> int:
+    """`count`, the rows a publish statement wrote, unless it is not the `rows` it must have
+    read (when given): then raise `_Short`."""
+    if rows is not None and count != rows:
+        raise _Short(f"{count} rows published, {rows} reported")
     return count
 
 
-def _check_and_drop_losers(
-    conn: Connection, write_key: str, stages: Mapping[str, int]
+def _check(
+    conn: Connection, write_key: str, stages: Mapping[str, int], *, counted: bool
 ) -> dict[int, int]:
-    """Check every reported attempt's rows are all staged; delete the write's other attempts
-    and their rows. The reported attempts' numbers, with how many rows each staged."""
+    """Check the rows of every reported attempt (`stages`: stage id -> rows) of a write:
+    `counted`, by counting them; else by a probe of each attempt's last row number, which
+    must be one less than its rows (the publish's row count then checks they are all
+    there). Raise `StagedRowsMissing` on the first that falls short. The reported attempts'
+    numbers, with their rows."""
     a = attempts.c
-    per_attempt = (
-        select(a.id, a.stage_id, func.count(staged.c.n))
-        .select_from(attempts.outerjoin(staged, staged.c.stage == a.id))
-        .where(_attempts_of(write_key))
-        .group_by(a.id, a.stage_id)
-    )
-    numbers = {int(n): (stage_id, int(rows)) for n, stage_id, rows in conn.execute(per_attempt)}
+    last = select(staged.c.n).where(staged.c.stage == a.id).order_by(staged.c.n.desc()).limit(1)
+    listed = select(a.id, a.stage_id, last.scalar_subquery()).where(_attempts_of(write_key))
+    numbers = {int(n): (stage_id, top) for n, stage_id, top in conn.execute(listed)}
+    mine = {n: stage_id for n, (stage_id, _) in numbers.items() if stage_id in stages}
+    per_number = {n: 0 if top is None else int(top) + 1 for n, (_, top) in numbers.items()}
+    if counted:
+        per_attempt = select(staged.c.stage, func.count()).where(_of_attempts(mine))
+        per_number = {n: 0 for n in mine}
+        for number, rows in conn.execute(per_attempt.group_by(staged.c.stage)):
+            per_number[int(number)] = int(rows)
     found: dict[str, int] = {}
-    for stage_id, rows in numbers.values():
-        found[stage_id] = found.get(stage_id, 0) + rows
+    for number, stage_id in mine.items():
+        found[stage_id] = found.get(stage_id, 0) + per_number[number]
     for stage_id, rows in stages.items():
         if found.get(stage_id, 0) != rows:
             raise StagedRowsMissing(
@@ -595,12 +667,7 @@ def _check_and_drop_losers(
                 f"{found.get(stage_id, 0)} are left (purged as abandoned by the cleaner's "
                 "archiver.staged_after, or lost by the database); nothing was published"
             )
-    losers = [n for n, (stage_id, _) in numbers.items() if stage_id not in stages]
-    for start in range(0, len(losers), CHUNK):
-        chunk = losers[start : start + CHUNK]
-        conn.execute(delete(staged).where(staged.c.stage.in_(chunk)))
-        conn.execute(delete(attempts).where(a.id.in_(chunk)))
-    return {n: rows for n, (stage_id, rows) in numbers.items() if stage_id in stages}
+    return {n: per_number[n] for n in mine}
 
 
 def target_json(target: StageTarget | TopicTarget) -> str:
