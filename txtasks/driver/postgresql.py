@@ -65,23 +65,41 @@ UPDATE txtasks_tasks SET state = 'processing', attempt = attempt + 1,
  WHERE id = ANY(string_to_array($4, ',')::bigint[]) AND {READY}
 RETURNING {", ".join(CLAIMED_COLUMNS)}
 """
-#: Delete up to :limit hints of :queues and arm their keys, in one statement. Any hints will
-#: do: a key is armed for its hint's time, so which hint comes first does not change the
-#: turns (an `ORDER BY id` read and sorted every hint when the statistics were stale). The ids
-#: travel as an array, so that the delete finds them by the primary key (`IN (SELECT ...)`
-#: became a hash join over a sequential scan of every hint).
+#: Take up to :limit hints of :queues and arm their keys, in one statement, without waiting
+#: for a claim: a key a claim holds (locked) keeps its hints, which a later intake takes once
+#: the claim has let go (the claim may put the key aside, having read its tasks before the
+#: hint's task was committed). The others' hints are deleted, their keys armed for the hint's
+#: time, or made. Any hints will do: a key is armed for its hint's time, so which hint comes
+#: first does not change the turns (an `ORDER BY id` read and sorted every hint when the
+#: statistics were stale). The hints deleted travel as an array of ids, so that the delete
+#: finds them by the primary key (`IN (SELECT ...)` became a hash join over a sequential scan
+#: of every hint).
 HINTS_TAKE = """
-WITH h AS (
-  DELETE FROM txtasks_key_hints WHERE id = ANY(ARRAY(
-    SELECT id FROM txtasks_key_hints WHERE queue = ANY($1::varchar[])
-     LIMIT $2 FOR UPDATE SKIP LOCKED))
-  RETURNING queue, partition_key, run_at)
-INSERT INTO txtasks_keys AS k (queue, partition_key, ready_at, updated_at)
-SELECT queue, partition_key, min(run_at), $3 FROM h
- GROUP BY queue, partition_key ORDER BY queue, partition_key
-ON CONFLICT (queue, partition_key) DO UPDATE
-   SET ready_at = EXCLUDED.ready_at, updated_at = EXCLUDED.updated_at
- WHERE k.ready_at IS NULL OR k.ready_at > EXCLUDED.ready_at
+WITH picked AS (
+  SELECT id, queue, partition_key, run_at FROM txtasks_key_hints
+   WHERE queue = ANY($1::varchar[]) LIMIT $2 FOR UPDATE SKIP LOCKED
+), wanted AS (
+  SELECT queue, partition_key, min(run_at) AS run_at FROM picked GROUP BY queue, partition_key
+), free AS (
+  SELECT k.id, k.queue, k.partition_key, k.ready_at, w.run_at
+    FROM txtasks_keys k JOIN wanted w USING (queue, partition_key)
+   ORDER BY k.id FOR UPDATE OF k SKIP LOCKED
+), armed AS (
+  UPDATE txtasks_keys k SET ready_at = f.run_at, updated_at = $3
+    FROM free f WHERE k.id = f.id AND (f.ready_at IS NULL OR f.ready_at > f.run_at)
+), made AS (
+  INSERT INTO txtasks_keys AS k (queue, partition_key, ready_at, updated_at)
+  SELECT w.queue, w.partition_key, w.run_at, $3 FROM wanted w
+   WHERE NOT EXISTS (SELECT 1 FROM txtasks_keys e
+                      WHERE e.queue = w.queue AND e.partition_key = w.partition_key)
+   ORDER BY w.queue, w.partition_key
+  ON CONFLICT (queue, partition_key) DO NOTHING
+  RETURNING k.queue, k.partition_key
+)
+DELETE FROM txtasks_key_hints WHERE id = ANY(ARRAY(
+  SELECT p.id FROM picked p
+   WHERE (p.queue, p.partition_key) IN (SELECT queue, partition_key FROM free
+                                        UNION ALL SELECT queue, partition_key FROM made)))
 """
 #: Each held key's next look and rate start, from arrays (the ids comma-separated, as
 #: `CLAIM_IDS_SQL`'s). The keys are found by their primary key (`k.id = ANY($1)`, and no
