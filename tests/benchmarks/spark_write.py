@@ -80,6 +80,11 @@ HAND_SQL = {
         "like": "CREATE TABLE {tasks} LIKE txtasks_tasks",
     },
 }
+#: The txtasks tables each run starts from, emptied as the pattern's tables are made anew: with
+#: no dead rows left by the run before in their heaps and indexes.
+EMPTIED = (
+    "txtasks_tasks", "txtasks_staged", "txtasks_commits", "txtasks_deferred", "txtasks_stages",
+)  # fmt: skip
 #: The writers of a run, in order.
 WRITERS = ("atomic", "deferred", "jdbc", "hand")
 
@@ -140,11 +145,8 @@ def prepare(url: str) -> None:
     try:
         with engine.begin() as conn:
             migrate(conn)
-            conn.execute(text("DELETE FROM txtasks_tasks"))
-            conn.execute(text("DELETE FROM txtasks_staged"))
-            conn.execute(text("DELETE FROM txtasks_commits"))
-            conn.execute(text("DELETE FROM txtasks_deferred"))
-            conn.execute(text("DELETE FROM txtasks_stages"))
+            for table in EMPTIED:
+                conn.execute(text(f"TRUNCATE TABLE {table}"))
             for table in (PLAIN, HAND_STAGE, HAND_TASKS):
                 conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
             conn.execute(text(f"CREATE TABLE {PLAIN} ({COLUMNS})"))
