@@ -1,5 +1,5 @@
-"""Seconds to stage rows, by wire format, outside Spark: on PostgreSQL COPY CSV written by
-Arrow (what `PostgresStaging` sends) against binary COPY (psycopg `write_row`, types set); on
+"""Seconds to stage rows, by wire format, outside Spark: on PostgreSQL binary COPY built by
+Arrow (what `PostgresStaging` sends) against COPY CSV written by Arrow (what it sent before); on
 MariaDB/MySQL multi-row INSERTs of literals written by Arrow (what `MySQLStaging` sends)
 against `LOAD DATA LOCAL INFILE` of a file of tab-separated values Arrow writes (what
 `MySQLStaging` sends on a connection opened with `local_infile`: the data source's option
@@ -37,30 +37,33 @@ from txtasks.spark.staging.mysql import MySQLStaging
 from txtasks.spark.staging.postgresql import PostgresStaging
 
 NOW = datetime(2030, 1, 1)
-COPY_BINARY = "COPY txtasks_staged ({}) FROM STDIN (FORMAT binary)"
-TYPES = {
-    "stage": "int8",
-    "n": "int4",
-    "payload": "bytea",
-    "priority": "int4",
-    "run_at": "timestamp",
-    "dedup_key": "text",
-    "created_at": "timestamp",
-}
+COPY_CSV = "COPY txtasks_staged ({}) FROM STDIN (FORMAT csv)"
 
 
-class BinaryStaging(PostgresStaging):
-    """Staging by binary COPY: one Python tuple per row (psycopg writes the binary format)."""
+def staged_csv(batch: Any) -> bytes:
+    """An Arrow table of staged rows as COPY CSV (what txtasks sent before binary COPY):
+    payloads as `bytea` in escape format, their bytes as they are, backslashes doubled."""
+    import pyarrow.compute as pc
+    import pyarrow.csv as pa_csv
+
+    where = batch.schema.get_field_index("payload")
+    text = pc.replace_substring(batch.column(where).cast(pa.large_string()), "\\", "\\\\")
+    out = pa.BufferOutputStream()
+    options = pa_csv.WriteOptions(include_header=False, quoting_style="all_valid")
+    pa_csv.write_csv(batch.set_column(where, "payload", text), out, options)
+    return bytes(out.getvalue())
+
+
+class CsvStaging(PostgresStaging):
+    """Staging by COPY CSV that Arrow writes."""
 
     def insert_batch(self, conn: Connection, batch: Any) -> None:
         raw: Any = conn.connection.driver_connection
-        names = batch.column_names
-        copy_sql = COPY_BINARY.format(", ".join(names))
-        with raw.cursor() as cursor, cursor.copy(copy_sql) as copy:
-            copy.set_types([TYPES[n] for n in names])
-            columns = [batch.column(n).to_pylist() for n in names]
-            for row in zip(*columns, strict=True):
-                copy.write_row(row)
+        with (
+            raw.cursor() as cursor,
+            cursor.copy(COPY_CSV.format(", ".join(batch.column_names))) as copy,
+        ):
+            copy.write(staged_csv(batch))
 
 
 def one_transaction(staging: SqlStaging, write_key: str, stage_id: str, batches: Any) -> int:
@@ -126,9 +129,9 @@ def main() -> None:
     if args.postgres_url:
         driver = driver_for_url(args.postgres_url)
         kinds = {
-            "COPY csv": PostgresStaging,
-            "COPY csv, one transaction per attempt": OneTransactionCopy,
-            "COPY binary": BinaryStaging,
+            "COPY binary": PostgresStaging,
+            "COPY binary, one transaction per attempt": OneTransactionCopy,
+            "COPY csv": CsvStaging,
         }
         run(driver, kinds, args)
     if args.mysql_url:

@@ -154,6 +154,53 @@ async def test_a_commit_makes_exactly_the_staged_rows_of_its_write_claimable(
     assert open_writes(staging) == {"w2"}  # the commit closed its write
 
 
+def test_staged_rows_keep_every_value_of_every_column_exactly(staging: SqlStaging) -> None:
+    """Each dialect sends staged rows in its own bulk format (PostgreSQL binary COPY, MariaDB
+    multi-row INSERTs or LOAD DATA): every column comes back as it was given, nulls, bounds
+    and characters that a format must escape included."""
+    keys = [*AWKWARD, None, "k" * 255]
+    count = len(keys)
+    # payloads are JSON text (UTF-8) as the encoder makes them; these are what formats escape
+    odd_bytes = [b"\\x41", b"back\\slash \\\\", "é ü 日本 😀".encode(), b"", b'{"v":"\\n\t"}']
+    payloads = [odd_bytes[i % len(odd_bytes)] for i in range(count)]
+    priorities = [(-(2**31), 2**31 - 1, 0, -1)[i % 4] for i in range(count)]
+    times = [
+        datetime(1999, 12, 31, 23, 59, 59, 999999),
+        datetime(2000, 1, 1),
+        T0,
+        datetime(9999, 12, 31, 23, 59, 59, 999999),
+    ]
+    run_at = [times[i % len(times)] for i in range(count)]
+    batch = pa.table(
+        {
+            "payload": pa.array(payloads, pa.large_binary()),
+            "priority": pa.array(priorities, pa.int32()),
+            "run_at": pa.array(run_at, pa.timestamp("us")),
+            "dedup_key": pa.array(keys, pa.large_string()),
+            "created_at": pa.array(list(reversed(run_at)), pa.timestamp("us")),
+            STAGED_KEY: pa.array(list(reversed(keys)), pa.large_string()),
+        }
+    )
+    staging.open("w", T0)
+    assert staging.stage("w", "w.a", [batch.slice(0, 3), batch.slice(3)]) == count
+
+    c = staged.c
+    columns = (c.n, c.payload, c.priority, c.run_at, c.dedup_key, c.created_at, c.partition_key)
+    with staging.driver.sync_engine.connect() as conn:
+        found = [tuple(row) for row in conn.execute(select(*columns).order_by(c.n))]
+    expected = zip(
+        range(count),
+        payloads,
+        priorities,
+        run_at,
+        keys,
+        reversed(run_at),
+        reversed(keys),
+        strict=True,
+    )
+    assert found == [tuple(row) for row in expected]
+
+
 async def test_a_commit_with_dedup_keys_publishes_each_key_once_and_not_over_a_live_task(
     sql: SqlDriver, staging: SqlStaging
 ) -> None:

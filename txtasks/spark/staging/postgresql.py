@@ -1,7 +1,17 @@
-"""PostgreSQL staging: staged rows go in with COPY, as CSV that Arrow writes."""
+"""PostgreSQL staging: staged rows go in with binary COPY, which Arrow builds column by column.
+
+The server reads binary COPY about twice as fast as CSV: no text to parse for numbers and
+timestamps, and payloads arrive as their bytes (CSV sends `bytea` in escape format, parsed byte
+by byte). The rows are built without a Python object per value: each column becomes one binary
+field per row (its length, then its value in network byte order), the fields of a row are joined
+by Arrow, and the joined rows' data buffer is the COPY body.
+"""
 
 from __future__ import annotations
 
+import array
+import functools
+import sys
 from typing import Any
 
 from sqlalchemy import Connection
@@ -12,26 +22,92 @@ from txtasks.spark.staging import SqlStaging
 #: transaction only: the default (4MB) sorts the rows of a 200,000-row write on disk.
 COMMIT_WORK_MEM = "64MB"
 #: Staged rows go in with COPY (of the batch's columns): no per-row work in Python.
-COPY_STAGED = "COPY txtasks_staged ({}) FROM STDIN (FORMAT csv)"
+COPY_STAGED = "COPY txtasks_staged ({}) FROM STDIN (FORMAT binary)"
+#: Binary COPY's signature, flags and header extension length; and its end-of-data marker.
+HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)
+TRAILER = b"\xff\xff"
+#: PostgreSQL timestamps count microseconds from 2000-01-01; Arrow's from 1970-01-01.
+PG_EPOCH_US = 946_684_800_000_000
+#: The Arrow types sent as their bytes (all-null columns too), by the name of their test in
+#: `pyarrow.types`.
+BYTES_TYPES = ("is_binary", "is_large_binary", "is_string", "is_large_string", "is_null")
+#: Arrow integer types, as `array` type codes and widths in bytes.
+FIXED = {"int16": ("h", 2), "int32": ("i", 4), "int64": ("q", 8)}
 
 
-def staged_csv(batch: Any) -> bytes:
-    """An Arrow table of staged rows as COPY CSV. Payloads are `bytea` in escape format:
-    their bytes as they are, backslashes doubled (a JSON object never starts with `\\x`)."""
+def staged_binary(batch: Any) -> bytes:
+    """An Arrow table of staged rows as binary COPY data: integers (16, 32 or 64 bits, as the
+    staged table's columns are), timestamps without time zone (microseconds), binary and
+    strings (UTF-8), each maybe null."""
     import pyarrow as pa  # type: ignore[import-untyped]
     import pyarrow.compute as pc  # type: ignore[import-untyped]
-    import pyarrow.csv as pa_csv  # type: ignore[import-untyped]
 
-    where = batch.schema.get_field_index("payload")
-    text = pc.replace_substring(batch.column(where).cast(pa.large_string()), "\\", "\\\\")
-    out = pa.BufferOutputStream()
-    options = pa_csv.WriteOptions(include_header=False, quoting_style="all_valid")
-    pa_csv.write_csv(batch.set_column(where, "payload", text), out, options)
-    return bytes(out.getvalue())
+    binary = pa.large_binary()
+    count = pa.scalar(batch.num_columns.to_bytes(2, "big"), binary)
+    fields = [_field(batch.column(i), batch.column_names[i]) for i in range(batch.num_columns)]
+    rows = pc.binary_join_element_wise(count, *fields, pa.scalar(b"", binary))
+    ends = array.array("q")
+    ends.frombytes(
+        memoryview(rows.buffers()[1])[8 * rows.offset : 8 * (rows.offset + len(rows) + 1)]
+    )
+    return b"".join((HEADER, memoryview(rows.buffers()[2])[ends[0] : ends[-1]], TRAILER))
+
+
+def _field(column: Any, name: str) -> Any:
+    """One column as binary COPY fields: each value's length (4 bytes) and its bytes, or the
+    length -1 for null."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    types = pa.types
+    binary = pa.large_binary()
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    kind = column.type
+    if types.is_timestamp(kind):
+        if kind.tz is not None or kind.unit != "us":
+            raise TypeError(f"staged column {name}: {kind} is not a timestamp[us] without zone")
+        column = pc.subtract(column.cast(pa.int64()), PG_EPOCH_US)
+        kind = pa.int64()
+    if str(kind) in FIXED:
+        code, width = FIXED[str(kind)]
+        values = _big_endian(column.fill_null(0), code, width)
+        size = pa.scalar(width.to_bytes(4, "big"), binary)
+    elif any(getattr(types, test)(kind) for test in BYTES_TYPES):
+        values = column.cast(binary)
+        size = _big_endian(pc.binary_length(values).cast(pa.int32()).fill_null(0), "i", 4)
+    else:
+        raise TypeError(f"staged column {name}: no binary COPY encoding for {kind}")
+    fields = pc.binary_join_element_wise(size, values, pa.scalar(b"", binary))
+    if column.null_count:
+        fields = pc.if_else(pc.is_valid(column), fields, pa.scalar(b"\xff\xff\xff\xff", binary))
+    return fields
+
+
+def _big_endian(values: Any, code: str, width: int) -> Any:
+    """A fixed-width integer Arrow array (no nulls) as a binary array of its values in network
+    byte order (`width` bytes each)."""
+    import pyarrow as pa
+
+    data = array.array(code)
+    start = values.offset * width
+    data.frombytes(memoryview(values.buffers()[1])[start : start + len(values) * width])
+    if sys.byteorder == "little":
+        data.byteswap()
+    buffers = [None, _offsets(len(values), width), pa.py_buffer(data)]
+    return pa.Array.from_buffers(pa.large_binary(), len(values), buffers)
+
+
+@functools.lru_cache(maxsize=32)
+def _offsets(count: int, width: int) -> Any:
+    """The offsets of `count` values of `width` bytes each (batches repeat their sizes)."""
+    import pyarrow as pa
+
+    return pa.py_buffer(array.array("q", range(0, (count + 1) * width, width)))
 
 
 class PostgresStaging(SqlStaging):
-    """COPY through psycopg; other DB-API drivers take the generic path."""
+    """Binary COPY through psycopg; other DB-API drivers take the generic path."""
 
     def insert_batch(self, conn: Connection, batch: Any) -> None:
         raw: Any = conn.connection.driver_connection
@@ -40,7 +116,7 @@ class PostgresStaging(SqlStaging):
                 super().insert_batch(conn, batch)
                 return
             with cursor.copy(COPY_STAGED.format(", ".join(batch.column_names))) as copy:
-                copy.write(staged_csv(batch))
+                copy.write(staged_binary(batch))
 
     def prepare_publish(self, conn: Connection) -> None:
         conn.exec_driver_sql(f"SET LOCAL work_mem = '{COMMIT_WORK_MEM}'")
