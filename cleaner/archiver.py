@@ -4,8 +4,9 @@ of abandoned writes are deleted.
 Workers move a task to the archive in the same transaction that records its outcome, so the
 hot table normally holds live tasks only. Rows in a finished state can still appear there
 (written by hand, by another tool, or by an older version); the archiver moves them, in
-batches, so the claim index stays small. Staged rows (a Spark write not yet committed) whose
-write never ended, because its Spark driver died, are deleted after `staged_after` seconds.
+batches, so the claim index stays small. Staged rows that no write reads any more are deleted,
+in batches of their own size: those of ended attempts at once, and those of a write that never
+ended, because its Spark driver died, after `staged_after` seconds.
 """
 
 from __future__ import annotations
@@ -26,12 +27,20 @@ class ArchiverConfig(BatchedConfig):
     interval: float = 60.0
     #: Rows moved per transaction.
     batch_size: int = 1000
+    #: Staged rows deleted per transaction: no task and no write reads them, so a batch holds
+    #: no lock anything waits for, and a larger one costs fewer statements per row.
+    staged_batch_size: int = 10_000
     #: Seconds after which a staged row is deleted: its write (a Spark job) never committed
     #: or aborted because its driver died.
     staged_after: float = 86400.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not (isinstance(self.staged_batch_size, int) and self.staged_batch_size > 0):
+            raise ConfigurationError(
+                "ArchiverConfig.staged_batch_size must be an integer > 0, "
+                f"got {self.staged_batch_size!r}"
+            )
         if not self.staged_after > 0:
             raise ConfigurationError(
                 f"ArchiverConfig.staged_after must be > 0 seconds, got {self.staged_after!r}"
@@ -62,6 +71,6 @@ class Archiver(Sweep[ArchiverConfig, ArchiveResult]):
         before = self.app.clock() - timedelta(seconds=self.config.staged_after)
         abandoned = await self.batches(
             lambda limit: purge_abandoned(driver, before=before, limit=limit),
-            self.config.batch_size,
+            self.config.staged_batch_size,
         )
         return ArchiveResult(archived=archived, abandoned=abandoned)

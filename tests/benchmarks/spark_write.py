@@ -225,9 +225,9 @@ def purge_ended(url: str) -> int:
         done = 0
         try:
             while True:
-                found = await purge_abandoned(driver, before=before, limit=config.batch_size)
+                found = await purge_abandoned(driver, before=before, limit=config.staged_batch_size)
                 done += found
-                if found < config.batch_size:
+                if found < config.staged_batch_size:
                     return done
         finally:
             await driver.close()

@@ -131,6 +131,10 @@ def test_set_changes_one_setting_by_its_type() -> None:
         ("rescuer.interval=-1", "RescuerConfig.interval must be > 0"),
         ("rescuer.batch_size=0", "RescuerConfig.batch_size must be an integer > 0"),
         ("rescuer.grace=-1", "RescuerConfig.grace must be >= 0"),
+        (
+            "archiver.staged_batch_size=0",
+            "ArchiverConfig.staged_batch_size must be an integer > 0",
+        ),
         ("reannouncer.queues=bad queue", "ReannouncerConfig.queues"),
         ("retention.keep.completed=-5", "retention completed: expected seconds >= 0"),
         ("retention.keys_idle=0", "RetentionConfig.keys_idle must be seconds > 0"),

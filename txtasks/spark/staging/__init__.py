@@ -541,17 +541,17 @@ class SqlStaging:
 
 async def _purge_dropped(conn: AsyncConnection, limit: int) -> int:
     """Delete up to `limit` rows of ended attempts (`DROPPED`), attempt after attempt, each
-    batch a range of its row numbers (along the primary key)."""
+    batch one range of its row numbers from its lowest left (one index probe): an attempt
+    numbers its rows without gaps, so the range holds no more rows than it is wide."""
     done = 0
     ended = select(attempts.c.id).where(attempts.c.write_key == DROPPED).order_by(attempts.c.id)
     for number in (await conn.execute(ended.limit(limit))).scalars():
         stage = staged.c.stage == number
-        first = select(staged.c.n).where(stage).order_by(staged.c.n).limit(limit - done)
-        top = select(func.max(first.subquery().c.n))
-        last = (await conn.execute(top)).scalar_one()
-        if last is not None:
-            found = await conn.execute(delete(staged).where(stage, staged.c.n <= last))
-            done += int(found.rowcount)
+        lowest = select(staged.c.n).where(stage).order_by(staged.c.n).limit(1)
+        low = (await conn.execute(lowest)).scalar()
+        if low is not None:
+            wide = staged.c.n < low + (limit - done)
+            done += int((await conn.execute(delete(staged).where(stage, wide))).rowcount)
         if done >= limit:
             break
     return done
