@@ -174,7 +174,7 @@ async def test_a_cancelled_queued_task_never_runs(app: App) -> None:
     [result] = await app.acancel_many([ids[1]])
     assert result.result is CancelResult.CANCELLED
     await run_until_empty(app)
-    assert ran == [0, 2]
+    assert sorted(ran) == [0, 2]  # the worker runs the two others side by side, in any order
     assert (await app.ainspect(ids[1])).state is TaskState.CANCELLED  # type: ignore[union-attr]
 
 
