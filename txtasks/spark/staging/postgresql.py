@@ -28,9 +28,6 @@ HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)
 TRAILER = b"\xff\xff"
 #: PostgreSQL timestamps count microseconds from 2000-01-01; Arrow's from 1970-01-01.
 PG_EPOCH_US = 946_684_800_000_000
-#: The Arrow types sent as their bytes (all-null columns too), by the name of their test in
-#: `pyarrow.types`.
-BYTES_TYPES = ("is_binary", "is_large_binary", "is_string", "is_large_string", "is_null")
 #: Arrow integer types, as `array` type codes and widths in bytes.
 FIXED = {"int16": ("h", 2), "int32": ("i", 4), "int64": ("q", 8)}
 
@@ -59,12 +56,11 @@ def _field(column: Any, name: str) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    types = pa.types
     binary = pa.large_binary()
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     kind = column.type
-    if types.is_timestamp(kind):
+    if pa.types.is_timestamp(kind):
         if kind.tz is not None or kind.unit != "us":
             raise TypeError(f"staged column {name}: {kind} is not a timestamp[us] without zone")
         column = pc.subtract(column.cast(pa.int64()), PG_EPOCH_US)
@@ -73,7 +69,7 @@ def _field(column: Any, name: str) -> Any:
         code, width = FIXED[str(kind)]
         values = _big_endian(column.fill_null(0), code, width)
         size = pa.scalar(width.to_bytes(4, "big"), binary)
-    elif any(getattr(types, test)(kind) for test in BYTES_TYPES):
+    elif kind in (pa.binary(), pa.large_binary(), pa.string(), pa.large_string(), pa.null()):
         values = column.cast(binary)
         size = _big_endian(pc.binary_length(values).cast(pa.int32()).fill_null(0), "i", 4)
     else:
