@@ -1,10 +1,15 @@
 """Rows/s enqueued from Spark with `format("txtasks")`, against Spark's own JDBC writer writing
 the same DataFrame to a plain table in the same database, in one run.
 
-Four writers alternate in each run, each from empty tables: txtasks with `publish` = "atomic"
-and "deferred", Spark's JDBC writer into a plain table, and the hand-built atomic pattern (the
-JDBC writer into a staging table of the same columns, then one `INSERT ... SELECT` building each
-task's JSON payload into a table with the tasks table's columns and indexes, timed together).
+The writers alternate in each run, each from empty tables (`WRITERS`): txtasks with `publish` =
+"atomic" and "deferred"; Spark's JDBC writer into a plain table; the hand-built atomic pattern in
+two forms, each the JDBC writer into a staging table and then one `INSERT ... SELECT` into a table
+with the tasks table's columns and indexes, timed together: with each task's JSON payload built by
+the database in that statement, and built by Spark (`to_json`, in the JVM) and staged as one text
+column; the same pattern into a plain table of the DataFrame's columns (no task columns, no
+index); and two writers that write nothing: Spark's `noop` format (in the JVM) and a Python data
+source that reads its rows and drops them, which is what any Python data source pays before it
+writes a row. Ratios to the hand-built pattern are to the faster of its two forms.
 A writer's time is the Spark job's (stage and commit). For each txtasks mode the report also
 gives the time from the job's return to every task claimable: 0 for atomic (the commit made
 them claimable), for deferred the time `--publishers` publishers (threads of this process, each
@@ -40,12 +45,15 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timezone
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -57,9 +65,12 @@ JARS = {
     "mysql": "/usr/share/java/mariadb-java-client.jar",
 }
 PLAIN = "spark_bench_plain"
-#: The hand-built pattern's staging table (the DataFrame's columns) and tasks table (the tasks
-#: table's columns and indexes).
+#: The hand-built pattern's staging tables (the DataFrame's columns; one JSON text column) and
+#: tasks table (the tasks table's columns and indexes); the plain table it copies into in its
+#: plain form.
 HAND_STAGE, HAND_TASKS = "spark_bench_stage", "spark_bench_tasks"
+HAND_JSON_STAGE, HAND_COPY = "spark_bench_stage_json", "spark_bench_copy"
+BENCH_TABLES = (PLAIN, HAND_STAGE, HAND_JSON_STAGE, HAND_TASKS, HAND_COPY)
 COLUMNS = "order_id BIGINT, customer VARCHAR(64), amount DOUBLE PRECISION"
 #: Each task of the hand-built pattern, as the commit writes it, per dialect.
 HAND_PUBLISH = (
@@ -71,11 +82,13 @@ HAND_SQL = {
     "postgresql": {
         "payload": "convert_to(json_build_object('order_id', order_id, 'customer', customer, "
         "'amount', amount)::text, 'UTF8')",
+        "json": "convert_to(payload, 'UTF8')",
         "now": "(now() AT TIME ZONE 'utc')",
         "like": "CREATE TABLE {tasks} (LIKE txtasks_tasks INCLUDING ALL)",
     },
     "mysql": {
         "payload": "JSON_OBJECT('order_id', order_id, 'customer', customer, 'amount', amount)",
+        "json": "payload",
         "now": "UTC_TIMESTAMP(6)",
         "like": "CREATE TABLE {tasks} LIKE txtasks_tasks",
     },
@@ -85,8 +98,20 @@ HAND_SQL = {
 EMPTIED = (
     "txtasks_tasks", "txtasks_staged", "txtasks_commits", "txtasks_deferred", "txtasks_stages",
 )  # fmt: skip
-#: The writers of a run, in order.
-WRITERS = ("atomic", "deferred", "jdbc", "hand")
+#: The writers of a run, in order, and their names in the report.
+NAMES = {
+    "atomic": "txtasks atomic",
+    "deferred": "txtasks deferred",
+    "jdbc": "JDBC into a plain table",
+    "hand": "hand-built atomic, JSON by the database",
+    "hand_spark": "hand-built atomic, JSON by Spark",
+    "hand_plain": "hand-built into a plain table",
+    "noop": "Spark's noop writer (JVM)",
+    "noop_python": "a Python data source that drops its rows",
+}
+WRITERS = tuple(NAMES)
+#: The two forms of the hand-built atomic pattern: ratios are to the faster.
+HAND_BUILT = ("hand", "hand_spark")
 
 
 #: Rows of the shape the dedup writes stage, made by PostgreSQL (for fresh statistics).
@@ -95,6 +120,26 @@ STAGE_LIKE = (
     "created_at) SELECT 0, g, convert_to('{{\"order_id\":' || g || '}}', 'UTF8'), "
     "0, now(), (g / 2)::text, now() FROM generate_series(0, {rows} - 1) AS g"
 )
+
+
+class DropWriter(DataSourceArrowWriter):
+    """Reads every Arrow batch Spark hands it, writes nothing."""
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        for _ in iterator:
+            pass
+        return WriterCommitMessage()
+
+
+class DropSource(DataSource):
+    """`format("txtasks_bench_drop")`: what a Python data source costs before it writes."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "txtasks_bench_drop"
+
+    def writer(self, schema: Any, overwrite: bool) -> DropWriter:
+        return DropWriter()
 
 
 @dataclass
@@ -147,10 +192,11 @@ def prepare(url: str) -> None:
             migrate(conn)
             for table in EMPTIED:
                 conn.execute(text(f"TRUNCATE TABLE {table}"))
-            for table in (PLAIN, HAND_STAGE, HAND_TASKS):
+            for table in BENCH_TABLES:
                 conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
-            conn.execute(text(f"CREATE TABLE {PLAIN} ({COLUMNS})"))
-            conn.execute(text(f"CREATE TABLE {HAND_STAGE} ({COLUMNS})"))
+            for table in (PLAIN, HAND_STAGE, HAND_COPY):
+                conn.execute(text(f"CREATE TABLE {table} ({COLUMNS})"))
+            conn.execute(text(f"CREATE TABLE {HAND_JSON_STAGE} (payload TEXT)"))
             like = HAND_SQL[backend_name(url)]["like"]
             conn.execute(text(like.format(tasks=HAND_TASKS)))
     finally:
@@ -163,7 +209,7 @@ def drop_bench_tables(url: str) -> None:
     engine = create_engine(url_sync(url))
     try:
         with engine.begin() as conn:
-            for table in (PLAIN, HAND_STAGE, HAND_TASKS):
+            for table in BENCH_TABLES:
                 conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
     finally:
         engine.dispose()
@@ -235,16 +281,27 @@ def purge_ended(url: str) -> int:
     return asyncio.run(purge())
 
 
-def hand_built(df: Any, url: str) -> None:
+def hand_built(df: Any, url: str, form: str) -> None:
     """The hand-built atomic pattern: the JDBC writer into a staging table, then one
-    INSERT ... SELECT into a table with the tasks table's columns and indexes."""
-    df.write.format("jdbc").options(dbtable=HAND_STAGE, **jdbc_options(url)).mode("append").save()
+    INSERT ... SELECT into a table with the tasks table's columns and indexes (`form` "hand":
+    building each payload's JSON in it; "hand_spark": of payloads Spark built) or into a plain
+    table of the DataFrame's columns ("hand_plain")."""
     sql = HAND_SQL[backend_name(url)]
-    publish = HAND_PUBLISH.format(tasks=HAND_TASKS, stage=HAND_STAGE, **sql)
+    stage = HAND_STAGE
+    if form == "hand":
+        copy = HAND_PUBLISH.format(tasks=HAND_TASKS, stage=stage, **sql)
+    elif form == "hand_spark":
+        df, stage = df.selectExpr("to_json(struct(*)) AS payload"), HAND_JSON_STAGE
+        copy = HAND_PUBLISH.format(
+            tasks=HAND_TASKS, stage=stage, now=sql["now"], payload=sql["json"]
+        )
+    else:
+        copy = f"INSERT INTO {HAND_COPY} SELECT * FROM {stage}"
+    df.write.format("jdbc").options(dbtable=stage, **jdbc_options(url)).mode("append").save()
     engine = create_engine(url_sync(url))
     try:
         with engine.begin() as conn:
-            conn.execute(text(publish))
+            conn.execute(text(copy))
     finally:
         engine.dispose()
 
@@ -263,6 +320,7 @@ def run_case(spark: Any, df: Any, case: Case, rows: int, runs: int, publishers: 
 
     prepare(case.url)
     txtasks("atomic").save()  # untimed: Spark's Python workers start
+    df.write.format(DropSource.name()).mode("append").save()
     for run in range(runs):
         for mode in ("atomic", "deferred"):
             prepare(case.url)
@@ -279,8 +337,16 @@ def run_case(spark: Any, df: Any, case: Case, rows: int, runs: int, publishers: 
         jdbc = df.write.format("jdbc").options(dbtable=PLAIN, **jdbc_options(case.url))
         case.add(case.seconds, "jdbc", timed(jdbc.mode("append").save))
         assert count(case.url, PLAIN) == rows
-        case.add(case.seconds, "hand", timed(lambda: hand_built(df, case.url)))
-        assert count(case.url, HAND_TASKS) == rows
+        for form, table in (
+            ("hand", HAND_TASKS),
+            ("hand_spark", HAND_TASKS),
+            ("hand_plain", HAND_COPY),
+        ):
+            prepare(case.url)
+            case.add(case.seconds, form, timed(partial(hand_built, df, case.url, form)))
+            assert count(case.url, table) == rows
+        for writer, name in (("noop", "noop"), ("noop_python", DropSource.name())):
+            case.add(case.seconds, writer, timed(df.write.format(name).mode("append").save))
         log(
             f"{case.backend} run {run + 1}: "
             + ", ".join(f"{w} {rows / case.seconds[w][-1]:,.0f} rows/s" for w in WRITERS)
@@ -398,18 +464,14 @@ def report(cases: list[Case], rows: int, partitions: int, runs: int, publishers:
         f"rows {rows:,}, partitions {partitions}, runs {runs} (median), Spark local[2], "
         f"{publishers} publishers",
         "",
-        "| database | writer | rows/s | / JDBC plain | / hand-built atomic | job s | commit s | "
-        "job return to all claimable s | cleaner purge s |",
+        "| database | writer | rows/s | / JDBC plain | / best hand-built atomic | job s | "
+        "commit s | job return to all claimable s | cleaner purge s |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    names = {
-        "atomic": "txtasks atomic",
-        "deferred": "txtasks deferred",
-        "jdbc": "JDBC into a plain table",
-        "hand": "hand-built atomic (JDBC + INSERT ... SELECT)",
-    }
+    per_run = []
     for case in cases:
         median = {w: statistics.median(case.seconds[w]) for w in WRITERS}
+        best = min(median[w] for w in HAND_BUILT)
         for writer in WRITERS:
             shown = [
                 f"{statistics.median(found):.2f}" if found else "-"
@@ -418,11 +480,22 @@ def report(cases: list[Case], rows: int, partitions: int, runs: int, publishers:
             purged = case.purge.get(writer)
             shown.append(f"{statistics.median(purged):.3f}" if purged else "-")
             lines.append(
-                f"| {case.backend} | {names[writer]} | {rows / median[writer]:,.0f} | "
-                f"{median['jdbc'] / median[writer]:.2f}x | {median['hand'] / median[writer]:.2f}x | "
+                f"| {case.backend} | {NAMES[writer]} | {rows / median[writer]:,.0f} | "
+                f"{median['jdbc'] / median[writer]:.2f}x | {best / median[writer]:.2f}x | "
                 f"{median[writer]:.2f} | {' | '.join(shown)} |"
             )
-    return "\n".join([*lines, "", machine()])
+        ratios = [
+            (min(case.seconds[w][run] for w in HAND_BUILT) / case.seconds["atomic"][run],
+             case.seconds["jdbc"][run] / case.seconds["deferred"][run])
+            for run in range(len(case.seconds["atomic"]))
+        ]  # fmt: skip
+        per_run.append(
+            f"{case.backend}, per run: atomic / best hand-built "
+            + ", ".join(f"{a:.2f}x" for a, _ in ratios)
+            + "; deferred / JDBC plain "
+            + ", ".join(f"{d:.2f}x" for _, d in ratios)
+        )
+    return "\n".join([*lines, "", *per_run, "", machine()])
 
 
 def main() -> None:
@@ -468,6 +541,7 @@ def main() -> None:
     )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
+    spark.dataSource.register(DropSource)
     if args.dedup:
         dedup_cases = [
             DedupCase(c.backend, c.url, stats, int(size))
