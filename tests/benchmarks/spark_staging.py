@@ -98,7 +98,7 @@ class LoadDataStaging(MySQLStaging):
 
 
 def rows_table(rows: int) -> Any:
-    now = NOW
+    """The staged rows of the Spark benchmark's write (no run_at, dedup or key column)."""
     payloads = [
         f'{{"order_id":{n},"customer":"customer-{n % 1000}","amount":{n % 100}.0}}'.encode()
         for n in range(rows)
@@ -106,9 +106,6 @@ def rows_table(rows: int) -> Any:
     columns = {
         "payload": pa.array(payloads, pa.large_binary()),
         "priority": pa.array([0] * rows, pa.int32()),
-        "run_at": pa.array([now] * rows, pa.timestamp("us")),
-        "dedup_key": pa.array([None] * rows, pa.large_string()),
-        "created_at": pa.array([now] * rows, pa.timestamp("us")),
     }
     return pa.table([columns[c] for c in STAGED_COLUMNS], names=list(STAGED_COLUMNS))
 

@@ -116,9 +116,9 @@ HAND_BUILT = ("hand", "hand_spark")
 
 #: Rows of the shape the dedup writes stage, made by PostgreSQL (for fresh statistics).
 STAGE_LIKE = (
-    "INSERT INTO txtasks_staged (stage, n, payload, priority, run_at, dedup_key, "
-    "created_at) SELECT 0, g, convert_to('{{\"order_id\":' || g || '}}', 'UTF8'), "
-    "0, now(), (g / 2)::text, now() FROM generate_series(0, {rows} - 1) AS g"
+    "INSERT INTO txtasks_staged (stage, n, payload, priority, dedup_key) "
+    "SELECT 0, g, convert_to('{{\"order_id\":' || g || '}}', 'UTF8'), 0, (g / 2)::text "
+    "FROM generate_series(0, {rows} - 1) AS g"
 )
 
 

@@ -30,7 +30,7 @@ from txtasks.schema.tables import commits, key_hints, staged, stages, topic_drop
 from txtasks.spark.staging import (
     DROPPED,
     STAGED_COLUMNS,
-    STAGED_KEY,
+    STAGED_OPTIONAL,
     Backlog,
     SqlStaging,
     StagedRowsMissing,
@@ -68,18 +68,21 @@ def attempt(
     values: Sequence[Any],
     *,
     dedup: Sequence[str | None] | None = None,
-    created_at: datetime = T0,
+    run_at: datetime | None = T0,
 ) -> pa.Table:
-    """An attempt's staged table, as the Spark encoder builds it: payloads {"v": value}."""
+    """An attempt's staged table, as the Spark encoder builds it: payloads {"v": value}, each
+    due at `run_at` (None: no run_at column, due when published), with dedup keys when given."""
     count = len(values)
     columns = {
         "payload": pa.array([json.dumps({"v": v}).encode() for v in values], pa.large_binary()),
         "priority": pa.array(range(count), pa.int32()),
-        "run_at": pa.array([T0] * count, pa.timestamp("us")),
-        "dedup_key": pa.array(dedup or [None] * count, pa.large_string()),
-        "created_at": pa.array([created_at] * count, pa.timestamp("us")),
     }
-    return pa.table([columns[c] for c in STAGED_COLUMNS], names=list(STAGED_COLUMNS))
+    if run_at is not None:
+        columns["run_at"] = pa.array([run_at] * count, pa.timestamp("us"))
+    if dedup is not None:
+        columns["dedup_key"] = pa.array(dedup, pa.large_string())
+    assert list(columns) == [*STAGED_COLUMNS, *STAGED_OPTIONAL][: len(columns)]
+    return pa.table(list(columns.values()), names=list(columns))
 
 
 async def claimed_values(driver: SqlDriver) -> list[Any]:
@@ -135,7 +138,7 @@ async def test_a_commit_makes_exactly_the_staged_rows_of_its_write_claimable(
     staging.open("w1", T0)
     staging.open("w2", T0)
     assert staging.stage("w1", "w1.a", [attempt([0, 1]), attempt([2])]) == 3
-    assert staging.stage("w1", "w1.b", [attempt(AWKWARD)]) == len(AWKWARD)
+    assert staging.stage("w1", "w1.b", [attempt(AWKWARD, run_at=None)]) == len(AWKWARD)
     assert staging.stage("w2", "w2.a", [attempt(["other write"])]) == 1
     assert await claim(sql) == []  # staged: invisible to workers
 
@@ -146,8 +149,10 @@ async def test_a_commit_makes_exactly_the_staged_rows_of_its_write_claimable(
     assert sorted_values(json.loads(r.payload)["v"] for r in rows) == sorted_values(
         [0, 1, 2, *AWKWARD]
     )
-    fixed = {(r.task_name, r.max_attempts, r.content_type, r.run_at, r.created_at) for r in rows}
-    assert fixed == {(TARGET.task_name, TARGET.max_attempts, JSON_CONTENT_TYPE, T0, T0)}
+    # created by the commit, and due then unless given a time (w1.b's rows have none)
+    fixed = {(r.task_name, r.max_attempts, r.content_type, r.created_at) for r in rows}
+    assert fixed == {(TARGET.task_name, TARGET.max_attempts, JSON_CONTENT_TYPE, at(1))}
+    assert sorted(r.run_at for r in rows) == [T0] * 3 + [at(1)] * len(AWKWARD)
     assert sorted(r.priority for r in rows) == sorted([0, 1, 0, *range(len(AWKWARD))])
     assert ledger(staging) == {"c1": 3 + len(AWKWARD)}
     assert staged_rows(staging) == {"w2.a": 1}  # another write's rows wait for its commit
@@ -169,6 +174,7 @@ def test_staged_rows_keep_every_value_of_every_column_exactly(staging: SqlStagin
         datetime(2000, 1, 1),
         T0,
         datetime(9999, 12, 31, 23, 59, 59, 999999),
+        None,
     ]
     run_at = [times[i % len(times)] for i in range(count)]
     batch = pa.table(
@@ -177,15 +183,14 @@ def test_staged_rows_keep_every_value_of_every_column_exactly(staging: SqlStagin
             "priority": pa.array(priorities, pa.int32()),
             "run_at": pa.array(run_at, pa.timestamp("us")),
             "dedup_key": pa.array(keys, pa.large_string()),
-            "created_at": pa.array(list(reversed(run_at)), pa.timestamp("us")),
-            STAGED_KEY: pa.array(list(reversed(keys)), pa.large_string()),
+            "partition_key": pa.array(list(reversed(keys)), pa.large_string()),
         }
     )
     staging.open("w", T0)
     assert staging.stage("w", "w.a", [batch.slice(0, 3), batch.slice(3)]) == count
 
     c = staged.c
-    columns = (c.n, c.payload, c.priority, c.run_at, c.dedup_key, c.created_at, c.partition_key)
+    columns = (c.n, c.payload, c.priority, c.run_at, c.dedup_key, c.partition_key)
     with staging.driver.sync_engine.connect() as conn:
         found = [tuple(row) for row in conn.execute(select(*columns).order_by(c.n))]
     expected = zip(
@@ -194,7 +199,6 @@ def test_staged_rows_keep_every_value_of_every_column_exactly(staging: SqlStagin
         priorities,
         run_at,
         keys,
-        reversed(run_at),
         reversed(keys),
         strict=True,
     )
@@ -490,7 +494,9 @@ def table_rows(staging: SqlStaging, query: Any) -> list[Any]:
 def keyed_attempt(rows: Sequence[tuple[Any, str | None, str | None]]) -> pa.Table:
     """An attempt of a keyed write: (value, dedup key, task key) per row."""
     table = attempt([v for v, _, _ in rows], dedup=[d for _, d, _ in rows])
-    return table.append_column(STAGED_KEY, pa.array([k for _, _, k in rows], pa.large_string()))
+    return table.append_column(
+        "partition_key", pa.array([k for _, _, k in rows], pa.large_string())
+    )
 
 
 async def test_a_topic_commit_gives_each_row_to_every_group_subscribed_at_the_commit(
@@ -519,7 +525,7 @@ async def test_a_topic_commit_gives_each_row_to_every_group_subscribed_at_the_co
         assert (row.queue, row.task_name, row.priority, row.max_attempts) == (
             sub.queue, sub.task_name, sub.priority, sub.max_attempts,
         )  # fmt: skip
-        assert (row.content_type, row.run_at, row.created_at) == (JSON_CONTENT_TYPE, T0, T0)
+        assert (row.content_type, row.run_at, row.created_at) == (JSON_CONTENT_TYPE, T0, at(1))
         messages.setdefault(json.loads(row.payload)["v"], set()).add(headers["txtasks-message"])
     expected = sorted_values([*"abc", *AWKWARD])
     assert {g: sorted_values(v) for g, v in by_group.items()} == dict.fromkeys(
@@ -737,8 +743,8 @@ async def test_the_purge_deletes_old_staged_rows_in_batches(
     legacy_row = replace(new("legacy"), state=TaskState.STAGED, stage_id="old.1")  # at(-3600)
     [legacy] = await sql.task_insert_many([legacy_row])
     staging.open("w", T0)
-    staging.stage("w", "w.old", [attempt([0, 1, 2], created_at=at(-60))])
-    staging.stage("w", "w.new", [attempt([3], created_at=at(60))])
+    staging.stage("w", "w.old", [attempt([0, 1, 2])], now=at(-60))
+    staging.stage("w", "w.new", [attempt([3])], now=at(60))
     await sql.task_insert_many([new("pending")])
 
     purged = [await purge_abandoned(sql, before=T0, limit=2) for _ in range(3)]
@@ -759,7 +765,7 @@ async def test_the_rows_of_ended_attempts_are_read_by_no_write_and_purged_in_bat
     staging.stage("w", "w.a", [attempt([0, 1, 2])])
     staging.stage("w", "w.loser", [attempt(["l0", "l1"])])
     staging.open("other", T0)
-    staging.stage("other", "other.a", [attempt(["o"])])
+    staging.stage("other", "other.a", [attempt(["o"])], now=T0)  # not older than the purge's limit
     assert staging.commit("w:1", "w", {"w.a": 3}, TARGET, now=T0) == {"q": 3}
     staging.open("w", T0)  # the stream's next micro-batch
     staging.stage("w", "w.b", [attempt([3])])

@@ -31,7 +31,7 @@ from txtasks.driver import SqlDriver
 from txtasks.driver.urls import url_sync
 from txtasks.enqueue import insert_many_tx, publish_many_tx
 from txtasks.schema.tables import stages, tasks
-from txtasks.spark.staging import STAGED_KEY, SqlStaging, StageTarget, TopicTarget
+from txtasks.spark.staging import SqlStaging, StageTarget, TopicTarget
 from txtasks.types import JSON_CONTENT_TYPE, NewPublish, NewTask, Subscription
 
 #: Rows of the plan test: past the ~262,000 rows where a hashed subplan stops fitting work_mem.
@@ -76,9 +76,9 @@ def count(staging: SqlStaging, query: Any) -> int:
 #: 300,000 staged rows made by the database: keys k0, k0, k0, k1, ... and every tenth row none.
 STAGE_ROWS = text(
     "INSERT INTO txtasks_staged "
-    "(stage, n, payload, priority, run_at, dedup_key, created_at, partition_key) "
+    "(stage, n, payload, priority, run_at, dedup_key, partition_key) "
     "SELECT :stage, g, convert_to('{\"v\":' || g || '}', 'UTF8'), 0, :t0, "
-    f"CASE WHEN g % 10 = 0 THEN NULL ELSE 'k' || (g / {REPEATS}) END, :t0, "
+    f"CASE WHEN g % 10 = 0 THEN NULL ELSE 'k' || (g / {REPEATS}) END, "
     f"'p' || (g % 1000) FROM generate_series(0, {ROWS - 1}) AS g"
 )
 
@@ -134,17 +134,17 @@ async def test_a_dedup_commit_of_300k_rows_runs_no_subquery_per_row(
 STAGE_ROWS_ON = {
     "mysql": text(
         "INSERT INTO txtasks_staged "
-        "(stage, n, payload, priority, run_at, dedup_key, created_at, partition_key) "
+        "(stage, n, payload, priority, run_at, dedup_key, partition_key) "
         "SELECT :stage, seq, concat('{\"v\":', seq, '}'), 0, :t0, "
-        f"CASE WHEN seq % 10 = 0 THEN NULL ELSE concat('k', seq DIV {REPEATS}) END, :t0, "
+        f"CASE WHEN seq % 10 = 0 THEN NULL ELSE concat('k', seq DIV {REPEATS}) END, "
         f"concat('p', seq % 1000) FROM seq_0_to_{ROWS - 1}"
     ),
     "sqlite": text(
         f"WITH RECURSIVE g(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM g WHERE n < {ROWS - 1}) "
         "INSERT INTO txtasks_staged "
-        "(stage, n, payload, priority, run_at, dedup_key, created_at, partition_key) "
+        "(stage, n, payload, priority, run_at, dedup_key, partition_key) "
         "SELECT :stage, n, CAST('{\"v\":' || n || '}' AS BLOB), 0, :t0, "
-        f"CASE WHEN n % 10 = 0 THEN NULL ELSE 'k' || (n / {REPEATS}) END, :t0, "
+        f"CASE WHEN n % 10 = 0 THEN NULL ELSE 'k' || (n / {REPEATS}) END, "
         "'p' || (n % 1000) FROM g"
     ),
 }
@@ -333,7 +333,7 @@ async def test_a_value_insert_ignore_would_change_fails_the_commit(
     staging.open("w", T0)
     rows = attempt(["a", "b"], dedup=["k1", "k2"])
     too_long = pa.array(["x" * 300, None], pa.large_string())
-    staging.stage("w", "w.a", [rows.append_column(STAGED_KEY, too_long)])
+    staging.stage("w", "w.a", [rows.append_column("partition_key", too_long)])
 
     with pytest.raises(PublishWarning, match=r"1265 Data truncated for column 'partition_key'"):
         staging.commit("c", "w", {"w.a": 2}, StageTarget("q", "t", 1, dedup=True), now=T0)

@@ -69,10 +69,11 @@ def waiting(staging: SqlStaging) -> dict[str, str]:
 
 
 def stage_two(staging: SqlStaging, key: str = "w") -> None:
-    """Open write `key` and stage two attempts: values 0-4 and 5-6."""
+    """Open write `key` and stage two attempts: values 0-4, due at T0, and 5-6, due when
+    published."""
     staging.open(key, T0)
     staging.stage(key, f"{key}.a", [attempt([0, 1, 2]), attempt([3, 4])])
-    staging.stage(key, f"{key}.b", [attempt([5, 6])])
+    staging.stage(key, f"{key}.b", [attempt([5, 6], run_at=None)])
 
 
 # -- the commit ---------------------------------------------------------------------------------
@@ -99,9 +100,11 @@ async def test_a_deferred_commit_publishes_nothing_and_publishers_publish_everyt
     assert set(woken) == {"q"}
     rows = await claim(sql)
     assert sorted(json.loads(r.payload)["v"] for r in rows) == list(range(7))
-    assert {(r.task_name, r.max_attempts, r.run_at, r.created_at) for r in rows} == {
-        (TARGET.task_name, TARGET.max_attempts, T0, T0)
+    # created when published (the publishers' clock: at(5)), and due then unless given a time
+    assert {(r.task_name, r.max_attempts, r.created_at) for r in rows} == {
+        (TARGET.task_name, TARGET.max_attempts, at(5))
     }
+    assert sorted(r.run_at for r in rows) == [T0] * 5 + [at(5)] * 2
     assert waiting(staging) == {}
     assert staged_rows(staging) == {"other.a": 1}  # another write's rows wait for its commit
     assert await publish_all(sql) == PublishTotals()  # nothing waits: one probe
@@ -174,10 +177,10 @@ async def test_the_purge_leaves_the_rows_of_a_deferred_commit_to_its_publishers(
     sql: SqlDriver, staging: SqlStaging
 ) -> None:
     stage_two(staging)
-    staging.stage("w", "w.abandoned", [attempt(["x"], created_at=at(-60))])
+    staging.stage("w", "w.abandoned", [attempt(["x"])], now=at(-60))
     staging.commit_deferred("c", "w", {"w.a": 5, "w.b": 2}, TARGET, now=T0)
     staging.open("old", T0)
-    staging.stage("old", "old.a", [attempt(["y", "z"], created_at=at(-60))])
+    staging.stage("old", "old.a", [attempt(["y", "z"])], now=at(-60))
 
     # the rows of old.a, and of w.abandoned (ended by the commit, which was not given it)
     assert await purge_abandoned(sql, before=at(3600), limit=100) == 3

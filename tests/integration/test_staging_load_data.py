@@ -24,7 +24,7 @@ from tests.integration.test_staging_conformance import (
 )
 from txtasks.driver import SqlDriver, driver_for_url
 from txtasks.schema.tables import staged, stages, tasks
-from txtasks.spark.staging import STAGED_KEY, SqlStaging, staging_for
+from txtasks.spark.staging import SqlStaging, staging_for
 from txtasks.spark.staging.mysql import StagingWarning
 
 pytestmark = pytest.mark.parametrize("database_url", backends("mysql"), indirect=True)
@@ -52,7 +52,7 @@ def rows_of(staging: SqlStaging, stage_id: str) -> list[Any]:
     """The staged rows of an attempt, in order, without their key."""
     s = staged.c
     query = (
-        select(s.payload, s.priority, s.run_at, s.dedup_key, s.created_at, s.partition_key)
+        select(s.payload, s.priority, s.run_at, s.dedup_key, s.partition_key)
         .join_from(staged, stages, s.stage == stages.c.id)
         .where(stages.c.stage_id == stage_id)
         .order_by(s.n)
@@ -67,17 +67,17 @@ async def test_load_data_stages_the_rows_an_insert_stages(
         (v, None if n % 3 else f"k{n}", [None, "", f"key\t{n}"][n % 3]) for n, v in enumerate(HARD)
     ]
     batches = [keyed_attempt(keyed[:5]), keyed_attempt(keyed[5:])]
-    late = attempt(["later"], created_at=T0 + timedelta(microseconds=7))
+    late = attempt(["later"], run_at=T0 + timedelta(microseconds=7))
     staging.open("w", T0)
     with staging.driver.sync_engine.connect() as conn:
         before = loads(conn)
 
     assert (
-        loading.stage("w", "w.load", [*batches, late.append_column(STAGED_KEY, pa.nulls(1))])
+        loading.stage("w", "w.load", [*batches, late.append_column("partition_key", pa.nulls(1))])
         == len(HARD) + 1
     )
     assert (
-        staging.stage("w", "w.insert", [*batches, late.append_column(STAGED_KEY, pa.nulls(1))])
+        staging.stage("w", "w.insert", [*batches, late.append_column("partition_key", pa.nulls(1))])
         == len(HARD) + 1
     )
 
@@ -87,7 +87,7 @@ async def test_load_data_stages_the_rows_an_insert_stages(
     assert loaded == inserted
     assert [json.loads(r.payload)["v"] for r in loaded] == [*HARD, "later"]
     assert [r.partition_key for r in loaded[:3]] == [None, "", "key\t2"]
-    assert loaded[-1].created_at == T0 + timedelta(microseconds=7)
+    assert loaded[-1].run_at == T0 + timedelta(microseconds=7)
 
     assert staging.commit("c", "w", {"w.load": len(HARD) + 1}, TARGET, now=T0) == {
         "q": len(HARD) + 1

@@ -58,17 +58,16 @@ def test_the_arrow_and_row_paths_stage_the_same_rows(spark: Any) -> None:
         {"url": "sqlite://", "task": "t", "dedup": "s", "priority": "rank", "run_at": "at"},
         df.schema,
     )
-    now = datetime(2030, 1, 1)
-    arrow = [staged_from_arrow(b, options, now) for b in df.toArrow().to_batches()]
+    arrow = [staged_from_arrow(b, options) for b in df.toArrow().to_batches()]
     by_arrow = [r for table in arrow for r in table.to_pylist()]
-    by_rows = staged_from_rows(df.collect(), options, now).to_pylist()
+    by_rows = staged_from_rows(df.collect(), options).to_pylist()
 
     assert len(by_arrow) == len(by_rows) == 40
     for ours, theirs in zip(by_arrow, by_rows, strict=True):
         assert json.loads(ours.pop("payload")) == json.loads(theirs.pop("payload"))
         assert ours == theirs
     first = json.loads(
-        staged_from_arrow(df.toArrow().to_batches()[0], options, now)["payload"][1].as_py().decode()
+        staged_from_arrow(df.toArrow().to_batches()[0], options)["payload"][1].as_py().decode()
     )
     assert first["big"] == 1e15 and isinstance(first["big"], float)
     assert first["d"] == 1.5 and first["money"] == "0.1429" and first["day"] == "2026-01-02"
@@ -151,22 +150,20 @@ def test_key_values_are_staged_as_text_and_nulls_as_no_key() -> None:
     from pyspark.sql.types import LongType, StringType
 
     from txtasks.spark.encode import staged_from_arrow, staged_from_rows
-    from txtasks.spark.staging import STAGED_KEY
 
-    now = datetime(2030, 1, 1)
     options = keyed_options(StringType(), key="customer")
     batch = keyed_batch(["c1", None, "é 漢"], pa.string())
-    by_arrow = staged_from_arrow(batch, options, now)
-    assert by_arrow[STAGED_KEY].to_pylist() == ["c1", None, "é 漢"]
+    by_arrow = staged_from_arrow(batch, options)
+    assert by_arrow["partition_key"].to_pylist() == ["c1", None, "é 漢"]
     assert json.loads(by_arrow["payload"][0].as_py()) == {"n": 0, "customer": "c1"}  # kept
-    rows = staged_from_rows(as_rows(batch), options, now)
+    rows = staged_from_rows(as_rows(batch), options)
     assert rows.to_pylist() == by_arrow.to_pylist()
 
     numbers = keyed_options(LongType(), key="customer", payload="n")
-    staged = staged_from_arrow(keyed_batch([42, None], pa.int64()), numbers, now)
-    assert staged[STAGED_KEY].to_pylist() == ["42", None]
-    unkeyed = staged_from_arrow(batch, keyed_options(StringType()), now)
-    assert STAGED_KEY not in unkeyed.column_names
+    staged = staged_from_arrow(keyed_batch([42, None], pa.int64()), numbers)
+    assert staged["partition_key"].to_pylist() == ["42", None]
+    unkeyed = staged_from_arrow(batch, keyed_options(StringType()))
+    assert "partition_key" not in unkeyed.column_names
 
 
 @pytest.mark.parametrize(
@@ -192,6 +189,26 @@ def test_a_key_value_the_tasks_table_cannot_hold_is_refused(value: str, problem:
         "(a key is 1-255 bytes of UTF-8 without NUL)"
     )
     with pytest.raises(ConfigurationError, match=expected):
-        staged_from_arrow(batch, options, datetime(2030, 1, 1))
+        staged_from_arrow(batch, options)
     with pytest.raises(ConfigurationError, match=expected):
-        staged_from_rows(as_rows(batch), options, datetime(2030, 1, 1))
+        staged_from_rows(as_rows(batch), options)
+
+
+def test_a_write_stages_only_the_columns_its_options_name_and_a_null_time_stays_null() -> None:
+    """No run_at, dedup or key option: each row stages its payload and priority alone (the
+    commit gives it its time); a null in the run_at column stays null (due when published)."""
+    import pyarrow as pa
+    from pyspark.sql.types import StringType, TimestampNTZType
+
+    from txtasks.spark.encode import staged_from_arrow, staged_from_rows
+
+    plain = staged_from_arrow(keyed_batch(["a", "b"], pa.string()), keyed_options(StringType()))
+    assert plain.column_names == ["payload", "priority"]
+
+    due = datetime(2030, 1, 2, 3, 4, 5, 6)
+    batch = keyed_batch([due, None], pa.timestamp("us"))
+    options = keyed_options(TimestampNTZType(), run_at="customer", payload="n")
+    by_arrow = staged_from_arrow(batch, options)
+    assert by_arrow.column_names == ["payload", "priority", "run_at"]
+    assert by_arrow["run_at"].to_pylist() == [due, None]
+    assert staged_from_rows(as_rows(batch), options).to_pylist() == by_arrow.to_pylist()

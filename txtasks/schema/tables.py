@@ -303,7 +303,9 @@ periodic = Table(
 #: The partition attempts staging rows (Spark), one row each: the attempt's number (`id`), drawn
 #: once when it starts, keys its staged rows; its write and stage id are kept here, once. The
 #: commit or abort of its write ends it (write key "": no write reads its rows) and the cleaner's
-#: purge deletes it after its rows (a deferred commit's: the publish of its last rows).
+#: purge deletes it after its rows (a deferred commit's: the publish of its last rows), or, when
+#: its write never ended, its rows once it is older than `archiver.staged_after` (`created_at`:
+#: when it started).
 stages = Table(
     "txtasks_stages",
     metadata,
@@ -317,9 +319,9 @@ stages = Table(
 Index("ix_txtasks_stages_write", stages.c.write_key)
 
 #: Rows staged by a staging writer (a Spark partition attempt), until its write commits: the
-#: commit copies them into the hot table with the write's queue, task name and attempts. Keyed
-#: by the attempt (`stage`: its `stages` row) and the row's number in it (0, 1, ...): the one
-#: index.
+#: commit copies them into the hot table with the write's queue, task name and attempts, and
+#: its own time as each task's creation (and due time, unless the row has one). Keyed by the
+#: attempt (`stage`: its `stages` row) and the row's number in it (0, 1, ...): the one index.
 staged = Table(
     "txtasks_staged",
     metadata,
@@ -327,9 +329,9 @@ staged = Table(
     Column("n", Integer, primary_key=True, autoincrement=False),
     Column("payload", Blob, nullable=False),
     Column("priority", Integer, nullable=False),
-    Column("run_at", Timestamp, nullable=False),
+    # None: due when published
+    Column("run_at", Timestamp, nullable=True),
     Column("dedup_key", ExactString(255), nullable=True),
-    Column("created_at", Timestamp, nullable=False),
     # the task's key (see txtasks.keys); None: no key
     Column("partition_key", ExactString(255), nullable=True),
     mysql_engine="InnoDB",

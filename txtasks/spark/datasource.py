@@ -27,9 +27,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from pyspark import TaskContext
@@ -106,28 +105,23 @@ def write_key(name: str) -> str:
     return hashlib.sha256(name.encode()).hexdigest()[:24]
 
 
-#: Staged tables of one partition attempt, from its staging time.
-Encoder = Callable[[datetime], Iterator[Any]]
-
-
-def arrow_encoder(options: WriteOptions, batches: Iterable[Any]) -> Encoder:
+def arrow_encoder(options: WriteOptions, batches: Iterable[Any]) -> Iterator[Any]:
     """Arrow record batches -> staged tables, one per batch."""
-    return lambda now: (staged_from_arrow(b, options, now) for b in batches)
+    return (staged_from_arrow(b, options) for b in batches)
 
 
-def row_encoder(options: WriteOptions, rows: Iterable[Any]) -> Encoder:
+def row_encoder(options: WriteOptions, rows: Iterable[Any]) -> Iterator[Any]:
     """Spark rows -> staged tables of `ROWS_PER_BATCH` rows."""
     iterator = iter(rows)
     chunks = iter(lambda: list(itertools.islice(iterator, ROWS_PER_BATCH)), [])
-    return lambda now: (staged_from_rows(c, options, now) for c in chunks)
+    return (staged_from_rows(c, options) for c in chunks)
 
 
-def _stage(options: WriteOptions, key: str, encode: Encoder) -> StagedMessage:
+def _stage(options: WriteOptions, key: str, staged: Iterator[Any]) -> StagedMessage:
     context = TaskContext.get()
     partition = context.partitionId() if context is not None else 0
     stage_id = uuid.uuid4().hex[:STAGE_ID_CHARS]
-    now = utcnow()
-    count = _staging(options.url).stage(key, stage_id, encode(now), now=now)
+    count = _staging(options.url).stage(key, stage_id, staged, now=utcnow())
     return StagedMessage(stage_id, partition, count)
 
 

@@ -1,5 +1,5 @@
-"""Spark data to staged rows (Arrow tables of `STAGED_COLUMNS`, and `STAGED_KEY` with option
-`key`).
+"""Spark data to staged rows (Arrow tables of `STAGED_COLUMNS`, and of `STAGED_OPTIONAL` those
+the write's options name: `run_at`, `dedup`, `key`).
 
 The Arrow path (`staged_from_arrow`) builds each payload column by column with Arrow compute:
 numbers, booleans and strings become JSON text without a Python object per value; other types
@@ -35,7 +35,7 @@ from pyspark.sql.types import (
 from txtasks.errors import ConfigurationError, PayloadError
 from txtasks.payload import DEFAULT_MAX_PAYLOAD_BYTES
 from txtasks.spark.options import INTEGRAL, MAX_KEY_BYTES, WriteOptions
-from txtasks.spark.staging import STAGED_COLUMNS, STAGED_KEY
+from txtasks.spark.staging import STAGED_COLUMNS, STAGED_OPTIONAL
 
 TEXT = pa.large_string()
 TIMESTAMP = pa.timestamp("us")
@@ -68,7 +68,7 @@ def _dumps(value: Any) -> str:
 # -- the Arrow path -----------------------------------------------------------------------------
 
 
-def staged_from_arrow(batch: pa.RecordBatch, options: WriteOptions, now: datetime) -> pa.Table:
+def staged_from_arrow(batch: pa.RecordBatch, options: WriteOptions) -> pa.Table:
     """One Arrow record batch of the DataFrame as staged rows."""
     types = {f.name: f.dataType for f in options.schema.fields}
     parts: list[Any] = []
@@ -89,43 +89,31 @@ def staged_from_arrow(batch: pa.RecordBatch, options: WriteOptions, now: datetim
         column(options.dedup),
         column(options.key),
     )
-    return _staged(batch.num_rows, payload, special, now, options)
+    return _staged(batch.num_rows, payload, special, options)
 
 
 def _staged(
-    count: int,
-    payload: Any,
-    special: tuple[Any, Any, Any, Any],
-    now: datetime,
-    options: WriteOptions,
+    count: int, payload: Any, special: tuple[Any, Any, Any, Any], options: WriteOptions
 ) -> pa.Table:
     """The staged table; `special` holds the priority, run_at, dedup and key columns (or
-    None), `now` the staging time."""
+    None: the write has none). A null run_at stays null (due when published), as does a
+    null dedup key (none) or task key (no key)."""
     payload = payload.cast(pa.large_binary())
     _check_sizes(payload)
     rank, due, unique, key = special
     priority = pa.repeat(pa.scalar(0, pa.int32()), count)
     if rank is not None:
         priority = rank.cast(pa.int32()).fill_null(0)
-    run_at = pa.repeat(pa.scalar(now, TIMESTAMP), count)
+    columns = {"payload": payload, "priority": priority}
     if due is not None:  # TIMESTAMP values are UTC instants: the cast keeps UTC
-        run_at = due.cast(TIMESTAMP).fill_null(pa.scalar(now, TIMESTAMP))
-    dedup = pa.nulls(count, TEXT)
+        columns["run_at"] = due.cast(TIMESTAMP)
     if unique is not None:
-        dedup = unique.cast(TEXT)
-        _check_keys(dedup, "dedup", limit=options.dedup_bytes)
-    columns = {
-        "payload": payload,
-        "priority": priority,
-        "run_at": run_at,
-        "dedup_key": dedup,
-        "created_at": pa.repeat(pa.scalar(now, TIMESTAMP), count),
-    }
-    names = list(STAGED_COLUMNS)
-    if key is not None:  # a keyed write; a null value: that row's task has no key
-        columns[STAGED_KEY] = key.cast(TEXT)
-        _check_keys(columns[STAGED_KEY], "key", task_key=True)
-        names.append(STAGED_KEY)
+        columns["dedup_key"] = unique.cast(TEXT)
+        _check_keys(columns["dedup_key"], "dedup", limit=options.dedup_bytes)
+    if key is not None:  # a keyed write
+        columns["partition_key"] = key.cast(TEXT)
+        _check_keys(columns["partition_key"], "key", task_key=True)
+    names = [c for c in (*STAGED_COLUMNS, *STAGED_OPTIONAL) if c in columns]
     return pa.table([columns[c] for c in names], names=names)
 
 
@@ -253,7 +241,7 @@ def _utc(value: datetime, kind: str) -> datetime:
     return value.astimezone(timezone.utc).replace(tzinfo=None)
 
 
-def staged_from_rows(rows: Iterable[Row], options: WriteOptions, now: datetime) -> pa.Table:
+def staged_from_rows(rows: Iterable[Row], options: WriteOptions) -> pa.Table:
     """Spark rows as staged rows (one Python pass per row)."""
     where = {name: i for i, name in enumerate(options.columns)}
     payload = [(c, where[c], c not in options.native) for c in options.payload]
@@ -276,7 +264,7 @@ def staged_from_rows(rows: Iterable[Row], options: WriteOptions, now: datetime) 
         None if options.dedup is None else pa.array([_text_or_none(v) for v in unique], TEXT),
         None if options.key is None else pa.array([_text_or_none(v) for v in key], TEXT),
     )
-    return _staged(len(texts), pa.array(texts, TEXT), special, now, options)
+    return _staged(len(texts), pa.array(texts, TEXT), special, options)
 
 
 def _utc_or_none(value: datetime | None, kind: str) -> datetime | None:

@@ -4,8 +4,9 @@ A staging writer (one Spark partition attempt) first records itself in `txtasks_
 write's key and a `stage_id` of its own, once), which gives it a number, then inserts its rows into
 `txtasks_staged` under that number and their own (0, 1, ...: the table's primary key and its one
 index), one transaction per batch (none stays open while Spark computes the next). Only the columns
-that vary per row are staged (payload, priority, run_at, dedup key, task key); the commit supplies
-the rest. The commit, one transaction, records its `commit_id` in `txtasks_commits` (a second
+that vary per row are staged (payload and priority; run_at, dedup key and task key when the write
+sets them); the commit supplies the rest, and its own time as each task's creation (and due time,
+when the row has none). The commit, one transaction, records its `commit_id` in `txtasks_commits` (a second
 commit of the same id changes nothing and discards what it was given), checks that every reported
 attempt's rows are all there, deletes the rows of the write's attempts it was not given, leaves one
 key hint per task key among the rows it publishes (as every enqueue does: see `txtasks.keys`),
@@ -40,8 +41,8 @@ ended (the loser of a speculative race, an attempt Spark stopped waiting for) st
 more, what it staged before is ended by that commit or abort (it is not an attempt the commit
 was given), and no staged row is read once its write ended.
 
-Staged rows arrive as Arrow tables (`STAGED_COLUMNS`, then `STAGED_KEY` for a keyed write);
-`stage` puts the attempt's number and each row's in front (`stage`, `n`), and dialects send them
+Staged rows arrive as Arrow tables (`STAGED_COLUMNS`: the required ones, then those of
+`STAGED_OPTIONAL` the write sets); `stage` puts the attempt's number and each row's in front (`stage`, `n`), and dialects send them
 in bulk (COPY, multi-row INSERT or LOAD DATA, naming the batch's columns; see the modules beside
 this one). `staging_for` picks a backend's staging by its name, and the staging works through the driver's public engine and transactions. These
 methods are synchronous, except the cleaner's purge: Spark's Python workers are synchronous.
@@ -99,7 +100,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DROPPED",
     "STAGED_COLUMNS",
-    "STAGED_KEY",
+    "STAGED_OPTIONAL",
     "Backlog",
     "Published",
     "SqlStaging",
@@ -120,16 +121,11 @@ DROPPED = ""
 
 #: The columns every staged batch (an Arrow table) has, in order (`stage` puts the attempt's
 #: number and each row's, `stage` and `n`, in front of them).
-STAGED_COLUMNS = (
-    "payload",
-    "priority",
-    "run_at",
-    "dedup_key",
-    "created_at",
-)
-#: The column a staged batch of a keyed write (option `key`) has besides `STAGED_COLUMNS`:
-#: each task's key, or None. A batch without it stages tasks without a key.
-STAGED_KEY = "partition_key"
+STAGED_COLUMNS = ("payload", "priority")
+#: The columns a staged batch has after those when its write sets them, in this order: each
+#: task's due time (option `run_at`), dedup key (option `dedup`) and key (option `key`), each
+#: maybe None. A batch without one stages NULL: due when published, no dedup key, no key.
+STAGED_OPTIONAL = ("run_at", "dedup_key", "partition_key")
 
 #: Each backend's staging (by `Driver.capabilities.name`), as (module, class name).
 BY_BACKEND: dict[str, tuple[str, str]] = {
@@ -247,8 +243,8 @@ class SqlStaging:
         *,
         now: datetime | None = None,
     ) -> int:
-        """Stage one attempt's rows (Arrow tables of `STAGED_COLUMNS`, and maybe `STAGED_KEY`)
-        under `stage_id`: record the attempt (which draws its number) while the write is open,
+        """Stage one attempt's rows (Arrow tables of `STAGED_COLUMNS` and of `STAGED_OPTIONAL`
+        those the write sets) under `stage_id`, at `now` (the attempt's start): record the attempt (which draws its number) while the write is open,
         then insert each batch, numbering its rows, in a transaction of its own that commits
         only if the write is still open (else raises `WriteClosed`). No transaction stays open
         while the next batch is computed, so a slow partition holds no lock (on SQLite: the
@@ -428,7 +424,7 @@ class SqlStaging:
         (roll the transaction back)."""
         if isinstance(target, TopicTarget):
             return self._publish_topic(conn, rows_of, target, now, rows)
-        return self._publish_task(conn, rows_of, target, rows)
+        return self._publish_task(conn, rows_of, target, now, rows)
 
     async def publish(self, *, limit: int, now: datetime) -> Published | None:
         """Publish up to `limit` staged rows of one attempt of a deferred write, in one
@@ -460,12 +456,12 @@ class SqlStaging:
         return int(conn.execute(stmt.execution_options(preserve_rowcount=True)).rowcount)
 
     def _publish_task(
-        self, conn: Connection, rows_of: Any, target: StageTarget, rows: int | None
+        self, conn: Connection, rows_of: Any, target: StageTarget, now: datetime, rows: int | None
     ) -> dict[str, int]:
         """Publish staged rows as tasks of one task name and queue: how many, by queue."""
         if target.keyed:  # before the publish: its dedup check then sees the same tasks
-            conn.execute(_stmt_hints(rows_of, target))
-        query = _task_rows(rows_of, target)
+            conn.execute(_stmt_hints(rows_of, target, now))
+        query = _task_rows(rows_of, target, now)
         count = _read(self.insert_tasks(conn, TASK_COLUMNS, query, target.dedup), rows)
         return {target.queue: count} if count else {}
 
@@ -488,11 +484,11 @@ class SqlStaging:
                 )
             return {}
         if target.keyed:  # before the publish: its dedup check then sees the same tasks
-            conn.execute(stmt_fanout_hints(rows_of, target, groups))
+            conn.execute(stmt_fanout_hints(rows_of, target, groups, now))
         message = uuid.uuid4().hex[:24]  # the publish id of every task of this commit
         published = {}
         for queue, members in by_queue(groups).items():
-            query = fanout_rows(rows_of, target, members, message)
+            query = fanout_rows(rows_of, target, members, message, now)
             count = self.insert_tasks(conn, COLUMNS, query, target.dedup)
             _read(count, None if rows is None else rows * len(members))
             if count:
@@ -520,18 +516,20 @@ class SqlStaging:
 
     async def purge(self, *, before: datetime, limit: int) -> int:
         """Delete up to `limit` staged rows no write reads: first those of ended attempts
-        (`DROPPED`, whatever their age), then those created before `before` (writes that never
-        committed) of the staged table (not those of a deferred commit, which wait for a
-        publisher), and `staged` rows left in the hot table by txtasks versions before the
-        staged table; then the attempts ended or recorded before `before` that have no row
+        (`DROPPED`, whatever their age), then `staged` rows left in the hot table by txtasks
+        versions before the staged table, then those of attempts that started before `before`
+        (of writes that never committed or aborted; not those of a deferred commit, which wait
+        for a publisher); then the attempts ended or started before `before` that have no row
         left."""
 
         async def work(conn: AsyncConnection) -> int:
-            done = await _purge_dropped(conn, limit)
+            done = await _purge_attempts(conn, attempts.c.write_key == DROPPED, limit)
             if done < limit:
                 done += await _purge_tasks(conn, before, limit - done)
-            if done < limit:
-                done += await _purge_staged(conn, before, limit - done)
+            if done < limit:  # of writes that never ended, not waiting for a publisher
+                waiting = exists().where(deferred.c.stage == attempts.c.id)
+                abandoned = and_(attempts.c.created_at < before, ~waiting)
+                done += await _purge_attempts(conn, abandoned, limit - done)
             old = or_(attempts.c.write_key == DROPPED, attempts.c.created_at < before)
             await conn.execute(delete(attempts).where(old, *_EMPTY))
             return done
@@ -539,13 +537,14 @@ class SqlStaging:
         return await self.driver.in_transaction(work)
 
 
-async def _purge_dropped(conn: AsyncConnection, limit: int) -> int:
-    """Delete up to `limit` rows of ended attempts (`DROPPED`), attempt after attempt, each
-    batch one range of its row numbers from its lowest left (one index probe): an attempt
-    numbers its rows without gaps, so the range holds no more rows than it is wide."""
+async def _purge_attempts(conn: AsyncConnection, which: Any, limit: int) -> int:
+    """Delete up to `limit` staged rows of the attempts `which` (a condition on them), attempt
+    after attempt, each batch one range of its row numbers from its lowest left (one index
+    probe): an attempt numbers its rows without gaps, so the range holds no more rows than it
+    is wide."""
     done = 0
-    ended = select(attempts.c.id).where(attempts.c.write_key == DROPPED).order_by(attempts.c.id)
-    for number in (await conn.execute(ended.limit(limit))).scalars():
+    picked = select(attempts.c.id).where(which).order_by(attempts.c.id)
+    for number in (await conn.execute(picked.limit(limit))).scalars():
         stage = staged.c.stage == number
         lowest = select(staged.c.n).where(stage).order_by(staged.c.n).limit(1)
         low = (await conn.execute(lowest)).scalar()
@@ -565,25 +564,6 @@ async def _purge_tasks(conn: AsyncConnection, before: datetime, limit: int) -> i
     if not ids:
         return 0
     return int((await conn.execute(delete(tasks).where(tasks.c.id.in_(ids), *where))).rowcount)
-
-
-async def _purge_staged(conn: AsyncConnection, before: datetime, limit: int) -> int:
-    """Delete up to `limit` staged rows created before `before`, not of a deferred commit: the
-    first ones by key, deleted as one range of row numbers per attempt."""
-    committed = exists().where(deferred.c.stage == staged.c.stage)
-    where = (staged.c.created_at < before, ~committed)
-    pick = select(staged.c.stage, staged.c.n).where(*where)
-    found = (await conn.execute(pick.order_by(staged.c.stage, staged.c.n).limit(limit))).all()
-    if not found:
-        return 0
-    ranges: dict[int, tuple[int, int]] = {}
-    for stage, n in found:
-        low = ranges.get(stage, (n, n))[0]
-        ranges[stage] = (low, n)
-    picked = or_(
-        *(and_(staged.c.stage == s, staged.c.n.between(lo, hi)) for s, (lo, hi) in ranges.items())
-    )
-    return int((await conn.execute(delete(staged).where(picked, *where))).rowcount)
 
 
 def numbered(batch: Any, number: int, start: int) -> Any:
@@ -684,11 +664,11 @@ def target_from_json(text: str) -> StageTarget | TopicTarget:
     return StageTarget(**found["task"])
 
 
-def _stmt_hints(rows_of: Any, target: StageTarget) -> Any:
-    """INSERT ... SELECT of one key hint per task key among the rows the commit publishes (less
-    those whose dedup key a live task holds), due at the key's earliest run_at (run it before
-    the publish, which makes its rows live)."""
-    rows = write_rows(rows_of, target.dedup)
+def _stmt_hints(rows_of: Any, target: StageTarget, now: datetime) -> Any:
+    """INSERT ... SELECT of one key hint per task key among the rows the commit publishes at
+    `now` (less those whose dedup key a live task holds), due at the key's earliest run_at (run
+    it before the publish, which makes its rows live)."""
+    rows = write_rows(rows_of, target.dedup, now)
     where: list[Any] = [rows.c.partition_key.is_not(None)]
     if target.dedup:
         where.append(~exists().where(tasks.c.dedup_key == rows.c.dedup_key))
@@ -711,11 +691,11 @@ TASK_COLUMNS = (
 )  # fmt: skip
 
 
-def _task_rows(rows_of: Any, target: StageTarget) -> Any:
+def _task_rows(rows_of: Any, target: StageTarget, now: datetime) -> Any:
     """The SELECT of staged rows `rows_of` (see `write_rows`) as pending tasks
-    (`TASK_COLUMNS`), in staging order; with dedup keys, a repeated key of the write only once,
-    in key order (as an enqueue inserts keys: see `publish_order`)."""
-    rows = write_rows(rows_of, target.dedup)
+    (`TASK_COLUMNS`) created at `now`, in staging order; with dedup keys, a repeated key of the
+    write only once, in key order (as an enqueue inserts keys: see `publish_order`)."""
+    rows = write_rows(rows_of, target.dedup, now)
     query = select(
         literal(target.queue, tasks.c.queue.type),
         literal(target.task_name, tasks.c.task_name.type),

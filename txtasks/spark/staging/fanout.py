@@ -74,19 +74,26 @@ class Group:
     queue: str
 
 
-def write_rows(rows_of: Any, dedup: bool) -> FromClause:
-    """The staged rows a publish may write (`rows_of`: a condition on the staged table, a
-    write's rows or a batch of them), with the staged table's columns: all of them, or with
-    dedup keys the first staged row of each key (and every row without one). One scan of the
-    rows, numbered per key by a window function: no subquery per row, so the plan stays linear
-    in rows whatever the statistics say."""
+def write_rows(rows_of: Any, dedup: bool, now: datetime) -> FromClause:
+    """The staged rows a publish at `now` may write (`rows_of`: a condition on the staged table,
+    a write's rows or a batch of them), with the staged table's columns, `run_at` due at `now`
+    when the row has none, and `created_at` (`now`): all of them, or with dedup keys the first
+    staged row of each key (and every row without one). One scan of the rows, numbered per key
+    by a window function: no subquery per row, so the plan stays linear in rows whatever the
+    statistics say."""
+    at = literal(now, tasks.c.created_at.type)
+    columns = [
+        *(func.coalesce(c, at).label(c.name) if c.name == "run_at" else c for c in staged.c),
+        at.label("created_at"),
+    ]
     if not dedup:
-        return select(staged).where(rows_of).subquery("rows")
+        return select(*columns).where(rows_of).subquery("rows")
     order = (staged.c.stage, staged.c.n)
     rank = func.row_number().over(partition_by=staged.c.dedup_key, order_by=order)
-    ranked = select(staged, rank.label("key_rank")).where(rows_of).subquery("ranked")
+    ranked = select(*columns, rank.label("key_rank")).where(rows_of).subquery("ranked")
     firsts = or_(ranked.c.dedup_key.is_(None), ranked.c.key_rank == 1)
-    return select(*(ranked.c[c.name] for c in staged.c)).where(firsts).subquery("rows")
+    kept = [ranked.c[c.name] for c in columns]
+    return select(*kept).where(firsts).subquery("rows")
 
 
 def publish_order(rows: FromClause, dedup: bool, key: Any, *then: Any) -> list[Any]:
@@ -153,15 +160,17 @@ def _headers(rows: FromClause, message: str) -> Any:
     )
 
 
-def fanout_rows(rows_of: Any, target: TopicTarget, groups: Sequence[Group], message: str) -> Any:
-    """The SELECT of the staged rows `rows_of` (see `write_rows`) joined to the subscriptions
-    of `groups`: one pending task per row and group (with dedup keys, a repeated key of the
+def fanout_rows(
+    rows_of: Any, target: TopicTarget, groups: Sequence[Group], message: str, now: datetime
+) -> Any:
+    """The SELECT of the staged rows `rows_of` (see `write_rows`: published at `now`) joined to
+    the subscriptions of `groups`: one pending task per row and group (with dedup keys, a repeated key of the
     write only once), in `publish_order`, in `COLUMNS` order (insert them skipping
     `<group>/<key>`s a live task holds).
     `message` is the commit's: a task's publish id is it and its staged row's key,
     `<message>.<stage>.<n>`."""
     s = subscriptions.c
-    rows = write_rows(rows_of, target.dedup)
+    rows = write_rows(rows_of, target.dedup, now)
     query = select(
         s.queue,
         s.task_name,
@@ -181,12 +190,14 @@ def fanout_rows(rows_of: Any, target: TopicTarget, groups: Sequence[Group], mess
     return _pairs(query, rows, target, groups).order_by(*order)
 
 
-def stmt_fanout_hints(rows_of: Any, target: TopicTarget, groups: Sequence[Group]) -> Any:
+def stmt_fanout_hints(
+    rows_of: Any, target: TopicTarget, groups: Sequence[Group], now: datetime
+) -> Any:
     """INSERT ... SELECT of one key hint per task key and group queue among the deliveries the
-    commit writes (less those whose `<group>/<key>` a live task holds), due at the key's
-    earliest run_at (run it before the fan-out)."""
+    commit writes at `now` (less those whose `<group>/<key>` a live task holds), due at the
+    key's earliest run_at (run it before the fan-out)."""
     q = subscriptions.c.queue
-    rows = write_rows(rows_of, target.dedup)
+    rows = write_rows(rows_of, target.dedup, now)
     where: list[Any] = [rows.c.partition_key.is_not(None)]
     if target.dedup:
         where.append(~exists().where(tasks.c.dedup_key == _dedup_key(rows)))
