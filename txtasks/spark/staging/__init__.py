@@ -6,15 +6,15 @@ write's key and a `stage_id` of its own, once), which gives it a number, then in
 index), one transaction per batch (none stays open while Spark computes the next). Only the columns
 that vary per row are staged (payload and priority; run_at, dedup key and task key when the write
 sets them); the commit supplies the rest, and its own time as each task's creation (and due time,
-when the row has none). The commit, one transaction, records its `commit_id` in `txtasks_commits` (a second
-commit of the same id changes nothing and discards what it was given), checks that every reported
-attempt's rows are all there, deletes the rows of the write's attempts it was not given, leaves one
-key hint per task key among the rows it publishes (as every enqueue does: see `txtasks.keys`),
-copies those rows into the hot table as `pending` with one INSERT ... SELECT (dropping rows that
-repeat a dedup key within the write, and skipping those whose key a live task holds: the insert
-itself skips a key the unique index holds, so a task enqueued with that key by a transaction
-committing meanwhile wins and the commit goes on), and ends the write's attempts. Abort ends
-them too.
+when the row has none). The commit, one transaction, records its `commit_id` in `txtasks_commits`
+(a second commit of the same id changes nothing and discards what it was given), checks that every
+reported attempt's rows are all there, deletes the rows of the write's attempts it was not given,
+leaves one key hint per task key among the rows it publishes (as every enqueue does: see
+`txtasks.keys`), copies those rows into the hot table as `pending` with one INSERT ... SELECT
+(dropping rows that repeat a dedup key within the write, and skipping those whose key a live task
+holds: the insert itself skips a key the unique index holds, so a task enqueued with that key by a
+transaction committing meanwhile wins and the commit goes on), and ends the write's attempts. Abort
+ends them too.
 
 The commit's work besides its INSERT ... SELECT is per attempt, not per row. Its row check:
 each attempt's last row number (one index probe) must be one less than the rows Spark
@@ -42,11 +42,12 @@ more, what it staged before is ended by that commit or abort (it is not an attem
 was given), and no staged row is read once its write ended.
 
 Staged rows arrive as Arrow tables (`STAGED_COLUMNS`: the required ones, then those of
-`STAGED_OPTIONAL` the write sets); `stage` puts the attempt's number and each row's in front (`stage`, `n`), and dialects send them
-in bulk (COPY, multi-row INSERT or LOAD DATA, naming the batch's columns; see the modules beside
-this one). `staging_for` picks a backend's staging by its name, and the staging works through the driver's public engine and transactions. These
-methods are synchronous, except the cleaner's purge: Spark's Python workers are synchronous.
-This package imports neither PySpark nor (until rows are sent in bulk) PyArrow.
+`STAGED_OPTIONAL` the write sets); `stage` puts the attempt's number and each row's in front
+(`stage`, `n`), and dialects send them in bulk (COPY, multi-row INSERT or LOAD DATA, naming the
+batch's columns; see the modules beside this one). `staging_for` picks a backend's staging by its
+name, and the staging works through the driver's public engine and transactions. These methods are
+synchronous, except the cleaner's purge: Spark's Python workers are synchronous. This package
+imports neither PySpark nor (until rows are sent in bulk) PyArrow.
 """
 
 from __future__ import annotations
@@ -244,8 +245,8 @@ class SqlStaging:
         now: datetime | None = None,
     ) -> int:
         """Stage one attempt's rows (Arrow tables of `STAGED_COLUMNS` and of `STAGED_OPTIONAL`
-        those the write sets) under `stage_id`, at `now` (the attempt's start): record the attempt (which draws its number) while the write is open,
-        then insert each batch, numbering its rows, in a transaction of its own that commits
+        those the write sets) under `stage_id`, at `now` (the attempt's start): record the
+        attempt (which draws its number) while the write is open, then insert each batch, numbering its rows, in a transaction of its own that commits
         only if the write is still open (else raises `WriteClosed`). No transaction stays open
         while the next batch is computed, so a slow partition holds no lock (on SQLite: the
         database's one write lock) between its batches. The batches an attempt staged before a
