@@ -331,8 +331,10 @@ async def test_progress_is_stored_within_the_progress_interval(any_app: App) -> 
         report = await until(reported, "the progress report to be stored")
         assert (report.done, report.total, report.note, report.attempt) == (100, 100, "row 100", 1)
         assert report.fraction == 1.0
-        # a hundred reports, one write (and one more if a claim passing by held the row)
-        assert worker._progress.writes <= 2
+        # a hundred reports made without an await between them: the writer only ever saw the
+        # last, so it wrote once, plus once more each time a claim passing by held the row
+        # (the burst worker polls every 0.01 s: how often depends on timing), never per report
+        assert worker._progress.writes < 10
     finally:
         release.set()
         await asyncio.wait_for(running, 20)
