@@ -163,9 +163,9 @@ def _headers(rows: FromClause, message: str) -> Any:
 def fanout_rows(
     rows_of: Any, target: TopicTarget, groups: Sequence[Group], message: str, now: datetime
 ) -> Any:
-    """The SELECT of the staged rows `rows_of` (see `write_rows`: published at `now`) joined to
-    the subscriptions of `groups`: one pending task per row and group (with dedup keys, a repeated key of the
-    write only once), in `publish_order`, in `COLUMNS` order (insert them skipping
+    """The SELECT of the staged rows `rows_of` (see `write_rows`: published at `now`) joined to the
+    subscriptions of `groups`: one pending task per row and group (with dedup keys, a repeated key
+    of the write only once), in `publish_order`, in `COLUMNS` order (insert them skipping
     `<group>/<key>`s a live task holds).
     `message` is the commit's: a task's publish id is it and its staged row's key,
     `<message>.<stage>.<n>`."""
