@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import bindparam, select, text
+from sqlalchemy.exc import DBAPIError
 
 from tests.conftest import reset_schema, server_url
 from tests.tcp_proxy import TcpProxy, target_of
@@ -107,6 +108,27 @@ async def test_after_a_cut_the_pools_other_stalled_connections_are_replaced_unus
         for n in range(3, 8):  # each would check a stalled connection out first
             await driver.task_insert_many([new_task(n)])
         assert await claim(driver) == 5  # the claims' own pool too
+
+
+async def test_a_connection_that_stalls_while_it_opens_is_given_up_within_the_bounds(
+    proxied: Any,
+) -> None:
+    """The network stalls just as connections open: the TCP connect succeeds, the server's
+    greeting never arrives. aiomysql's connect timeout covers the TCP connect only, so a
+    worker taking its first connection (or replacing a cut one) at that moment waited for
+    good, and never stopped. Each operation now gives up within the connect and command
+    timeouts, and works again once the network does."""
+    driver, proxy = proxied
+    assert driver.timeouts.connect + COMMAND < BOUND
+    proxy.blackhole(include_new=True)  # new connections are accepted and carry nothing
+    for operation in (lambda: driver.task_insert_many([new_task(1)]), lambda: claim(driver)):
+        async with asyncio.timeout(BOUND):  # without the bound, this hangs for good
+            with pytest.raises((DatabaseTimeout, TimeoutError, OSError, DBAPIError)):
+                await operation()
+    proxy.restore()
+    async with asyncio.timeout(BOUND):
+        await driver.task_insert_many([new_task(2)])
+        assert await claim(driver) == 1
 
 
 async def test_closing_a_driver_whose_connections_stalled_ends(proxied: Any) -> None:

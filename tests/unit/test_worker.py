@@ -7,6 +7,7 @@ import contextvars
 import logging
 import re
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -367,6 +368,44 @@ async def test_heartbeat_extends_leases_of_running_tasks() -> None:
     await watch.aenqueue()
     stats = await run_until_empty(app, lease=1.0, heartbeat=0.02)
     assert stats.outcomes == {"completed": 1}
+
+
+class FailingBeats(MemoryDriver):
+    """Lease extensions fail `failures` times (a network down), then go through; each try's
+    time is recorded (`time.monotonic()`)."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+        self.tries: list[float] = []
+
+    async def lease_extend_many(self, keys: Any, **kwargs: Any) -> int:
+        self.tries.append(time.monotonic())
+        if len(self.tries) <= self.failures:
+            raise ConnectionError("connection reset by peer")
+        return await super().lease_extend_many(keys, **kwargs)
+
+
+async def test_a_failed_lease_extension_is_tried_again_well_before_the_next_interval() -> None:
+    """A worker on a network down in spells, with a heartbeat every third of the lease: were
+    each failed extension tried again only one interval later, three failures in a row would
+    let the lease run out (and the task run twice). Three failures here are tried again and
+    get through within one interval of the first."""
+    driver = FailingBeats(failures=3)
+    app = App(driver=driver)
+    extended = asyncio.Event()
+
+    @app.task(name="long")
+    async def long(payload: None, ctx: TaskContext) -> None:
+        await until(lambda: len(driver.tries) > driver.failures, "an extension to go through")
+        extended.set()
+
+    await long.aenqueue()
+    interval = 1.5
+    stats = await run_until_empty(app, lease=3 * interval, heartbeat=interval)
+    assert extended.is_set() and stats.outcomes == {"completed": 1}
+    first, last = driver.tries[0], driver.tries[driver.failures]
+    assert last - first < interval, [round(t - first, 2) for t in driver.tries]
 
 
 class FlakyDriver(MemoryDriver):

@@ -636,11 +636,14 @@ class PostgresDriver(SqlDriver):
     async def raw_fetch(self, purpose: str, sql: str, *params: Any) -> list[Any]:
         """One autocommit statement on a raw pool, bounded by the command timeout."""
         pool = await self.raw_pool(purpose)
-        watchdog = Watchdog(self.timeouts.command, lambda: connection.terminate())
+        connection = await pool.acquire(timeout=self.timeouts.checkout)
+        watchdog = Watchdog(self.timeouts.command, connection.terminate)
         try:
-            async with pool.acquire(timeout=self.timeouts.connect) as connection:
-                with watchdog.armed():
+            with watchdog.armed():
+                try:
                     return await connection.fetch(sql, *params)  # type: ignore[no-any-return]
+                finally:  # its return resets it, a statement too: bounded with the fetch
+                    await pool.release(connection)
         finally:
             if watchdog.fired:
                 await self.stale_pool()

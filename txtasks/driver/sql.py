@@ -47,7 +47,13 @@ from txtasks.driver.sql_admin import SqlAdmin, override_of
 from txtasks.driver.sql_control import SqlControl
 from txtasks.driver.sql_processes import SqlProcesses
 from txtasks.driver.sql_topics import SqlTopics
-from txtasks.driver.timeouts import Timeouts, Watchdog, keepalive_set, socket_of
+from txtasks.driver.timeouts import (
+    DatabaseTimeout,
+    Timeouts,
+    Watchdog,
+    keepalive_set,
+    socket_of,
+)
 from txtasks.driver.urls import url_async, url_parse, url_sync
 from txtasks.errors import LeaseLost, SchemaError
 from txtasks.keys import (
@@ -211,7 +217,7 @@ class SqlDriver(SqlAdmin, SqlTopics, SqlControl, SqlProcesses):
         """A pooled connection whose whole use, its return to the pool included, takes at most
         the command timeout (unless `bounded` is False): past it the socket is cut and the
         block raises `DatabaseTimeout`."""
-        conn = await self.engine.connect()
+        conn = await self.checkout()
         limit = self.timeouts.command if bounded else None
         watchdog = Watchdog(limit, lambda: self.connection_cut(raw))
         try:
@@ -230,6 +236,26 @@ class SqlDriver(SqlAdmin, SqlTopics, SqlControl, SqlProcesses):
             if not conn.closed:  # cancelled before the close above ran
                 await conn.invalidate()
                 await conn.close()
+
+    async def checkout(self) -> AsyncConnection:
+        """A connection from the pool within `Timeouts.checkout` seconds, or `DatabaseTimeout`.
+
+        Whether bounded or not, its use is the caller's: the bound is on getting it. aiomysql's
+        connect timeout covers the TCP connect only, and SQLAlchemy sets a new connection up
+        with statements of its own (and ours, `engine_setup`): on a network that stalls while
+        a connection opens, all of these would wait for good."""
+        limit = self.timeouts.checkout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit
+        try:
+            return await asyncio.wait_for(self.engine.connect(), limit)
+        except (asyncio.TimeoutError, TimeoutError) as exc:
+            if loop.time() < deadline:  # a timeout of the driver's own: its error stands
+                raise
+            raise DatabaseTimeout(
+                f"no connection from the database within {limit:g}s (connect timeout "
+                f"{self.timeouts.connect:g}s + command timeout): given up"
+            ) from exc
 
     @contextlib.asynccontextmanager
     async def begin(self, *, bounded: bool = True) -> AsyncIterator[AsyncConnection]:

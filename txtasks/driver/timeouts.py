@@ -4,7 +4,10 @@ A connection whose peer vanished (a NAT or firewall dropping state, a frozen pro
 answers: without a bound, a worker waits on it forever. Every connection txtasks opens is
 bounded three ways:
 
-- `connect`: seconds to open a connection (the drivers' own connect timeout);
+- `connect`: seconds to open a connection (the drivers' own connect timeout). Taking a
+  connection out of a pool, opening it and its first statements included, is bounded by
+  `connect` + `command` (`Timeouts.checkout`): some drivers bound only the TCP connect, and a
+  network that stalls while the server greets or authenticates would hold the caller for good;
 - `command`: seconds any use of a connection may take (a transaction, a statement). Past it the
   connection's socket is closed under the statement: the only way out of a half-open
   connection, where a polite cancel would wait for an answer too. The operation raises
@@ -89,6 +92,13 @@ class Timeouts:
     def dead_after(self) -> float:
         """Seconds after which the kernel gives up on a silent peer."""
         return self.keepalive_idle + self.keepalive_interval * self.keepalive_count
+
+    @property
+    def checkout(self) -> float:
+        """Seconds a connection may take to come out of a pool: opened (`connect`: the TCP
+        connection, the server's greeting, the authentication) and set up (its first
+        statements: `command`), or handed over by another user of the pool."""
+        return self.connect + (self.command if self.command is not None else self.connect)
 
     def replace(self, changes: Mapping[str, str]) -> Timeouts:
         """These timeouts with `changes` (field -> text, as in a URL or the environment)."""

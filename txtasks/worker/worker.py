@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("txtasks.worker")
 
 CLAIM_ERROR_BACKOFF_MAX = 5.0
+#: Seconds to the first retry of a lease extension that failed (then doubling, up to the
+#: heartbeat interval).
+BEAT_RETRY_FIRST = 0.1
 #: Seconds between two looks for cancels prompted by cancel wake-ups (the heartbeat looks
 #: anyway).
 CANCEL_LOOK_SPACING = 0.25
@@ -418,14 +421,26 @@ class Worker:
     # -- leases -------------------------------------------------------------------------------
 
     async def _heartbeat(self) -> None:
-        """Extend every held lease (running, or finished but not yet written) in one statement."""
+        """Extend every held lease (running, or finished but not yet written) in one statement.
+
+        A failed extension is tried again soon, with backoff up to the heartbeat interval,
+        not one interval later: on a network that is down in spells, a lease must be extended
+        in the first moment the database answers again, before the lease runs out and the
+        task is rescued and run a second time. The process's heartbeat row waits for a beat
+        that reached the database, so that it never delays a retry."""
         pulse = self._pulses["heartbeat"]
-        while not await event_wait(self._beat_stop, self.config.heartbeat_interval):
+        interval = self.config.heartbeat_interval
+        retry = 0.0  # seconds to the next try after a failed one; 0: the beat went through
+        while not await event_wait(self._beat_stop, retry or interval):
             # never waits for a flush: rows an outcome write has locked are left out
             keys = [*self._held, *self._outcomes.keys()]
-            if keys and await self._leases_extend(keys):
-                self._cancel_look.set()  # looked for apart: a beat never waits for it
-            await self._beacon.beat(running=len(self._held))
+            if not keys or await self._leases_extend(keys):
+                retry = 0.0
+                if keys:
+                    self._cancel_look.set()  # looked for apart: a beat never waits for it
+                await self._beacon.beat(running=len(self._held))
+            else:
+                retry = min(interval, max(BEAT_RETRY_FIRST, retry * 2))
             pulse.beat()
 
     async def _cancels_look(self) -> None:
