@@ -33,6 +33,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from txtasks._waits import within
 from txtasks.control import cancel_wins
 from txtasks.driver.base import AttemptFinish, Capabilities, WriteResult
 from txtasks.driver.dialect import (
@@ -248,13 +249,13 @@ class SqlDriver(SqlAdmin, SqlTopics, SqlControl, SqlProcesses):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limit
         try:
-            return await asyncio.wait_for(self.engine.connect(), limit)
+            return await within(self.engine.connect(), limit)
         except (asyncio.TimeoutError, TimeoutError) as exc:
             if loop.time() < deadline:  # a timeout of the driver's own: its error stands
                 raise
             raise DatabaseTimeout(
-                f"no connection from the database within {limit:g}s (connect timeout "
-                f"{self.timeouts.connect:g}s + command timeout): given up"
+                f"no connection from the database within {limit:g}s (the connect timeout "
+                "plus the command timeout): given up"
             ) from exc
 
     @contextlib.asynccontextmanager

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import aio_pika
@@ -60,15 +59,6 @@ async def declare(channel: aio_pika.abc.AbstractChannel, queue: str) -> Any:
     )
     await amqp_queue.bind(exchange, routing_key=queue)
     return amqp_queue
-
-
-async def within(awaitable: Awaitable[T], seconds: float) -> T:
-    """`asyncio.wait_for` without its extra task where `asyncio.timeout` exists (3.11+)."""
-    timeout = getattr(asyncio, "timeout", None)
-    if timeout is None:  # pragma: no cover - Python 3.10
-        return await asyncio.wait_for(awaitable, seconds)
-    async with timeout(seconds):
-        return await awaitable
 
 
 def safe_url(url: str) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import AbstractConnection
 
+from txtasks._waits import within
 from txtasks.retry import RetryStrategy
 from txtasks.wakeup.amqp.link import (
     EXCHANGE,
@@ -22,7 +23,6 @@ from txtasks.wakeup.amqp.link import (
     RECONNECT_BACKOFF,
     Outage,
     declare,
-    within,
 )
 from txtasks.wakeup.base import (
     MAX_IDS,

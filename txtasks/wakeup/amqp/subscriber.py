@@ -11,6 +11,7 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
+from txtasks._waits import within
 from txtasks.retry import RetryStrategy
 from txtasks.wakeup.amqp.link import (
     CONNECT_TIMEOUT,
@@ -18,7 +19,6 @@ from txtasks.wakeup.amqp.link import (
     RECONNECT_BACKOFF,
     Outage,
     declare,
-    within,
 )
 from txtasks.wakeup.base import (
     WakeupCallback,
