@@ -71,6 +71,8 @@ DB_TIMEOUT_ENV = {
 STOP_BOUND = DRAIN_SECONDS + DB_COMMAND_TIMEOUT + 5.0
 #: The worker's --shutdown-grace in the suite.
 GRACE = 3.0
+#: What the workers and the cleaner log when a lease ran out or a task was rescued.
+LEASE_WORDS = ("lease", "rescued", "fenced", "sweep=rescuer ok=true")
 
 T = TypeVar("T")
 
@@ -464,9 +466,23 @@ class Chaos:
             most[key] = peak
         return most
 
+    def said(self, words: tuple[str, ...], most: int = 20) -> str:
+        """The log lines of the workers and the cleaner holding any of `words`, first `most`."""
+        found = [
+            f"{proc.name} {proc.pid}: {line}"
+            for proc in self.procs
+            if proc.name in ("worker", "cleaner")
+            for line in proc.stderr.splitlines()
+            if any(word in line for word in words)
+        ]
+        more = f"\n... and {len(found) - most} more" if len(found) > most else ""
+        return f"log lines about {', '.join(words)}:\n" + "\n".join(found[:most]) + more
+
     def check(self, report: Report, *, max_reruns: int = 0, allow_failures: bool = False) -> None:
         """Fail with every broken invariant and the notes, or pass."""
         problems = report.problems(max_reruns=max_reruns, allow_failures=allow_failures)
+        if report.reruns > max_reruns:  # why: what the workers and the cleaner said of leases
+            problems.append(self.said(LEASE_WORDS))
         problems += self.notes
         assert not problems, "\n".join([report.summary(), *problems])
 

@@ -619,6 +619,7 @@ class PostgresDriver(SqlDriver):
                 timeout=self.timeouts.connect,
                 server_settings={**self.server_settings(), **settings},
                 init=self._raw_init,
+                reset=self._raw_reset,
             )
             self._pools[purpose] = (loop, pool)
             return pool
@@ -632,6 +633,13 @@ class PostgresDriver(SqlDriver):
 
     async def _raw_init(self, connection: Any) -> None:
         keepalive_set(socket_of(connection), self.timeouts)
+
+    @staticmethod
+    async def _raw_reset(connection: Any) -> None:
+        """Nothing to undo when a raw pool's connection comes back: it ran one autocommit
+        statement, which leaves no session state (no cursor, LISTEN, advisory lock or SET),
+        and asyncpg rolls back a transaction left open by itself. asyncpg's default reset
+        (`RESET ALL`, `UNLISTEN *`, ...) would cost a round trip per claim and per write."""
 
     async def raw_fetch(self, purpose: str, sql: str, *params: Any) -> list[Any]:
         """One autocommit statement on a raw pool, bounded by the command timeout."""
