@@ -40,9 +40,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("txtasks.worker")
 
 CLAIM_ERROR_BACKOFF_MAX = 5.0
-#: Seconds to the first retry of a lease extension that failed (then doubling, up to the
-#: heartbeat interval).
+#: Seconds to the first retry of a lease extension that failed, then doubling up to
+#: `BEAT_RETRY_MAX` (or the heartbeat interval if shorter): however long the database has been
+#: away, a lease is extended within a second of its coming back.
 BEAT_RETRY_FIRST = 0.1
+BEAT_RETRY_MAX = 1.0
 #: Seconds between two looks for cancels prompted by cancel wake-ups (the heartbeat looks
 #: anyway).
 CANCEL_LOOK_SPACING = 0.25
@@ -423,11 +425,11 @@ class Worker:
     async def _heartbeat(self) -> None:
         """Extend every held lease (running, or finished but not yet written) in one statement.
 
-        A failed extension is tried again soon, with backoff up to the heartbeat interval,
-        not one interval later: on a network that is down in spells, a lease must be extended
-        in the first moment the database answers again, before the lease runs out and the
-        task is rescued and run a second time. The process's heartbeat row waits for a beat
-        that reached the database, so that it never delays a retry."""
+        A failed extension is tried again soon, backing off up to a second, not one interval
+        later: on a network that is down in spells, a lease must be extended in the first
+        moments the database answers again, before the lease runs out and the task is rescued
+        and run a second time. The process's heartbeat row waits for a beat that reached the
+        database, so that it never delays a retry."""
         pulse = self._pulses["heartbeat"]
         interval = self.config.heartbeat_interval
         retry = 0.0  # seconds to the next try after a failed one; 0: the beat went through
@@ -440,7 +442,7 @@ class Worker:
                     self._cancel_look.set()  # looked for apart: a beat never waits for it
                 await self._beacon.beat(running=len(self._held))
             else:
-                retry = min(interval, max(BEAT_RETRY_FIRST, retry * 2))
+                retry = min(interval, BEAT_RETRY_MAX, max(BEAT_RETRY_FIRST, retry * 2))
             pulse.beat()
 
     async def _cancels_look(self) -> None:
