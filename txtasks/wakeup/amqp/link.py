@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, TypeVar
+from typing import Any
 
 import aio_pika
 import aiormq
@@ -15,7 +15,6 @@ from yarl import URL
 from txtasks.retry import Exponential, RetryStrategy
 
 log = logging.getLogger("txtasks.wakeup")
-T = TypeVar("T")
 
 EXCHANGE = "txtasks.wakeup"
 QUEUE_PREFIX = "txtasks.wakeup."
