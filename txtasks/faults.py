@@ -83,6 +83,12 @@ def unreachable(exc: BaseException) -> bool:
     return False
 
 
+def backoff_next(previous: float, first: float, most: float) -> float:
+    """The wait before the next retry of a failing operation: `first` after one failure (a
+    `previous` of 0), then double the previous wait, never more than `most`."""
+    return min(most, max(first, previous * 2))
+
+
 async def open_when_reachable(
     driver: Any, logger: logging.Logger, stopping: asyncio.Event, *, cap: float = 5.0
 ) -> bool:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from txtasks.clock import Clock
 from txtasks.driver import Driver, WriteResult
-from txtasks.faults import Outage, describe, refused_value
+from txtasks.faults import Outage, backoff_next, describe, refused_value
 from txtasks.policy import clean_text
 from txtasks.types import Outcome, OutcomeKind, TaskKey
 
@@ -105,7 +105,7 @@ class OutcomeBuffer:
                 await self.flush()
                 backoff = 0.0
             except Exception as exc:
-                backoff = min(MAX_BACKOFF, max(0.05, backoff * 2))
+                backoff = backoff_next(backoff, 0.05, MAX_BACKOFF)
                 self.outage.failed(exc, retry_in=backoff)
                 await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
 

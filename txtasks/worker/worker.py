@@ -22,7 +22,7 @@ from txtasks import tracing
 from txtasks.app import App
 from txtasks.driver import Driver
 from txtasks.errors import ConfigurationError
-from txtasks.faults import Outage, open_when_reachable
+from txtasks.faults import Outage, backoff_next, open_when_reachable
 from txtasks.health import HealthServer, Pulse
 from txtasks.keys import Rate
 from txtasks.middleware import Middleware
@@ -272,7 +272,7 @@ class Worker:
                 self._claim_outage.ok()
             except Exception as exc:
                 self.stats.claim_errors += 1
-                backoff = min(CLAIM_ERROR_BACKOFF_MAX, max(0.1, backoff * 2))
+                backoff = backoff_next(backoff, 0.1, CLAIM_ERROR_BACKOFF_MAX)
                 self._claim_outage.failed(exc, retry_in=backoff)
                 await self._wait(self._stopping, backoff * random.uniform(0.5, 1.0))
                 continue
@@ -442,7 +442,7 @@ class Worker:
                     self._cancel_look.set()  # looked for apart: a beat never waits for it
                 await self._beacon.beat(running=len(self._held))
             else:
-                retry = min(interval, BEAT_RETRY_MAX, max(BEAT_RETRY_FIRST, retry * 2))
+                retry = backoff_next(retry, BEAT_RETRY_FIRST, min(interval, BEAT_RETRY_MAX))
             pulse.beat()
 
     async def _cancels_look(self) -> None:
