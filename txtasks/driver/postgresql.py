@@ -650,7 +650,7 @@ class PostgresDriver(SqlDriver):
             with watchdog.armed():
                 try:
                     return await connection.fetch(sql, *params)  # type: ignore[no-any-return]
-                finally:  # its return resets it, a statement too: bounded with the fetch
+                finally:  # its return may roll a transaction back: bounded with the fetch
                     await pool.release(connection)
         finally:
             if watchdog.fired:
