@@ -68,3 +68,19 @@ async def app(database_url: str) -> App:
     application = App("test", database_url=database_url)
     yield application  # type: ignore[misc]
     await application.aclose()
+
+
+#: The pytest-xdist group (`--dist loadgroup`) of the tests that use Spark: one process runs
+#: them all, so one JVM (about 1 GiB and a slow start) per run, not one per process.
+SPARK_GROUP = "spark"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that use the `spark` fixture go to `SPARK_GROUP`, and first: run one after
+    another, they take longer than most, and a group that starts last would end last."""
+    spark = [item for item in items if "spark" in getattr(item, "fixturenames", ())]
+    for item in spark:
+        item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
+    chosen = set(spark)
+    items[:] = spark + [item for item in items if item not in chosen]

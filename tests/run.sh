@@ -87,8 +87,15 @@ say "ruff check . and ruff format --check ."
 "$PY" -m ruff format --check . || failed+=("ruff format (rc $?)")
 say "mypy"
 "$PY" -m mypy || failed+=("mypy (rc $?)")
-say "pytest $*"
-"$PY" -m pytest "$@"
+# pytest-xdist: TXTASKS_TEST_WORKERS processes unless the arguments choose (-n 0 runs
+# serially); --dist loadgroup keeps each xdist_group in one worker
+args=("$@")
+if ! printf '%s\n' "$@" | grep -Eq '^(-n|--numprocesses)(=|$)|^-n[0-9a-z]'; then
+  args=(-n "${TXTASKS_TEST_WORKERS:-4}" "${args[@]}")
+fi
+if ! printf '%s\n' "$@" | grep -Eq '^--dist(=|$)'; then args=(--dist loadgroup "${args[@]}"); fi
+say "pytest ${args[*]}"
+"$PY" -m pytest "${args[@]}"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   failed+=("pytest (rc 5: no tests collected)")

@@ -4,10 +4,11 @@ Loaded by ``tests/conftest.py`` with ``pytest_plugins = ("tests.servers",)``.
 
 Session-scoped fixtures:
 
-* ``services``: ``{"postgresql": url, "mysql": url, "amqp": url}``, each value ``None`` when that
-  server is not available. URLs look like ``postgresql://app:app@127.0.0.1:PORT/appdb``,
-  ``mysql://app:app@127.0.0.1:PORT/appdb`` and ``amqp://app:app@127.0.0.1:PORT/``.
-* ``postgres_url``, ``mysql_url``, ``amqp_url``: one URL. When that server is not available the
+* ``txtasks_servers``: the :class:`Servers` found or started (their own URLs, shared by every
+  pytest process of the run: a test that needs a server to itself starts a private one).
+* ``postgres_url``, ``mysql_url``, ``amqp_url``: this pytest process's own database or virtual
+  host on that server (``tests/isolation.py``), e.g.
+  ``postgresql://app:app@127.0.0.1:PORT/txt_<run>_gw0``. When that server is not available the
   test is skipped, or fails when the environment variable ``CI`` is ``true`` or ``1``.
 
 The servers come from the first of these that applies:
@@ -54,6 +55,7 @@ from typing import Any
 
 import pytest
 
+from tests import isolation
 from tests.waiting import until_sync
 
 KINDS = ("postgresql", "mysql", "amqp")
@@ -87,6 +89,8 @@ class Servers:
     missing: dict[str, str] = field(default_factory=dict)  # kind -> why it is not available
     started_in: float | None = None
     stopped_in: float | None = None
+    #: The base directory of the servers tests/services.sh started (it adds virtual hosts).
+    svc_base: Path | None = None
     _stop: Callable[[], None] | None = None
 
     def stop(self) -> None:
@@ -143,7 +147,8 @@ def _from_services_env(path: Path) -> Servers:
     env = read_services_env(path)
     urls = {kind: env.get(key) or None for kind, key in _ENV_KEYS.items()}
     missing = {kind: f"not in {path}" for kind, url in urls.items() if url is None}
-    return Servers(urls, f"servers of {path}", missing)
+    base = Path(env["SVC_BASE"]) if env.get("SVC_BASE") and env.get("RMQ_PORT") else None
+    return Servers(urls, f"servers of {path}", missing, svc_base=base)
 
 
 def _from_url_vars() -> Servers | None:
@@ -332,7 +337,8 @@ def _start_local(kinds: list[str]) -> Servers:
                 if k not in kinds
             }
             source = f"private servers from {script} in {base}"
-            return Servers(found, source, missing, time.monotonic() - t, _stop=stop)
+            took = time.monotonic() - t
+            return Servers(found, source, missing, took, svc_base=base, _stop=stop)
         _sh(script, "stop", base, env, timeout)  # services.sh cleans up itself; be sure
         if "busy" not in err or attempt == _START_ATTEMPTS:
             shutil.rmtree(base, ignore_errors=True)
@@ -421,12 +427,6 @@ def txtasks_servers() -> Iterator[Servers]:
         yield servers
 
 
-@pytest.fixture(scope="session")
-def services(txtasks_servers: Servers) -> dict[str, str | None]:
-    """``{"postgresql": url, "mysql": url, "amqp": url}``; None for one that is not available."""
-    return dict(txtasks_servers.urls)
-
-
 def _require(servers: Servers, kind: str) -> str:
     url = servers.urls.get(kind)
     if url:
@@ -437,22 +437,78 @@ def _require(servers: Servers, kind: str) -> str:
     pytest.skip(msg)
 
 
-@pytest.fixture(scope="session")
-def postgres_url(txtasks_servers: Servers) -> str:
-    """``postgresql://app:app@HOST:PORT/appdb``; skips (fails in CI) without a server."""
-    return _require(txtasks_servers, "postgresql")
+def _own_database(servers: Servers, kind: str) -> Iterator[str]:
+    """This process's migrated database on the server of `kind`, dropped at the end."""
+    base = _require(servers, kind)
+    name = isolation.own_name()
+    try:
+        url = isolation.create_database(kind, base, name)
+    except RuntimeError as e:
+        failed = str(e)
+    else:
+        failed = ""
+    if failed:
+        pytest.fail(failed, pytrace=False)
+    yield url
+    try:
+        isolation.drop_databases(kind, base, isolation.like_literal(name))
+    except Exception as e:  # the run's end drops what is left (pytest_sessionfinish)
+        print(f"\ntxtasks test servers: could not drop {name}: {e}")
 
 
 @pytest.fixture(scope="session")
-def mysql_url(txtasks_servers: Servers) -> str:
-    """``mysql://app:app@HOST:PORT/appdb``; skips (fails in CI) without a server."""
-    return _require(txtasks_servers, "mysql")
+def postgres_url(txtasks_servers: Servers) -> Iterator[str]:
+    """``postgresql://app:app@HOST:PORT/txt_<run>_<worker>``, this process's own migrated
+    database; skips (fails in CI) without a server."""
+    yield from _own_database(txtasks_servers, "postgresql")
 
 
 @pytest.fixture(scope="session")
-def amqp_url(txtasks_servers: Servers) -> str:
-    """``amqp://app:app@HOST:PORT/``; skips (fails in CI) without a broker."""
-    return _require(txtasks_servers, "amqp")
+def mysql_url(txtasks_servers: Servers) -> Iterator[str]:
+    """``mysql://app:app@HOST:PORT/txt_<run>_<worker>``, this process's own migrated database;
+    skips (fails in CI) without a server."""
+    yield from _own_database(txtasks_servers, "mysql")
+
+
+@pytest.fixture(scope="session")
+def amqp_url(txtasks_servers: Servers) -> Iterator[str]:
+    """``amqp://app:app@HOST:PORT/txt_<run>_<worker>``, a virtual host of this process's own on
+    a broker tests/services.sh started (a broker given by URL is used as given); skips (fails in
+    CI) without a broker."""
+    base = _require(txtasks_servers, "amqp")
+    if txtasks_servers.svc_base is None:
+        yield base
+        return
+    name, script = isolation.own_name(), services_sh()
+    try:
+        isolation.vhost_command(script, txtasks_servers.svc_base, "vhost", name)
+    except Exception as e:
+        pytest.fail(f"test broker: {e}", pytrace=False)
+    yield isolation.with_vhost(base, name)
+    with contextlib.suppress(Exception):
+        isolation.vhost_command(script, txtasks_servers.svc_base, "vhost-drop", name)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The run's token, before pytest-xdist starts its workers (they inherit it)."""
+    isolation.run_token()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The process that ran the session (not a pytest-xdist worker) drops what is left of the
+    run's databases on servers it did not start: the template, a crashed worker's."""
+    if hasattr(session.config, "workerinput"):
+        return
+    env_file = os.environ.get(SERVICES_ENV_VAR)
+    servers = _from_services_env(Path(env_file)) if env_file else _from_url_vars()
+    if servers is None:
+        return  # servers started by the fixtures: stopped with everything on them
+    pattern = isolation.like_literal(f"{isolation.PREFIX}{isolation.run_token()}_") + "%"
+    for kind in ("postgresql", "mysql"):
+        url = servers.urls.get(kind)
+        if url:
+            with contextlib.suppress(Exception):
+                isolation.drop_databases(kind, url, pattern)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

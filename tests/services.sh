@@ -10,11 +10,14 @@
 #   tests/services.sh stop  BASE   stop every server started in BASE (by pid file); idempotent;
 #                                  keeps BASE (a later start reuses the data directories)
 #   tests/services.sh env   BASE   print BASE/services.env
+#   tests/services.sh vhost BASE NAME       create the RabbitMQ virtual host NAME (idempotent),
+#                                  open to the test user: one per pytest worker (tests/servers.py)
+#   tests/services.sh vhost-drop BASE NAME  delete it (idempotent)
 #
 # BASE may also come from SVC_BASE. Every parent of BASE must be traversable by the 'postgres'
 # user, so use e.g. `mktemp -d /tmp/txtasks-svc.XXXXXX`, not pytest's 0700 temp dir.
 #
-# services.env holds: SVC_BASE, PG_DSN, PG_SOCKET_DIR, MYSQL_DSN, MYSQL_SOCKET, AMQP_URL
+# services.env holds: SVC_BASE, PG_DSN, PG_SOCKET_DIR, MYSQL_DSN, MYSQL_SOCKET, AMQP_URL, RMQ_PORT
 # (only those of the started SERVICES), e.g.
 #   PG_DSN=postgresql://app:app@127.0.0.1:55432/appdb
 #   MYSQL_DSN=mysql://app:app@127.0.0.1:53306/appdb
@@ -31,7 +34,10 @@
 #                                    not crash-safe); 0: PostgreSQL's durable defaults (benchmarks)
 #   PGBIN=/usr/lib/postgresql/NN/bin  default: the newest installed version
 #
-# Limits raised for multi-process tests: PostgreSQL max_connections=200, MariaDB max_connections=300.
+# Limits raised for multi-process tests: PostgreSQL max_connections=400, MariaDB max_connections=600
+# (pytest-xdist workers share the servers). The test user may create databases: PostgreSQL
+# CREATEDB, MariaDB every privilege on databases named txt_% (tests/servers.py makes one per
+# pytest worker and test run).
 set -euo pipefail
 
 CMD=${1:-start}
@@ -88,13 +94,14 @@ start_pg() {
     as_pg "$PGBIN/initdb" -D "$d/data" -U postgres --pwfile="$d/pw" -E UTF8 --locale=C.UTF-8 \
       --auth-local=trust --auth-host=scram-sha-256 > "$d/initdb.log" 2>&1 || { cat "$d/initdb.log" >&2; return 1; }
   fi
-  local opts="-p $PG_PORT -k $d -c listen_addresses=127.0.0.1 -c max_connections=200"
+  local opts="-p $PG_PORT -k $d -c listen_addresses=127.0.0.1 -c max_connections=400"
   [ "$PG_FAST" = 0 ] || opts="$opts -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
   as_pg "$PGBIN/pg_ctl" -D "$d/data" -l "$d/server.log" -w -t "$TIMEOUT" -o "$opts" start > /dev/null \
     || { tail -30 "$d/server.log" >&2; return 1; }
   head -1 "$d/data/postmaster.pid" > "$d/pid"
   "$PGBIN/psql" -h "$d" -p "$PG_PORT" -U postgres -d postgres -qAt -v ON_ERROR_STOP=1 <<SQL >/dev/null
 SELECT 'CREATE ROLE $DBUSER LOGIN PASSWORD ''$DBPASS''' WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname='$DBUSER')\gexec
+ALTER ROLE $DBUSER CREATEDB;
 SELECT 'CREATE DATABASE $DB OWNER $DBUSER' WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname='$DB')\gexec
 SQL
   log "postgres ready on :$PG_PORT in $(since "$t")s (pid $(cat "$d/pid"), PG_FAST=$PG_FAST)"
@@ -115,7 +122,7 @@ start_mariadb() {
   fi
   setsid /usr/sbin/mariadbd "${opts[@]}" --port="$MY_PORT" --bind-address=127.0.0.1 \
     --socket="$d/mysqld.sock" --pid-file="$d/mysqld.pid" --log-error="$d/error.log" \
-    --max-connections=300 --innodb-buffer-pool-size=64M \
+    --max-connections=600 --innodb-buffer-pool-size=64M \
     --character-set-server=utf8mb4 --collation-server=utf8mb4_unicode_ci \
     < /dev/null > "$d/stdout.log" 2>&1 &
   echo $! > "$d/pid"
@@ -131,6 +138,8 @@ CREATE USER IF NOT EXISTS '$DBUSER'@'%' IDENTIFIED BY '$DBPASS';
 CREATE USER IF NOT EXISTS '$DBUSER'@'localhost' IDENTIFIED BY '$DBPASS';
 GRANT ALL ON \`$DB\`.* TO '$DBUSER'@'%';
 GRANT ALL ON \`$DB\`.* TO '$DBUSER'@'localhost';
+GRANT ALL ON \`txt\\_%\`.* TO '$DBUSER'@'%';
+GRANT ALL ON \`txt\\_%\`.* TO '$DBUSER'@'localhost';
 SQL
   log "mariadb ready on :$MY_PORT in $(since "$t")s (pid $(cat "$d/pid"))"
 }
@@ -179,7 +188,7 @@ write_env() {
     echo "SVC_BASE=$BASE"
     if has pg; then echo "PG_DSN=postgresql://$DBUSER:$DBPASS@127.0.0.1:$PG_PORT/$DB"; echo "PG_SOCKET_DIR=$BASE/pg"; fi
     if has mariadb; then echo "MYSQL_DSN=mysql://$DBUSER:$DBPASS@127.0.0.1:$MY_PORT/$DB"; echo "MYSQL_SOCKET=$BASE/mariadb/mysqld.sock"; fi
-    if has rabbitmq; then echo "AMQP_URL=amqp://$DBUSER:$DBPASS@127.0.0.1:$RMQ_PORT/"; fi
+    if has rabbitmq; then echo "AMQP_URL=amqp://$DBUSER:$DBPASS@127.0.0.1:$RMQ_PORT/"; echo "RMQ_PORT=$RMQ_PORT"; fi
   } > "$f.tmp"
   mv "$f.tmp" "$f"
 }
@@ -241,5 +250,18 @@ case "$CMD" in
     [ -d "$BASE" ] || exit 0
     BASE=$(cd "$BASE" && pwd); do_stop ;;
   env)  cat "$BASE/services.env" ;;
+  vhost|vhost-drop)
+    NAME=${3:-}; [[ "$NAME" =~ ^[A-Za-z0-9_.-]+$ ]] || { echo "usage: $0 $CMD BASE NAME ([A-Za-z0-9_.-])" >&2; exit 2; }
+    BASE=$(cd "$BASE" && pwd)
+    RMQ_PORT=$(sed -n 's/^RMQ_PORT=//p' "$BASE/services.env")
+    [ -n "$RMQ_PORT" ] || { log "no RabbitMQ in $BASE/services.env"; exit 1; }
+    rmq_env
+    if [ "$CMD" = vhost ]; then
+      "$RMQBIN/rabbitmqctl" -q add_vhost "$NAME" 2>/dev/null || "$RMQBIN/rabbitmqctl" -q list_vhosts | grep -qx "$NAME" \
+        || { log "could not add vhost $NAME"; exit 1; }
+      "$RMQBIN/rabbitmqctl" -q set_permissions -p "$NAME" "$DBUSER" '.*' '.*' '.*' > /dev/null
+    else
+      "$RMQBIN/rabbitmqctl" -q delete_vhost "$NAME" > /dev/null 2>&1 || true
+    fi ;;
   *) echo "unknown command $CMD" >&2; exit 2 ;;
 esac

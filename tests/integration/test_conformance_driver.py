@@ -12,10 +12,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from tests.integration.conformance import LEASE, T0, at, claim, get, new, write
 from tests.integration.conftest import another
+from tests.waiting import until
 from txtasks.driver import Driver, MemoryDriver
 from txtasks.schema.tables import tasks
 from txtasks.types import (
@@ -209,6 +210,50 @@ async def test_lease_extension_leaves_out_rows_locked_elsewhere_without_waiting(
         assert held == 2
     assert (await get(driver, free.id)).lease_expires_at == at(500)
     assert (await get(driver, locked.id)).lease_expires_at == T0 + LEASE  # left out
+
+
+async def lock_waiters(engine: Any) -> int:
+    """Sessions of the engine's database waiting for a row lock, seen from a connection of
+    its own (PostgreSQL: a transaction sees one snapshot of pg_stat_activity; MariaDB: a
+    SELECT ... FOR UPDATE is still running only while it waits)."""
+    if engine.dialect.name == "postgresql":
+        sql = (
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'"
+        )
+    else:
+        sql = (
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE() "
+            "AND COMMAND = 'Query' AND INFO LIKE 'SELECT t.id, t.attempt%FOR UPDATE'"
+        )
+    async with engine.connect() as probe:
+        return int(await probe.scalar(text(sql)))
+
+
+async def test_lease_extension_that_waits_extends_a_row_once_its_holder_lets_go(
+    driver: Driver,
+) -> None:
+    """With `wait_locked`, the extension waits in line for a row another transaction holds,
+    and extends it when that transaction ends without finishing it (an expired lease too:
+    no rescuer took it meanwhile)."""
+    if isinstance(driver, MemoryDriver) or not driver.capabilities.concurrent_claims:
+        pytest.skip("no row locks held by another transaction to wait for")
+    await driver.task_insert_many([new()])
+    [row] = await claim(driver)
+    sql: Any = driver
+    async with sql.engine.connect() as conn:
+        tx = await conn.begin()
+        await conn.execute(select(tasks.c.id).where(tasks.c.id == row.id).with_for_update())
+        extend = asyncio.ensure_future(
+            driver.lease_extend_many(
+                [row.key], lease_until=at(500), worker_id="w1", wait_locked=True
+            )
+        )
+        await until(lambda: lock_waiters(sql.engine), "the extension to wait for the row's lock")
+        assert not extend.done()
+        await tx.rollback()
+    assert await asyncio.wait_for(extend, 10) == 1
+    assert (await get(driver, row.id)).lease_expires_at == at(500)
 
 
 async def test_outcomes_and_leases_are_fenced_on_the_claiming_worker(driver: Driver) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import insert
 
+from cleaner.rescuer import Rescuer, RescuerConfig
 from tests.integration.conformance import Calls, sync_engine, task_ids
 from tests.waiting import until
 from txtasks import App, Drop, KeyLimits, Rate, Reject, Retry
@@ -261,8 +262,11 @@ async def test_a_worker_that_lost_its_lease_cannot_overwrite_the_next_attempt(ap
         driver, later = app.driver, utcnow() + timedelta(hours=1)
         lost = Outcome(TaskKey(task_id, 1), OutcomeKind.RETRY, error="lease expired", run_at=later)
         assert (await driver.outcome_write_many([lost], now=utcnow())).applied == 1
-        [stolen] = await driver.task_claim_many(
-            ["default"], 1, now=later, lease_until=later + timedelta(hours=1), worker_id="thief"
+        [stolen] = await until(  # SKIP LOCKED: the slow worker's claims pass over the row too
+            lambda: driver.task_claim_many(
+                ["default"], 1, now=later, lease_until=later + timedelta(hours=1), worker_id="thief"
+            ),
+            "attempt 2 claimed by another worker",
         )
         assert stolen.key == TaskKey(task_id, 2)
 
@@ -282,6 +286,73 @@ async def test_a_worker_that_lost_its_lease_cannot_overwrite_the_next_attempt(ap
     assert (stats.stale, stats.outcomes) == (1, {"completed": 1})
     row = await finished(app, task_id)
     assert (row.state, row.attempt, row.worker_id) == (TaskState.COMPLETED, 2, "thief")
+
+
+async def test_rows_an_outcome_write_held_past_the_lease_are_extended_before_a_rescue(
+    app: App,
+) -> None:
+    """An outcome write locked its rows, then hung past the lease and ended without an answer
+    (its connection lost; the server kept the session, and the locks, until it noticed). The
+    heartbeat could not extend a lease on a locked row, so the lease ran out. When the locks
+    go, the worker's extension, waiting in line for them, must come before a rescue: else
+    the rescuer retries the task and it runs a second time (seen on a network down in
+    spells). The rescuer runs right after the locks go, a beat never between the two."""
+    if not app.driver.capabilities.concurrent_claims:
+        pytest.skip("no row locks held by another transaction (one writer at a time)")
+    ran: list[int] = []
+
+    @app.task(name="conformance.held_write")
+    async def handler(payload: Any, ctx: TaskContext) -> None:
+        ran.append(ctx.attempt)
+
+    task_id = await handler.aenqueue(None)
+    driver: Any = app.driver
+    write, extend = driver.outcome_write_many, driver.lease_extend_many
+    holding, release, beat = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    rescues: list[Any] = []
+
+    async def held_write(outcomes: list[Outcome], **kw: Any) -> Any:
+        if rescues or kw.get("expired_before"):  # the write's retry, the rescuer's: as they are
+            return await write(outcomes, **kw)
+        async with driver.engine.connect() as conn:
+            tx = await conn.begin()
+            ids = [o.key.id for o in outcomes]
+            await conn.execute(tasks.select().where(tasks.c.id.in_(ids)).with_for_update())
+            holding.set()
+            await release.wait()
+            await tx.rollback()  # the server ends the session: the locks go
+        rescues.append(await Rescuer(app, RescuerConfig()).run_once())
+        raise ConnectionResetError("the outcome write's answer was lost")
+
+    async def beats(keys: Any, **kw: Any) -> int:
+        held = await extend(keys, **kw)
+        if not kw.get("wait_locked"):
+            beat.set()
+        return held
+
+    driver.outcome_write_many, driver.lease_extend_many = held_write, beats
+    config = WorkerConfig(lease=1.5, heartbeat=0.3, poll_interval=0.05, flush_interval=0.001)
+    worker = Worker(app, config)
+    run = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(holding.wait(), 10)
+        row = await app.driver.task_get(task_id)
+        assert row is not None and row.lease_expires_at is not None
+        expired = row.lease_expires_at + timedelta(seconds=0.1)
+        await until(lambda: utcnow() > expired, "the lease to run out while the write holds it")
+        beat.clear()
+        await asyncio.wait_for(beat.wait(), 5)  # the next beat is an interval away
+        release.set()
+        await until(lambda: rescues, "the rescue right after the write's locks went")
+        await until(lambda: worker.stats.outcomes, "the outcome written again")
+    finally:
+        release.set()
+        worker.stop()
+        await asyncio.gather(run, return_exceptions=True)
+        del driver.outcome_write_many, driver.lease_extend_many
+    assert rescues[0].retried == 0, "the rescuer took a task whose worker was extending it"
+    row = await finished(app, task_id)
+    assert (row.state, row.attempt, ran) == (TaskState.COMPLETED, 1, [1])
 
 
 # ----------------------------------------------------------------------------- 7. dead letters

@@ -10,13 +10,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, create_engine, event, inspect, select
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, select, text
 
+from tests import isolation
 from tests.acceptance.apps import cli_many
 from tests.conftest import server_url
 from tests.waiting import NotWithin, until_sync
 from txtasks.cli import demo_app
 from txtasks.driver import driver_for_url
+from txtasks.driver.mysql import migration_lock_name
 from txtasks.driver.urls import url_sync
 from txtasks.errors import SchemaError
 from txtasks.schema import migrate as schema_migrate
@@ -54,12 +56,16 @@ def test_concurrent_migrates_apply_each_migration_once(database_url: str, empty:
     assert max(recorded) == latest_version()
 
 
-#: Whether another session waits for the migration lock (PostgreSQL, MariaDB/MySQL).
+#: Whether another session of this database waits for the migration lock (PostgreSQL,
+#: MariaDB/MySQL): tests in other processes migrate their own databases on the same server.
 LOCK_WAITERS = {
-    "postgresql": "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+    "postgresql": (
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    ),
     "mysql": (
         "SELECT COUNT(*) FROM information_schema.PROCESSLIST"
-        " WHERE INFO LIKE 'SELECT GET_LOCK(%%' AND ID <> CONNECTION_ID()"
+        " WHERE INFO LIKE 'SELECT GET_LOCK(%%' AND ID <> CONNECTION_ID() AND DB = DATABASE()"
     ),
 }
 
@@ -145,11 +151,14 @@ def test_a_migrate_that_starts_as_another_commits_applies_nothing(
     assert outcome == [[]], outcome
 
 
-#: Holding the migration lock as a migrate that never finishes would.
-HOLD_LOCK = {
-    "postgresql": f"SELECT pg_advisory_lock(hashtext('{LOCK_NAME}'))",
-    "mysql": f"SELECT GET_LOCK('{LOCK_NAME}', 0)",
-}
+def hold_lock(conn: Connection) -> None:
+    """Hold the migration lock of `conn`'s database, as a migrate that never finishes would."""
+    if conn.dialect.name == "postgresql":
+        held = conn.exec_driver_sql(f"SELECT pg_try_advisory_lock(hashtext('{LOCK_NAME}'))")
+    else:
+        name = migration_lock_name(conn)
+        held = conn.execute(text("SELECT GET_LOCK(:name, 0)"), {"name": name})
+    assert held.scalar() in (True, 1), "the migration lock is taken"
 
 
 @pytest.mark.parametrize(
@@ -168,7 +177,7 @@ async def test_a_migrate_that_cannot_get_the_lock_says_so(
     driver = driver_for_url(url)
     try:
         with holder.connect() as conn:
-            conn.exec_driver_sql(HOLD_LOCK[backend])
+            hold_lock(conn)
             started = time.monotonic()
             with pytest.raises(SchemaError, match="held the migration lock 'txtasks_migrate'"):
                 await driver.migrate()
@@ -190,7 +199,7 @@ def test_the_lock_wait_outlasts_a_shorter_statement_timeout(
     )
     try:
         with holder.connect() as held, bounded.begin() as conn:
-            held.exec_driver_sql(HOLD_LOCK["postgresql"])
+            hold_lock(held)
             started = time.monotonic()
             with pytest.raises(SchemaError, match="for more than 1 s"):
                 migrate(conn)
@@ -198,3 +207,33 @@ def test_the_lock_wait_outlasts_a_shorter_statement_timeout(
     finally:
         holder.dispose()
         bounded.dispose()
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgresql),
+        pytest.param("mysql", id="mysql", marks=pytest.mark.mysql),
+    ],
+)
+async def test_a_migrate_never_waits_for_one_in_another_database_of_the_server(
+    request: pytest.FixtureRequest, backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two applications' databases on one server: a migration of one (here one that never
+    ends) does not hold up the other's. (MariaDB's named locks are the server's.)"""
+    url = server_url(request, backend, tmp_path)
+    monkeypatch.setattr(schema_migrate, "LOCK_WAIT", 1)
+    base = request.getfixturevalue("txtasks_servers").urls[backend]
+    other = isolation.create_database(backend, base, isolation.own_name() + "_b")
+    holder = create_engine(url_sync(url))
+    driver = driver_for_url(other)
+    try:
+        with holder.connect() as conn:
+            hold_lock(conn)
+            started = time.monotonic()
+            await driver.migrate()  # already at the latest version: takes the lock, reads it
+            assert time.monotonic() - started < 0.9
+    finally:
+        await driver.close()
+        holder.dispose()
+        isolation.drop_databases(backend, base, isolation.like_literal(isolation.own_name() + "_b"))

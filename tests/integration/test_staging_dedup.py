@@ -237,12 +237,13 @@ def commit_waits(staging: SqlStaging) -> bool:
     if staging.driver.capabilities.name == "postgresql":
         query = text(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE 'INSERT INTO txtasks_tasks%'"
+            "AND query LIKE 'INSERT INTO txtasks_tasks%' AND datname = current_database()"
         )
     else:  # a 10-row INSERT is still running only while it waits for the other transaction
         query = text(
             "SELECT count(*) FROM information_schema.PROCESSLIST "
-            "WHERE COMMAND = 'Query' AND INFO LIKE 'INSERT%INTO txtasks_tasks%'"
+            "WHERE COMMAND = 'Query' AND INFO LIKE 'INSERT%INTO txtasks_tasks%' "
+            "AND DB = DATABASE()"
         )
     return count(staging, query) > 0
 

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 from sqlalchemy import Connection, event, make_url, select, text
 
-from tests.conftest import backends
+from tests.conftest import SPARK_GROUP, backends
 from tests.integration.test_staging_conformance import (
     AWKWARD,
     T0,
@@ -27,14 +27,19 @@ from txtasks.schema.tables import staged, stages, tasks
 from txtasks.spark.staging import SqlStaging, staging_for
 from txtasks.spark.staging.mysql import StagingWarning
 
-pytestmark = pytest.mark.parametrize("database_url", backends("mysql"), indirect=True)
+pytestmark = [
+    pytest.mark.parametrize("database_url", backends("mysql"), indirect=True),
+    # in the process of the Spark tests: with a Spark write's (`local_infile`), these are the
+    # only tests that run LOAD DATA, and both count them with the server's counter (Com_load)
+    pytest.mark.xdist_group(SPARK_GROUP),
+]
 
 #: Values LOAD DATA's text format must escape, a value that reads as its NULL, an empty key.
 HARD = [*AWKWARD, "\\N", "NULL", "a\tb", "nul\0byte", "trailing\\"]
 
 
 def loads(conn: Connection) -> int:
-    """LOAD DATA statements the server has run (all sessions)."""
+    """LOAD DATA statements the server has run (all sessions, every database)."""
     return int(conn.execute(text("SHOW GLOBAL STATUS LIKE 'Com_load'")).one()[1])
 
 

@@ -503,7 +503,9 @@ async def test_retry_delay_may_be_a_timedelta_and_a_huge_delay_does_not_crash() 
     assert driver.live[huge].state is TaskState.RETRYABLE
 
 
-async def test_error_text_is_made_storable() -> None:
+async def test_error_text_is_made_storable(caplog: pytest.LogCaptureFixture) -> None:
+    """Stored, and logged, as text every database and log sink takes: a UTF-8 file handler
+    (or a test runner shipping captured logs) fails on a lone surrogate."""
     app = new_app()
 
     @app.task(name="nul", max_attempts=1)
@@ -511,11 +513,14 @@ async def test_error_text_is_made_storable() -> None:
         raise ValueError("bad byte \x00 and a lone surrogate \udcff")
 
     await nul.aenqueue()
-    await run_until_empty(app)
+    with caplog.at_level(logging.WARNING, logger="txtasks.worker"):
+        await run_until_empty(app)
     [dead] = finished(app, "dead")
     assert "\x00" not in (dead.last_error or "")
     (dead.last_error or "").encode("utf-8")  # encodable
     assert "bad byte" in (dead.last_error or "")
+    [failed] = [r for r in caplog.records if "bad byte" in r.getMessage()]
+    failed.getMessage().encode("utf-8")  # encodable
 
 
 class PickyDriver(MemoryDriver):

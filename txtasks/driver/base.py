@@ -239,13 +239,16 @@ class Driver(Protocol):
         worker_id: str | None = None,
         progress: Mapping[TaskKey, str] | None = None,
         left_out: set[TaskKey] | None = None,
+        wait_locked: bool = False,
     ) -> int:
         """Push the leases of in-flight attempts forward (the heartbeat), fenced likewise,
         leaving out (not waiting for) rows another transaction has locked. Returns how many of
         `keys` are still this worker's attempts, extended or left out; the rest were lost.
         `progress` (JSON text by attempt) is stored on the rows extended, in the same
         transaction. `left_out`, when given, receives the keys not extended (left out or
-        lost)."""
+        lost). `wait_locked`: wait for the rows another transaction holds instead (in line
+        for their locks, so the extension comes first when that transaction ends without
+        finishing them; an expired lease not taken by then is extended too)."""
 
     async def live_count(
         self,

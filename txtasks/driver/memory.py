@@ -481,8 +481,9 @@ class MemoryDriver:
         worker_id: str | None = None,
         progress: Mapping[TaskKey, str] | None = None,
         left_out: set[TaskKey] | None = None,
+        wait_locked: bool = False,
     ) -> int:
-        count = 0
+        count = 0  # no row locks here: `wait_locked` changes nothing
         with self._lock:
             for key in keys:
                 row = self._current(key, worker_id)

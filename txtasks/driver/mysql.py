@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import math
 from collections.abc import Iterator, Sequence
@@ -89,6 +90,17 @@ GROUP_CONCAT_MAX = 1 << 30
 TRANSIENT_ERRNOS = frozenset({1213, 1205})
 
 
+def migration_lock_name(conn: Connection) -> str:
+    """The migration lock of the connection's database. Named locks are the server's, so the
+    name holds the database's: migrations of databases side by side on one server never wait
+    for each other. (At most 64 characters: a long database name is hashed.)"""
+    database = str(conn.exec_driver_sql("SELECT DATABASE()").scalar() or "")
+    name = f"{schema_migrate.LOCK_NAME}.{database}"
+    if len(name) > 64:
+        name = f"{schema_migrate.LOCK_NAME}.{hashlib.sha1(database.encode()).hexdigest()}"
+    return name
+
+
 class MySQLDialect(SqlDialect):
     """MySQL 8: SKIP LOCKED claims as SELECT then UPDATE, no INSERT ... RETURNING, rows found
     by primary key through JSON_TABLE."""
@@ -102,21 +114,18 @@ class MySQLDialect(SqlDialect):
         LOCK_WAIT seconds. DDL commits implicitly on MySQL/MariaDB, so a migration is not atomic
         there anyway: the migrating transaction is committed before the lock is released, so that
         the next holder reads the record of the last migration."""
+        name = migration_lock_name(conn)
         query = text("SELECT GET_LOCK(:name, :wait)")
-        got = conn.execute(
-            query, {"name": schema_migrate.LOCK_NAME, "wait": schema_migrate.LOCK_WAIT}
-        ).scalar()
+        got = conn.execute(query, {"name": name, "wait": schema_migrate.LOCK_WAIT}).scalar()
         if got is None:
-            raise SchemaError(
-                f"the migration lock {schema_migrate.LOCK_NAME!r} could not be taken (GET_LOCK failed)"
-            )
+            raise SchemaError(f"the migration lock {name!r} could not be taken (GET_LOCK failed)")
         if got != 1:
             raise schema_migrate.lock_timeout_error()
         try:
             yield
             conn.exec_driver_sql("COMMIT")
         finally:
-            conn.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": schema_migrate.LOCK_NAME})
+            conn.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": name})
 
     returning_insert: ClassVar[bool] = False
     returning_dedup: ClassVar[bool] = False

@@ -795,17 +795,20 @@ class SqlDriver(SqlAdmin, SqlTopics, SqlControl, SqlProcesses):
         worker_id: str | None = None,
         progress: Mapping[TaskKey, str] | None = None,
         left_out: set[TaskKey] | None = None,
+        wait_locked: bool = False,
     ) -> int:
-        """Rows another transaction holds are left out, not waited for: an outcome write is
-        finishing them, a rescuer taking them (their lease is over anyway), a handler's own
-        transaction holds them, or a session whose client vanished holds them until the server
-        ends it. Waiting would let every other lease of the worker run out meanwhile."""
+        """Rows another transaction holds are left out, not waited for (unless `wait_locked`):
+        an outcome write is finishing them, a rescuer taking them (their lease is over anyway),
+        a handler's own transaction holds them, or a session whose client vanished holds them
+        until the server ends it. Waiting would let every other lease of the worker run out
+        meanwhile."""
         if not keys:
             return 0
         params = keys_param(keys, worker_id)
+        lock = self.sql.stmt_lock_keys(skip_locked=not wait_locked)
 
         async def work(conn: AsyncConnection) -> int:
-            rows = await conn.execute(self.sql.stmt_lock_keys(skip_locked=True), params)
+            rows = await conn.execute(lock, params)
             locked = [TaskKey(row[0], row[1]) for row in rows]
             if locked:
                 ids = [k.id for k in locked]

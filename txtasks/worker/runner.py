@@ -242,6 +242,7 @@ class Runner:
             raise
         except Exception as exc:  # deciding the outcome failed: never leave the row behind
             outcome = Outcome(key, OutcomeKind.DEAD, error=f"outcome failed: {error_text(exc)}")
+        outcome = sanitized(outcome)  # stored, and logged, as text every sink can encode
         if outcome.kind is _CANCEL:
             log.info("task %d %s attempt %d cancelled", row.id, row.task_name, row.attempt)
         elif outcome.kind is not _COMPLETE or outcome.error is not None:
@@ -255,7 +256,7 @@ class Runner:
             if outcome.kind is _COMPLETE:  # else the lease was lost: nothing to count
                 self._outcomes.written_elsewhere(outcome)
         else:
-            self._outcomes.add(outcome if outcome.error is None else sanitized(outcome))
+            self._outcomes.add(outcome)
         self.finished(key)
 
     def _log_failure(self, row: TaskRow, outcome: Outcome) -> None:

@@ -19,10 +19,11 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from txtasks import tracing
+from txtasks._waits import within
 from txtasks.app import App
 from txtasks.driver import Driver
 from txtasks.errors import ConfigurationError
-from txtasks.faults import Outage, backoff_next, open_when_reachable
+from txtasks.faults import Outage, backoff_next, describe, open_when_reachable
 from txtasks.health import HealthServer, Pulse
 from txtasks.keys import Rate
 from txtasks.middleware import Middleware
@@ -45,6 +46,9 @@ CLAIM_ERROR_BACKOFF_MAX = 5.0
 #: away, a lease is extended within a second of its coming back.
 BEAT_RETRY_FIRST = 0.1
 BEAT_RETRY_MAX = 1.0
+#: Lease extensions waiting in line for locked rows at once (`Worker._leases_await`): each
+#: waits two heartbeat intervals and a beat starts one, so two overlap, three at the turn.
+AWAITING_MOST = 3
 #: Seconds between two looks for cancels prompted by cancel wake-ups (the heartbeat looks
 #: anyway).
 CANCEL_LOOK_SPACING = 0.25
@@ -113,6 +117,8 @@ class Worker:
         #: Set while the worker waits for a wake-up or its next poll (its last claim was empty).
         self.idle = asyncio.Event()
         self._force = False
+        #: Extensions waiting in line for rows another transaction holds (`_leases_await`).
+        self._awaiting: set[asyncio.Task[None]] = set()
         #: When the claim loop and the heartbeat last turned (liveness).
         self._pulses = {"claimer": Pulse(), "heartbeat": Pulse()}
         self._loops: list[asyncio.Task[None]] = []
@@ -246,6 +252,9 @@ class Worker:
             await self._shutdown()
             self._beat_stop.set()
             self._outcomes.stop()
+            for waiting in self._awaiting:
+                waiting.cancel()
+                self._loops.append(waiting)
             await asyncio.gather(*self._loops, return_exceptions=True)
             await self._outcomes.drain(give_up=lambda: self._force)
             self._runner.close()
@@ -487,9 +496,10 @@ class Worker:
     async def _leases_extend(self, keys: list[TaskKey]) -> bool:
         """Extend the leases of `keys`; whether the database answered."""
         until = self.app.clock() + timedelta(seconds=self.config.lease)
+        left_out: set[TaskKey] = set()
         try:
             held = await self.driver.lease_extend_many(
-                keys, lease_until=until, worker_id=self.worker_id
+                keys, lease_until=until, worker_id=self.worker_id, left_out=left_out
             )
             self._beat_outage.ok()
         except Exception as exc:
@@ -500,7 +510,39 @@ class Worker:
             lost = sum(1 for k in keys if k in self._held or k in pending) - held
             if lost > 0:
                 log.warning("%d of %d leases were lost (rescued elsewhere)", lost, len(keys))
+        if left_out:
+            self._leases_await(left_out)
         return True
+
+    def _leases_await(self, left_out: set[TaskKey]) -> None:
+        """Extend, as soon as their rows are free, the leases of outcomes not stored yet that
+        the beat left out because another transaction holds their rows.
+
+        That transaction is most often this worker's own outcome write, which stores them a
+        moment later. But a write whose answer was lost may keep its locks on the server
+        (its session not ended yet) for longer than the lease has left: skipped beat after
+        beat, the lease runs out, and when that transaction ends without storing them, the
+        rescuer would take the rows before the next beat or the write's retry, and the task
+        would run again. An extension waiting in line for the locks comes first instead.
+
+        Each beat that leaves such rows out puts one more in line, for two intervals: there
+        is always one in line, and the first to get the rows has a lease that started at most
+        two intervals ago."""
+        self._awaiting = {t for t in self._awaiting if not t.done()}
+        waiting = sorted(left_out.intersection(self._outcomes.keys()))
+        if waiting and len(self._awaiting) < AWAITING_MOST:
+            task = asyncio.create_task(self._leases_extend_waiting(waiting))
+            self._awaiting.add(task)
+
+    async def _leases_extend_waiting(self, keys: list[TaskKey]) -> None:
+        until = self.app.clock() + timedelta(seconds=self.config.lease)
+        extend = self.driver.lease_extend_many(
+            keys, lease_until=until, worker_id=self.worker_id, wait_locked=True
+        )
+        try:
+            await within(extend, 2 * self.config.heartbeat_interval)
+        except Exception as exc:  # the beats go on, and put another in line while it matters
+            log.debug("waiting to extend %d lease(s): %s", len(keys), describe(exc))
 
     # -- health -------------------------------------------------------------------------------
 
