@@ -35,6 +35,10 @@ from tests.spark.speculation_app import PARTITIONS, ROWS
 from tests.spark.test_spark_write import live_rows, staged_count, state_counts
 from tests.waiting import until_sync
 
+#: One pytest process runs them all (pytest-xdist `--dist loadgroup`): one cluster and one
+#: application for the module, not one per process.
+pytestmark = pytest.mark.xdist_group("spark-cluster")
+
 #: Seconds a write gets (the first one: the application's JVM and executors start).
 WRITE_TIMEOUT = 90.0
 #: Seconds the application gets to stop once its stdin is closed.
