@@ -14,7 +14,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, inspect, select
 
 from tests import isolation
 from tests.acceptance.apps import cli_many
-from tests.conftest import server_url
+from tests.conftest import backends, server_url
 from tests.waiting import NotWithin, until_sync
 from txtasks.cli import demo_app
 from txtasks.driver import driver_for_url
@@ -161,13 +161,7 @@ def hold_lock(conn: Connection) -> None:
     assert held.scalar() in (True, 1), "the migration lock is taken"
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgresql),
-        pytest.param("mysql", id="mysql", marks=pytest.mark.mysql),
-    ],
-)
+@pytest.mark.parametrize("backend", backends("postgresql", "mysql"))
 async def test_a_migrate_that_cannot_get_the_lock_says_so(
     request: pytest.FixtureRequest, backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -209,13 +203,7 @@ def test_the_lock_wait_outlasts_a_shorter_statement_timeout(
         bounded.dispose()
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgresql),
-        pytest.param("mysql", id="mysql", marks=pytest.mark.mysql),
-    ],
-)
+@pytest.mark.parametrize("backend", backends("postgresql", "mysql"))
 async def test_a_migrate_never_waits_for_one_in_another_database_of_the_server(
     request: pytest.FixtureRequest, backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
