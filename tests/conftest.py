@@ -77,12 +77,12 @@ SPARK_GROUP = "spark"
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests that use the `spark` fixture go to `SPARK_GROUP`. The tests of a group go
-    first: one process runs them one after another, and a group that started last would end
-    last."""
-    for item in items:
-        if "spark" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
-    grouped = [item for item in items if item.get_closest_marker("xdist_group") is not None]
-    chosen = set(grouped)
-    items[:] = grouped + [item for item in items if item not in chosen]
+    """The tests that use the `spark` fixture go to `SPARK_GROUP`, and first: one process
+    runs them one after another (several minutes), and a group that started last would end
+    last. (Only that group: JVMs that all start at once, on two cores, made a first Spark
+    query outlast its test's timeout.)"""
+    spark = [item for item in items if "spark" in getattr(item, "fixturenames", ())]
+    for item in spark:
+        item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
+    chosen = set(spark)
+    items[:] = spark + [item for item in items if item not in chosen]
