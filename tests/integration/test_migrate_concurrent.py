@@ -3,6 +3,7 @@ every one exits 0, the schema is applied once, each migration is recorded once."
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -161,24 +162,33 @@ def hold_lock(conn: Connection) -> None:
     assert held.scalar() in (True, 1), "the migration lock is taken"
 
 
+@contextlib.contextmanager
+def lock_held(url: str) -> Iterator[None]:
+    """The migration lock of `url`'s database held by a session of its own meanwhile."""
+    holder = create_engine(url_sync(url))
+    try:
+        with holder.connect() as conn:
+            hold_lock(conn)
+            yield
+    finally:
+        holder.dispose()
+
+
 @pytest.mark.parametrize("backend", backends("postgresql", "mysql"))
 async def test_a_migrate_that_cannot_get_the_lock_says_so(
     request: pytest.FixtureRequest, backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = server_url(request, backend, tmp_path)
     monkeypatch.setattr(schema_migrate, "LOCK_WAIT", 1)
-    holder = create_engine(url_sync(url))
     driver = driver_for_url(url)
     try:
-        with holder.connect() as conn:
-            hold_lock(conn)
+        with lock_held(url):
             started = time.monotonic()
             with pytest.raises(SchemaError, match="held the migration lock 'txtasks_migrate'"):
                 await driver.migrate()
             assert 0.9 < time.monotonic() - started < 10
     finally:
         await driver.close()
-        holder.dispose()
 
 
 @pytest.mark.postgresql
@@ -187,19 +197,16 @@ def test_the_lock_wait_outlasts_a_shorter_statement_timeout(
 ) -> None:
     """A session's statement_timeout (txtasks sets one) does not cut the wait short."""
     monkeypatch.setattr(schema_migrate, "LOCK_WAIT", 1)
-    holder = create_engine(url_sync(postgres_url))
     bounded = create_engine(
         url_sync(postgres_url), connect_args={"options": "-c statement_timeout=200"}
     )
     try:
-        with holder.connect() as held, bounded.begin() as conn:
-            hold_lock(held)
+        with lock_held(postgres_url), bounded.begin() as conn:
             started = time.monotonic()
             with pytest.raises(SchemaError, match="for more than 1 s"):
                 migrate(conn)
             assert time.monotonic() - started > 0.9
     finally:
-        holder.dispose()
         bounded.dispose()
 
 
@@ -213,15 +220,12 @@ async def test_a_migrate_never_waits_for_one_in_another_database_of_the_server(
     monkeypatch.setattr(schema_migrate, "LOCK_WAIT", 1)
     base = request.getfixturevalue("txtasks_servers").urls[backend]
     other = isolation.create_database(backend, base, isolation.own_name() + "_b")
-    holder = create_engine(url_sync(url))
     driver = driver_for_url(other)
     try:
-        with holder.connect() as conn:
-            hold_lock(conn)
+        with lock_held(url):
             started = time.monotonic()
             await driver.migrate()  # already at the latest version: takes the lock, reads it
             assert time.monotonic() - started < 0.9
     finally:
         await driver.close()
-        holder.dispose()
         isolation.drop_databases(backend, base, isolation.like_literal(isolation.own_name() + "_b"))
