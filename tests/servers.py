@@ -350,12 +350,17 @@ def _start_local(kinds: list[str]) -> Servers:
 # ----------------------------------------------------------------------------- resolution
 
 
-def find_servers() -> Servers:
-    """Locate or start the test servers (see the module docstring for the order)."""
+def given_servers() -> Servers | None:
+    """The servers the environment names (1 and 2 of the module docstring), or None."""
     env_file = os.environ.get(SERVICES_ENV_VAR)
     if env_file:
         return _from_services_env(Path(env_file))
-    given = _from_url_vars()
+    return _from_url_vars()
+
+
+def find_servers() -> Servers:
+    """Locate or start the test servers (see the module docstring for the order)."""
+    given = given_servers()
     if given is not None:
         return given
     docker_error = ""
@@ -499,8 +504,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     run's databases on servers it did not start: the template, a crashed worker's."""
     if hasattr(session.config, "workerinput"):
         return
-    env_file = os.environ.get(SERVICES_ENV_VAR)
-    servers = _from_services_env(Path(env_file)) if env_file else _from_url_vars()
+    servers = given_servers()
     if servers is None:
         return  # servers started by the fixtures: stopped with everything on them
     pattern = isolation.like_literal(f"{isolation.PREFIX}{isolation.run_token()}_") + "%"
