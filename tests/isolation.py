@@ -178,7 +178,7 @@ def vhost_command(services_sh: Path, base: Path, command: str, name: str) -> Non
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=180,
         check=False,
     )
     if result.returncode != 0:

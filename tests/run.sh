@@ -12,6 +12,10 @@
 # 4. Runs `ruff check`, `mypy` and `pytest "$@"`, all three even if one fails, and exits non-zero
 #    if any failed. pytest's "no tests collected" (exit code 5) counts as a failure.
 #
+# 5. At most TXTASKS_TEST_SLOTS runs at once on one machine (default: one per two cores); a
+#    run started while they are busy waits for one to end (servers and databases are each
+#    run's own anyway: the limit is for the CPU).
+#
 # Env knobs: those of tests/services.sh (PG_FAST=0 for PostgreSQL's durable defaults, SERVICES,
 # SVC_TIMEOUT, PG_PORT, MY_PORT, RMQ_PORT: a port given here is used as is, not searched).
 set -uo pipefail
@@ -21,6 +25,28 @@ PY=$ROOT/.venv/bin/python
 say() { printf '[run] %s\n' "$*"; }
 
 bash tests/install-deps.sh || { say "tests/install-deps.sh failed"; exit 1; }
+
+# One run per two cores at a time on this machine (TXTASKS_TEST_SLOTS overrides; 0: no limit).
+# A run keeps every core busy (servers, 4 pytest processes, a JVM): two at once on 2 cores
+# starve each other past the tests' time limits, so a second run waits for a free slot.
+take_slot() {
+  local slots=${TXTASKS_TEST_SLOTS:-$(( $(nproc) / 2 ))} i said=""
+  [ "$slots" -eq 0 ] && return 0
+  [ "$slots" -ge 1 ] || slots=1
+  while true; do
+    for ((i = 0; i < slots; i++)); do
+      exec {SLOT_FD}> "${TMPDIR:-/tmp}/txtasks-tests.slot$i"
+      if flock -n "$SLOT_FD"; then
+        [ -n "$said" ] && say "slot $i free: starting"
+        return 0
+      fi
+      exec {SLOT_FD}>&-
+    done
+    [ -n "$said" ] || { say "waiting: $slots test run(s) at once on this machine (TXTASKS_TEST_SLOTS)"; said=1; }
+    sleep 2
+  done
+}
+take_slot
 
 BASE=$(mktemp -d /tmp/txtasks-svc.XXXXXX) || exit 1
 cleanup() {
