@@ -12,11 +12,11 @@ or skip). A changed schedule starts over from the next fire time after now.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 
 from cleaner.sweep import MAX_BATCHES, Sweep, SweepConfig, SweepResult
+from txtasks.enqueue import TaskWrite
 from txtasks.periodic import Schedule
 from txtasks.types import NewTask, PeriodicRow
 
@@ -111,21 +111,17 @@ class Periodic(Sweep[PeriodicConfig, PeriodicResult]):
     ) -> list[int] | None:
         """Move the schedule from `expected` to `following` and enqueue `times`, in one
         transaction; their ids, or None when another cleaner moved it first."""
-        fires = [self._task(schedule, t) for t in times]
+        write = self.app.enqueuer.prepare(TaskWrite(self._task(schedule, t) for t in times))
         ids = await self.driver.periodic_advance(
             schedule.name,
             schedule=schedule.spec,
             expected=expected,
             next_fire_at=following,
-            fires=fires,
+            fires=write.items,
             now=now,
         )
         if ids:
-            by_queue: dict[str, list[int]] = defaultdict(list)
-            for task, task_id in zip(fires, ids, strict=True):
-                by_queue[task.queue].append(task_id)
-            for queue, queue_ids in by_queue.items():
-                self.app.notify(queue, queue_ids)
+            self.app.enqueuer.committed(write, ids)
         return ids
 
     def _task(self, schedule: Schedule, fire_time: datetime) -> NewTask:

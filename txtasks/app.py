@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import MappingProxyType
@@ -16,14 +17,7 @@ from txtasks.clock import Clock, utcnow
 from txtasks.control import TaskFilter, cancels_by_queue, task_state
 from txtasks.driver import Driver, driver_for_url
 from txtasks.driver.timeouts import Timeouts
-from txtasks.enqueue import (
-    ainsert_many_tx,
-    apublish_many_tx,
-    async_sync_connection,
-    insert_many_tx,
-    publish_many_tx,
-    sync_connection,
-)
+from txtasks.enqueue import Enqueuer, PublishWrite, TaskWrite
 from txtasks.env import ENV_BROKER_URL, ENV_DATABASE_URL
 from txtasks.errors import (
     ConfigurationError,
@@ -34,6 +28,7 @@ from txtasks.errors import (
 )
 from txtasks.keys import NO_LIMITS, KeyLimits, Rate
 from txtasks.middleware import Middleware
+from txtasks.options import EnqueueOptions
 from txtasks.payload import DEFAULT_MAX_PAYLOAD_BYTES, json_decode
 from txtasks.periodic import CatchUp, Schedule, schedule_from
 from txtasks.task import (
@@ -57,13 +52,13 @@ from txtasks.types import (
     TaskRow,
     TaskState,
 )
-from txtasks.wakeup import Notifier, NullNotifier, notifier_for_url, wakeup_after_commit
-from txtasks.wakeup.commit import PendingWakeups
+from txtasks.wakeup import Notifier, NullNotifier, notifier_for_url
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from txtasks.enqueue import AsyncExecutor, SyncExecutor
+    from txtasks.options import EnqueueSettings
     from txtasks.task import OptionSettings
 
 log = logging.getLogger("txtasks.topics")
@@ -77,37 +72,8 @@ __all__ = [
     "Handler",
     "Task",
     "TaskOptions",
-    "by_queue",
     "check_queue_name",
-    "due_now",
 ]
-
-
-def due_now(row: NewTask) -> bool:
-    """Claimable as soon as it commits (a delayed task is found by the poll when due)."""
-    return row.state is TaskState.PENDING and row.run_at <= row.created_at
-
-
-def deliveries_by_queue(
-    publishes: Sequence[NewPublish], found: Sequence[Sequence[Delivery]]
-) -> dict[str, list[int]]:
-    """Ids of the tasks of publishes due now, grouped by their groups' queues (one wake-up
-    per queue)."""
-    grouped: dict[str, list[int]] = {}
-    for publish, delivered in zip(publishes, found, strict=True):
-        if publish.due_now:
-            for d in delivered:
-                grouped.setdefault(d.queue, []).append(d.id)
-    return grouped
-
-
-def by_queue(rows: Sequence[NewTask], ids: Sequence[int]) -> dict[str, list[int]]:
-    """Ids of rows due now, grouped by queue (one wake-up per queue)."""
-    grouped: dict[str, list[int]] = {}
-    for row, task_id in zip(rows, ids, strict=True):
-        if due_now(row):
-            grouped.setdefault(row.queue, []).append(task_id)
-    return grouped
 
 
 #: `App.result`'s backoff between two reads of a task that has not finished (seconds).
@@ -169,6 +135,8 @@ class App:
         self._finished: dict[int, asyncio.Event] = {}
         #: Middleware around every attempt and enqueue, in order (txtasks.middleware).
         self._middleware: tuple[Middleware, ...] = ()
+        #: The one path every enqueue and publish takes (txtasks.enqueue).
+        self.enqueuer = Enqueuer(self)
         for m in middleware:
             self.middleware(m)
 
@@ -229,13 +197,10 @@ class App:
         self._middleware = (*self._middleware, middleware)
         return middleware
 
-    def _before_enqueue(self, rows: list[NewTask]) -> list[NewTask]:
-        """The rows as the middleware's `before_enqueue` hooks leave them."""
-        for middleware in self._middleware:
-            changed = middleware.before_enqueue(rows)
-            if changed is not None:
-                rows = list(changed)
-        return rows
+    @property
+    def middlewares(self) -> tuple[Middleware, ...]:
+        """The application's middleware, in order."""
+        return self._middleware
 
     def _check_groups(self, task_name: str, group: str, topics: Iterable[str]) -> None:
         """One group of a topic is one task: a second task subscribing as the same group of
@@ -354,43 +319,35 @@ class App:
     # -- building rows ------------------------------------------------------------------------
 
     def new_task(
-        self,
-        task: Task | str,
-        payload: Any = None,
-        *,
-        delay: float | timedelta | None = None,
-        run_at: datetime | None = None,
-        priority: int | None = None,
-        dedup_key: str | None = None,
-        headers: dict[str, str] | None = None,
-        queue: str | None = None,
-        key: str | None = None,
+        self, task: Task | str, payload: Any = None, **options: Unpack[EnqueueSettings]
     ) -> NewTask:
         """Validate and encode one task; nothing is written. Errors name the bad option."""
         return new_row(
             self._resolve(task),
             payload,
+            EnqueueOptions.of("enqueue", options),
             clock=self.clock,
             max_payload_bytes=self.max_payload_bytes,
-            delay=delay,
-            run_at=run_at,
-            priority=priority,
-            dedup_key=dedup_key,
-            headers=headers,
-            queue=queue,
-            key=key,
         )
 
     # -- enqueue ------------------------------------------------------------------------------
 
     def enqueue_tx(
-        self, executor: SyncExecutor, task: Task | str, payload: Any = None, **options: Any
+        self,
+        executor: SyncExecutor,
+        task: Task | str,
+        payload: Any = None,
+        **options: Unpack[EnqueueSettings],
     ) -> int:
         """Insert one task in the caller's Connection/Session transaction."""
         return self.enqueue_many_tx(executor, [self.new_task(task, payload, **options)])[0]
 
     async def aenqueue_tx(
-        self, executor: AsyncExecutor, task: Task | str, payload: Any = None, **options: Any
+        self,
+        executor: AsyncExecutor,
+        task: Task | str,
+        payload: Any = None,
+        **options: Unpack[EnqueueSettings],
     ) -> int:
         """Insert one task in the caller's AsyncConnection/AsyncSession transaction."""
         rows = [self.new_task(task, payload, **options)]
@@ -401,73 +358,38 @@ class App:
 
         With a broker, a wake-up per queue goes out when that transaction commits.
         """
-        batch = list(rows)
-        if self._middleware:
-            batch = self._before_enqueue(batch)
-        wakes = self._wakes(batch)  # before the insert: a bad broker URL fails the call cleanly
-        ids = insert_many_tx(executor, batch)
-        if wakes:
-            wakeup_after_commit(sync_connection(executor), self.notifier, by_queue(batch, ids))
-        return ids
+        return self.enqueuer.run_sync(TaskWrite(rows), executor)
 
     async def aenqueue_many_tx(self, executor: AsyncExecutor, rows: Iterable[NewTask]) -> list[int]:
         """Bulk insert in the caller's async transaction: one statement per batch.
 
         With a broker, a wake-up per queue goes out when that transaction commits.
         """
-        batch = list(rows)
-        if self._middleware:
-            batch = self._before_enqueue(batch)
-        wakes = self._wakes(batch)
-        ids = await ainsert_many_tx(executor, batch)
-        if wakes:
-            connection = await async_sync_connection(executor)
-            wakeup_after_commit(connection, self.notifier, by_queue(batch, ids))
-        return ids
-
-    def _wakes(self, rows: list[NewTask]) -> bool:
-        """Whether these rows need wake-ups: a broker is configured and some are ready now."""
-        if not rows or isinstance(self.notifier, NullNotifier):
-            return False
-        return any(due_now(r) for r in rows)
+        return await self.enqueuer.run(TaskWrite(rows), executor)
 
     def notify(self, queue: str, ids: Iterable[int] = ()) -> None:
         """Send a wake-up for `queue` now: for callers that commit by other means."""
         self.notifier.notify(check_queue_name(queue), list(ids))
 
-    def _notify_committed(self, rows: list[NewTask], ids: list[int], wakes: bool) -> None:
-        if wakes:
-            pending = PendingWakeups()
-            pending.add(self.notifier, by_queue(rows, ids))
-            pending.publish()  # logs, never raises: the rows are committed already
-
-    def enqueue(self, task: Task | str, payload: Any = None, **options: Any) -> int:
+    def enqueue(
+        self, task: Task | str, payload: Any = None, **options: Unpack[EnqueueSettings]
+    ) -> int:
         """Insert one task in a transaction of its own."""
         return self.enqueue_many([self.new_task(task, payload, **options)])[0]
 
-    async def aenqueue(self, task: Task | str, payload: Any = None, **options: Any) -> int:
+    async def aenqueue(
+        self, task: Task | str, payload: Any = None, **options: Unpack[EnqueueSettings]
+    ) -> int:
         """Insert one task in a transaction of its own."""
         return (await self.aenqueue_many([self.new_task(task, payload, **options)]))[0]
 
     def enqueue_many(self, rows: Iterable[NewTask]) -> list[int]:
         """Insert in a transaction of its own (committed on return)."""
-        batch = list(rows)
-        if self._middleware:
-            batch = self._before_enqueue(batch)
-        wakes = self._wakes(batch)
-        ids = self.driver.task_insert_many_sync(batch)
-        self._notify_committed(batch, ids, wakes)
-        return ids
+        return self.enqueuer.run_sync(TaskWrite(rows))
 
     async def aenqueue_many(self, rows: Iterable[NewTask]) -> list[int]:
         """Insert in a transaction of its own (committed on return)."""
-        batch = list(rows)
-        if self._middleware:
-            batch = self._before_enqueue(batch)
-        wakes = self._wakes(batch)
-        ids = await self.driver.task_insert_many(batch)
-        self._notify_committed(batch, ids, wakes)
-        return ids
+        return await self.enqueuer.run(TaskWrite(rows))
 
     # -- topics -------------------------------------------------------------------------------
 
@@ -493,34 +415,24 @@ class App:
         return await self.driver.subscription_delete_many([pair]) > 0
 
     def new_publish(
-        self,
-        topic: str,
-        payload: Any = None,
-        *,
-        key: str | None = None,
-        dedup_key: str | None = None,
-        delay: float | timedelta | None = None,
-        run_at: datetime | None = None,
-        priority: int | None = None,
-        headers: dict[str, str] | None = None,
+        self, topic: str, payload: Any = None, **options: Unpack[EnqueueSettings]
     ) -> NewPublish:
         """Validate and encode one publish, for `publish_many_tx` (bulk); nothing is written.
-        Errors name the bad option."""
+        Errors name the bad option (`queue` is not one: each group has its queue)."""
         return new_publish(
             topic,
             payload,
+            EnqueueOptions.of("publish", options),
             clock=self.clock,
             max_payload_bytes=self.max_payload_bytes,
-            key=key,
-            dedup_key=dedup_key,
-            delay=delay,
-            run_at=run_at,
-            priority=priority,
-            headers=headers,
         )
 
     def publish_tx(
-        self, executor: SyncExecutor, topic: str, payload: Any = None, **options: Any
+        self,
+        executor: SyncExecutor,
+        topic: str,
+        payload: Any = None,
+        **options: Unpack[EnqueueSettings],
     ) -> list[int]:
         """Publish to `topic` in the caller's Connection/Session transaction: one task per
         group subscribed when it runs, in one statement. Returns their ids (none: no group
@@ -529,7 +441,11 @@ class App:
         return self.publish_many_tx(executor, [publish])[0]
 
     async def apublish_tx(
-        self, executor: AsyncExecutor, topic: str, payload: Any = None, **options: Any
+        self,
+        executor: AsyncExecutor,
+        topic: str,
+        payload: Any = None,
+        **options: Unpack[EnqueueSettings],
     ) -> list[int]:
         """`publish_tx` in the caller's AsyncConnection/AsyncSession transaction."""
         publish = self.new_publish(topic, payload, **options)
@@ -540,62 +456,37 @@ class App:
     ) -> list[list[int]]:
         """Bulk publish in the caller's sync transaction: one statement per batch of up to 256
         publishes whatever the number of groups. Each publish's task ids."""
-        batch = list(publishes)
-        wakes = self._wakes_publish(batch)
-        found = publish_many_tx(executor, batch)
-        if wakes:
-            connection = sync_connection(executor)
-            wakeup_after_commit(connection, self.notifier, deliveries_by_queue(batch, found))
-        return self._published(batch, found)
+        write = PublishWrite(publishes)
+        return self._published(write.items, self.enqueuer.run_sync(write, executor))
 
     async def apublish_many_tx(
         self, executor: AsyncExecutor, publishes: Iterable[NewPublish]
     ) -> list[list[int]]:
         """Bulk publish in the caller's async transaction."""
-        batch = list(publishes)
-        wakes = self._wakes_publish(batch)
-        found = await apublish_many_tx(executor, batch)
-        if wakes:
-            connection = await async_sync_connection(executor)
-            wakeup_after_commit(connection, self.notifier, deliveries_by_queue(batch, found))
-        return self._published(batch, found)
+        write = PublishWrite(publishes)
+        return self._published(write.items, await self.enqueuer.run(write, executor))
 
-    def publish(self, topic: str, payload: Any = None, **options: Any) -> list[int]:
+    def publish(
+        self, topic: str, payload: Any = None, **options: Unpack[EnqueueSettings]
+    ) -> list[int]:
         """Publish in a transaction of its own (committed on return)."""
         return self.publish_many([self.new_publish(topic, payload, **options)])[0]
 
-    async def apublish(self, topic: str, payload: Any = None, **options: Any) -> list[int]:
+    async def apublish(
+        self, topic: str, payload: Any = None, **options: Unpack[EnqueueSettings]
+    ) -> list[int]:
         """Publish in a transaction of its own (committed on return)."""
         return (await self.apublish_many([self.new_publish(topic, payload, **options)]))[0]
 
     def publish_many(self, publishes: Iterable[NewPublish]) -> list[list[int]]:
         """Bulk publish in a transaction of its own (committed on return)."""
-        batch = list(publishes)
-        wakes = self._wakes_publish(batch)
-        found = self.driver.topic_publish_many_sync(batch)
-        self._notify_published(batch, found, wakes)
-        return self._published(batch, found)
+        write = PublishWrite(publishes)
+        return self._published(write.items, self.enqueuer.run_sync(write))
 
     async def apublish_many(self, publishes: Iterable[NewPublish]) -> list[list[int]]:
         """Bulk publish in a transaction of its own (committed on return)."""
-        batch = list(publishes)
-        wakes = self._wakes_publish(batch)
-        found = await self.driver.topic_publish_many(batch)
-        self._notify_published(batch, found, wakes)
-        return self._published(batch, found)
-
-    def _wakes_publish(self, publishes: list[NewPublish]) -> bool:
-        if not publishes or isinstance(self.notifier, NullNotifier):
-            return False
-        return any(p.due_now for p in publishes)
-
-    def _notify_published(
-        self, publishes: list[NewPublish], found: list[list[Delivery]], wakes: bool
-    ) -> None:
-        if wakes:
-            pending = PendingWakeups()
-            pending.add(self.notifier, deliveries_by_queue(publishes, found))
-            pending.publish()
+        write = PublishWrite(publishes)
+        return self._published(write.items, await self.enqueuer.run(write))
 
     def _published(
         self, publishes: list[NewPublish], found: list[list[Delivery]]
@@ -677,16 +568,14 @@ class App:
         is stopped by its worker and recorded as cancelled; a finished one is left as it is.
         Returns what was done (`Cancel.describe()` says it in words). With a broker, the
         workers of a running task's queue get a cancel wake-up and stop it at once."""
-        results = self.driver.task_cancel_many_sync([task_id], now=self.clock())
-        self._wake_cancelled(results)
-        return results[0]
+        return self.cancel_many([task_id])[0]
 
     async def acancel(self, task_id: int) -> Cancel:
         """`cancel`, for async callers; a running task's worker is woken to stop it at once."""
         [result] = await self.acancel_many([task_id])
         return result
 
-    async def acancel_many(
+    def cancel_many(
         self,
         ids: Iterable[int] | None = None,
         *,
@@ -697,14 +586,32 @@ class App:
     ) -> list[Cancel]:
         """Cancel the tasks `ids`, or every live task of `queue`, of task `task` and with key
         `key` (those given), in transactions of up to `batch` tasks. What was done to each."""
-        where = self._task_filter(queue, task, key)
-        now = self.clock()
-        if ids is not None:
-            if not where.empty:
-                raise ConfigurationError("cancel: give task ids, or queue/task/key, not both")
-            results = await self.driver.task_cancel_many(list(ids), now=now)
-        elif where.empty:
-            raise ConfigurationError("cancel: give task ids, or a queue, a task or a key")
+        ids_list, where, now = self._cancel_target(ids, queue, task, key)
+        if ids_list is not None:
+            results = self.driver.task_cancel_many_sync(ids_list, now=now)
+        else:
+            results = []
+            while True:
+                found = self.driver.task_cancel_many_sync(where=where, now=now, limit=batch)
+                results += found
+                if len(found) < batch:
+                    break
+        self._wake_cancelled(results)
+        return results
+
+    async def acancel_many(
+        self,
+        ids: Iterable[int] | None = None,
+        *,
+        queue: str | None = None,
+        task: Task | str | None = None,
+        key: str | None = None,
+        batch: int = 1000,
+    ) -> list[Cancel]:
+        """`cancel_many`, for async callers."""
+        ids_list, where, now = self._cancel_target(ids, queue, task, key)
+        if ids_list is not None:
+            results = await self.driver.task_cancel_many(ids_list, now=now)
         else:
             results = []
             while True:
@@ -714,6 +621,21 @@ class App:
                     break
         self._wake_cancelled(results)
         return results
+
+    def _cancel_target(
+        self,
+        ids: Iterable[int] | None,
+        queue: str | None,
+        task: Task | str | None,
+        key: str | None,
+    ) -> tuple[list[int] | None, TaskFilter, datetime]:
+        """What a cancel names: ids, or a filter (checked: one of the two)."""
+        where = self._task_filter(queue, task, key)
+        if ids is not None and not where.empty:
+            raise ConfigurationError("cancel: give task ids, or queue/task/key, not both")
+        if ids is None and where.empty:
+            raise ConfigurationError("cancel: give task ids, or a queue, a task or a key")
+        return None if ids is None else list(ids), where, self.clock()
 
     def _wake_cancelled(self, results: Sequence[Cancel]) -> None:
         """A cancel wake-up to the workers of the queues of running tasks asked to stop: they
@@ -753,16 +675,28 @@ class App:
             self.notify(queue)
         return resumed
 
-    async def aset_queue_rate(self, queue: str, rate: Rate) -> None:
+    def set_queue_rate(self, queue: str, rate: Rate) -> None:
         """Set the rate of `queue` as a whole at run time, over the declared one (`queue_rate`):
         every worker of the queue applies it within `txtasks.worker.worker.QUEUE_RATES_EVERY`
         seconds."""
+        self.driver.queue_rate_set_sync(*self._rate_checked(queue, rate))
+
+    async def aset_queue_rate(self, queue: str, rate: Rate) -> None:
+        """`set_queue_rate`, for async callers."""
+        await self.driver.queue_rate_set(*self._rate_checked(queue, rate))
+
+    @staticmethod
+    def _rate_checked(queue: str, rate: Rate) -> tuple[str, Rate]:
         if not isinstance(rate, Rate):
-            raise ConfigurationError(f"aset_queue_rate: expected a Rate, got {rate!r}")
-        await self.driver.queue_rate_set(check_queue_name(queue, setting="queue"), rate)
+            raise ConfigurationError(f"set_queue_rate: expected a Rate, got {rate!r}")
+        return check_queue_name(queue, setting="queue"), rate
+
+    def clear_queue_rate(self, queue: str) -> bool:
+        """Remove the rate set at run time (False: none was): the declared one applies again."""
+        return self.driver.queue_rate_clear_sync(check_queue_name(queue, setting="queue"))
 
     async def aclear_queue_rate(self, queue: str) -> bool:
-        """Remove the rate set at run time (False: none was): the declared one applies again."""
+        """`clear_queue_rate`, for async callers."""
         return await self.driver.queue_rate_clear(check_queue_name(queue, setting="queue"))
 
     def inspect(self, task_id: int) -> TaskRow | None:
@@ -786,12 +720,12 @@ class App:
     ) -> list[TaskRow]:
         """Up to `limit` tasks in `states` (default: every live state) of `queue`, of task
         `task` and with key `key` (those given): live ones newest first, then finished ones
-        last finished first. (`app.tasks` is the registry of task declarations; `atasks` is
-        this listing for async callers.)"""
+        last finished first. (`app.tasks` is the registry of task declarations; `atask_list`
+        is this listing for async callers.)"""
         chosen, where = self._listing(states, queue, task, key, limit)
         return self.driver.task_list_sync(states=chosen, where=where, limit=limit)
 
-    async def atasks(
+    async def atask_list(
         self,
         *,
         states: Iterable[TaskState | str] | None = None,
@@ -803,6 +737,13 @@ class App:
         """`task_list`, for async callers."""
         chosen, where = self._listing(states, queue, task, key, limit)
         return await self.driver.task_list(states=chosen, where=where, limit=limit)
+
+    async def atasks(self, **listing: Any) -> list[TaskRow]:
+        """Deprecated: `atask_list` (the regular name of `task_list`'s async form)."""
+        warnings.warn(
+            "App.atasks is deprecated; use App.atask_list", DeprecationWarning, stacklevel=2
+        )
+        return await self.atask_list(**listing)
 
     def _listing(
         self,

@@ -48,7 +48,11 @@ class Middleware:
         return None
 
     def before_enqueue(self, rows: Sequence[NewTask]) -> Sequence[NewTask] | None:
-        """Before the application inserts tasks (every enqueue, in a transaction of its own or
-        the caller's): return changed rows (e.g. with headers added) or None to keep them;
-        raise to refuse the enqueue (nothing is written). Always sync: enqueues can be."""
+        """Before the application writes tasks (every enqueue, in a transaction of its own or
+        the caller's; every publish to a topic; every periodic fire): return changed rows
+        (e.g. with headers added, `dataclasses.replace`) or None to keep them; raise to refuse
+        the call (nothing is written). Always sync: enqueues can be.
+
+        A publish comes as one row for the tasks of all its groups: `topic` set, `task_name`
+        and `queue` empty (see docs/middleware.md)."""
         return None

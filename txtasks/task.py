@@ -5,14 +5,15 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from txtasks._checks import check_number
-from txtasks.clock import Clock, as_utc, seconds
+from txtasks.clock import Clock, seconds
 from txtasks.errors import ConfigurationError
 from txtasks.keys import KeyLimits, check_key
 from txtasks.middleware import Middleware
+from txtasks.options import EnqueueOptions, EnqueueSettings
 from txtasks.payload import headers_encode, payload_encode
 from txtasks.policy import AckPolicy, RetryPolicy
 from txtasks.retry import RetryStrategy, as_strategy
@@ -21,6 +22,8 @@ from txtasks.tracing import headers_with_trace
 from txtasks.types import QUEUE_NAME_RE, NewTask
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from txtasks.app import App
     from txtasks.enqueue import AsyncExecutor, SyncExecutor
 
@@ -208,25 +211,27 @@ class Task:
     def __repr__(self) -> str:
         return f"<Task {self.name} queue={self.options.queue}>"
 
-    def new(self, payload: Any = None, **options: Any) -> NewTask:
+    def new(self, payload: Any = None, **options: Unpack[EnqueueSettings]) -> NewTask:
         """A task ready to insert, for `enqueue_many_tx` (bulk)."""
         return self.app.new_task(self, payload, **options)
 
-    def enqueue_tx(self, executor: SyncExecutor, payload: Any = None, **options: Any) -> int:
+    def enqueue_tx(
+        self, executor: SyncExecutor, payload: Any = None, **options: Unpack[EnqueueSettings]
+    ) -> int:
         """Insert in the caller's Connection/Session transaction; returns the task id."""
         return self.app.enqueue_many_tx(executor, [self.new(payload, **options)])[0]
 
     async def aenqueue_tx(
-        self, executor: AsyncExecutor, payload: Any = None, **options: Any
+        self, executor: AsyncExecutor, payload: Any = None, **options: Unpack[EnqueueSettings]
     ) -> int:
         """Insert in the caller's AsyncConnection/AsyncSession transaction; returns the id."""
         return (await self.app.aenqueue_many_tx(executor, [self.new(payload, **options)]))[0]
 
-    def enqueue(self, payload: Any = None, **options: Any) -> int:
+    def enqueue(self, payload: Any = None, **options: Unpack[EnqueueSettings]) -> int:
         """Insert in a transaction of its own (committed on return)."""
         return self.app.enqueue_many([self.new(payload, **options)])[0]
 
-    async def aenqueue(self, payload: Any = None, **options: Any) -> int:
+    async def aenqueue(self, payload: Any = None, **options: Unpack[EnqueueSettings]) -> int:
         """Insert in a transaction of its own (committed on return)."""
         return (await self.app.aenqueue_many([self.new(payload, **options)]))[0]
 
@@ -234,55 +239,34 @@ class Task:
 def new_row(
     task: Task,
     payload: Any,
+    options: EnqueueOptions,
     *,
     clock: Clock,
     max_payload_bytes: int,
-    delay: float | timedelta | None,
-    run_at: datetime | None,
-    priority: int | None,
-    dedup_key: str | None,
-    headers: dict[str, str] | None,
-    queue: str | None,
-    key: str | None = None,
 ) -> NewTask:
     """Validate and encode one task of `task`; nothing is written. Errors name the bad option."""
-    options = task.options
-    if delay is not None and run_at is not None:
-        raise ConfigurationError("enqueue: give delay or run_at, not both")
+    declared = task.options
     now = clock()
-    when = now
-    if delay is not None:
-        wait = check_number("enqueue: delay", seconds(delay), minimum=0)
-        when = now + timedelta(seconds=wait)
-    elif run_at is not None:
-        when = as_utc(run_at)
-    if dedup_key is not None and not (
-        isinstance(dedup_key, str)
-        and 0 < len(dedup_key.encode("utf-8", "surrogatepass")) <= 255
-        and "\x00" not in dedup_key
-    ):
-        raise ConfigurationError(
-            f"enqueue: dedup_key must be 1-255 bytes of UTF-8 without NUL, got {dedup_key!r}"
-        )
-    if priority is not None:
-        check_number("enqueue: priority", priority, maximum=None, integer=True)
-    if key is not None:
-        check_key(key)
-    elif options.key is not None:
-        key = _key_of(options, payload)
+    when = options.due("enqueue", now)
+    options.checked("enqueue")
+    key = options.key
+    if key is None and declared.key is not None:
+        key = _key_of(declared, payload)
     data, content_type = payload_encode(payload, limit=max_payload_bytes)
     return NewTask(
-        queue=options.queue if queue is None else check_queue_name(queue),
-        task_name=options.name,
+        queue=declared.queue if options.queue is None else check_queue_name(options.queue),
+        task_name=declared.name,
         payload=data,
         content_type=content_type,
-        priority=options.priority if priority is None else priority,
+        priority=declared.priority if options.priority is None else options.priority,
         run_at=when,
-        max_attempts=options.max_attempts,
+        max_attempts=declared.max_attempts,
         created_at=now,
-        dedup_key=dedup_key,
-        headers=headers_encode(headers_with_trace(headers)),
-        expires_at=None if options.deadline is None else when + timedelta(seconds=options.deadline),
+        dedup_key=options.dedup_key,
+        headers=headers_encode(headers_with_trace(options.headers)),
+        expires_at=None
+        if declared.deadline is None
+        else when + timedelta(seconds=declared.deadline),
         partition_key=key,
     )
 

@@ -9,15 +9,15 @@ the drivers write it (`SqlDialect.publish_plan`, `MemoryDriver.topic_publish_man
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from txtasks._checks import check_number
-from txtasks.clock import Clock, as_utc, seconds
+from txtasks.clock import Clock
 from txtasks.errors import ConfigurationError
-from txtasks.keys import check_key
+from txtasks.options import EnqueueOptions
 from txtasks.payload import headers_decode, headers_encode, payload_encode
 from txtasks.tracing import headers_with_trace
 from txtasks.types import (
@@ -42,6 +42,8 @@ __all__ = [
     "head_of",
     "headers_of_delivery",
     "new_publish",
+    "publish_of_row",
+    "publish_row",
     "subscriptions_of",
     "topic_stats_of",
 ]
@@ -94,49 +96,86 @@ def _headers_parts(topic: str, headers: dict[str, str] | None) -> tuple[str, str
         raise ConfigurationError(f"publish: headers {reserved} are set by txtasks")
     own[TOPIC_HEADER] = topic
     own[MESSAGE_HEADER] = uuid.uuid4().hex
-    text = headers_encode(headers_with_trace(own))
+    return _split(headers_encode(headers_with_trace(own)))
+
+
+def _split(text: str | None) -> tuple[str, str]:
+    """Head and tail of the headers JSON text of a publish (without its group)."""
     assert text is not None and text.endswith("}")
     return f"{text[:-1]},{GROUP_MARK}", '"}'
+
+
+def publish_row(publish: NewPublish) -> NewTask:
+    """What `Middleware.before_enqueue` is given for a publish: one row that stands for the
+    task of every group, `topic` set, `task_name` and `queue` empty and `max_attempts` 0 (each
+    group's come from its subscription), `priority` the publish's (0: the subscriptions')."""
+    return NewTask(
+        queue="",
+        task_name="",
+        payload=publish.payload,
+        content_type=publish.content_type,
+        priority=publish.priority or 0,
+        run_at=publish.run_at,
+        max_attempts=0,
+        created_at=publish.created_at,
+        dedup_key=publish.dedup_key,
+        headers=publish.headers_head[: -len(GROUP_MARK) - 1] + "}",
+        partition_key=publish.partition_key,
+        topic=publish.topic,
+    )
+
+
+def publish_of_row(publish: NewPublish, row: NewTask) -> NewPublish:
+    """The publish as a middleware left its row (`publish_row`): payload, headers, due time,
+    priority, dedup key and key may change; its topic, task and queue may not."""
+    if (row.topic, row.task_name, row.queue) != (publish.topic, "", ""):
+        raise ConfigurationError(
+            f"before_enqueue: the row of a publish to {publish.topic!r} came back with topic "
+            f"{row.topic!r}, task {row.task_name!r}, queue {row.queue!r}; a middleware may "
+            "change its payload, headers, run_at, priority, dedup_key and key only"
+        )
+    headers = headers_decode(row.headers)
+    kept = headers_decode(publish_row(publish).headers)
+    headers.update({name: kept[name] for name in (TOPIC_HEADER, MESSAGE_HEADER)})
+    headers.pop(GROUP_HEADER, None)
+    head, tail = _split(headers_encode(headers))
+    options = EnqueueOptions(
+        dedup_key=row.dedup_key, key=row.partition_key, priority=row.priority
+    ).checked("before_enqueue: publish", dedup_bytes=MAX_PUBLISH_DEDUP_BYTES)
+    changed_priority = row.priority != (publish.priority or 0)
+    return dataclasses.replace(
+        publish,
+        payload=row.payload,
+        content_type=row.content_type,
+        run_at=row.run_at,
+        headers_head=head,
+        headers_tail=tail,
+        dedup_key=options.dedup_key,
+        partition_key=options.key,
+        priority=row.priority if changed_priority else publish.priority,
+    )
 
 
 def new_publish(
     topic: str,
     payload: Any,
+    options: EnqueueOptions,
     *,
     clock: Clock,
     max_payload_bytes: int,
-    key: str | None = None,
-    dedup_key: str | None = None,
-    delay: float | timedelta | None = None,
-    run_at: datetime | None = None,
-    priority: int | None = None,
-    headers: dict[str, str] | None = None,
 ) -> NewPublish:
     """Validate and encode one publish; nothing is written. Errors name the bad option."""
     check_topic_name(topic, setting="publish: topic")
-    if delay is not None and run_at is not None:
-        raise ConfigurationError("publish: give delay or run_at, not both")
-    now = clock()
-    when = now
-    if delay is not None:
-        when = now + timedelta(seconds=check_number("publish: delay", seconds(delay), minimum=0))
-    elif run_at is not None:
-        when = as_utc(run_at)
-    if dedup_key is not None and not (
-        isinstance(dedup_key, str)
-        and 0 < len(dedup_key.encode("utf-8", "surrogatepass")) <= MAX_PUBLISH_DEDUP_BYTES
-        and "\x00" not in dedup_key
-    ):
+    if options.queue is not None:
         raise ConfigurationError(
-            f"publish: dedup_key must be 1-{MAX_PUBLISH_DEDUP_BYTES} bytes of UTF-8 without NUL "
-            f"(each group's delivery adds its group's name), got {dedup_key!r}"
+            "publish: queue is not an option of a publish (each group's task goes to the "
+            "queue of its subscription)"
         )
-    if priority is not None:
-        check_number("publish: priority", priority, maximum=None, integer=True)
-    if key is not None:
-        check_key(key, setting="publish: key")
+    now = clock()
+    when = options.due("publish", now)
+    options.checked("publish", dedup_bytes=MAX_PUBLISH_DEDUP_BYTES)
     data, content_type = payload_encode(payload, limit=max_payload_bytes)
-    head, tail = _headers_parts(topic, headers)
+    head, tail = _headers_parts(topic, options.headers)
     return NewPublish(
         topic=topic,
         payload=data,
@@ -145,9 +184,9 @@ def new_publish(
         created_at=now,
         headers_head=head,
         headers_tail=tail,
-        dedup_key=dedup_key,
-        partition_key=key,
-        priority=priority,
+        dedup_key=options.dedup_key,
+        partition_key=options.key,
+        priority=options.priority,
     )
 
 

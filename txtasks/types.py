@@ -89,6 +89,9 @@ class NewTask:
     stage_id: str | None = None
     #: The key whose limits the task shares (see txtasks.keys); None: no key.
     partition_key: str | None = None
+    #: Set only on the row `Middleware.before_enqueue` is given for a publish to this topic
+    #: (one row for every group's task; see txtasks.topics.publish_row); never written.
+    topic: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,9 +30,9 @@ async def main() -> None:
         "customer:42",
     )
 
-    waiting = await app.atasks(queue="reports", key="customer:42")  # live tasks by default
+    waiting = await app.atask_list(queue="reports", key="customer:42")  # live tasks by default
     assert [t.id for t in waiting] == [second]
-    done = await app.atasks(states=["cancelled"], task=report)  # from the archive
+    done = await app.atask_list(states=["cancelled"], task=report)  # from the archive
     assert [t.id for t in done] == [first]
     await app.aclose()
 

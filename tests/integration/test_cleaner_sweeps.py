@@ -43,6 +43,7 @@ from tests.integration.conformance import (
 from tests.integration.conftest import another
 from txtasks import App
 from txtasks.driver import Driver
+from txtasks.options import EnqueueOptions
 from txtasks.topics import new_publish
 from txtasks.types import NewTask, Outcome, OutcomeKind, TaskRow, TaskState
 from txtasks.wakeup import WakeupStats
@@ -312,7 +313,9 @@ async def test_retention_forgets_keys_idle_for_keys_idle(driver: Driver) -> None
 async def test_retention_forgets_dropped_publishes_after_topic_drops(driver: Driver) -> None:
     hour = 3600.0
     for when in (T0, at(hour)):
-        publish = new_publish("nobody.listens", 1, clock=lambda w=when: w, max_payload_bytes=99)
+        publish = new_publish(
+            "nobody.listens", 1, EnqueueOptions(), clock=lambda w=when: w, max_payload_bytes=99
+        )
         assert await driver.topic_publish_many([publish]) == [[]]
     app = cleaner_app(driver, ManualClock(at(2 * hour)))
 

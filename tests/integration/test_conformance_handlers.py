@@ -4,21 +4,25 @@ progress, and run inside middleware; on every database (and in memory where it a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 from collections.abc import AsyncIterator, Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import insert
 
+from cleaner import Periodic, PeriodicConfig
 from tests.conftest import BACKENDS, reset_schema, server_url
-from tests.integration.conformance import ORDERS, order_names, own_table
+from tests.integration.conformance import ORDERS, ManualClock, order_names, own_table
 from tests.waiting import until
 from txtasks import App, Drop, KeyLimits, MemoryDriver, Reject, Retry, TaskState
 from txtasks.clock import utcnow
 from txtasks.errors import ConfigurationError, LeaseLost, ResultTimeout, TaskFailed
 from txtasks.middleware import AttemptEnd, Middleware
+from txtasks.payload import headers_decode, headers_encode
 from txtasks.testing import run_until_empty
 from txtasks.types import NewTask, Outcome, OutcomeKind, Progress, TaskKey, TaskRow
 from txtasks.worker.context import TaskContext
@@ -443,6 +447,54 @@ async def test_middleware_wraps_attempts_in_order_and_short_circuits(any_app: Ap
         ("dead", "Reject"),
         ("retryable", "Retry"),
     ]
+
+
+class TenantHeader(Middleware):
+    """Adds a tenant header to every task enqueued (keeping the headers it has); refuses
+    payloads that say so."""
+
+    def before_enqueue(self, rows: Any) -> list[NewTask]:
+        changed = []
+        for r in rows:
+            if json.loads(r.payload) == {"refuse": True}:
+                raise ValueError("refused by middleware")
+            headers = {**headers_decode(r.headers), "tenant": "main"}
+            changed.append(dataclasses.replace(r, headers=headers_encode(headers)))
+        return changed
+
+
+async def test_before_enqueue_reaches_tasks_publishes_and_periodic_fires(any_app: App) -> None:
+    """Every way a task is written goes through the middleware: an enqueue, a publish to a
+    topic (each group's task), and a periodic fire (the cleaner's)."""
+    clock = ManualClock(utcnow())
+    app = App("mw-everywhere", driver=any_app.driver, clock=clock, middleware=[TenantHeader()])
+
+    @app.task(name="mw.sub", queue="mw", subscribe="mw.topic")
+    def sub(payload: Any) -> None:
+        return None
+
+    app.periodic(sub, every=10, name="mw.tick")
+    await app.asubscribe()
+    enqueued = await sub.aenqueue({"n": 1}, headers={"own": "kept"})
+    published = await app.apublish("mw.topic", {"n": 2}, headers={"own": "kept"})
+    published += app.publish("mw.topic", {"n": 3})
+    periodic = Periodic(app, PeriodicConfig())
+    assert (await periodic.run_once()).registered == 1
+    clock.now += timedelta(seconds=10)
+    assert (await periodic.run_once()).fired == 1
+
+    ids = await app.driver.ready_list("mw", due_before=datetime.max, limit=10)
+    assert len(ids) == 4 and {enqueued, *published} < set(ids)
+    for task_id in ids:
+        headers = headers_decode((await row_of(app, task_id)).headers)
+        assert headers["tenant"] == "main", (task_id, headers)
+    for task_id in (enqueued, published[0]):
+        assert headers_decode((await row_of(app, task_id)).headers)["own"] == "kept"
+    with pytest.raises(ValueError, match="refused by middleware"):
+        await app.apublish("mw.topic", {"refuse": True})
+    with pytest.raises(ValueError, match="refused by middleware"):
+        app.publish("mw.topic", {"refuse": True})
+    assert len(await app.driver.ready_list("mw", due_before=datetime.max, limit=10)) == 4
 
 
 async def test_a_failing_after_hook_does_not_change_the_outcome(any_app: App) -> None:

@@ -18,6 +18,7 @@ from tests.integration.conformance import T0, at, claim, get, write
 from tests.integration.conftest import another
 from txtasks.driver import Driver
 from txtasks.keys import KeyLimits
+from txtasks.options import EnqueueOptions
 from txtasks.payload import payload_decode
 from txtasks.topics import head_of, new_publish
 from txtasks.types import (
@@ -40,7 +41,9 @@ QUEUES = ["analytics", "billing", "shipping"]
 
 
 def pub(payload: Any = None, topic: str = TOPIC, **options: Any) -> NewPublish:
-    return new_publish(topic, payload, clock=lambda: T0, max_payload_bytes=1 << 20, **options)
+    return new_publish(
+        topic, payload, EnqueueOptions(**options), clock=lambda: T0, max_payload_bytes=1 << 20
+    )
 
 
 async def publish(driver: Driver, *publishes: NewPublish) -> list[list[int]]:

@@ -250,8 +250,35 @@ async def test_inspect_and_task_list_for_sync_callers(app: App) -> None:
     assert missing is None
     assert [t.id for t in waiting] == [second]
     assert [t.id for t in cancelled] == [first]
-    assert waiting == await app.atasks(queue="reports", key="k")
+    assert waiting == await app.atask_list(queue="reports", key="k")
     with pytest.raises(ConfigurationError, match="limit"):
         app.task_list(limit=0)
     with pytest.raises(ConfigurationError, match="state"):
         app.task_list(states=["sleeping"])
+
+
+async def test_every_control_operation_has_a_sync_form_and_the_old_name_warns(app: App) -> None:
+    @app.task(name="control.pairs", queue="pairs")
+    def pairs(payload: Any) -> None: ...
+
+    ids = [await pairs.aenqueue(n, key="a" if n < 3 else "b") for n in range(5)]
+
+    def sync_calls() -> tuple[Any, ...]:  # in a thread of its own, as sync code calls them
+        by_key = app.cancel_many(queue="pairs", key="a", batch=2)  # two transactions and one
+        by_id = app.cancel_many([ids[3]])
+        app.set_queue_rate("pairs", Rate(5, per=2))
+        return by_key, by_id, app.clear_queue_rate("pairs"), app.clear_queue_rate("pairs")
+
+    by_key, by_id, cleared, again = await asyncio.to_thread(sync_calls)
+    assert sorted(c.id for c in by_key) == ids[:3]
+    assert [(c.id, c.result) for c in by_id] == [(ids[3], CancelResult.CANCELLED)]
+    assert (cleared, again) == (True, False)
+    await asyncio.to_thread(app.set_queue_rate, "pairs", Rate(5, per=2))
+    assert await app.driver.queue_rates_stored() == {"pairs": Rate(5, per=2)}
+    assert [t.id for t in await app.atask_list(queue="pairs")] == [ids[4]]
+    with pytest.warns(DeprecationWarning, match="atask_list"):
+        assert [t.id for t in await app.atasks(queue="pairs")] == [ids[4]]
+    with pytest.raises(ConfigurationError, match="expected a Rate"):
+        app.set_queue_rate("pairs", 5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="not both"):
+        app.cancel_many([ids[4]], queue="pairs")

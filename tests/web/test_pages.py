@@ -75,7 +75,7 @@ async def test_task_detail_shows_error_payload_and_result(
     assert "at tests.web.conftest.write_report line " in error
     row = await dashboard_app.ainspect(seeded.dead)  # app.inspect holds the same text
     assert row is not None and "caused by: OSError" in (row.last_error or "")
-    completed = await dashboard_app.atasks(states=["completed"])
+    completed = await dashboard_app.atask_list(states=["completed"])
     page = await client.get(f"/tasks/{completed[0].id}")
     assert "a@example.com" in page.text
     assert (await client.get("/tasks/999999")).status_code == 404
@@ -137,9 +137,9 @@ async def test_cancel_run_now_pause_resume_and_periodic(
     assert "mail" in await dashboard_app.driver.queue_paused_list()
     await act(client, "resume", queue="mail")
     assert "mail" not in await dashboard_app.driver.queue_paused_list()
-    before = {t.id for t in await dashboard_app.atasks(queue="mail")}
+    before = {t.id for t in await dashboard_app.atask_list(queue="mail")}
     await act(client, "periodic_now", schedule="nightly")
-    [fired] = [t for t in await dashboard_app.atasks(queue="mail") if t.id not in before]
+    [fired] = [t for t in await dashboard_app.atask_list(queue="mail") if t.id not in before]
     assert fired.task_name == "send"
 
 
@@ -265,7 +265,7 @@ async def test_redrive_and_purge_every_dead_letter_matching_a_filter(
 async def test_a_finished_task_shows_how_long_it_waited_and_ran(
     client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
 ) -> None:
-    [completed] = await dashboard_app.atasks(states=["completed"])
+    [completed] = await dashboard_app.atask_list(states=["completed"])
     page = await client.get(f"/tasks/{completed.id}")
     durations = page.text.split('id="durations">')[1].split("</dd>")[0]
     assert "waited" in durations and "last attempt ran" in durations

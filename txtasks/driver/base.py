@@ -196,8 +196,14 @@ class Driver(Protocol):
     async def queue_rate_set(self, queue: str, rate: Rate) -> None:
         """Store a rate for `queue` as a whole, over the one the application declares."""
 
+    def queue_rate_set_sync(self, queue: str, rate: Rate) -> None:
+        """The same for synchronous callers."""
+
     async def queue_rate_clear(self, queue: str) -> bool:
         """Remove a queue's stored rate; False when there was none."""
+
+    def queue_rate_clear_sync(self, queue: str) -> bool:
+        """The same for synchronous callers."""
 
     async def queue_rates_stored(self) -> dict[str, Rate]:
         """Every queue's stored rate."""

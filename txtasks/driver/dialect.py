@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
@@ -44,6 +44,7 @@ from txtasks.driver.base import Capabilities
 from txtasks.driver.dialect_control import ControlDialect
 from txtasks.driver.dialect_topics import TopicsDialect
 from txtasks.driver.insert_plan import Plan, Statement, Step, plan_run_async, task_values
+from txtasks.driver.key_hints import hints_step
 from txtasks.errors import ConfigurationError
 from txtasks.keys import HINTS_PER_CLAIM
 from txtasks.schema.tables import (
@@ -111,21 +112,6 @@ def keys_match() -> Any:
         & (holder.is_(None) | (tasks.c.worker_id == holder))
         & (expiry.is_(None) | (tasks.c.lease_expires_at < expiry))
     )
-
-
-def key_hints_of(
-    rows: Iterable[tuple[str, str | None, datetime]],
-) -> list[dict[str, Any]]:
-    """One hint per key among `rows` (queue, key, when its task is due), at the earliest time,
-    in key order; none for rows without a key."""
-    earliest: dict[tuple[str, str], datetime] = {}
-    for queue, key, when in rows:
-        if key is not None:
-            earliest[(queue, key)] = min(when, earliest.get((queue, key), when))
-    return [
-        {"queue": q, "partition_key": k, "run_at": when}
-        for (q, k), when in sorted(earliest.items())
-    ]
 
 
 class HeldKey(NamedTuple):
@@ -294,11 +280,11 @@ class SqlDialect(TopicsDialect, ControlDialect):
             yield from cls._insert_keyed(rows, missing, ids)
         if any(i is None for i in ids):
             raise RuntimeError("enqueue: a dedup key kept conflicting with finishing tasks")
-        hints = key_hints_of(
+        hints = hints_step(
             (r.queue, r.partition_key, r.run_at) for r in rows if r.state is _PENDING
         )
         if hints:
-            yield cls.stmt_hints_add(), hints
+            yield hints
         return [i for i in ids if i is not None]
 
     @classmethod
@@ -386,12 +372,6 @@ class SqlDialect(TopicsDialect, ControlDialect):
 
     @staticmethod
     @functools.cache
-    def stmt_hints_add() -> Executable:
-        """Leave hints that keys may have work (params: queue, partition_key, run_at)."""
-        return insert(key_hints)
-
-    @staticmethod
-    @functools.cache
     def stmt_hints_take() -> Executable:
         """The ids of up to `limit` hints of `queues`, oldest first, locked, skipping locked
         ones."""
@@ -471,11 +451,9 @@ class SqlDialect(TopicsDialect, ControlDialect):
             if ids:
                 yield cls.stmt_keys_wake(), {"ids": ids, "now": now}
         locked = {(queue, key) for _id, queue, key in rows}
-        hints = [
-            {"queue": q, "partition_key": k, "run_at": now} for q, k in sorted(wanted - locked)
-        ]
+        hints = hints_step((q, k, now) for q, k in wanted - locked)
         if hints:
-            yield cls.stmt_hints_add(), hints
+            yield hints
 
     @staticmethod
     @functools.cache

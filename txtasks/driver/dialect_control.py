@@ -16,17 +16,34 @@ from collections.abc import Generator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Executable, Integer, Result, bindparam, delete, select, update
+from sqlalchemy import Executable, Integer, Result, bindparam, delete, insert, select, update
 
 from txtasks.control import CANCELLABLE, TaskFilter, cancels_of
 from txtasks.driver.insert_plan import Step
-from txtasks.schema.tables import Timestamp, along_archive_order, archive, paused_queues, tasks
+from txtasks.keys import Rate
+from txtasks.schema.tables import (
+    Timestamp,
+    along_archive_order,
+    archive,
+    key_limits,
+    paused_queues,
+    tasks,
+)
 from txtasks.types import READY_STATES, Cancel, TaskState
 
 #: A plan of statements returning what it did to each task.
 CancelPlan = Generator[Step, Result[Any], list[Cancel]]
 #: A plan of statements returning a value.
 ValuePlan = Generator[Step, Result[Any], Any]
+#: The key of the override row that holds a whole queue's rate (`txtasks_key_limits`).
+QUEUE_ITSELF = ""
+
+
+def override_is(key: str, queue: str | None) -> Any:
+    """The override row of `key` in `queue` (None: every queue, stored as "*")."""
+    return (key_limits.c.partition_key == key) & (key_limits.c.queue == (queue or "*"))
+
+
 _READY_VALUES = frozenset(s.value for s in READY_STATES)
 _PROCESSING = TaskState.PROCESSING.value
 _CANCELLED = TaskState.CANCELLED.value
@@ -48,9 +65,6 @@ class ControlDialect:
 
         @classmethod
         def stmt_keys_wake(cls) -> Executable: ...
-
-        @staticmethod
-        def stmt_hints_add() -> Executable: ...
 
         @staticmethod
         def upsert(table: Any) -> Any: ...
@@ -197,6 +211,23 @@ class ControlDialect:
         """Resume `queue`; whether it was paused."""
         result = yield cls.stmt_resume(), {"queue": queue}
         return result.rowcount > 0  # type: ignore[attr-defined]
+
+    @staticmethod
+    def queue_rate_plan(queue: str, rate: Rate | None, now: datetime) -> ValuePlan:
+        """Set (or with None, clear) the rate of `queue` as a whole, stored as its override
+        with the queue's own mark for a key; whether one was stored before."""
+        found = yield delete(key_limits).where(override_is(QUEUE_ITSELF, queue)), None
+        if rate is not None:
+            row = {
+                "queue": queue,
+                "partition_key": QUEUE_ITSELF,
+                "rate_count": rate.count,
+                "rate_per": rate.per,
+                "rate_burst": rate.burst,
+                "updated_at": now,
+            }
+            yield insert(key_limits), row
+        return found.rowcount > 0  # type: ignore[attr-defined]
 
     # -- inspection ---------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.insert_plan import Plan, Step
+from txtasks.driver.key_hints import hints_step
 from txtasks.schema.tables import ExactString, Timestamp, subscriptions, tasks, topic_drops
 from txtasks.topics import delivery_row, head_of
 from txtasks.types import Delivery, NewPublish, NewTask, Subscription, TaskState
@@ -89,10 +90,6 @@ class TopicsDialect:
 
     @staticmethod
     def upsert(table: Table) -> Any:
-        raise NotImplementedError
-
-    @staticmethod
-    def stmt_hints_add() -> Executable:
         raise NotImplementedError
 
     @classmethod
@@ -210,15 +207,13 @@ class TopicsDialect:
     ) -> Generator[Step, Result[Any], None]:
         """Hints for the keys of keyed deliveries (as a keyed enqueue leaves), and a drop for
         each publish that wrote nothing."""
-        from txtasks.driver.dialect import key_hints_of  # dialect.py imports this module
-
-        hints = key_hints_of(
+        hints = hints_step(
             (d.queue, p.partition_key, p.run_at)
             for p, delivered in zip(publishes, found, strict=True)
             for d in delivered
         )
         if hints:
-            yield cls.stmt_hints_add(), hints
+            yield hints
         drops = [
             {"topic": p.topic, "now": p.created_at}
             for p, delivered in zip(publishes, found, strict=True)

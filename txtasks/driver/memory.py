@@ -387,13 +387,19 @@ class MemoryDriver:
         with self._lock:
             return sorted(self._key_overrides.values(), key=lambda o: (o.key, o.queue or ""))
 
-    async def queue_rate_set(self, queue: str, rate: Rate) -> None:
+    def queue_rate_set_sync(self, queue: str, rate: Rate) -> None:
         with self._lock:
             self._queue_rates[queue] = rate
 
-    async def queue_rate_clear(self, queue: str) -> bool:
+    async def queue_rate_set(self, queue: str, rate: Rate) -> None:
+        self.queue_rate_set_sync(queue, rate)
+
+    def queue_rate_clear_sync(self, queue: str) -> bool:
         with self._lock:
             return self._queue_rates.pop(queue, None) is not None
+
+    async def queue_rate_clear(self, queue: str) -> bool:
+        return self.queue_rate_clear_sync(queue)
 
     async def queue_rates_stored(self) -> dict[str, Rate]:
         with self._lock:

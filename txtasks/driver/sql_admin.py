@@ -30,7 +30,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from txtasks.driver.base import queue_stats_list, requeue_choice
-from txtasks.driver.dialect import key_hints_of
+from txtasks.driver.dialect_control import QUEUE_ITSELF, override_is
+from txtasks.driver.key_hints import hints_step
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -47,7 +48,6 @@ from txtasks.schema.tables import (
     along_archive_order,
     along_archive_state,
     archive,
-    key_hints,
     key_limits,
     keys,
     paused_queues,
@@ -71,11 +71,6 @@ PROCESSING = TaskState.PROCESSING.value
 
 
 #: The key of a queue's own rate (see `SqlAdmin.queue_rate_set`).
-QUEUE_ITSELF = ""
-
-
-def _override_is(key: str, queue: str | None) -> Any:
-    return (key_limits.c.partition_key == key) & (key_limits.c.queue == (queue or "*"))
 
 
 def override_of(row: Any) -> KeyOverride:
@@ -327,9 +322,9 @@ class SqlAdmin:
             keyed = select(tasks.c.queue, tasks.c.partition_key).where(
                 tasks.c.id.in_(chosen), tasks.c.partition_key.is_not(None)
             )
-            hints = key_hints_of((q, k, now) for q, k in await conn.execute(keyed))
+            hints = hints_step((q, k, now) for q, k in await conn.execute(keyed))
             if hints:  # their keys are looked at again
-                await conn.execute(insert(key_hints), hints)
+                await conn.execute(*hints)
         return chosen
 
     # -- key limits set at run time -----------------------------------------------------------
@@ -348,7 +343,7 @@ class SqlAdmin:
         }
 
         async def work(conn: AsyncConnection) -> None:
-            await conn.execute(delete(key_limits).where(_override_is(override.key, override.queue)))
+            await conn.execute(delete(key_limits).where(override_is(override.key, override.queue)))
             await conn.execute(insert(key_limits), row)
             await _keys_rearm(conn, override.key, override.queue)
 
@@ -356,7 +351,7 @@ class SqlAdmin:
 
     async def key_override_clear(self, key: str, queue: str | None = None) -> bool:
         async def work(conn: AsyncConnection) -> int:
-            result = await conn.execute(delete(key_limits).where(_override_is(key, queue)))
+            result = await conn.execute(delete(key_limits).where(override_is(key, queue)))
             await _keys_rearm(conn, key, queue)
             return int(result.rowcount)
 
@@ -373,29 +368,6 @@ class SqlAdmin:
 
     # A queue's own rate is stored as the limits of the key '' (no task's key: keys have 1 to
     # 255 bytes) in that queue, as the claims keep its next start in the key row ''.
-
-    async def queue_rate_set(self, queue: str, rate: Rate) -> None:
-        row = {
-            "queue": queue,
-            "partition_key": QUEUE_ITSELF,
-            "rate_count": rate.count,
-            "rate_per": rate.per,
-            "rate_burst": rate.burst,
-            "updated_at": utcnow(),
-        }
-
-        async def work(conn: AsyncConnection) -> None:
-            await conn.execute(delete(key_limits).where(_override_is(QUEUE_ITSELF, queue)))
-            await conn.execute(insert(key_limits), row)
-
-        await self.in_transaction(work)
-
-    async def queue_rate_clear(self, queue: str) -> bool:
-        async def work(conn: AsyncConnection) -> int:
-            found = await conn.execute(delete(key_limits).where(_override_is(QUEUE_ITSELF, queue)))
-            return int(found.rowcount)
-
-        return await self.in_transaction(work) > 0
 
     async def queue_rates_stored(self) -> dict[str, Rate]:
         stmt = select(key_limits).where(key_limits.c.partition_key == QUEUE_ITSELF)

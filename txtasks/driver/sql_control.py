@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy import Engine, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from txtasks.clock import utcnow
 from txtasks.control import TaskFilter, task_list_order
 from txtasks.driver.insert_plan import plan_run_async, plan_run_sync
+from txtasks.keys import Rate
 from txtasks.schema.tables import paused_queues
 from txtasks.types import LIVE_STATES, Cancel, TaskKey, TaskRow, TaskState
 
@@ -103,6 +105,18 @@ class SqlControl:
 
     def queue_resume_sync(self, queue: str) -> bool:
         return bool(self._plan_sync(lambda sql: sql.resume_plan(queue)))
+
+    async def queue_rate_set(self, queue: str, rate: Rate) -> None:
+        await self._plan_async(lambda sql: sql.queue_rate_plan(queue, rate, utcnow()))
+
+    def queue_rate_set_sync(self, queue: str, rate: Rate) -> None:
+        self._plan_sync(lambda sql: sql.queue_rate_plan(queue, rate, utcnow()))
+
+    async def queue_rate_clear(self, queue: str) -> bool:
+        return bool(await self._plan_async(lambda sql: sql.queue_rate_plan(queue, None, utcnow())))
+
+    def queue_rate_clear_sync(self, queue: str) -> bool:
+        return bool(self._plan_sync(lambda sql: sql.queue_rate_plan(queue, None, utcnow())))
 
     async def queue_paused_list(self) -> dict[str, datetime]:
         stmt = select(paused_queues.c.queue, paused_queues.c.paused_at).order_by(

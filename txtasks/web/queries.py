@@ -22,7 +22,6 @@ from sqlalchemy import (
     and_,
     bindparam,
     func,
-    insert,
     or_,
     select,
     text,
@@ -34,7 +33,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import FunctionElement
 
 from txtasks.control import TaskFilter
-from txtasks.driver.dialect import key_hints_of
+from txtasks.driver.key_hints import hints_step
 from txtasks.driver.sql import SqlDriver
 from txtasks.driver.sql_admin import stmt_newest_before
 from txtasks.schema.tables import (
@@ -557,7 +556,7 @@ class Reads:
             if row is None:
                 return None
             await conn.execute(update(tasks).where(*waiting).values(run_at=now))
-            hints = key_hints_of([(row.queue, row.partition_key, now)])
+            hints = hints_step([(row.queue, row.partition_key, now)])
             if hints:
-                await conn.execute(insert(key_hints), hints)
+                await conn.execute(*hints)
         return str(row.queue)

@@ -79,6 +79,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from txtasks.clock import utcnow
+from txtasks.driver.key_hints import hints_insert, hints_query
 from txtasks.errors import ConfigurationError, TxtasksError
 from txtasks.schema.tables import commits, deferred, key_hints, staged, tasks, writes
 from txtasks.schema.tables import stages as attempts
@@ -670,19 +671,12 @@ def _stmt_hints(rows_of: Any, target: StageTarget, now: datetime) -> Any:
     `now` (less those whose dedup key a live task holds), due at the key's earliest run_at (run
     it before the publish, which makes its rows live)."""
     rows = write_rows(rows_of, target.dedup, now)
-    where: list[Any] = [rows.c.partition_key.is_not(None)]
+    where: list[Any] = []
     if target.dedup:
         where.append(~exists().where(tasks.c.dedup_key == rows.c.dedup_key))
-    query = (
-        select(
-            literal(target.queue, key_hints.c.queue.type),
-            rows.c.partition_key,
-            func.min(rows.c.run_at),
-        )
-        .where(*where)
-        .group_by(rows.c.partition_key)
-    )
-    return insert(key_hints).from_select(["queue", "partition_key", "run_at"], query)
+    queue = literal(target.queue, key_hints.c.queue.type)
+    query = hints_query(queue, rows.c.partition_key, rows.c.run_at, *where, one_queue=True)
+    return hints_insert(query)
 
 
 #: The columns a task commit writes, in the order its SELECT gives them.

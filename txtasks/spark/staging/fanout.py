@@ -34,10 +34,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql import FromClause
 
+from txtasks.driver.key_hints import hints_insert, hints_query
 from txtasks.schema.tables import (
     ExactString,
     byte_order,
-    key_hints,
     staged,
     subscriptions,
     tasks,
@@ -198,12 +198,11 @@ def stmt_fanout_hints(
     key's earliest run_at (run it before the fan-out)."""
     q = subscriptions.c.queue
     rows = write_rows(rows_of, target.dedup, now)
-    where: list[Any] = [rows.c.partition_key.is_not(None)]
+    where: list[Any] = []
     if target.dedup:
         where.append(~exists().where(tasks.c.dedup_key == _dedup_key(rows)))
-    query = select(q, rows.c.partition_key, func.min(rows.c.run_at))
-    query = _pairs(query, rows, target, groups).where(*where).group_by(q, rows.c.partition_key)
-    return insert(key_hints).from_select(["queue", "partition_key", "run_at"], query)
+    query = hints_query(q, rows.c.partition_key, rows.c.run_at, *where)
+    return hints_insert(_pairs(query, rows, target, groups))
 
 
 def stmt_drops(rows_of: Any, topic: str, now: datetime) -> Any:

@@ -1,0 +1,100 @@
+"""How one task, or one publish, is enqueued: `EnqueueOptions`, checked in one place.
+
+Every enqueue call takes the same options (`EnqueueSettings`, as keyword arguments):
+`app.enqueue`, `task.enqueue_tx`, `app.new_task`, `app.publish` and the rest. They become one
+`EnqueueOptions` value, whose checks name the option that is wrong; the rows are built from it
+(`txtasks.task.new_row`, `txtasks.topics.new_publish`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, TypedDict
+
+from txtasks._checks import check_number
+from txtasks.clock import as_utc, seconds
+from txtasks.errors import ConfigurationError
+from txtasks.keys import check_key
+
+__all__ = ["MAX_DEDUP_BYTES", "EnqueueOptions", "EnqueueSettings"]
+
+#: The dedup key column's width, in bytes of UTF-8.
+MAX_DEDUP_BYTES = 255
+
+
+class EnqueueSettings(TypedDict, total=False):
+    """The keyword options of every enqueue and publish call, each optional."""
+
+    #: Seconds (or a timedelta) from now until the task is due; not with `run_at`.
+    delay: float | timedelta | None
+    #: When the task is due (naive: UTC); not with `delay`.
+    run_at: datetime | None
+    #: Higher runs first (default: the task's, or the subscription's).
+    priority: int | None
+    #: At most one live task per dedup key (a publish: per group and key).
+    dedup_key: str | None
+    #: str -> str, stored with the task (the handler reads `ctx.headers`).
+    headers: dict[str, str] | None
+    #: Another queue than the task's (not for a publish: each group has its queue).
+    queue: str | None
+    #: The key whose limits the task shares (default: the task's key function's).
+    key: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueOptions:
+    """The options of one enqueue, unchecked until `due` and `checked` run (what
+    `EnqueueSettings` names, as a value)."""
+
+    delay: float | timedelta | None = None
+    run_at: datetime | None = None
+    priority: int | None = None
+    dedup_key: str | None = None
+    headers: dict[str, str] | None = None
+    queue: str | None = None
+    key: str | None = None
+
+    @classmethod
+    def of(cls, where: str, settings: Mapping[str, Any]) -> EnqueueOptions:
+        """The options of keyword arguments; an unknown one is an error naming it."""
+        unknown = sorted(settings.keys() - EnqueueSettings.__optional_keys__)
+        if unknown:
+            known = ", ".join(sorted(EnqueueSettings.__optional_keys__))
+            raise ConfigurationError(f"{where}: unknown option(s) {unknown}; known: {known}")
+        return cls(**settings)
+
+    def due(self, where: str, now: datetime) -> datetime:
+        """When the task is due: now, now + delay, or run_at."""
+        if self.delay is not None and self.run_at is not None:
+            raise ConfigurationError(f"{where}: give delay or run_at, not both")
+        if self.delay is not None:
+            wait = check_number(f"{where}: delay", seconds(self.delay), minimum=0)
+            return now + timedelta(seconds=wait)
+        if self.run_at is not None:
+            return as_utc(self.run_at)
+        return now
+
+    def checked(self, where: str, *, dedup_bytes: int = MAX_DEDUP_BYTES) -> EnqueueOptions:
+        """Itself, once its priority, dedup key (up to `dedup_bytes` bytes) and key are valid."""
+        dedup_key = self.dedup_key
+        if dedup_key is not None and not (
+            isinstance(dedup_key, str)
+            and 0 < len(dedup_key.encode("utf-8", "surrogatepass")) <= dedup_bytes
+            and "\x00" not in dedup_key
+        ):
+            raise ConfigurationError(
+                f"{where}: dedup_key must be 1-{dedup_bytes} bytes of UTF-8 without NUL"
+                + (
+                    ""
+                    if dedup_bytes == MAX_DEDUP_BYTES
+                    else " (each group's delivery adds its group's name)"
+                )
+                + f", got {dedup_key!r}"
+            )
+        if self.priority is not None:
+            check_number(f"{where}: priority", self.priority, maximum=None, integer=True)
+        if self.key is not None:
+            check_key(self.key, setting=f"{where}: key")
+        return self
