@@ -79,6 +79,8 @@ def test_new_task_options() -> None:
         ({"priority": "high"}, ConfigurationError, "priority"),
         ({"queue": "a b"}, ConfigurationError, "queue"),
         ({"headers": {"a": 1}}, PayloadError, "headers"),
+        ({"key": ""}, ConfigurationError, "enqueue: key"),
+        ({"dealy": 5}, ConfigurationError, r"enqueue: unknown option\(s\) \['dealy'\]; known: "),
     ],
 )
 def test_bad_enqueue_options(options: dict[str, object], error: type, message: str) -> None:
@@ -86,6 +88,21 @@ def test_bad_enqueue_options(options: dict[str, object], error: type, message: s
     task = app.task(name="t")(lambda payload: None)
     with pytest.raises(error, match=message):
         task.new(None, **options)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"queue": "other"}, "publish: queue is not an option of a publish"),
+        ({"dedup_key": "x" * 127}, "publish: dedup_key must be 1-126 bytes"),
+        ({"delay": 1, "run_at": NOW}, "publish: give delay or run_at, not both"),
+        ({"key": ""}, "publish: key"),
+        ({"prio": 1}, r"publish: unknown option\(s\) \['prio'\]"),
+    ],
+)
+def test_bad_publish_options_name_the_option(options: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        make_app().new_publish("orders.created", None, **options)  # type: ignore[arg-type]
 
 
 def test_oversized_payload_is_refused_with_the_limit() -> None:
