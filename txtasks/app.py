@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast, overload
 
+from txtasks._both import DriverPlan, call, run_async, run_sync
 from txtasks._checks import check_number
 from txtasks.clock import Clock, utcnow
 from txtasks.control import TaskFilter, cancels_by_queue, task_state
@@ -586,18 +587,8 @@ class App:
     ) -> list[Cancel]:
         """Cancel the tasks `ids`, or every live task of `queue`, of task `task` and with key
         `key` (those given), in transactions of up to `batch` tasks. What was done to each."""
-        ids_list, where, now = self._cancel_target(ids, queue, task, key)
-        if ids_list is not None:
-            results = self.driver.task_cancel_many_sync(ids_list, now=now)
-        else:
-            results = []
-            while True:
-                found = self.driver.task_cancel_many_sync(where=where, now=now, limit=batch)
-                results += found
-                if len(found) < batch:
-                    break
-        self._wake_cancelled(results)
-        return results
+        target = self._cancel_target(ids, queue, task, key)  # bad input fails first
+        return run_sync(self.driver, self._cancel_plan(*target, batch))
 
     async def acancel_many(
         self,
@@ -609,13 +600,18 @@ class App:
         batch: int = 1000,
     ) -> list[Cancel]:
         """`cancel_many`, for async callers."""
-        ids_list, where, now = self._cancel_target(ids, queue, task, key)
+        target = self._cancel_target(ids, queue, task, key)
+        return await run_async(self.driver, self._cancel_plan(*target, batch))
+
+    def _cancel_plan(
+        self, ids_list: list[int] | None, where: TaskFilter, now: datetime, batch: int
+    ) -> DriverPlan[list[Cancel]]:
         if ids_list is not None:
-            results = await self.driver.task_cancel_many(ids_list, now=now)
+            results: list[Cancel] = yield call("task_cancel_many", ids_list, now=now)
         else:
             results = []
             while True:
-                found = await self.driver.task_cancel_many(where=where, now=now, limit=batch)
+                found = yield call("task_cancel_many", where=where, now=now, limit=batch)
                 results += found
                 if len(found) < batch:
                     break
@@ -663,14 +659,14 @@ class App:
 
     def resume(self, queue: str) -> bool:
         """Resume a paused queue (False: it was not paused); workers are woken to claim."""
-        resumed = self.driver.queue_resume_sync(check_queue_name(queue))
-        if resumed and not isinstance(self.notifier, NullNotifier):
-            self.notify(queue)
-        return resumed
+        return run_sync(self.driver, self._resume_plan(check_queue_name(queue)))
 
     async def aresume(self, queue: str) -> bool:
         """`resume`, for async callers."""
-        resumed = await self.driver.queue_resume(check_queue_name(queue))
+        return await run_async(self.driver, self._resume_plan(check_queue_name(queue)))
+
+    def _resume_plan(self, queue: str) -> DriverPlan[bool]:
+        resumed: bool = yield call("queue_resume", queue)
         if resumed and not isinstance(self.notifier, NullNotifier):
             self.notify(queue)
         return resumed
