@@ -69,3 +69,14 @@ def _wanted(integer: bool, minimum: float | None, above: float | None, top: floa
     bounds.append(f"<= {top:.10g}" if top is not None else "")
     text = " and ".join(b for b in bounds if b)
     return f"{'an integer' if integer else 'a finite number'}{' ' + text if text else ''}"
+
+
+def check_key(key: object, *, setting: str = "enqueue: key") -> str:
+    """A key is 1-255 bytes of UTF-8 without NUL."""
+    if not (
+        isinstance(key, str)
+        and 0 < len(key.encode("utf-8", "surrogatepass")) <= 255
+        and "\x00" not in key
+    ):
+        raise ConfigurationError(f"{setting} must be 1-255 bytes of UTF-8 without NUL, got {key!r}")
+    return key

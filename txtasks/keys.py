@@ -116,17 +116,6 @@ class KeyOverride:
         )
 
 
-def check_key(key: object, *, setting: str = "enqueue: key") -> str:
-    """A key is 1-255 bytes of UTF-8 without NUL."""
-    if not (
-        isinstance(key, str)
-        and 0 < len(key.encode("utf-8", "surrogatepass")) <= 255
-        and "\x00" not in key
-    ):
-        raise ConfigurationError(f"{setting} must be 1-255 bytes of UTF-8 without NUL, got {key!r}")
-    return key
-
-
 def limits_for(
     queue: str,
     key: str,

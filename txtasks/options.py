@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
-from txtasks._checks import check_number
+from txtasks._checks import check_key, check_number
 from txtasks.clock import as_utc, seconds
 from txtasks.errors import ConfigurationError
-from txtasks.keys import check_key
 
 __all__ = ["MAX_DEDUP_BYTES", "EnqueueOptions", "EnqueueSettings"]
 

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from txtasks._checks import check_number
+from txtasks._checks import check_key, check_number
 from txtasks.clock import Clock, seconds
 from txtasks.errors import ConfigurationError
-from txtasks.keys import KeyLimits, check_key
+from txtasks.keys import KeyLimits
 from txtasks.middleware import Middleware
 from txtasks.options import EnqueueOptions, EnqueueSettings
 from txtasks.payload import headers_encode, payload_encode

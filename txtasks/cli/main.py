@@ -380,8 +380,9 @@ def keys_set(
 ) -> None:
     """Set the limits of KEY; the next claims apply them. Limits not given keep the declared
     ones."""
+    from txtasks._checks import check_key
     from txtasks.errors import TxtasksError
-    from txtasks.keys import KeyOverride, check_key
+    from txtasks.keys import KeyOverride
     from txtasks.task import check_queue_name
 
     if concurrency is None and ordered is None and rate is None:

@@ -131,7 +131,7 @@ def _check_keys(
 ) -> None:
     """Refuse a value of the `option` column that the hot table cannot hold: one longer than
     `limit` bytes (a topic's dedup keys leave room for the group), or for a task key (as
-    `txtasks.keys.check_key`) an empty one or one with NUL."""
+    `txtasks._checks.check_key`) an empty one or one with NUL."""
     lengths = pc.binary_length(values)
     rule = f"at most {limit} bytes"
     if task_key:
