@@ -7,10 +7,10 @@ from datetime import datetime, timedelta
 import pytest
 
 from txtasks import ConfigurationError, KeyLimits, KeyOverride, Rate
+from txtasks._checks import check_key
 from txtasks.keys import (
     NEXT_DUE,
     KeySlot,
-    check_key,
     fetch_cap,
     limits_for,
     rate_after,
