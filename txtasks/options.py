@@ -9,15 +9,14 @@ Every enqueue call takes the same options (`EnqueueSettings`, as keyword argumen
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 from txtasks._checks import check_key, check_number
 from txtasks.clock import as_utc, seconds
 from txtasks.errors import ConfigurationError
 
-__all__ = ["MAX_DEDUP_BYTES", "EnqueueOptions", "EnqueueSettings"]
+__all__ = ["MAX_DEDUP_BYTES", "NO_OPTIONS", "EnqueueOptions", "EnqueueSettings"]
 
 #: The dedup key column's width, in bytes of UTF-8.
 MAX_DEDUP_BYTES = 255
@@ -42,10 +41,9 @@ class EnqueueSettings(TypedDict, total=False):
     key: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class EnqueueOptions:
+class EnqueueOptions(NamedTuple):
     """The options of one enqueue, unchecked until `due` and `checked` run (what
-    `EnqueueSettings` names, as a value)."""
+    `EnqueueSettings` names, as a value; a tuple: cheap to make once per task)."""
 
     delay: float | timedelta | None = None
     run_at: datetime | None = None
@@ -58,17 +56,24 @@ class EnqueueOptions:
     @classmethod
     def of(cls, where: str, settings: Mapping[str, Any]) -> EnqueueOptions:
         """The options of keyword arguments; an unknown one is an error naming it."""
-        unknown = sorted(settings.keys() - EnqueueSettings.__optional_keys__)
-        if unknown:
-            known = ", ".join(sorted(EnqueueSettings.__optional_keys__))
-            raise ConfigurationError(f"{where}: unknown option(s) {unknown}; known: {known}")
-        return cls(**settings)
+        if not settings:
+            return NO_OPTIONS  # the common case, a bulk enqueue's: nothing to build or check
+        try:
+            return cls(**settings)
+        except TypeError:  # an unknown keyword: say which, and the known ones
+            unknown = sorted(settings.keys() - _KNOWN)
+            known = ", ".join(sorted(_KNOWN))
+            raise ConfigurationError(
+                f"{where}: unknown option(s) {unknown}; known: {known}"
+            ) from None
 
-    def due(self, where: str, now: datetime) -> datetime:
-        """When the task is due: now, now + delay, or run_at."""
-        if self.delay is not None and self.run_at is not None:
-            raise ConfigurationError(f"{where}: give delay or run_at, not both")
+    def due(self, where: str, now: datetime, *, dedup_bytes: int = MAX_DEDUP_BYTES) -> datetime:
+        """When the task is due (now, now + delay, or run_at), once every option is valid
+        (`checked`)."""
+        self.checked(where, dedup_bytes=dedup_bytes)
         if self.delay is not None:
+            if self.run_at is not None:
+                raise ConfigurationError(f"{where}: give delay or run_at, not both")
             wait = check_number(f"{where}: delay", seconds(self.delay), minimum=0)
             return now + timedelta(seconds=wait)
         if self.run_at is not None:
@@ -92,8 +97,13 @@ class EnqueueOptions:
                 )
                 + f", got {dedup_key!r}"
             )
-        if self.priority is not None:
+        if self.priority is not None and type(self.priority) is not int:
             check_number(f"{where}: priority", self.priority, maximum=None, integer=True)
         if self.key is not None:
             check_key(self.key, setting=f"{where}: key")
         return self
+
+
+#: No option given: due now, the task's own settings (`EnqueueOptions.of` of no keywords).
+NO_OPTIONS = EnqueueOptions()
+_KNOWN = EnqueueSettings.__optional_keys__

@@ -13,7 +13,7 @@ from txtasks.clock import Clock, seconds
 from txtasks.errors import ConfigurationError
 from txtasks.keys import KeyLimits
 from txtasks.middleware import Middleware
-from txtasks.options import EnqueueOptions, EnqueueSettings
+from txtasks.options import NO_OPTIONS, EnqueueOptions, EnqueueSettings
 from txtasks.payload import headers_encode, payload_encode
 from txtasks.policy import AckPolicy, RetryPolicy
 from txtasks.retry import RetryStrategy, as_strategy
@@ -247,8 +247,9 @@ def new_row(
     """Validate and encode one task of `task`; nothing is written. Errors name the bad option."""
     declared = task.options
     now = clock()
-    when = options.due("enqueue", now)
-    options.checked("enqueue")
+    when = now
+    if options is not NO_OPTIONS:
+        when = options.due("enqueue", now)
     key = options.key
     if key is None and declared.key is not None:
         key = _key_of(declared, payload)

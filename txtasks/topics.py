@@ -172,8 +172,7 @@ def new_publish(
             "queue of its subscription)"
         )
     now = clock()
-    when = options.due("publish", now)
-    options.checked("publish", dedup_bytes=MAX_PUBLISH_DEDUP_BYTES)
+    when = options.due("publish", now, dedup_bytes=MAX_PUBLISH_DEDUP_BYTES)
     data, content_type = payload_encode(payload, limit=max_payload_bytes)
     head, tail = _headers_parts(topic, options.headers)
     return NewPublish(
