@@ -13,6 +13,7 @@ import numbers
 from typing import Any
 
 from txtasks.errors import ConfigurationError
+from txtasks.types import QUEUE_NAME_RE
 
 #: The longest duration any setting may hold, in seconds (100 years): longer ones would
 #: overflow the dates computed from them.
@@ -80,3 +81,16 @@ def check_key(key: object, *, setting: str = "enqueue: key") -> str:
     ):
         raise ConfigurationError(f"{setting} must be 1-255 bytes of UTF-8 without NUL, got {key!r}")
     return key
+
+
+def check_name(value: object, *, kind: str, setting: str) -> str:
+    """Names of queues, topics and groups: 1-128 of A-Z a-z 0-9 _ . : -."""
+    if not isinstance(value, str) or not QUEUE_NAME_RE.match(value):
+        raise ConfigurationError(
+            f"{setting}: {value!r} is not a valid {kind} name (1-128 of A-Z a-z 0-9 _ . : -)"
+        )
+    return value
+
+
+def check_queue_name(queue: str, *, setting: str = "queue") -> str:
+    return check_name(queue, kind="queue", setting=setting)

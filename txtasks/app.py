@@ -2,36 +2,31 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime, timedelta
+from collections.abc import Callable, Iterable, Mapping
+from datetime import timedelta
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast, overload
 
-from txtasks._both import DriverPlan, call, run_async, run_sync
-from txtasks._checks import check_number
+from txtasks._checks import check_number, check_queue_name
 from txtasks.clock import Clock, utcnow
-from txtasks.control import TaskFilter, cancels_by_queue, task_state
+from txtasks.controller import Controller
 from txtasks.driver import Driver, driver_for_url
 from txtasks.driver.timeouts import Timeouts
 from txtasks.enqueue import Enqueuer, PublishWrite, TaskWrite
 from txtasks.env import ENV_BROKER_URL, ENV_DATABASE_URL
 from txtasks.errors import (
     ConfigurationError,
-    ResultTimeout,
-    TaskFailed,
-    TaskNotFound,
     UnknownTaskError,
 )
 from txtasks.keys import NO_LIMITS, KeyLimits, Rate
 from txtasks.middleware import Middleware
 from txtasks.options import EnqueueOptions
-from txtasks.payload import DEFAULT_MAX_PAYLOAD_BYTES, json_decode
+from txtasks.payload import DEFAULT_MAX_PAYLOAD_BYTES
 from txtasks.periodic import CatchUp, Schedule, schedule_from
+from txtasks.results import Results
 from txtasks.task import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_QUEUE,
@@ -39,21 +34,17 @@ from txtasks.task import (
     Task,
     TaskOptions,
     TaskSettings,
-    check_queue_name,
     new_row,
     task_options,
 )
 from txtasks.topics import check_group_name, check_topic_name, new_publish, subscriptions_of
 from txtasks.types import (
-    Cancel,
     Delivery,
     NewPublish,
     NewTask,
     Subscription,
-    TaskRow,
-    TaskState,
 )
-from txtasks.wakeup import Notifier, NullNotifier, notifier_for_url
+from txtasks.wakeup import Notifier, notifier_for_url
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -77,21 +68,27 @@ __all__ = [
 ]
 
 
-#: `App.result`'s backoff between two reads of a task that has not finished (seconds).
-RESULT_POLL_FIRST = 0.01
-RESULT_POLL_MAX = 0.5
-_NOT_YET = object()
+class _Moved:
+    """An App method that moved to `app.<home>` (control, results): it still works, and says
+    where it went with a DeprecationWarning."""
 
+    def __init__(self, home: str, name: str | None = None) -> None:
+        self.home = home
+        self.target = name
 
-def result_of(task_id: int, row: TaskRow | None) -> Any:
-    """A finished task's result (or its final error, raised); `_NOT_YET` while it is live."""
-    if row is None:
-        raise TaskNotFound(f"no task {task_id} (never enqueued, or purged from the archive)")
-    if row.state is TaskState.COMPLETED:
-        return None if row.result is None else json_decode(row.result)
-    if row.state.is_live:
-        return _NOT_YET
-    raise TaskFailed(task_id, row.state.value, row.last_error)
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+        self.target = self.target or name
+
+    def __get__(self, app: Any, owner: type | None = None) -> Any:
+        if app is None:
+            return self
+        warnings.warn(
+            f"App.{self.name} is deprecated; use app.{self.home}.{self.target}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(getattr(app, self.home), str(self.target))
 
 
 class App:
@@ -132,8 +129,10 @@ class App:
         self._queue_rates: dict[str, Rate] = {}
         #: Topics this process has seen a publish to dropped (logged once each).
         self._dropped_topics: set[str] = set()
-        #: `aresult` calls waiting in this process, by task id.
-        self._finished: dict[int, asyncio.Event] = {}
+        #: Control of tasks and queues: cancel, pause, rates, inspect, list (docs/control.md).
+        self.control = Controller(self)
+        #: Results of tasks: `app.results.get(task_id)` waits for one to finish.
+        self.results = Results(self)
         #: Middleware around every attempt and enqueue, in order (txtasks.middleware).
         self._middleware: tuple[Middleware, ...] = ()
         #: The one path every enqueue and publish takes (txtasks.enqueue).
@@ -505,254 +504,28 @@ class App:
                 )
         return [[d.id for d in delivered] for delivered in found]
 
-    # -- results ------------------------------------------------------------------------------
+    # -- control and results (their own objects; these names forward, deprecated) -------------
 
-    async def aresult(self, task_id: int, *, timeout: float | None = None) -> Any:
-        """The result of task `task_id` once it has finished: its kept return value (None for
-        a task that does not keep its result). Raises `TaskFailed` if it was dead-lettered,
-        failed or discarded, `ResultTimeout` after `timeout` seconds (None: no limit), and
-        `TaskNotFound` for an unknown id.
-
-        Waits by reading the task with a backoff (10 ms, doubling up to `RESULT_POLL_MAX`
-        seconds); a worker in this process wakes it as soon as it records the outcome."""
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        delay = RESULT_POLL_FIRST
-        while True:
-            found = result_of(task_id, await self.driver.task_get(task_id))
-            if found is not _NOT_YET:
-                return found
-            left = None if deadline is None else deadline - loop.time()
-            if left is not None and left <= 0:
-                raise ResultTimeout(f"task {task_id} has not finished within {timeout} s")
-            wait = delay if left is None else min(delay, left)
-            await self._finished_wait(task_id, wait)
-            delay = min(RESULT_POLL_MAX, delay * 2)
-
-    def result(self, task_id: int, *, timeout: float | None = None) -> Any:
-        """`aresult` for synchronous callers (it reads with a backoff, in this thread)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = RESULT_POLL_FIRST
-        while True:
-            found = result_of(task_id, self.driver.task_get_sync(task_id))
-            if found is not _NOT_YET:
-                return found
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise ResultTimeout(f"task {task_id} has not finished within {timeout} s")
-            time.sleep(delay if left is None else min(delay, left))
-            delay = min(RESULT_POLL_MAX, delay * 2)
-
-    async def _finished_wait(self, task_id: int, seconds: float) -> None:
-        event = self._finished.setdefault(task_id, asyncio.Event())
-        try:
-            await asyncio.wait_for(event.wait(), seconds)
-        except asyncio.TimeoutError:
-            pass
-        finally:
-            if self._finished.get(task_id) is event and not event.is_set():
-                del self._finished[task_id]
+    cancel = _Moved("control")
+    acancel = _Moved("control")
+    acancel_many = _Moved("control")
+    pause = _Moved("control")
+    apause = _Moved("control")
+    resume = _Moved("control")
+    aresume = _Moved("control")
+    aset_queue_rate = _Moved("control")
+    aclear_queue_rate = _Moved("control")
+    inspect = _Moved("control")
+    ainspect = _Moved("control")
+    task_list = _Moved("control")
+    atasks = _Moved("control", "atask_list")
+    result = _Moved("results", "get")
+    aresult = _Moved("results", "aget")
 
     def tasks_finished(self, ids: Iterable[int]) -> None:
-        """Wake the `aresult` calls of this process waiting for tasks `ids` (a worker calls
-        it once their outcomes are stored)."""
-        if self._finished:
-            for task_id in ids:
-                event = self._finished.pop(task_id, None)
-                if event is not None:
-                    event.set()
-
-    # -- control (see docs/control.md) ---------------------------------------------------------
-
-    def cancel(self, task_id: int) -> Cancel:
-        """Cancel one task: a waiting one never starts (archived as cancelled); a running one
-        is stopped by its worker and recorded as cancelled; a finished one is left as it is.
-        Returns what was done (`Cancel.describe()` says it in words). With a broker, the
-        workers of a running task's queue get a cancel wake-up and stop it at once."""
-        return self.cancel_many([task_id])[0]
-
-    async def acancel(self, task_id: int) -> Cancel:
-        """`cancel`, for async callers; a running task's worker is woken to stop it at once."""
-        [result] = await self.acancel_many([task_id])
-        return result
-
-    def cancel_many(
-        self,
-        ids: Iterable[int] | None = None,
-        *,
-        queue: str | None = None,
-        task: Task | str | None = None,
-        key: str | None = None,
-        batch: int = 1000,
-    ) -> list[Cancel]:
-        """Cancel the tasks `ids`, or every live task of `queue`, of task `task` and with key
-        `key` (those given), in transactions of up to `batch` tasks. What was done to each."""
-        target = self._cancel_target(ids, queue, task, key)  # bad input fails first
-        return run_sync(self.driver, self._cancel_plan(*target, batch))
-
-    async def acancel_many(
-        self,
-        ids: Iterable[int] | None = None,
-        *,
-        queue: str | None = None,
-        task: Task | str | None = None,
-        key: str | None = None,
-        batch: int = 1000,
-    ) -> list[Cancel]:
-        """`cancel_many`, for async callers."""
-        target = self._cancel_target(ids, queue, task, key)
-        return await run_async(self.driver, self._cancel_plan(*target, batch))
-
-    def _cancel_plan(
-        self, ids_list: list[int] | None, where: TaskFilter, now: datetime, batch: int
-    ) -> DriverPlan[list[Cancel]]:
-        if ids_list is not None:
-            results: list[Cancel] = yield call("task_cancel_many", ids_list, now=now)
-        else:
-            results = []
-            while True:
-                found = yield call("task_cancel_many", where=where, now=now, limit=batch)
-                results += found
-                if len(found) < batch:
-                    break
-        self._wake_cancelled(results)
-        return results
-
-    def _cancel_target(
-        self,
-        ids: Iterable[int] | None,
-        queue: str | None,
-        task: Task | str | None,
-        key: str | None,
-    ) -> tuple[list[int] | None, TaskFilter, datetime]:
-        """What a cancel names: ids, or a filter (checked: one of the two)."""
-        where = self._task_filter(queue, task, key)
-        if ids is not None and not where.empty:
-            raise ConfigurationError("cancel: give task ids, or queue/task/key, not both")
-        if ids is None and where.empty:
-            raise ConfigurationError("cancel: give task ids, or a queue, a task or a key")
-        return None if ids is None else list(ids), where, self.clock()
-
-    def _wake_cancelled(self, results: Sequence[Cancel]) -> None:
-        """A cancel wake-up to the workers of the queues of running tasks asked to stop: they
-        look for cancels now rather than after their next heartbeat."""
-        if isinstance(self.notifier, NullNotifier):
-            return
-        for queue, ids in sorted(cancels_by_queue(results).items()):
-            self.notifier.notify(queue, ids, cancel=True)
-
-    @staticmethod
-    def _task_filter(queue: str | None, task: Task | str | None, key: str | None) -> TaskFilter:
-        name = task.name if isinstance(task, Task) else task
-        if queue is not None:
-            check_queue_name(queue, setting="queue")
-        return TaskFilter(queue=queue, task_name=name, key=key)
-
-    def pause(self, queue: str) -> datetime | None:
-        """Pause `queue`: no worker starts a task of it until `resume`; running tasks finish.
-        Returns when it was paused, if it was already (else None)."""
-        return self.driver.queue_pause_sync(check_queue_name(queue), now=self.clock())
-
-    async def apause(self, queue: str) -> datetime | None:
-        """`pause`, for async callers."""
-        return await self.driver.queue_pause(check_queue_name(queue), now=self.clock())
-
-    def resume(self, queue: str) -> bool:
-        """Resume a paused queue (False: it was not paused); workers are woken to claim."""
-        return run_sync(self.driver, self._resume_plan(check_queue_name(queue)))
-
-    async def aresume(self, queue: str) -> bool:
-        """`resume`, for async callers."""
-        return await run_async(self.driver, self._resume_plan(check_queue_name(queue)))
-
-    def _resume_plan(self, queue: str) -> DriverPlan[bool]:
-        resumed: bool = yield call("queue_resume", queue)
-        if resumed and not isinstance(self.notifier, NullNotifier):
-            self.notify(queue)
-        return resumed
-
-    def set_queue_rate(self, queue: str, rate: Rate) -> None:
-        """Set the rate of `queue` as a whole at run time, over the declared one (`queue_rate`):
-        every worker of the queue applies it within `txtasks.worker.worker.QUEUE_RATES_EVERY`
-        seconds."""
-        self.driver.queue_rate_set_sync(*self._rate_checked(queue, rate))
-
-    async def aset_queue_rate(self, queue: str, rate: Rate) -> None:
-        """`set_queue_rate`, for async callers."""
-        await self.driver.queue_rate_set(*self._rate_checked(queue, rate))
-
-    @staticmethod
-    def _rate_checked(queue: str, rate: Rate) -> tuple[str, Rate]:
-        if not isinstance(rate, Rate):
-            raise ConfigurationError(f"set_queue_rate: expected a Rate, got {rate!r}")
-        return check_queue_name(queue, setting="queue"), rate
-
-    def clear_queue_rate(self, queue: str) -> bool:
-        """Remove the rate set at run time (False: none was): the declared one applies again."""
-        return self.driver.queue_rate_clear_sync(check_queue_name(queue, setting="queue"))
-
-    async def aclear_queue_rate(self, queue: str) -> bool:
-        """`clear_queue_rate`, for async callers."""
-        return await self.driver.queue_rate_clear(check_queue_name(queue, setting="queue"))
-
-    def inspect(self, task_id: int) -> TaskRow | None:
-        """One task by id, live or finished (None: no such task): its state, attempts, last
-        error, times, headers, key, worker, lease, cancel, kept result (`result_value`) and
-        last progress report (`progress_report`)."""
-        return self.driver.task_get_sync(task_id)
-
-    async def ainspect(self, task_id: int) -> TaskRow | None:
-        """`inspect`, for async callers."""
-        return await self.driver.task_get(task_id)
-
-    def task_list(
-        self,
-        *,
-        states: Iterable[TaskState | str] | None = None,
-        queue: str | None = None,
-        task: Task | str | None = None,
-        key: str | None = None,
-        limit: int = 100,
-    ) -> list[TaskRow]:
-        """Up to `limit` tasks in `states` (default: every live state) of `queue`, of task
-        `task` and with key `key` (those given): live ones newest first, then finished ones
-        last finished first. (`app.tasks` is the registry of task declarations; `atask_list`
-        is this listing for async callers.)"""
-        chosen, where = self._listing(states, queue, task, key, limit)
-        return self.driver.task_list_sync(states=chosen, where=where, limit=limit)
-
-    async def atask_list(
-        self,
-        *,
-        states: Iterable[TaskState | str] | None = None,
-        queue: str | None = None,
-        task: Task | str | None = None,
-        key: str | None = None,
-        limit: int = 100,
-    ) -> list[TaskRow]:
-        """`task_list`, for async callers."""
-        chosen, where = self._listing(states, queue, task, key, limit)
-        return await self.driver.task_list(states=chosen, where=where, limit=limit)
-
-    async def atasks(self, **listing: Any) -> list[TaskRow]:
-        """Deprecated: `atask_list` (the regular name of `task_list`'s async form)."""
-        warnings.warn(
-            "App.atasks is deprecated; use App.atask_list", DeprecationWarning, stacklevel=2
-        )
-        return await self.atask_list(**listing)
-
-    def _listing(
-        self,
-        states: Iterable[TaskState | str] | None,
-        queue: str | None,
-        task: Task | str | None,
-        key: str | None,
-        limit: int,
-    ) -> tuple[list[TaskState] | None, TaskFilter]:
-        """A listing's states and filter, checked (bad input: an error naming it)."""
-        check_number("limit", limit, minimum=1, maximum=None, integer=True)
-        chosen = None if states is None else [task_state(s) for s in states]
-        return chosen, self._task_filter(queue, task, key)
+        """Wake the `results.aget` calls of this process waiting for tasks `ids` (a worker
+        calls it once their outcomes are stored)."""
+        self.results.finished(ids)
 
     # -- storage ------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from txtasks._checks import check_key, check_number
+from txtasks._checks import check_key, check_number, check_queue_name
 from txtasks.clock import Clock, seconds
 from txtasks.errors import ConfigurationError
 from txtasks.keys import KeyLimits
@@ -19,7 +19,7 @@ from txtasks.policy import AckPolicy, RetryPolicy
 from txtasks.retry import RetryStrategy, as_strategy
 from txtasks.topics import check_group_name, check_topic_name
 from txtasks.tracing import headers_with_trace
-from txtasks.types import QUEUE_NAME_RE, NewTask
+from txtasks.types import NewTask
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -33,14 +33,6 @@ DEFAULT_MAX_ATTEMPTS = 5
 Handler = Callable[..., Any]
 #: A task's key from its payload (None: no key); see txtasks.keys.
 KeyFunction = Callable[[Any], "str | None"]
-
-
-def check_queue_name(queue: str, *, setting: str = "queue") -> str:
-    if not isinstance(queue, str) or not QUEUE_NAME_RE.match(queue):
-        raise ConfigurationError(
-            f"{setting}: {queue!r} is not a valid queue name (1-128 of A-Z a-z 0-9 _ . : -)"
-        )
-    return queue
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+from txtasks._checks import check_name
 from txtasks.clock import Clock
 from txtasks.errors import ConfigurationError
 from txtasks.options import EnqueueOptions
@@ -24,7 +25,6 @@ from txtasks.types import (
     GROUP_HEADER,
     MESSAGE_HEADER,
     TOPIC_HEADER,
-    TOPIC_NAME_RE,
     NewPublish,
     NewTask,
     Subscription,
@@ -57,20 +57,12 @@ _RESERVED = frozenset({TOPIC_HEADER, MESSAGE_HEADER, GROUP_HEADER})
 
 def check_topic_name(topic: object, *, setting: str = "topic") -> str:
     """Topic names: 1-128 of A-Z a-z 0-9 _ . : - (as queue names), such as `order.created`."""
-    if not isinstance(topic, str) or not TOPIC_NAME_RE.match(topic):
-        raise ConfigurationError(
-            f"{setting}: {topic!r} is not a valid topic name (1-128 of A-Z a-z 0-9 _ . : -)"
-        )
-    return topic
+    return check_name(topic, kind="topic", setting=setting)
 
 
 def check_group_name(group: object, *, setting: str = "group") -> str:
     """Group names: 1-128 of A-Z a-z 0-9 _ . : - (a task's name, when it fits)."""
-    if not isinstance(group, str) or not TOPIC_NAME_RE.match(group):
-        raise ConfigurationError(
-            f"{setting}: {group!r} is not a valid group name (1-128 of A-Z a-z 0-9 _ . : -)"
-        )
-    return group
+    return check_name(group, kind="group", setting=setting)
 
 
 def delivery_dedup_key(group: str, dedup_key: str) -> str:

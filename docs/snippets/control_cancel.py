@@ -38,7 +38,7 @@ async def main() -> None:
 
     # a waiting task: archived as cancelled at once, it never starts
     waiting = await import_rows.aenqueue({"batches": 10})
-    result = await app.acancel(waiting)
+    result = await app.control.acancel(waiting)
     print(result.describe())  # task 1: cancelled (was pending); it will never start
 
     # a running task: its worker stops it (here within its 0.1 s heartbeat)
@@ -46,9 +46,9 @@ async def main() -> None:
     worker = Worker(app, WorkerConfig(heartbeat=0.1, poll_interval=0.1))
     serving = asyncio.create_task(worker.run())
     await asyncio.wait_for(started.wait(), 10)
-    print((await app.acancel(running)).describe())  # ... running; cancel requested ...
+    print((await app.control.acancel(running)).describe())  # ... running; cancel requested ...
     for _ in range(100):
-        row = await app.ainspect(running)
+        row = await app.control.ainspect(running)
         if row is not None and row.state is TaskState.CANCELLED:
             break
         await asyncio.sleep(0.05)
@@ -57,11 +57,11 @@ async def main() -> None:
     assert row is not None and row.state is TaskState.CANCELLED
 
     # a finished task: nothing to cancel, and it says so
-    print((await app.acancel(running)).describe())  # ... already finished (cancelled) ...
+    print((await app.control.acancel(running)).describe())  # ... already finished (cancelled) ...
 
     # every live task of a queue (or a task name, or a key), in batches
     await import_rows.aenqueue({"batches": 1})
-    cancelled = await app.acancel_many(queue="exports")
+    cancelled = await app.control.acancel_many(queue="exports")
     assert [c.result.value for c in cancelled] == ["cancelled"]
     await run_until_empty(app)  # nothing left to run
     await app.aclose()

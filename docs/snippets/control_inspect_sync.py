@@ -19,13 +19,13 @@ def report(payload: dict) -> None: ...
 migrate(DATABASE_URL)
 first = report.enqueue({"month": "2030-01"}, key="customer:42")
 second = report.enqueue({"month": "2030-02"}, key="customer:42")
-app.cancel(first)
+app.control.cancel(first)
 
-row = app.inspect(second)  # live or archived, by id
+row = app.control.inspect(second)  # live or archived, by id
 assert row is not None and row.state is TaskState.PENDING
-assert app.inspect(10**9) is None  # no such task
+assert app.control.inspect(10**9) is None  # no such task
 
-waiting = app.task_list(queue="reports", key="customer:42")  # live tasks by default
+waiting = app.control.task_list(queue="reports", key="customer:42")  # live tasks by default
 assert [t.id for t in waiting] == [second]
-done = app.task_list(states=["cancelled"], task=report)  # from the archive
+done = app.control.task_list(states=["cancelled"], task=report)  # from the archive
 assert [t.id for t in done] == [first]

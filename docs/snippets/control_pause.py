@@ -22,7 +22,7 @@ def send(payload: str) -> None:
 
 async def main() -> None:
     await app.amigrate()
-    await app.apause("emails")  # stored in the database: every worker sees it
+    await app.control.apause("emails")  # stored in the database: every worker sees it
     await send.aenqueue("welcome")  # still accepted, waiting
     await run_until_empty(app)  # a burst worker does not wait for a paused queue
     assert sent == []
@@ -30,7 +30,7 @@ async def main() -> None:
     stats = {s.queue: s for s in await app.driver.queue_stats(now=app.clock())}
     assert stats["emails"].paused_at is not None  # `txtasks status` shows it
 
-    await app.aresume("emails")  # with a broker, the workers are woken at once
+    await app.control.aresume("emails")  # with a broker, the workers are woken at once
     await run_until_empty(app)
     assert sent == ["welcome"]
     await app.aclose()

@@ -32,12 +32,12 @@ async def main() -> None:
     task_id = await total.aenqueue({"rows": [1, 2, 3]})
     failing = await strict.aenqueue({"rows": []})
 
-    waiting = asyncio.ensure_future(app.aresult(task_id, timeout=30))  # woken by the outcome
+    waiting = asyncio.ensure_future(app.results.aget(task_id, timeout=30))  # woken by the outcome
     await run_until_empty(app)
     assert await waiting == {"total": 6}
 
     try:
-        await app.aresult(failing, timeout=30)
+        await app.results.aget(failing, timeout=30)
     except TaskFailed as exc:  # dead-lettered, failed or discarded: the task's last error
         assert (exc.state, exc.error) == ("dead", "no rows")
 

@@ -90,13 +90,13 @@ async def test_reannouncer_skips_a_paused_queue_until_it_is_resumed(driver: Driv
     sweep = Reannouncer(app, ReannouncerConfig(after=5))
     clock.now = at(60)
 
-    await app.apause("q")
+    await app.control.apause("q")
     result = await sweep.run_once()
     assert (result.wakeups, result.tasks) == (1, 1)
     assert doorbell.calls == [("other", [other])]  # nothing for the paused queue
 
     doorbell.calls.clear()
-    assert await app.aresume("q") is True
+    assert await app.control.aresume("q") is True
     assert doorbell.calls == [("q", [])]  # resume wakes the queue's workers at once
     doorbell.calls.clear()
     result = await sweep.run_once()  # and its overlooked tasks are announced again

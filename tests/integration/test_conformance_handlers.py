@@ -100,7 +100,7 @@ async def test_sync_handler_commits_its_writes_with_its_completion(app: App, ord
     stats = await run_until_empty(app)
     assert stats.outcomes == {"completed": 1}
     assert order_names(orders) == ["o-9"]
-    assert await app.aresult(task_id, timeout=5) == {"paid": "o-9"}
+    assert await app.results.aget(task_id, timeout=5) == {"paid": "o-9"}
 
 
 @pytest.mark.parametrize("flavour", ["async", "sync"])
@@ -276,18 +276,18 @@ async def test_results_are_kept_and_final_errors_raised(any_app: App) -> None:
         "huge": await huge.aenqueue(),
         "opaque": await opaque.aenqueue(),
     }
-    waiter = asyncio.ensure_future(app.aresult(ids["add"], timeout=20))
+    waiter = asyncio.ensure_future(app.results.aget(ids["add"], timeout=20))
     await run_until_empty(app, archive_completed=False)  # results are archived anyway
     assert await waiter == {"sum": 5}
-    assert await app.aresult(ids["add"]) == {"sum": 5}
-    assert await asyncio.to_thread(app.result, ids["add"], timeout=5) == {"sum": 5}
+    assert await app.results.aget(ids["add"]) == {"sum": 5}
+    assert await asyncio.to_thread(app.results.get, ids["add"], timeout=5) == {"sum": 5}
     with pytest.raises(LookupError):  # not kept, and not archived
-        await app.aresult(ids["plain"])
+        await app.results.aget(ids["plain"])
     with pytest.raises(TaskFailed) as rejected:
-        await app.aresult(ids["reject"])
+        await app.results.aget(ids["reject"])
     assert (rejected.value.state, rejected.value.error) == ("dead", "bad input")
     with pytest.raises(TaskFailed) as dropped:
-        await app.aresult(ids["drop"])
+        await app.results.aget(ids["drop"])
     assert dropped.value.state == "discarded"
     for name, reason in (("huge", "over the limit of"), ("opaque", "not JSON-serialisable")):
         row = await row_of(app, ids[name])
@@ -302,9 +302,9 @@ async def test_a_result_wait_times_out_while_the_task_waits(any_app: App) -> Non
 
     task_id = await later.aenqueue()
     with pytest.raises(ResultTimeout):
-        await any_app.aresult(task_id, timeout=0.05)
+        await any_app.results.aget(task_id, timeout=0.05)
     with pytest.raises(ResultTimeout):
-        await asyncio.to_thread(any_app.result, task_id, timeout=0.05)
+        await asyncio.to_thread(any_app.results.get, task_id, timeout=0.05)
 
 
 # ----------------------------------------------------------------------------- progress

@@ -19,6 +19,7 @@ import pytest
 from tests.integration.wakeups import ClaimCounter
 from tests.waiting import until
 from txtasks import App, ConfigurationError, Rate
+from txtasks.errors import TaskFailed
 from txtasks.testing import run_until_empty
 from txtasks.types import CancelResult, TaskRow, TaskState
 from txtasks.worker.context import TaskContext
@@ -63,7 +64,7 @@ async def test_an_async_handler_gets_cancelled_error_and_is_recorded_cancelled(a
     task_id = await slow.aenqueue(None)
     async with serving(app, heartbeat=0.05, lease=5) as worker:
         await asyncio.wait_for(started.wait(), BOUND)
-        result = await app.acancel(task_id)
+        result = await app.control.acancel(task_id)
         assert result.result is CancelResult.REQUESTED
         row = await final(app, task_id)
     assert (row.state, row.last_error, seen) == (
@@ -73,7 +74,7 @@ async def test_an_async_handler_gets_cancelled_error_and_is_recorded_cancelled(a
     )
     assert worker.stats.outcomes == {"cancelled": 1}
     assert (
-        (await app.acancel(task_id))
+        (await app.control.acancel(task_id))
         .describe()
         .endswith("already finished (cancelled), nothing to cancel")
     )
@@ -96,7 +97,7 @@ async def test_a_sync_handler_polls_ctx_cancelled(app: App) -> None:
         await asyncio.to_thread(started.wait, BOUND)
         # the sync API, from a thread of its own (as sync code calls it): it waits for the
         # row's lock, which a claim on this event loop may hold for a moment
-        result = await asyncio.to_thread(app.cancel, task_id)
+        result = await asyncio.to_thread(app.control.cancel, task_id)
         assert result.result is CancelResult.REQUESTED
         row = await final(app, task_id)
     assert row.state is TaskState.CANCELLED
@@ -120,7 +121,7 @@ async def test_a_handler_that_swallows_the_cancel_is_still_recorded_cancelled(ap
     task_id = await stubborn.aenqueue(None)
     async with serving(app, heartbeat=0.05, lease=5, concurrency=1):
         await asyncio.wait_for(started.wait(), BOUND)
-        await app.acancel(task_id)
+        await app.control.acancel(task_id)
         assert (await final(app, task_id)).state is TaskState.CANCELLED
         next_id = await following.aenqueue(None)  # the same runner goes on working
         assert (await final(app, next_id)).state is TaskState.COMPLETED
@@ -146,7 +147,7 @@ async def test_a_cancel_wake_up_makes_the_worker_look_and_an_ordinary_one_does_n
     running = asyncio.create_task(worker.run())
     try:
         await asyncio.wait_for(started.wait(), BOUND)
-        await app.acancel(task_id)
+        await app.control.acancel(task_id)
         for _ in range(5):
             worker.wake("default")
         seen = claims.calls
@@ -171,11 +172,11 @@ async def test_a_cancelled_queued_task_never_runs(app: App) -> None:
         ran.append(payload)
 
     ids = [await record.aenqueue(n) for n in range(3)]
-    [result] = await app.acancel_many([ids[1]])
+    [result] = await app.control.acancel_many([ids[1]])
     assert result.result is CancelResult.CANCELLED
     await run_until_empty(app)
     assert sorted(ran) == [0, 2]  # the worker runs the two others side by side, in any order
-    assert (await app.ainspect(ids[1])).state is TaskState.CANCELLED  # type: ignore[union-attr]
+    assert (await app.control.ainspect(ids[1])).state is TaskState.CANCELLED  # type: ignore[union-attr]
 
 
 async def test_a_paused_queue_waits_and_a_burst_worker_does_not(app: App) -> None:
@@ -189,14 +190,14 @@ async def test_a_paused_queue_waits_and_a_burst_worker_does_not(app: App) -> Non
     def mail(payload: str) -> None:
         ran.append(payload)
 
-    assert await app.apause("reports") is None
+    assert await app.control.apause("reports") is None
     await report.aenqueue("report")
     await mail.aenqueue("mail")
     await run_until_empty(app)  # returns: what is paused is not to do now
     assert ran == ["mail"]
     [stats] = [s for s in await app.driver.queue_stats(now=app.clock()) if s.queue == "reports"]
     assert stats.paused_at is not None and stats.counts == {"pending": 1}
-    assert await app.aresume("reports") is True
+    assert await app.control.aresume("reports") is True
     await run_until_empty(app)
     assert ran == ["mail", "report"]
 
@@ -211,7 +212,7 @@ async def test_a_queue_rate_set_at_run_time_wins_over_the_declared_one_until_cle
     def rated(payload: int) -> None:
         starts.append(time.monotonic())
 
-    await app.aset_queue_rate("rated", Rate(4, per=1))  # a start every 0.25 s
+    await app.control.aset_queue_rate("rated", Rate(4, per=1))  # a start every 0.25 s
     assert await app.driver.queue_rates_stored() == {"rated": Rate(4, per=1)}
     assert await app.driver.key_override_list() == []  # not a key's limits
     ids = [await rated.aenqueue(n) for n in range(3)]
@@ -221,8 +222,8 @@ async def test_a_queue_rate_set_at_run_time_wins_over_the_declared_one_until_cle
     # handlers ran, which a busy machine delays by any amount
     claimed = sorted([(await final(app, i)).started_at for i in ids])  # type: ignore[type-var]
     assert (claimed[-1] - claimed[0]).total_seconds() >= 2 * 0.25 * 0.99, claimed
-    assert await app.aclear_queue_rate("rated") is True
-    assert await app.aclear_queue_rate("rated") is False
+    assert await app.control.aclear_queue_rate("rated") is True
+    assert await app.control.aclear_queue_rate("rated") is False
     assert await app.driver.queue_rates_stored() == {}
     await rated.aenqueue(3)
     await run_until_empty(app)  # the declared rate again
@@ -235,27 +236,27 @@ async def test_inspect_and_task_list_for_sync_callers(app: App) -> None:
 
     first = await listed.aenqueue(1, key="k")
     second = await listed.aenqueue(2, key="k")
-    await app.acancel(first)
+    await app.control.acancel(first)
 
     def sync_reads() -> tuple[Any, ...]:  # in a thread of its own, as sync code calls them
         return (
-            app.inspect(second),
-            app.inspect(10**9),
-            app.task_list(queue="reports", key="k"),
-            app.task_list(states=["cancelled"], task=listed),
+            app.control.inspect(second),
+            app.control.inspect(10**9),
+            app.control.task_list(queue="reports", key="k"),
+            app.control.task_list(states=["cancelled"], task=listed),
         )
 
     row, missing, waiting, cancelled = await asyncio.to_thread(sync_reads)
-    assert row == await app.ainspect(second)
+    assert row == await app.control.ainspect(second)
     assert row is not None and (row.state, row.partition_key) == (TaskState.PENDING, "k")
     assert missing is None
     assert [t.id for t in waiting] == [second]
     assert [t.id for t in cancelled] == [first]
-    assert waiting == await app.atask_list(queue="reports", key="k")
+    assert waiting == await app.control.atask_list(queue="reports", key="k")
     with pytest.raises(ConfigurationError, match="limit"):
-        app.task_list(limit=0)
+        app.control.task_list(limit=0)
     with pytest.raises(ConfigurationError, match="state"):
-        app.task_list(states=["sleeping"])
+        app.control.task_list(states=["sleeping"])
 
 
 async def test_every_control_operation_has_a_sync_form_and_the_old_name_warns(app: App) -> None:
@@ -265,21 +266,33 @@ async def test_every_control_operation_has_a_sync_form_and_the_old_name_warns(ap
     ids = [await pairs.aenqueue(n, key="a" if n < 3 else "b") for n in range(5)]
 
     def sync_calls() -> tuple[Any, ...]:  # in a thread of its own, as sync code calls them
-        by_key = app.cancel_many(queue="pairs", key="a", batch=2)  # two transactions and one
-        by_id = app.cancel_many([ids[3]])
-        app.set_queue_rate("pairs", Rate(5, per=2))
-        return by_key, by_id, app.clear_queue_rate("pairs"), app.clear_queue_rate("pairs")
+        by_key = app.control.cancel_many(
+            queue="pairs", key="a", batch=2
+        )  # two transactions and one
+        by_id = app.control.cancel_many([ids[3]])
+        app.control.set_queue_rate("pairs", Rate(5, per=2))
+        return (
+            by_key,
+            by_id,
+            app.control.clear_queue_rate("pairs"),
+            app.control.clear_queue_rate("pairs"),
+        )
 
     by_key, by_id, cleared, again = await asyncio.to_thread(sync_calls)
     assert sorted(c.id for c in by_key) == ids[:3]
     assert [(c.id, c.result) for c in by_id] == [(ids[3], CancelResult.CANCELLED)]
     assert (cleared, again) == (True, False)
-    await asyncio.to_thread(app.set_queue_rate, "pairs", Rate(5, per=2))
+    await asyncio.to_thread(app.control.set_queue_rate, "pairs", Rate(5, per=2))
     assert await app.driver.queue_rates_stored() == {"pairs": Rate(5, per=2)}
-    assert [t.id for t in await app.atask_list(queue="pairs")] == [ids[4]]
-    with pytest.warns(DeprecationWarning, match="atask_list"):
-        assert [t.id for t in await app.atasks(queue="pairs")] == [ids[4]]
+    assert [t.id for t in await app.control.atask_list(queue="pairs")] == [ids[4]]
+    with pytest.warns(DeprecationWarning, match=r"app\.control\.atask_list"):
+        assert [t.id for t in await app.atasks(queue="pairs")] == [ids[4]]  # type: ignore[misc]
+    with pytest.warns(DeprecationWarning, match=r"App\.acancel is deprecated; use app\.control"):
+        cancelled = await app.acancel(ids[4])  # type: ignore[misc]
+    assert cancelled.result is CancelResult.CANCELLED
+    with pytest.warns(DeprecationWarning, match=r"app\.results\.get"), pytest.raises(TaskFailed):
+        app.result(ids[4], timeout=0)  # type: ignore[misc]
     with pytest.raises(ConfigurationError, match="expected a Rate"):
-        app.set_queue_rate("pairs", 5)  # type: ignore[arg-type]
+        app.control.set_queue_rate("pairs", 5)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="not both"):
-        app.cancel_many([ids[4]], queue="pairs")
+        app.control.cancel_many([ids[4]], queue="pairs")

@@ -382,7 +382,7 @@ async def test_a_cancel_wakes_every_worker_of_the_queue_and_stops_the_running_ha
     await asyncio.wait_for(long.started.wait(), WAIT)
     [running] = [w for w in workers if w.stats.started]
 
-    assert (await h.app.acancel(task_id)).result is CancelResult.REQUESTED
+    assert (await h.app.control.acancel(task_id)).result is CancelResult.REQUESTED
     await asyncio.wait_for(long.cancelled.wait(), WAIT)  # the heartbeat's look: in 60 s
     assert await finished(h, task_id) is TaskState.CANCELLED
     # the wake-up reached both workers (not one of them, as an ordinary one would); the one
@@ -417,7 +417,7 @@ async def test_ordinary_wakeups_to_a_busy_worker_look_for_no_cancel(
     assert (worker.stats.cancel_wakeups, worker.stats.cancel_looks) == (0, 0)
 
     # the sync API sends a cancel wake-up too (from a thread, as sync code calls it)
-    assert (await asyncio.to_thread(h.app.cancel, long_id)).result is CancelResult.REQUESTED
+    assert (await asyncio.to_thread(h.app.control.cancel, long_id)).result is CancelResult.REQUESTED
     await asyncio.wait_for(long.cancelled.wait(), WAIT)
     assert await finished(h, long_id) is TaskState.CANCELLED
     assert (worker.stats.cancel_wakeups, worker.stats.cancel_looks) == (1, 1)

@@ -103,12 +103,12 @@ async def test_queue_gauges_fall_to_zero_when_a_queue_empties() -> None:
     assert value("txtasks_queue_tasks", {"queue": "mq", "state": "pending"}) == 1
     assert value("txtasks_queue_ready_tasks", {"queue": "mq"}) == 1
 
-    await app.apause("mq")
+    await app.control.apause("mq")
     await cleaner.run_once()
     assert value("txtasks_queue_paused", {"queue": "mq"}) == 1
 
-    await app.acancel(task_id)
-    await app.aresume("mq")
+    await app.control.acancel(task_id)
+    await app.control.aresume("mq")
     await cleaner.run_once()
 
     assert value("txtasks_queue_tasks", {"queue": "mq", "state": "pending"}) == 0

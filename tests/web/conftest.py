@@ -62,7 +62,7 @@ async def seed(app: App) -> Seeded:
     done = await app.aenqueue("send", {"to": "a@example.com"})
     retrying = await app.aenqueue("flaky", 1)
     await run_until_empty(app, queues=["mail", "reports"])
-    assert (await app.ainspect(done)).state.value == "completed"  # type: ignore[union-attr]
+    assert (await app.control.ainspect(done)).state.value == "completed"  # type: ignore[union-attr]
     waiting = await app.aenqueue("send", {"to": "b@example.com"}, key="tenant-1")
     return Seeded(waiting=waiting, dead=dead, retrying=retrying)
 

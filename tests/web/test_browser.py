@@ -96,7 +96,7 @@ async def confirm(page: Any) -> None:
 
 
 async def state_of(app: App, task_id: int) -> str | None:
-    row = await app.ainspect(task_id)
+    row = await app.control.ainspect(task_id)
     return None if row is None else row.state.value
 
 

@@ -21,7 +21,7 @@ from txtasks.web.queries import Reads
 async def test_queues_page_shows_depths_paused_and_chart(
     client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
 ) -> None:
-    await dashboard_app.apause("mail")
+    await dashboard_app.control.apause("mail")
     page = await client.get("/")
     assert page.status_code == 200
     text = page.text
@@ -73,9 +73,9 @@ async def test_task_detail_shows_error_payload_and_result(
     assert "at tests.web.conftest.broken line " in error
     assert "caused by: OSError: [Errno 28] No space left on device" in error
     assert "at tests.web.conftest.write_report line " in error
-    row = await dashboard_app.ainspect(seeded.dead)  # app.inspect holds the same text
+    row = await dashboard_app.control.ainspect(seeded.dead)  # app.inspect holds the same text
     assert row is not None and "caused by: OSError" in (row.last_error or "")
-    completed = await dashboard_app.atask_list(states=["completed"])
+    completed = await dashboard_app.control.atask_list(states=["completed"])
     page = await client.get(f"/tasks/{completed[0].id}")
     assert "a@example.com" in page.text
     assert (await client.get("/tasks/999999")).status_code == 404
@@ -111,7 +111,7 @@ async def test_redrive_a_dead_letter_and_it_is_logged_with_who(
     with caplog.at_level(logging.INFO, logger="txtasks.web"):
         done = await act(client, "requeue", id=str(seeded.dead))
     assert done.status_code == 303
-    row = await dashboard_app.ainspect(seeded.dead)
+    row = await dashboard_app.control.ainspect(seeded.dead)
     assert row is not None and row.state.value == "pending"
     [record] = [r for r in caplog.records if r.name == "txtasks.web"]
     assert "requeue by anonymous@127.0.0.1" in record.getMessage()
@@ -121,25 +121,27 @@ async def test_purge_dead_letters_of_a_queue(
     client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
 ) -> None:
     await act(client, "purge", queue="reports")
-    assert await dashboard_app.ainspect(seeded.dead) is None
+    assert await dashboard_app.control.ainspect(seeded.dead) is None
 
 
 async def test_cancel_run_now_pause_resume_and_periodic(
     client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
 ) -> None:
     await act(client, "run_now", id=str(seeded.retrying))
-    row = await dashboard_app.ainspect(seeded.retrying)
+    row = await dashboard_app.control.ainspect(seeded.retrying)
     assert row is not None and row.run_at <= dashboard_app.clock()
     await act(client, "cancel", id=str(seeded.waiting))
-    row = await dashboard_app.ainspect(seeded.waiting)
+    row = await dashboard_app.control.ainspect(seeded.waiting)
     assert row is not None and row.state.value == "cancelled"
     await act(client, "pause", queue="mail")
     assert "mail" in await dashboard_app.driver.queue_paused_list()
     await act(client, "resume", queue="mail")
     assert "mail" not in await dashboard_app.driver.queue_paused_list()
-    before = {t.id for t in await dashboard_app.atask_list(queue="mail")}
+    before = {t.id for t in await dashboard_app.control.atask_list(queue="mail")}
     await act(client, "periodic_now", schedule="nightly")
-    [fired] = [t for t in await dashboard_app.atask_list(queue="mail") if t.id not in before]
+    [fired] = [
+        t for t in await dashboard_app.control.atask_list(queue="mail") if t.id not in before
+    ]
     assert fired.task_name == "send"
 
 
@@ -153,7 +155,7 @@ async def test_post_without_csrf_is_refused(
     ):
         refused = await client.post("/action", data=data)
         assert refused.status_code == 403 and "CSRF" in refused.text
-    assert await dashboard_app.ainspect(seeded.dead) is not None
+    assert await dashboard_app.control.ainspect(seeded.dead) is not None
 
 
 async def test_read_only_hides_and_refuses_every_action(dashboard_app: App, seeded: Seeded) -> None:
@@ -166,7 +168,7 @@ async def test_read_only_hides_and_refuses_every_action(dashboard_app: App, seed
             data = {"csrf": token, "action": action, "id": str(seeded.dead), "confirmed": "yes"}
             refused = await http.post("/action", data=data)
             assert refused.status_code == 403, action
-    assert (await dashboard_app.ainspect(seeded.dead)).state.value == "dead"  # type: ignore[union-attr]
+    assert (await dashboard_app.control.ainspect(seeded.dead)).state.value == "dead"  # type: ignore[union-attr]
 
 
 async def test_counts_stop_at_their_cap(dashboard_app: App, seeded: Seeded) -> None:
@@ -238,7 +240,7 @@ async def test_mounted_in_another_application(dashboard_app: App, seeded: Seeded
         data = {"csrf": token, "action": "requeue", "id": str(seeded.dead), "back": "/dead"}
         done = await http.post("/ops/action", data={**data, "confirmed": "yes"})
     assert done.status_code == 303 and done.headers["location"].startswith("/ops/dead?done=")
-    assert (await dashboard_app.ainspect(seeded.dead)).state.value == "pending"  # type: ignore[union-attr]
+    assert (await dashboard_app.control.ainspect(seeded.dead)).state.value == "pending"  # type: ignore[union-attr]
 
 
 async def test_redrive_and_purge_every_dead_letter_matching_a_filter(
@@ -246,15 +248,15 @@ async def test_redrive_and_purge_every_dead_letter_matching_a_filter(
 ) -> None:
     other = await dashboard_app.aenqueue("broken", 8)
     await run_until_empty(dashboard_app, queues=["reports"])
-    assert (await dashboard_app.ainspect(other)).state.value == "dead"  # type: ignore[union-attr]
+    assert (await dashboard_app.control.ainspect(other)).state.value == "dead"  # type: ignore[union-attr]
     page = await client.get("/dead", params={"error": "report 8 failed"})
     assert 'id="requeue-matching"' in page.text
     match = {"match": "yes", "match_error": "report 8 failed"}
     await act(client, "requeue", **match)
-    assert (await dashboard_app.ainspect(other)).state.value == "pending"  # type: ignore[union-attr]
-    assert (await dashboard_app.ainspect(seeded.dead)).state.value == "dead"  # type: ignore[union-attr]
+    assert (await dashboard_app.control.ainspect(other)).state.value == "pending"  # type: ignore[union-attr]
+    assert (await dashboard_app.control.ainspect(seeded.dead)).state.value == "dead"  # type: ignore[union-attr]
     await act(client, "purge", match="yes", match_task="broken", match_queue="reports")
-    assert await dashboard_app.ainspect(seeded.dead) is None
+    assert await dashboard_app.control.ainspect(seeded.dead) is None
     both = await client.post(
         "/action",
         data={"csrf": await csrf_of(client), "action": "purge", "queue": "reports", **match},
@@ -265,7 +267,7 @@ async def test_redrive_and_purge_every_dead_letter_matching_a_filter(
 async def test_a_finished_task_shows_how_long_it_waited_and_ran(
     client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
 ) -> None:
-    [completed] = await dashboard_app.atask_list(states=["completed"])
+    [completed] = await dashboard_app.control.atask_list(states=["completed"])
     page = await client.get(f"/tasks/{completed.id}")
     durations = page.text.split('id="durations">')[1].split("</dd>")[0]
     assert "waited" in durations and "last attempt ran" in durations
@@ -276,11 +278,11 @@ async def test_run_now_of_a_keyed_task_scheduled_later(
 ) -> None:
     later = await dashboard_app.aenqueue("send", {"to": "later"}, key="tenant-2", delay=3600)
     await run_until_empty(dashboard_app, queues=["mail"])  # the key is looked at: not due
-    assert (await dashboard_app.ainspect(later)).state.value == "pending"  # type: ignore[union-attr]
+    assert (await dashboard_app.control.ainspect(later)).state.value == "pending"  # type: ignore[union-attr]
     await act(client, "run_now", id=str(later))
     # without a hint, claims would not look at the key for an hour: a burst worker would wait
     await asyncio.wait_for(run_until_empty(dashboard_app, queues=["mail"]), 30)
-    assert (await dashboard_app.ainspect(later)).state.value == "completed"  # type: ignore[union-attr]
+    assert (await dashboard_app.control.ainspect(later)).state.value == "completed"  # type: ignore[union-attr]
 
 
 async def test_workers_page_lists_workers_and_cleaners_alive_and_gone(

@@ -31,8 +31,8 @@ STATES = [s.value for s in TaskState]
 
 def _queue_name(value: str | None, param: str) -> str | None:
     """A queue name as given, or a usage error naming the option and the rule."""
+    from txtasks._checks import check_queue_name
     from txtasks.errors import TxtasksError
-    from txtasks.task import check_queue_name
 
     if value is None:
         return None

@@ -380,10 +380,9 @@ def keys_set(
 ) -> None:
     """Set the limits of KEY; the next claims apply them. Limits not given keep the declared
     ones."""
-    from txtasks._checks import check_key
+    from txtasks._checks import check_key, check_queue_name
     from txtasks.errors import TxtasksError
     from txtasks.keys import KeyOverride
-    from txtasks.task import check_queue_name
 
     if concurrency is None and ordered is None and rate is None:
         raise click.UsageError("give --concurrency, --ordered/--unordered or --rate")
@@ -436,8 +435,8 @@ def keys_queue_rate(
     """Set the rate of QUEUE as a whole (RATE such as 100/s: at most that many starts of its
     tasks, with a key or without, across every worker), over the one the application declares;
     workers apply it within 5 seconds. Without RATE: the rates set."""
+    from txtasks._checks import check_queue_name
     from txtasks.errors import TxtasksError
-    from txtasks.task import check_queue_name
 
     if clear and (rate is not None or burst is not None):
         raise click.UsageError("--clear takes no RATE or --burst")

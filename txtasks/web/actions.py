@@ -9,10 +9,10 @@ from typing import Any
 
 from starlette.datastructures import FormData
 
+from txtasks._checks import check_queue_name
 from txtasks.app import App
 from txtasks.driver.sql import SqlDriver
 from txtasks.errors import ConfigurationError
-from txtasks.task import check_queue_name
 from txtasks.web.queries import Reads, TaskQuery
 
 
@@ -82,7 +82,7 @@ async def _matching(app: App, target: Target) -> dict[int, str]:
     driver = app.driver
     assert isinstance(driver, SqlDriver)
     if target.match is None:
-        rows = [await app.ainspect(i) for i in target.ids]
+        rows = [await app.control.ainspect(i) for i in target.ids]
         return {r.id: r.queue for r in rows if r is not None}
     found: dict[int, str] = {}
     cursor = None
@@ -121,7 +121,7 @@ async def _purge(app: App, target: Target) -> str:
 
 
 async def _cancel(app: App, target: Target) -> str:
-    results = await app.acancel_many(target.ids)
+    results = await app.control.acancel_many(target.ids)
     return "; ".join(c.describe() for c in results)
 
 
@@ -139,13 +139,13 @@ async def _run_now(app: App, target: Target) -> str:
 
 async def _pause(app: App, target: Target) -> str:
     assert target.queue is not None
-    was = await app.apause(target.queue)
+    was = await app.control.apause(target.queue)
     return f"queue {target.queue} " + ("was already paused" if was else "paused")
 
 
 async def _resume(app: App, target: Target) -> str:
     assert target.queue is not None
-    resumed = await app.aresume(target.queue)
+    resumed = await app.control.aresume(target.queue)
     return f"queue {target.queue} " + ("resumed" if resumed else "was not paused")
 
 

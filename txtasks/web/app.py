@@ -20,10 +20,10 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
+from txtasks._checks import check_queue_name
 from txtasks.app import App
 from txtasks.driver.sql import SqlDriver
 from txtasks.errors import ConfigurationError, TxtasksError
-from txtasks.task import check_queue_name
 from txtasks.types import TaskRow
 from txtasks.web.actions import ACTIONS, Target, field_of, match_of
 from txtasks.web.charts import sparkline
@@ -229,7 +229,7 @@ class Dashboard:
 
     async def page_task(self, request: Request) -> Response:
         task_id = request.path_params["task_id"]
-        row = await self.app.ainspect(task_id)
+        row = await self.app.control.ainspect(task_id)
         if row is None:
             return _bad(f"task {task_id}: no such task", status=404)
         return self.render(request, "task.html", task=self.shown(row))

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from txtasks._checks import check_number
+from txtasks._checks import check_number, check_queue_name
 from txtasks.errors import ConfigurationError
-from txtasks.task import check_queue_name
 from txtasks.types import Outcome, TaskKey
 
 
