@@ -7,11 +7,12 @@ the operation's. So `App.cancel_many` and `App.acancel_many` are the same code.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 R = TypeVar("R")
+S = TypeVar("S")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,21 +31,31 @@ def call(name: str, *args: Any, **kwargs: Any) -> Call:
 DriverPlan = Generator[Call, Any, R]
 
 
-def run_sync(driver: Any, plan: DriverPlan[R]) -> R:
-    """Run `plan` with the driver's sync methods."""
+def drive_sync(plan: Generator[S, Any, R], perform: Callable[[S], Any]) -> R:
+    """Run a plan: each step it yields is performed, and what that returns sent back."""
     try:
         step = next(plan)
         while True:
-            step = plan.send(getattr(driver, f"{step.name}_sync")(*step.args, **step.kwargs))
+            step = plan.send(perform(step))
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
+
+
+async def drive_async(plan: Generator[S, Any, R], perform: Callable[[S], Awaitable[Any]]) -> R:
+    """`drive_sync` with steps performed by a coroutine."""
+    try:
+        step = next(plan)
+        while True:
+            step = plan.send(await perform(step))
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+def run_sync(driver: Any, plan: DriverPlan[R]) -> R:
+    """Run `plan` with the driver's sync methods."""
+    return drive_sync(plan, lambda c: getattr(driver, f"{c.name}_sync")(*c.args, **c.kwargs))
 
 
 async def run_async(driver: Any, plan: DriverPlan[R]) -> R:
     """Run `plan` with the driver's coroutine methods."""
-    try:
-        step = next(plan)
-        while True:
-            step = plan.send(await getattr(driver, step.name)(*step.args, **step.kwargs))
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
+    return await drive_async(plan, lambda c: getattr(driver, c.name)(*c.args, **c.kwargs))

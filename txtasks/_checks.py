@@ -72,14 +72,19 @@ def _wanted(integer: bool, minimum: float | None, above: float | None, top: floa
     return f"{'an integer' if integer else 'a finite number'}{' ' + text if text else ''}"
 
 
-def check_key(key: object, *, setting: str = "enqueue: key") -> str:
-    """A key is 1-255 bytes of UTF-8 without NUL."""
+def check_key(
+    key: object, *, setting: str = "enqueue: key", most_bytes: int = 255, why: str = ""
+) -> str:
+    """A key (or a dedup key) is 1-`most_bytes` bytes of UTF-8 without NUL; `why` ends the
+    error's first part when the bound needs saying why."""
     if not (
         isinstance(key, str)
-        and 0 < len(key.encode("utf-8", "surrogatepass")) <= 255
+        and 0 < len(key.encode("utf-8", "surrogatepass")) <= most_bytes
         and "\x00" not in key
     ):
-        raise ConfigurationError(f"{setting} must be 1-255 bytes of UTF-8 without NUL, got {key!r}")
+        raise ConfigurationError(
+            f"{setting} must be 1-{most_bytes} bytes of UTF-8 without NUL{why}, got {key!r}"
+        )
     return key
 
 

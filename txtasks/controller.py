@@ -52,20 +52,6 @@ class Controller:
     def __init__(self, host: ControlHost) -> None:
         self._host = host
 
-    @property
-    def driver(self) -> Driver:
-        return self._host.driver
-
-    @property
-    def notifier(self) -> Notifier:
-        return self._host.notifier
-
-    def clock(self) -> datetime:
-        return self._host.clock()
-
-    def notify(self, queue: str) -> None:
-        self._host.notify(queue)
-
     def cancel(self, task_id: int) -> Cancel:
         """Cancel one task: a waiting one never starts (archived as cancelled); a running one
         is stopped by its worker and recorded as cancelled; a finished one is left as it is.
@@ -90,7 +76,7 @@ class Controller:
         """Cancel the tasks `ids`, or every live task of `queue`, of task `task` and with key
         `key` (those given), in transactions of up to `batch` tasks. What was done to each."""
         target = self._cancel_target(ids, queue, task, key)  # bad input fails first
-        return run_sync(self.driver, self._cancel_plan(*target, batch))
+        return run_sync(self._host.driver, self._cancel_plan(*target, batch))
 
     async def acancel_many(
         self,
@@ -103,7 +89,7 @@ class Controller:
     ) -> list[Cancel]:
         """`cancel_many`, for async callers."""
         target = self._cancel_target(ids, queue, task, key)
-        return await run_async(self.driver, self._cancel_plan(*target, batch))
+        return await run_async(self._host.driver, self._cancel_plan(*target, batch))
 
     def _cancel_plan(
         self, ids_list: list[int] | None, where: TaskFilter, now: datetime, batch: int
@@ -133,15 +119,15 @@ class Controller:
             raise ConfigurationError("cancel: give task ids, or queue/task/key, not both")
         if ids is None and where.empty:
             raise ConfigurationError("cancel: give task ids, or a queue, a task or a key")
-        return None if ids is None else list(ids), where, self.clock()
+        return None if ids is None else list(ids), where, self._host.clock()
 
     def _wake_cancelled(self, results: Sequence[Cancel]) -> None:
         """A cancel wake-up to the workers of the queues of running tasks asked to stop: they
         look for cancels now rather than after their next heartbeat."""
-        if isinstance(self.notifier, NullNotifier):
+        if isinstance(self._host.notifier, NullNotifier):
             return
         for queue, ids in sorted(cancels_by_queue(results).items()):
-            self.notifier.notify(queue, ids, cancel=True)
+            self._host.notifier.notify(queue, ids, cancel=True)
 
     @staticmethod
     def _task_filter(queue: str | None, task: Named | str | None, key: str | None) -> TaskFilter:
@@ -153,35 +139,35 @@ class Controller:
     def pause(self, queue: str) -> datetime | None:
         """Pause `queue`: no worker starts a task of it until `resume`; running tasks finish.
         Returns when it was paused, if it was already (else None)."""
-        return self.driver.queue_pause_sync(check_queue_name(queue), now=self.clock())
+        return self._host.driver.queue_pause_sync(check_queue_name(queue), now=self._host.clock())
 
     async def apause(self, queue: str) -> datetime | None:
         """`pause`, for async callers."""
-        return await self.driver.queue_pause(check_queue_name(queue), now=self.clock())
+        return await self._host.driver.queue_pause(check_queue_name(queue), now=self._host.clock())
 
     def resume(self, queue: str) -> bool:
         """Resume a paused queue (False: it was not paused); workers are woken to claim."""
-        return run_sync(self.driver, self._resume_plan(check_queue_name(queue)))
+        return run_sync(self._host.driver, self._resume_plan(check_queue_name(queue)))
 
     async def aresume(self, queue: str) -> bool:
         """`resume`, for async callers."""
-        return await run_async(self.driver, self._resume_plan(check_queue_name(queue)))
+        return await run_async(self._host.driver, self._resume_plan(check_queue_name(queue)))
 
     def _resume_plan(self, queue: str) -> DriverPlan[bool]:
         resumed: bool = yield call("queue_resume", queue)
-        if resumed and not isinstance(self.notifier, NullNotifier):
-            self.notify(queue)
+        if resumed and not isinstance(self._host.notifier, NullNotifier):
+            self._host.notify(queue)
         return resumed
 
     def set_queue_rate(self, queue: str, rate: Rate) -> None:
         """Set the rate of `queue` as a whole at run time, over the declared one (`queue_rate`):
         every worker of the queue applies it within `txtasks.worker.worker.QUEUE_RATES_EVERY`
         seconds."""
-        self.driver.queue_rate_set_sync(*self._rate_checked(queue, rate))
+        self._host.driver.queue_rate_set_sync(*self._rate_checked(queue, rate))
 
     async def aset_queue_rate(self, queue: str, rate: Rate) -> None:
         """`set_queue_rate`, for async callers."""
-        await self.driver.queue_rate_set(*self._rate_checked(queue, rate))
+        await self._host.driver.queue_rate_set(*self._rate_checked(queue, rate))
 
     @staticmethod
     def _rate_checked(queue: str, rate: Rate) -> tuple[str, Rate]:
@@ -191,21 +177,21 @@ class Controller:
 
     def clear_queue_rate(self, queue: str) -> bool:
         """Remove the rate set at run time (False: none was): the declared one applies again."""
-        return self.driver.queue_rate_clear_sync(check_queue_name(queue, setting="queue"))
+        return self._host.driver.queue_rate_clear_sync(check_queue_name(queue, setting="queue"))
 
     async def aclear_queue_rate(self, queue: str) -> bool:
         """`clear_queue_rate`, for async callers."""
-        return await self.driver.queue_rate_clear(check_queue_name(queue, setting="queue"))
+        return await self._host.driver.queue_rate_clear(check_queue_name(queue, setting="queue"))
 
     def inspect(self, task_id: int) -> TaskRow | None:
         """One task by id, live or finished (None: no such task): its state, attempts, last
         error, times, headers, key, worker, lease, cancel, kept result (`result_value`) and
         last progress report (`progress_report`)."""
-        return self.driver.task_get_sync(task_id)
+        return self._host.driver.task_get_sync(task_id)
 
     async def ainspect(self, task_id: int) -> TaskRow | None:
         """`inspect`, for async callers."""
-        return await self.driver.task_get(task_id)
+        return await self._host.driver.task_get(task_id)
 
     def task_list(
         self,
@@ -220,7 +206,7 @@ class Controller:
         `task` and with key `key` (those given): live ones newest first, then finished ones
         last finished first. (`app.tasks` is the registry of task declarations.)"""
         chosen, where = self._listing(states, queue, task, key, limit)
-        return self.driver.task_list_sync(states=chosen, where=where, limit=limit)
+        return self._host.driver.task_list_sync(states=chosen, where=where, limit=limit)
 
     async def atask_list(
         self,
@@ -233,7 +219,7 @@ class Controller:
     ) -> list[TaskRow]:
         """`task_list`, for async callers."""
         chosen, where = self._listing(states, queue, task, key, limit)
-        return await self.driver.task_list(states=chosen, where=where, limit=limit)
+        return await self._host.driver.task_list(states=chosen, where=where, limit=limit)
 
     def _listing(
         self,

@@ -294,9 +294,12 @@ class Enqueuer:
     def committed(self, write: Write[ItemT, FoundT], found: FoundT) -> None:
         """Wake-ups for a write committed already (logs, never raises)."""
         if self._wakes(write):
-            pending = PendingWakeups()
-            pending.add(self.host.notifier, write.wakeups(found))
-            pending.publish()
+            self._wake_now(write, found)
+
+    def _wake_now(self, write: Write[ItemT, FoundT], found: FoundT) -> None:
+        pending = PendingWakeups()
+        pending.add(self.host.notifier, write.wakeups(found))
+        pending.publish()
 
     def run_sync(self, write: Write[ItemT, FoundT], executor: SyncExecutor | None = None) -> FoundT:
         write = self.prepare(write)
@@ -304,7 +307,7 @@ class Enqueuer:
         if executor is None:
             found = write.own(self.host.driver)
             if wakes:
-                self.committed(write, found)
+                self._wake_now(write, found)
         else:
             found = write.in_tx(executor)
             if wakes:
@@ -320,7 +323,7 @@ class Enqueuer:
         if executor is None:
             found = await write.aown(self.host.driver)
             if wakes:
-                self.committed(write, found)
+                self._wake_now(write, found)
         else:
             found = await write.ain_tx(executor)
             if wakes:

@@ -20,6 +20,8 @@ __all__ = ["MAX_DEDUP_BYTES", "NO_OPTIONS", "EnqueueOptions", "EnqueueSettings"]
 
 #: The dedup key column's width, in bytes of UTF-8.
 MAX_DEDUP_BYTES = 255
+#: Why a publish's dedup key is shorter than the column.
+DELIVERY_DEDUP_WHY = " (each group's delivery adds its group's name)"
 
 
 class EnqueueSettings(TypedDict, total=False):
@@ -82,20 +84,12 @@ class EnqueueOptions(NamedTuple):
 
     def checked(self, where: str, *, dedup_bytes: int = MAX_DEDUP_BYTES) -> EnqueueOptions:
         """Itself, once its priority, dedup key (up to `dedup_bytes` bytes) and key are valid."""
-        dedup_key = self.dedup_key
-        if dedup_key is not None and not (
-            isinstance(dedup_key, str)
-            and 0 < len(dedup_key.encode("utf-8", "surrogatepass")) <= dedup_bytes
-            and "\x00" not in dedup_key
-        ):
-            raise ConfigurationError(
-                f"{where}: dedup_key must be 1-{dedup_bytes} bytes of UTF-8 without NUL"
-                + (
-                    ""
-                    if dedup_bytes == MAX_DEDUP_BYTES
-                    else " (each group's delivery adds its group's name)"
-                )
-                + f", got {dedup_key!r}"
+        if self.dedup_key is not None:
+            check_key(
+                self.dedup_key,
+                setting=f"{where}: dedup_key",
+                most_bytes=dedup_bytes,
+                why="" if dedup_bytes == MAX_DEDUP_BYTES else DELIVERY_DEDUP_WHY,
             )
         if self.priority is not None and type(self.priority) is not int:
             check_number(f"{where}: priority", self.priority, maximum=None, integer=True)

@@ -97,6 +97,11 @@ def _split(text: str | None) -> tuple[str, str]:
     return f"{text[:-1]},{GROUP_MARK}", '"}'
 
 
+def _own_headers(publish: NewPublish) -> str:
+    """A publish's headers without its group (JSON text): its head, closed."""
+    return publish.headers_head[: -len(GROUP_MARK) - 1] + "}"
+
+
 def publish_row(publish: NewPublish) -> NewTask:
     """What `Middleware.before_enqueue` is given for a publish: one row that stands for the
     task of every group, `topic` set, `task_name` and `queue` empty and `max_attempts` 0 (each
@@ -111,7 +116,7 @@ def publish_row(publish: NewPublish) -> NewTask:
         max_attempts=0,
         created_at=publish.created_at,
         dedup_key=publish.dedup_key,
-        headers=publish.headers_head[: -len(GROUP_MARK) - 1] + "}",
+        headers=_own_headers(publish),
         partition_key=publish.partition_key,
         topic=publish.topic,
     )
@@ -127,7 +132,7 @@ def publish_of_row(publish: NewPublish, row: NewTask) -> NewPublish:
             "change its payload, headers, run_at, priority, dedup_key and key only"
         )
     headers = headers_decode(row.headers)
-    kept = headers_decode(publish_row(publish).headers)
+    kept = headers_decode(_own_headers(publish))
     headers.update({name: kept[name] for name in (TOPIC_HEADER, MESSAGE_HEADER)})
     headers.pop(GROUP_HEADER, None)
     head, tail = _split(headers_encode(headers))

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection, Executable, Result
 
+from txtasks._both import drive_async, drive_sync
 from txtasks.types import NewTask
 
 if TYPE_CHECKING:
@@ -42,29 +43,26 @@ R = TypeVar("R")
 
 def plan_run_sync(executor: Connection | Any, plan: Generator[Step, Result[Any], R]) -> R:
     """Run an enqueue (or publish) plan on a sync Connection or Session."""
-    try:
-        step = next(plan)
-        while True:
-            stmt, params = step.fallback() if isinstance(step, CopyRows) else step
-            step = plan.send(executor.execute(stmt, params))
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
+
+    def perform(step: Step) -> Any:
+        stmt, params = step.fallback() if isinstance(step, CopyRows) else step
+        return executor.execute(stmt, params)
+
+    return drive_sync(plan, perform)
 
 
 async def plan_run_async(
     executor: AsyncConnection | Any, plan: Generator[Step, Result[Any], R]
 ) -> R:
     """Run an enqueue (or publish) plan on an AsyncConnection or AsyncSession."""
-    try:
-        step = next(plan)
-        while True:
-            if isinstance(step, CopyRows) and await _copy_async(executor, step):
-                step = plan.send(cast(Any, None))
-                continue
-            stmt, params = step.fallback() if isinstance(step, CopyRows) else step
-            step = plan.send(await executor.execute(stmt, params))
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
+
+    async def perform(step: Step) -> Any:
+        if isinstance(step, CopyRows) and await _copy_async(executor, step):
+            return None
+        stmt, params = step.fallback() if isinstance(step, CopyRows) else step
+        return await executor.execute(stmt, params)
+
+    return await drive_async(plan, perform)
 
 
 async def _copy_async(executor: AsyncConnection | Any, step: CopyRows) -> bool:
