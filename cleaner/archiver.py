@@ -65,7 +65,7 @@ class Archiver(Sweep[ArchiverConfig, ArchiveResult]):
     async def run_once(self) -> ArchiveResult:
         driver = self.driver
         archived = await self.batches(
-            lambda limit: driver.finished_archive_many(now=self.app.clock(), limit=limit),
+            lambda limit: driver.sweeps.finished_archive_many(now=self.app.clock(), limit=limit),
             self.config.batch_size,
         )
         before = self.app.clock() - timedelta(seconds=self.config.staged_after)

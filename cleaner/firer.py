@@ -55,7 +55,7 @@ class Periodic(Sweep[PeriodicConfig, PeriodicResult]):
         schedules = self.app.schedules
         if not schedules:
             return PeriodicResult()
-        stored = await self.driver.periodic_list()
+        stored = await self.driver.sweeps.periodic_list()
         fired = registered = lost = 0
         for schedule in schedules.values():
             row = stored.get(schedule.name)
@@ -73,7 +73,7 @@ class Periodic(Sweep[PeriodicConfig, PeriodicResult]):
         return PeriodicResult(fired=fired, registered=registered, lost=lost)
 
     async def _register(self, schedule: Schedule, row: PeriodicRow | None, now: datetime) -> bool:
-        ids = await self.driver.periodic_advance(
+        ids = await self.driver.sweeps.periodic_advance(
             schedule.name,
             schedule=schedule.spec,
             expected=None if row is None else row.next_fire_at,
@@ -112,7 +112,7 @@ class Periodic(Sweep[PeriodicConfig, PeriodicResult]):
         """Move the schedule from `expected` to `following` and enqueue `times`, in one
         transaction; their ids, or None when another cleaner moved it first."""
         write = self.app.enqueuer.prepare(TaskWrite(self._task(schedule, t) for t in times))
-        ids = await self.driver.periodic_advance(
+        ids = await self.driver.sweeps.periodic_advance(
             schedule.name,
             schedule=schedule.spec,
             expected=expected,

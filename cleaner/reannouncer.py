@@ -64,12 +64,12 @@ class Reannouncer(Sweep[ReannouncerConfig, ReannounceResult]):
         if isinstance(self.app.notifier, NullNotifier):
             return ReannounceResult()  # polling only: workers find the tasks themselves
         due_before = self.app.clock() - timedelta(seconds=self.config.after)
-        paused = await self.driver.queue_paused_list()
+        paused = await self.driver.control.queue_paused_list()
         wakeups = tasks = 0
         for queue in self.queues:
             if queue in paused:
                 continue
-            ids = await self.driver.ready_list(
+            ids = await self.driver.sweeps.ready_list(
                 queue, due_before=due_before, limit=self.config.batch_size
             )
             if ids:

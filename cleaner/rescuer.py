@@ -66,9 +66,13 @@ class Rescuer(Sweep[RescuerConfig, RescueResult]):
         for _ in range(MAX_BATCHES):
             now = self.app.clock()
             cutoff = now - timedelta(seconds=self.config.grace)
-            rows = await self.driver.lease_expired_list(now=cutoff, limit=self.config.batch_size)
+            rows = await self.driver.sweeps.lease_expired_list(
+                now=cutoff, limit=self.config.batch_size
+            )
             outcomes = [self.outcome(row, now) for row in rows]
-            written = await self.driver.outcome_write_many(outcomes, now=now, expired_before=cutoff)
+            written = await self.driver.claims.outcome_write_many(
+                outcomes, now=now, expired_before=cutoff
+            )
             stale = set(written.stale)
             applied = [o for o in outcomes if o.key not in stale]
             retried += sum(o.kind is OutcomeKind.RETRY for o in applied)

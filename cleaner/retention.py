@@ -132,7 +132,7 @@ class Retention(Sweep[RetentionConfig, RetentionResult]):
         before = self.app.clock() - timedelta(seconds=self.config.topic_drops)
         driver = self.driver
         return await self.batches(
-            lambda size: driver.topic_drops_forget_many(before=before, limit=size),
+            lambda size: driver.topics.topic_drops_forget_many(before=before, limit=size),
             self.config.batch_size,
         )
 
@@ -142,7 +142,7 @@ class Retention(Sweep[RetentionConfig, RetentionResult]):
         idle_before = self.app.clock() - timedelta(seconds=self.config.keys_idle)
         driver = self.driver
         return await self.batches(
-            lambda size: driver.keys_forget_many(idle_before=idle_before, limit=size),
+            lambda size: driver.sweeps.keys_forget_many(idle_before=idle_before, limit=size),
             self.config.batch_size,
         )
 
@@ -159,7 +159,7 @@ class Retention(Sweep[RetentionConfig, RetentionResult]):
         before = self.app.clock() - timedelta(seconds=limit)
         driver = self.driver
         return await self.batches(
-            lambda size: driver.archive_purge_many(
+            lambda size: driver.sweeps.archive_purge_many(
                 state=state, before=before, limit=size, queues=queues, exclude=exclude
             ),
             self.config.batch_size,

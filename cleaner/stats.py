@@ -53,10 +53,10 @@ class Stats(Sweep[StatsConfig, StatsResult]):
 
     async def run_once(self) -> StatsResult:
         now = self.app.clock()
-        stats = await self.driver.queue_stats(now=now, archived=False)
+        stats = await self.driver.admin.queue_stats(now=now, archived=False)
         if self.metrics is not None:
             self.metrics.queues_seen(stats)
             window = self.config.window
-            self.metrics.rates_seen(await self.driver.queue_rates(now=now, window=window))
-            self.metrics.keys_seen(await self.driver.key_stats(now=now, limit=BUSIEST))
+            self.metrics.rates_seen(await self.driver.admin.queue_rates(now=now, window=window))
+            self.metrics.keys_seen(await self.driver.admin.key_stats(now=now, limit=BUSIEST))
         return StatsResult(queues=len(stats))

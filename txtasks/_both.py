@@ -52,10 +52,10 @@ async def drive_async(plan: Generator[S, Any, R], perform: Callable[[S], Awaitab
 
 
 def run_sync(driver: Any, plan: DriverPlan[R]) -> R:
-    """Run `plan` with the driver's sync methods."""
+    """Run `plan` with the sync methods of `driver` (a driver role)."""
     return drive_sync(plan, lambda c: getattr(driver, f"{c.name}_sync")(*c.args, **c.kwargs))
 
 
 async def run_async(driver: Any, plan: DriverPlan[R]) -> R:
-    """Run `plan` with the driver's coroutine methods."""
+    """Run `plan` with the coroutine methods of `driver` (a driver role)."""
     return await drive_async(plan, lambda c: getattr(driver, c.name)(*c.args, **c.kwargs))

@@ -405,14 +405,14 @@ class App:
         publish committed from then on reaches their groups. Returns those stored."""
         wanted = None if topics is None else {check_topic_name(t) for t in topics}
         subs = [s for s in self.subscriptions if wanted is None or s.topic in wanted]
-        await self.driver.subscription_set_many(subs, now=self.clock())
+        await self.driver.topics.subscription_set_many(subs, now=self.clock())
         return subs
 
     async def aunsubscribe(self, topic: str, group: str) -> bool:
         """Delete the subscription of `group` to `topic` (its tasks already delivered stay);
         False when there was none. A worker that declares it stores it again at its start."""
         pair = (check_topic_name(topic), check_group_name(group))
-        return await self.driver.subscription_delete_many([pair]) > 0
+        return await self.driver.topics.subscription_delete_many([pair]) > 0
 
     def new_publish(
         self, topic: str, payload: Any = None, **options: Unpack[EnqueueSettings]

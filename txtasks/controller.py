@@ -76,7 +76,7 @@ class Controller:
         """Cancel the tasks `ids`, or every live task of `queue`, of task `task` and with key
         `key` (those given), in transactions of up to `batch` tasks. What was done to each."""
         target = self._cancel_target(ids, queue, task, key)  # bad input fails first
-        return run_sync(self._host.driver, self._cancel_plan(*target, batch))
+        return run_sync(self._host.driver.control, self._cancel_plan(*target, batch))
 
     async def acancel_many(
         self,
@@ -89,7 +89,7 @@ class Controller:
     ) -> list[Cancel]:
         """`cancel_many`, for async callers."""
         target = self._cancel_target(ids, queue, task, key)
-        return await run_async(self._host.driver, self._cancel_plan(*target, batch))
+        return await run_async(self._host.driver.control, self._cancel_plan(*target, batch))
 
     def _cancel_plan(
         self, ids_list: list[int] | None, where: TaskFilter, now: datetime, batch: int
@@ -139,19 +139,25 @@ class Controller:
     def pause(self, queue: str) -> datetime | None:
         """Pause `queue`: no worker starts a task of it until `resume`; running tasks finish.
         Returns when it was paused, if it was already (else None)."""
-        return self._host.driver.queue_pause_sync(check_queue_name(queue), now=self._host.clock())
+        return self._host.driver.control.queue_pause_sync(
+            check_queue_name(queue), now=self._host.clock()
+        )
 
     async def apause(self, queue: str) -> datetime | None:
         """`pause`, for async callers."""
-        return await self._host.driver.queue_pause(check_queue_name(queue), now=self._host.clock())
+        return await self._host.driver.control.queue_pause(
+            check_queue_name(queue), now=self._host.clock()
+        )
 
     def resume(self, queue: str) -> bool:
         """Resume a paused queue (False: it was not paused); workers are woken to claim."""
-        return run_sync(self._host.driver, self._resume_plan(check_queue_name(queue)))
+        return run_sync(self._host.driver.control, self._resume_plan(check_queue_name(queue)))
 
     async def aresume(self, queue: str) -> bool:
         """`resume`, for async callers."""
-        return await run_async(self._host.driver, self._resume_plan(check_queue_name(queue)))
+        return await run_async(
+            self._host.driver.control, self._resume_plan(check_queue_name(queue))
+        )
 
     def _resume_plan(self, queue: str) -> DriverPlan[bool]:
         resumed: bool = yield call("queue_resume", queue)
@@ -163,11 +169,11 @@ class Controller:
         """Set the rate of `queue` as a whole at run time, over the declared one (`queue_rate`):
         every worker of the queue applies it within `txtasks.worker.worker.QUEUE_RATES_EVERY`
         seconds."""
-        self._host.driver.queue_rate_set_sync(*self._rate_checked(queue, rate))
+        self._host.driver.control.queue_rate_set_sync(*self._rate_checked(queue, rate))
 
     async def aset_queue_rate(self, queue: str, rate: Rate) -> None:
         """`set_queue_rate`, for async callers."""
-        await self._host.driver.queue_rate_set(*self._rate_checked(queue, rate))
+        await self._host.driver.control.queue_rate_set(*self._rate_checked(queue, rate))
 
     @staticmethod
     def _rate_checked(queue: str, rate: Rate) -> tuple[str, Rate]:
@@ -177,21 +183,25 @@ class Controller:
 
     def clear_queue_rate(self, queue: str) -> bool:
         """Remove the rate set at run time (False: none was): the declared one applies again."""
-        return self._host.driver.queue_rate_clear_sync(check_queue_name(queue, setting="queue"))
+        return self._host.driver.control.queue_rate_clear_sync(
+            check_queue_name(queue, setting="queue")
+        )
 
     async def aclear_queue_rate(self, queue: str) -> bool:
         """`clear_queue_rate`, for async callers."""
-        return await self._host.driver.queue_rate_clear(check_queue_name(queue, setting="queue"))
+        return await self._host.driver.control.queue_rate_clear(
+            check_queue_name(queue, setting="queue")
+        )
 
     def inspect(self, task_id: int) -> TaskRow | None:
         """One task by id, live or finished (None: no such task): its state, attempts, last
         error, times, headers, key, worker, lease, cancel, kept result (`result_value`) and
         last progress report (`progress_report`)."""
-        return self._host.driver.task_get_sync(task_id)
+        return self._host.driver.tasks.task_get_sync(task_id)
 
     async def ainspect(self, task_id: int) -> TaskRow | None:
         """`inspect`, for async callers."""
-        return await self._host.driver.task_get(task_id)
+        return await self._host.driver.tasks.task_get(task_id)
 
     def task_list(
         self,
@@ -206,7 +216,7 @@ class Controller:
         `task` and with key `key` (those given): live ones newest first, then finished ones
         last finished first. (`app.tasks` is the registry of task declarations.)"""
         chosen, where = self._listing(states, queue, task, key, limit)
-        return self._host.driver.task_list_sync(states=chosen, where=where, limit=limit)
+        return self._host.driver.tasks.task_list_sync(states=chosen, where=where, limit=limit)
 
     async def atask_list(
         self,
@@ -219,7 +229,7 @@ class Controller:
     ) -> list[TaskRow]:
         """`task_list`, for async callers."""
         chosen, where = self._listing(states, queue, task, key, limit)
-        return await self._host.driver.task_list(states=chosen, where=where, limit=limit)
+        return await self._host.driver.tasks.task_list(states=chosen, where=where, limit=limit)
 
     def _listing(
         self,

@@ -211,10 +211,10 @@ class TaskWrite(Write[NewTask, list[int]]):
         return await ainsert_many_tx(executor, self.items)
 
     def own(self, driver: Driver) -> list[int]:
-        return driver.task_insert_many_sync(self.items)
+        return driver.tasks.task_insert_many_sync(self.items)
 
     async def aown(self, driver: Driver) -> list[int]:
-        return await driver.task_insert_many(self.items)
+        return await driver.tasks.task_insert_many(self.items)
 
 
 class PublishWrite(Write[NewPublish, list[list[Delivery]]]):
@@ -249,10 +249,10 @@ class PublishWrite(Write[NewPublish, list[list[Delivery]]]):
         return await apublish_many_tx(executor, self.items)
 
     def own(self, driver: Driver) -> list[list[Delivery]]:
-        return driver.topic_publish_many_sync(self.items)
+        return driver.topics.topic_publish_many_sync(self.items)
 
     async def aown(self, driver: Driver) -> list[list[Delivery]]:
-        return await driver.topic_publish_many(self.items)
+        return await driver.topics.topic_publish_many(self.items)
 
 
 class EnqueueHost(Protocol):

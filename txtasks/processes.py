@@ -59,7 +59,7 @@ class Beacon:
             expires_at=now + self.expires_after,
         )
         try:
-            await self.driver.process_beat(row, forget_before=now - FORGET_AFTER)
+            await self.driver.processes.process_beat(row, forget_before=now - FORGET_AFTER)
         except Exception as exc:
             log.debug("%s %s: heartbeat row not written: %s", self.kind, self.process_id, exc)
             return False
@@ -68,6 +68,6 @@ class Beacon:
     async def end(self) -> None:
         """Delete the row (a process that stops cleanly is not listed as gone)."""
         try:
-            await self.driver.process_end(self.process_id)
+            await self.driver.processes.process_end(self.process_id)
         except Exception as exc:
             log.debug("%s %s: heartbeat row not deleted: %s", self.kind, self.process_id, exc)

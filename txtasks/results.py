@@ -58,7 +58,7 @@ class Results:
         deadline = None if timeout is None else loop.time() + timeout
         delay = RESULT_POLL_FIRST
         while True:
-            found = result_of(task_id, await self._host.driver.task_get(task_id))
+            found = result_of(task_id, await self._host.driver.tasks.task_get(task_id))
             if found is not _NOT_YET:
                 return found
             left = None if deadline is None else deadline - loop.time()
@@ -73,7 +73,7 @@ class Results:
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = RESULT_POLL_FIRST
         while True:
-            found = result_of(task_id, self._host.driver.task_get_sync(task_id))
+            found = result_of(task_id, self._host.driver.tasks.task_get_sync(task_id))
             if found is not _NOT_YET:
                 return found
             left = None if deadline is None else deadline - time.monotonic()

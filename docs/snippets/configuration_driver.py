@@ -26,7 +26,7 @@ async def main() -> None:
     await app.amigrate()
     task_id = await noop.aenqueue({})
     await run_until_empty(app, concurrency=20)
-    assert (await app.driver.task_get(task_id)).state is TaskState.COMPLETED
+    assert (await app.driver.tasks.task_get(task_id)).state is TaskState.COMPLETED
     await app.aclose()
 
 

@@ -51,7 +51,9 @@ async def main() -> None:
     stats = await running
 
     assert stats.outcomes == {"completed": 3}
-    assert (await app.driver.task_get(report_id)).state is TaskState.PENDING  # not served here
+    assert (
+        await app.driver.tasks.task_get(report_id)
+    ).state is TaskState.PENDING  # not served here
     await app.aclose()
 
 

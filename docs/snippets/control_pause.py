@@ -27,7 +27,7 @@ async def main() -> None:
     await run_until_empty(app)  # a burst worker does not wait for a paused queue
     assert sent == []
 
-    stats = {s.queue: s for s in await app.driver.queue_stats(now=app.clock())}
+    stats = {s.queue: s for s in await app.driver.admin.queue_stats(now=app.clock())}
     assert stats["emails"].paused_at is not None  # `txtasks status` shows it
 
     await app.control.aresume("emails")  # with a broker, the workers are woken at once

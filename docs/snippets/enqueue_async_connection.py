@@ -44,7 +44,7 @@ async def main() -> None:
         task_id = await render_invoice_pdf.aenqueue_tx(conn, {"invoice_id": invoice_id})
 
     await run_until_empty(app)
-    row = await app.driver.task_get(task_id)
+    row = await app.driver.tasks.task_get(task_id)
     assert row is not None and row.state is TaskState.COMPLETED
     assert rendered == [invoice_id]
 

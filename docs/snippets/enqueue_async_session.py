@@ -54,7 +54,7 @@ async def main() -> None:
         task_id = await scan_upload.aenqueue_tx(session, {"upload_id": upload.id})
 
     await run_until_empty(app)
-    row = await app.driver.task_get(task_id)
+    row = await app.driver.tasks.task_get(task_id)
     assert row is not None and row.state is TaskState.COMPLETED
     async with Sessions() as session:
         assert (await session.get(Upload, upload.id)).scanned

@@ -46,7 +46,7 @@ with engine.begin() as conn:
 
 async def main() -> None:
     await run_until_empty(app)  # what `txtasks worker` does, until nothing is due
-    row = await app.driver.task_get(task_id)
+    row = await app.driver.tasks.task_get(task_id)
     assert row is not None and row.state is TaskState.COMPLETED
     assert welcomed == ["ada@example.com"]
     await app.aclose()

@@ -55,7 +55,7 @@ with engine.connect() as conn:  # every change committed, duplicates or not
 
 async def run_and_check() -> None:
     await run_until_empty(app)
-    row = await app.driver.task_get(first)
+    row = await app.driver.tasks.task_get(first)
     assert row is not None and row.state is TaskState.COMPLETED
     assert reindexed == [42]  # three changes, one reindex
     await app.aclose()

@@ -44,9 +44,9 @@ async def main() -> None:
     assert ran == ["urgent", "routine", "traced", "bulk"]
 
     for task_id in (later, on_date):  # not due yet: they wait, pending
-        row = await app.driver.task_get(task_id)
+        row = await app.driver.tasks.task_get(task_id)
         assert row is not None and row.state is TaskState.PENDING
-    row = await app.driver.task_get(on_date)
+    row = await app.driver.tasks.task_get(on_date)
     assert row.run_at == datetime(2100, 1, 1)  # stored as naive UTC
     await app.aclose()
 

@@ -53,7 +53,7 @@ except CardDeclined:
 async def main() -> None:
     stats = await run_until_empty(app)
     assert stats.claimed == 0  # nothing to run
-    assert await app.driver.task_get(task_id) is None  # the task never existed
+    assert await app.driver.tasks.task_get(task_id) is None  # the task never existed
     assert captured == []
     await app.aclose()
 

@@ -54,7 +54,7 @@ with Session(engine) as session, session.begin():
 
 async def main() -> None:
     await run_until_empty(app)
-    row = await app.driver.task_get(task_id)
+    row = await app.driver.tasks.task_get(task_id)
     assert row is not None and row.state is TaskState.COMPLETED
     await app.aclose()
 

@@ -39,14 +39,14 @@ async def main() -> None:
     ids = {name: await app.aenqueue(name, {}) for name in app.tasks}
 
     await run_until_empty(app)
-    states = {name: (await app.driver.task_get(i)).state for name, i in ids.items()}
+    states = {name: (await app.driver.tasks.task_get(i)).state for name, i in ids.items()}
     assert states == {
         "retry": TaskState.RETRYABLE,  # attempt 2 of 5 is scheduled
         "dead_letter": TaskState.DEAD,
         "discard": TaskState.DISCARDED,
         "complete": TaskState.COMPLETED,
     }
-    row = await app.driver.task_get(ids["complete"])
+    row = await app.driver.tasks.task_get(ids["complete"])
     assert "metrics backend down" in row.last_error
     await app.aclose()
 

@@ -48,7 +48,7 @@ async def main() -> None:
         "queue": "webhooks",
         "headers": {"tenant": "7"},
     }
-    row = await app.driver.task_get(task_id)
+    row = await app.driver.tasks.task_get(task_id)
     assert row.state is TaskState.COMPLETED  # returning normally completes the task
     await app.aclose()
 

@@ -30,7 +30,7 @@ async def main() -> None:
     task_id = await export_pages.aenqueue({"pages": 10})
 
     await run_until_empty(app, burst_horizon=1)
-    row = await app.driver.task_get(task_id)
+    row = await app.driver.tasks.task_get(task_id)
     assert row.state is TaskState.COMPLETED and row.attempt == 2
     assert exported == list(range(10))  # pages 0-5, then 6-9: none twice
     await app.aclose()

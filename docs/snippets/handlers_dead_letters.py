@@ -26,17 +26,21 @@ async def main() -> None:
     task_id = await import_order.aenqueue({"customer": "globex"})
     await run_until_empty(app)
 
-    dead = await app.driver.dead_list(queue="imports")  # `txtasks dlq list --queue imports`
+    dead = await app.driver.admin.dead_list(queue="imports")  # `txtasks dlq list --queue imports`
     assert [(r.id, r.last_error) for r in dead] == [(task_id, "unknown customer 'globex'")]
 
     known_customers.add("globex")  # fix the cause, then re-drive
-    requeued = await app.driver.dead_requeue([task_id], now=app.clock())  # `txtasks dlq requeue ID`
+    requeued = await app.driver.admin.dead_requeue(
+        [task_id], now=app.clock()
+    )  # `txtasks dlq requeue ID`
     assert requeued == [task_id]
     await run_until_empty(app)
-    row = await app.driver.task_get(task_id)
+    row = await app.driver.tasks.task_get(task_id)
     assert row.state is TaskState.COMPLETED and row.attempt == 1  # a fresh attempt budget
 
-    assert await app.driver.dead_purge(queue="imports") == 0  # `txtasks dlq purge --queue imports`
+    assert (
+        await app.driver.admin.dead_purge(queue="imports") == 0
+    )  # `txtasks dlq purge --queue imports`
     await app.aclose()
 
 

@@ -35,7 +35,7 @@ async def main() -> None:
     ids = {s: await settle.aenqueue({"status": s}) for s in statuses}
 
     await run_until_empty(app)
-    rows = {s: await app.driver.task_get(i) for s, i in ids.items()}
+    rows = {s: await app.driver.tasks.task_get(i) for s, i in ids.items()}
     assert rows["settled"].state is TaskState.COMPLETED
     assert rows["pending"].state is TaskState.RETRYABLE
     assert rows["fraud"].state is TaskState.DEAD

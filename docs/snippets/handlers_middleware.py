@@ -59,8 +59,8 @@ async def main() -> None:
     kept = await sync_tenant.aenqueue({})
     dropped = await sync_tenant.aenqueue({}, headers={"tenant": "retired"})
     await run_until_empty(app)
-    assert (await app.driver.task_get(kept)).state is TaskState.COMPLETED
-    assert (await app.driver.task_get(dropped)).state is TaskState.DISCARDED
+    assert (await app.driver.tasks.task_get(kept)).state is TaskState.COMPLETED
+    assert (await app.driver.tasks.task_get(dropped)).state is TaskState.DISCARDED
     assert sorted(timings) == [("tenants.sync", "completed"), ("tenants.sync", "discarded")]
     await app.aclose()
 

@@ -32,7 +32,7 @@ async def main() -> None:
     ids = {case: await push_contact.aenqueue({"case": case}) for case in cases}
 
     await run_until_empty(app)
-    rows = {case: await app.driver.task_get(task_id) for case, task_id in ids.items()}
+    rows = {case: await app.driver.tasks.task_get(task_id) for case, task_id in ids.items()}
     assert rows["ok"].state is TaskState.COMPLETED
     assert rows["deleted"].state is TaskState.DISCARDED
     assert rows["invalid"].state is TaskState.DEAD

@@ -41,7 +41,7 @@ async def main() -> None:
     except TaskFailed as exc:  # dead-lettered, failed or discarded: the task's last error
         assert (exc.state, exc.error) == ("dead", "no rows")
 
-    row = await app.driver.task_get(task_id)  # what `txtasks inspect` shows
+    row = await app.driver.tasks.task_get(task_id)  # what `txtasks inspect` shows
     assert row.result == '{"total":6}'
     await app.aclose()
 

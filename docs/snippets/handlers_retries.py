@@ -47,7 +47,7 @@ async def main() -> None:
     stats = await run_until_empty(app, burst_horizon=1)
     assert stats.outcomes == {"retryable": 2, "dead": 1}
 
-    row = await app.driver.task_get(task_id)
+    row = await app.driver.tasks.task_get(task_id)
     assert row.state is TaskState.DEAD and row.attempt == 3
     assert "ConnectionError: ledger unreachable" in row.last_error
     assert "(attempt 3 of 3)" in row.last_error

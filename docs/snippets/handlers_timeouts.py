@@ -25,8 +25,8 @@ async def main() -> None:
     slow = await fetch_quote.aenqueue({"takes": 60})
 
     await run_until_empty(app)
-    assert (await app.driver.task_get(fast)).state is TaskState.COMPLETED
-    row = await app.driver.task_get(slow)
+    assert (await app.driver.tasks.task_get(fast)).state is TaskState.COMPLETED
+    row = await app.driver.tasks.task_get(slow)
     assert row.state is TaskState.DEAD and row.attempt == 2  # timed out twice
     assert "TimeoutError" in row.last_error
     await app.aclose()

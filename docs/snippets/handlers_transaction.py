@@ -51,7 +51,7 @@ async def main() -> None:
 
     async with app.driver.engine.connect() as conn:
         assert (await conn.execute(select(payments.c.order_id))).scalars().all() == ["A-1"]
-    assert (await app.driver.task_get(charged)).state is TaskState.COMPLETED
+    assert (await app.driver.tasks.task_get(charged)).state is TaskState.COMPLETED
 
     await refund.aenqueue({"order": "A-1"})
     await run_until_empty(app)

@@ -30,7 +30,7 @@ def deliver(hook: dict) -> None:
 async def main() -> None:
     await app.amigrate()
     # One host asked for fewer: 10 a second, stored in the database, over the declared rate.
-    await app.driver.key_override_set(KeyOverride("slow.example", rate=Rate(10, per=1)))
+    await app.driver.control.key_override_set(KeyOverride("slow.example", rate=Rate(10, per=1)))
     for n in range(5):
         await deliver.aenqueue({"host": "fast.example", "n": n})
         await deliver.aenqueue({"host": "slow.example", "n": n})

@@ -59,8 +59,8 @@ async def main() -> None:
 
     assert set(results) == {"rescuer", "archiver", "retention", "periodic", "publisher"}
     assert results["retention"].purged == {"completed": 1}
-    assert await app.driver.task_get(email_id) is None  # completed 2 days ago: deleted
-    assert await app.driver.task_get(audit_id) is not None  # the audit queue keeps a year
+    assert await app.driver.tasks.task_get(email_id) is None  # completed 2 days ago: deleted
+    assert await app.driver.tasks.task_get(audit_id) is not None  # the audit queue keeps a year
     await app.aclose()
 
 

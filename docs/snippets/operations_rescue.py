@@ -38,7 +38,7 @@ async def main() -> None:
     task_id = await build_report.aenqueue({"month": "2029-12"})
 
     # What a worker's claim does; then its process is killed, and nothing extends the lease.
-    [claimed] = await app.driver.task_claim_many(
+    [claimed] = await app.driver.claims.task_claim_many(
         ["default"], 1, now=clock(), lease_until=clock() + LEASE, worker_id="host-1:4242:dead"
     )
     assert (claimed.id, claimed.attempt) == (task_id, 1)
@@ -47,17 +47,17 @@ async def main() -> None:
 
     clock.now += timedelta(seconds=20)  # the lease is still valid: left alone
     assert (await cleaner.run_once())["rescuer"].retried == 0
-    assert (await app.driver.task_get(task_id)).state is TaskState.PROCESSING
+    assert (await app.driver.tasks.task_get(task_id)).state is TaskState.PROCESSING
 
     clock.now += timedelta(seconds=15)  # 5 s past the lease: rescued
     assert (await cleaner.run_once())["rescuer"].retried == 1
-    row = await app.driver.task_get(task_id)
+    row = await app.driver.tasks.task_get(task_id)
     assert (row.state, row.attempt, row.worker_id) == (TaskState.RETRYABLE, 1, None)
     assert "lease expired" in row.last_error
 
     stats = await run_until_empty(app)  # any live worker runs it again: attempt 2
     assert stats.outcomes == {"completed": 1}
-    assert (await app.driver.task_get(task_id)).attempt == 2
+    assert (await app.driver.tasks.task_get(task_id)).attempt == 2
     await app.aclose()
 
 

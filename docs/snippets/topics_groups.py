@@ -48,7 +48,7 @@ async def main() -> None:
     assert again == []  # each group's task with that dedup key is still live: none added
 
     assert await app.apublish("payment.refunded", {"n": 4}) == []  # no subscriber: dropped
-    stats = {s.topic: s for s in await app.driver.topic_stats()}  # as `txtasks topics` shows
+    stats = {s.topic: s for s in await app.driver.topics.topic_stats()}  # as `txtasks topics` shows
     assert stats["payment.refunded"].dropped == 1
     assert [sub.group for sub, _counts in stats["payment.settled"].groups] == ["audit", "ledger"]
 

@@ -69,16 +69,16 @@ async def fill(url: str) -> None:
     and 1 dead."""
     driver = driver_for_url(url)
     try:
-        await driver.task_insert_many([task(LONG), task(LONG), task(LONG, run_in=3600)])
-        await driver.task_insert_many([task("keyed", "k1"), task("keyed", "k1")])
-        await driver.task_insert_many([task("keyed", "k2"), task("done"), task("done")])
+        await driver.tasks.task_insert_many([task(LONG), task(LONG), task(LONG, run_in=3600)])
+        await driver.tasks.task_insert_many([task("keyed", "k1"), task("keyed", "k1")])
+        await driver.tasks.task_insert_many([task("keyed", "k2"), task("done"), task("done")])
         now = utcnow()
-        ok, dead = await driver.task_claim_many(
+        ok, dead = await driver.claims.task_claim_many(
             ["done"], 2, now=now, lease_until=now + timedelta(seconds=30), worker_id="w"
         )
         outcomes = [Outcome(ok.key, OutcomeKind.COMPLETE), Outcome(dead.key, OutcomeKind.DEAD)]
-        await driver.outcome_write_many(outcomes, now=utcnow())
-        await driver.queue_pause("keyed", now=utcnow())
+        await driver.claims.outcome_write_many(outcomes, now=utcnow())
+        await driver.control.queue_pause("keyed", now=utcnow())
     finally:
         await driver.close()
 
@@ -232,7 +232,7 @@ async def test_watch_json_refreshes_until_interrupted(sqlite_url: str) -> None:
         first = json.loads(proc.stdout.readline())
         assert {q["queue"]: q["ready"] for q in first["queues"]}[LONG] == 2
         driver = driver_for_url(sqlite_url)
-        await driver.task_insert_many([task(LONG)])
+        await driver.tasks.task_insert_many([task(LONG)])
         await driver.close()
 
         def seen_three() -> bool:  # a later refresh shows the new task
@@ -341,6 +341,6 @@ async def test_watch_outlives_a_database_outage(postgres_url: str) -> None:
 async def driver_insert(url: str, rows: list[NewTask]) -> None:
     driver = driver_for_url(url)
     try:
-        await driver.task_insert_many(rows)
+        await driver.tasks.task_insert_many(rows)
     finally:
         await driver.close()

@@ -43,7 +43,7 @@ async def rows_of(app: App, count: int) -> list[Any]:
     """One claimed row of the benchmark task (the same row is decided again and again)."""
     await app.aenqueue("bench.noop", None)
     now = utcnow()
-    rows = await app.driver.task_claim_many(
+    rows = await app.driver.claims.task_claim_many(
         ["default"], count, now=now, lease_until=now + timedelta(hours=1), worker_id="bench"
     )
     return rows

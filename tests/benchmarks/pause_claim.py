@@ -97,12 +97,12 @@ async def one_round(url: str, n: int, batch: int) -> list[float]:
     await driver.open()
     try:
         for start in range(0, n, 5000):
-            await driver.task_insert_many(new_tasks(min(5000, n - start)))
+            await driver.tasks.task_insert_many(new_tasks(min(5000, n - start)))
         times = []
         while True:
             now = utcnow()
             began = time.perf_counter()
-            rows = await driver.task_claim_many(
+            rows = await driver.claims.task_claim_many(
                 ["bench"], batch, now=now, lease_until=now + timedelta(seconds=60), worker_id="b"
             )
             times.append(time.perf_counter() - began)

@@ -52,7 +52,7 @@ async def subscribed(url: str, groups: int) -> App:
     tables_reset(url)
     app = App("topics-bench", database_url=url)
     subs = [s for s in apps.app.subscriptions if int(s.group[1:]) < groups]
-    await app.driver.subscription_set_many(subs, now=app.clock())
+    await app.driver.topics.subscription_set_many(subs, now=app.clock())
     return app
 
 

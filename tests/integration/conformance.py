@@ -93,7 +93,7 @@ async def claim_all(
     """Claim every ready task (as one worker would, in one statement)."""
     at = now or utcnow()
     return list(
-        await driver.task_claim_many(
+        await driver.claims.task_claim_many(
             list(queues), 10_000, now=at, lease_until=at + LEASE, worker_id="conformance"
         )
     )
@@ -304,7 +304,7 @@ async def claim(
     worker: str = "w1",
     keys: Mapping[str, KeyLimits] | None = None,
 ) -> list[TaskRow]:
-    return await driver.task_claim_many(
+    return await driver.claims.task_claim_many(
         list(queues), limit, now=now, lease_until=now + LEASE, worker_id=worker, keys=keys
     )
 
@@ -312,11 +312,13 @@ async def claim(
 async def write(
     driver: Driver, *outcomes: Outcome, now: datetime = T0, archive: bool = True
 ) -> Any:
-    return await driver.outcome_write_many(list(outcomes), now=now, archive_completed=archive)
+    return await driver.claims.outcome_write_many(
+        list(outcomes), now=now, archive_completed=archive
+    )
 
 
 async def get(driver: Driver, task_id: int) -> TaskRow:
-    row = await driver.task_get(task_id)
+    row = await driver.tasks.task_get(task_id)
     assert row is not None, f"task {task_id} is gone"
     return row
 

@@ -50,7 +50,7 @@ async def backlog(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
         )
         for i in range(BACKLOG)
     ]
-    await driver.task_insert_many(rows)
+    await driver.tasks.task_insert_many(rows)
     await driver.close()
     engine = create_engine(url_sync(url))
     with engine.begin() as conn:
@@ -130,7 +130,7 @@ async def test_finishing_outcomes_looks_up_each_row_whatever_the_statistics_say(
         now = utcnow()
         driver = driver_for_url(url)
         new = NewTask("q", "t", b"null", "application/json", 0, now, 3, now)
-        await driver.task_insert_many([new] * 5000)
+        await driver.tasks.task_insert_many([new] * 5000)
         await driver.close()
         await conn.execute("ANALYZE txtasks_tasks")  # every row pending
         claimed = await conn.fetch(CLAIM_SQL, now + timedelta(minutes=1), "w", now, ["q"], 500)

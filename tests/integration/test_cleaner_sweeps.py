@@ -85,8 +85,8 @@ async def test_reannouncer_skips_a_paused_queue_until_it_is_resumed(driver: Driv
     app = App("cleaner-test", driver=driver, clock=clock, notifier=doorbell, default_queue="q")
     app.task(name="conformance.task")(lambda payload: None)
     app.task(name="other.task", queue="other")(lambda payload: None)
-    held = await driver.task_insert_many([new(1), new(2)])
-    [other] = await driver.task_insert_many([new(3, queue="other")])
+    held = await driver.tasks.task_insert_many([new(1), new(2)])
+    [other] = await driver.tasks.task_insert_many([new(3, queue="other")])
     sweep = Reannouncer(app, ReannouncerConfig(after=5))
     clock.now = at(60)
 
@@ -110,7 +110,7 @@ async def test_reannouncer_skips_a_paused_queue_until_it_is_resumed(driver: Driv
 async def test_rescuer_applies_the_policy_to_expired_leases_only(driver: Driver) -> None:
     """Lease expired by seconds -> retried with the task's backoff; exhausted -> dead;
     lease still valid by seconds -> untouched, and its worker can still finish it."""
-    ids = await driver.task_insert_many(
+    ids = await driver.tasks.task_insert_many(
         [
             new("expired", queue="a"),
             new("valid", queue="b"),
@@ -146,7 +146,7 @@ async def test_rescuer_applies_the_policy_to_expired_leases_only(driver: Driver)
     )
     assert (await get(driver, unknown)).state is TaskState.RETRYABLE  # default policy
     # the dead worker's late outcome is fenced off; the live worker's is written
-    late = await driver.outcome_write_many(
+    late = await driver.claims.outcome_write_many(
         [Outcome(row.key, OutcomeKind.COMPLETE), Outcome(alive.key, OutcomeKind.COMPLETE)],
         now=clock.now,
     )
@@ -156,7 +156,7 @@ async def test_rescuer_applies_the_policy_to_expired_leases_only(driver: Driver)
 
 
 async def test_rescuer_respects_grace_and_the_task_deadline(driver: Driver) -> None:
-    [task_id] = await driver.task_insert_many([new("x")])
+    [task_id] = await driver.tasks.task_insert_many([new("x")])
     await claim_one(driver, task_id, now=T0, worker="gone")
     clock = ManualClock(T0 + LEASE + timedelta(seconds=2))
     app = cleaner_app(driver, clock)
@@ -172,12 +172,14 @@ async def test_rescue_is_fenced_against_a_heartbeat_that_arrives_meanwhile(
 ) -> None:
     """The rescuer reads expired leases, then the worker's heartbeat extends them before the
     write: the write must leave those tasks alone."""
-    ids = await driver.task_insert_many([new(n) for n in range(3)])
+    ids = await driver.tasks.task_insert_many([new(n) for n in range(3)])
     await claim(driver, now=T0, worker="slow")
     clock = ManualClock(T0 + LEASE + timedelta(seconds=1))
 
     class HeartbeatInBetween:
-        def __init__(self, inner: Driver) -> None:
+        """The sweeps role, with the worker's heartbeat between the read and the write."""
+
+        def __init__(self, inner: Any) -> None:
             self.inner = inner
 
         def __getattr__(self, name: str) -> Any:
@@ -186,10 +188,18 @@ async def test_rescue_is_fenced_against_a_heartbeat_that_arrives_meanwhile(
         async def lease_expired_list(self, *, now: datetime, limit: int) -> list[TaskRow]:
             rows = await self.inner.lease_expired_list(now=now, limit=limit)
             keys = [r.key for r in rows]
-            await self.inner.lease_extend_many(keys, lease_until=clock.now + LEASE)
+            await driver.claims.lease_extend_many(keys, lease_until=clock.now + LEASE)
             return rows
 
-    app = cleaner_app(HeartbeatInBetween(driver), clock)  # type: ignore[arg-type]
+    class Wrapped:
+        def __init__(self, inner: Driver) -> None:
+            self.inner = inner
+            self.sweeps = HeartbeatInBetween(inner.sweeps)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+    app = cleaner_app(Wrapped(driver), clock)  # type: ignore[arg-type]
     result = await Rescuer(app, RescuerConfig()).run_once()
 
     assert (result.retried, result.dead, result.skipped) == (0, 0, 3)
@@ -199,7 +209,7 @@ async def test_rescue_is_fenced_against_a_heartbeat_that_arrives_meanwhile(
 
 
 async def test_rescuer_works_through_every_batch_in_one_pass(driver: Driver) -> None:
-    ids = await driver.task_insert_many([new(n) for n in range(7)])
+    ids = await driver.tasks.task_insert_many([new(n) for n in range(7)])
     await claim(driver, now=T0)
     app = cleaner_app(driver, ManualClock(T0 + LEASE + timedelta(seconds=1)))
 
@@ -210,7 +220,7 @@ async def test_rescuer_works_through_every_batch_in_one_pass(driver: Driver) -> 
 
 
 async def test_two_rescuers_at_once_rescue_each_task_once(driver: Driver) -> None:
-    ids = await driver.task_insert_many([new(n) for n in range(20)])
+    ids = await driver.tasks.task_insert_many([new(n) for n in range(20)])
     await claim(driver, now=T0)
     clock = ManualClock(T0 + LEASE + timedelta(seconds=1))
     other = await another(driver)
@@ -237,32 +247,34 @@ def finished(payload: Any, state: TaskState, queue: str = "q") -> NewTask:
 
 async def test_archiver_moves_finished_rows_out_of_the_hot_table(driver: Driver) -> None:
     states = [TaskState.COMPLETED, TaskState.FAILED, TaskState.DISCARDED, TaskState.DEAD]
-    ids = await driver.task_insert_many([finished(n, states[n % 4]) for n in range(7)])
-    [live] = await driver.task_insert_many([new("live")])
+    ids = await driver.tasks.task_insert_many([finished(n, states[n % 4]) for n in range(7)])
+    [live] = await driver.tasks.task_insert_many([new("live")])
     clock = ManualClock(at(60))
 
     abandoned = replace(new("old write"), state=TaskState.STAGED, stage_id="w.1")  # at(-3600)
     recent = replace(abandoned, created_at=at(0), stage_id="w.2")
-    [old_staged, new_staged] = await driver.task_insert_many([abandoned, recent])
+    [old_staged, new_staged] = await driver.tasks.task_insert_many([abandoned, recent])
     config = ArchiverConfig(batch_size=3, staged_after=1800)
 
     result = await Archiver(cleaner_app(driver, clock), config).run_once()
 
     assert (result.archived, result.abandoned) == (7, 1)
-    assert await driver.task_get(old_staged) is None
+    assert await driver.tasks.task_get(old_staged) is None
     assert (await get(driver, new_staged)).state is TaskState.STAGED
     for n, task_id in enumerate(ids):
         row = await get(driver, task_id)
         assert (row.state, row.finished_at) == (states[n % 4], clock.now)
     assert (await get(driver, live)).state is TaskState.PENDING
-    assert await driver.live_count(None, now=clock.now, due_before=clock.now) == 1  # no staged
+    assert (
+        await driver.tasks.live_count(None, now=clock.now, due_before=clock.now) == 1
+    )  # no staged
 
 
 async def archive_at(driver: Driver, queue: str, kind: OutcomeKind, finished_at: datetime) -> int:
     """A task archived with outcome `kind` at `finished_at`."""
-    [task_id] = await driver.task_insert_many([new(queue, queue=queue)])
+    [task_id] = await driver.tasks.task_insert_many([new(queue, queue=queue)])
     row = await claim_one(driver, task_id, now=T0, worker="w")
-    await driver.outcome_write_many([Outcome(row.key, kind, error="x")], now=finished_at)
+    await driver.claims.outcome_write_many([Outcome(row.key, kind, error="x")], now=finished_at)
     return task_id
 
 
@@ -288,18 +300,20 @@ async def test_retention_purges_per_outcome_and_per_queue(driver: Driver) -> Non
     result = await Retention(cleaner_app(driver, clock), config).run_once()
 
     assert result.purged == {"completed": 1, "dead": 1, "discarded": 1, "failed": 1}
-    left = {name for name, i in tasks.items() if await driver.task_get(i) is not None}
+    left = {name for name, i in tasks.items() if await driver.tasks.task_get(i) is not None}
     assert left == {"completed recent", "dead old", "kept queue completed old"}
 
 
 async def test_retention_forgets_keys_idle_for_keys_idle(driver: Driver) -> None:
     hour = 3600.0
-    [done_task, waiting] = await driver.task_insert_many(
+    [done_task, waiting] = await driver.tasks.task_insert_many(
         [new("q", key="done"), new("q", key="waiting", run_at=at(10 * hour))]
     )
     row = await claim_one(driver, done_task, now=T0, worker="w")
-    await driver.outcome_write_many([Outcome(row.key, OutcomeKind.COMPLETE)], now=T0)
-    await driver.task_claim_many(["q"], 10, now=T0, lease_until=at(60), worker_id="w", keys={})
+    await driver.claims.outcome_write_many([Outcome(row.key, OutcomeKind.COMPLETE)], now=T0)
+    await driver.claims.task_claim_many(
+        ["q"], 10, now=T0, lease_until=at(60), worker_id="w", keys={}
+    )
     app = cleaner_app(driver, ManualClock(at(2 * hour)))
 
     kept = await Retention(app, RetentionConfig(keys_idle=3 * hour)).run_once()
@@ -316,7 +330,7 @@ async def test_retention_forgets_dropped_publishes_after_topic_drops(driver: Dri
         publish = new_publish(
             "nobody.listens", 1, EnqueueOptions(), clock=lambda w=when: w, max_payload_bytes=99
         )
-        assert await driver.topic_publish_many([publish]) == [[]]
+        assert await driver.topics.topic_publish_many([publish]) == [[]]
     app = cleaner_app(driver, ManualClock(at(2 * hour)))
 
     never = await Retention(app, RetentionConfig(topic_drops=None)).run_once()
@@ -324,7 +338,7 @@ async def test_retention_forgets_dropped_publishes_after_topic_drops(driver: Dri
     forgot = await Retention(app, RetentionConfig(topic_drops=1.5 * hour)).run_once()
 
     assert [r.topic_drops_forgotten for r in (never, kept, forgot)] == [0, 0, 1]
-    [stats] = await driver.topic_stats()
+    [stats] = await driver.topics.topic_stats()
     assert (stats.topic, stats.dropped, stats.last_dropped_at) == ("nobody.listens", 1, at(hour))
 
 
@@ -339,7 +353,7 @@ def periodic_app(driver: Driver, clock: ManualClock, **options: Any) -> App:
 
 async def fire_times(driver: Driver) -> list[datetime]:
     """The fire time of every task the periodic sweep enqueued, in claim order."""
-    ids = await driver.ready_list("q", due_before=datetime.max, limit=1000)
+    ids = await driver.sweeps.ready_list("q", due_before=datetime.max, limit=1000)
     rows = [await get(driver, i) for i in ids]
     times = [json.loads(r.headers or "")["txtasks-fire-time"] for r in rows]
     return [datetime.fromisoformat(t) for t in times]
@@ -366,7 +380,9 @@ async def test_two_cleaners_fire_each_time_once(driver: Driver) -> None:
     assert Counter(times) == Counter(expected)
     assert sum(r.registered for r in results) == 1
     assert sum(r.fired for r in results) == 12
-    row = await get(driver, max(await driver.ready_list("q", due_before=datetime.max, limit=99)))
+    row = await get(
+        driver, max(await driver.sweeps.ready_list("q", due_before=datetime.max, limit=99))
+    )
     assert (row.payload, row.run_at, row.task_name) == (
         b'{"p":1}',
         expected[-1],
@@ -404,7 +420,7 @@ async def test_fires_missed_while_no_cleaner_ran(
 async def test_a_changed_schedule_starts_over_from_now(driver: Driver) -> None:
     clock = ManualClock(datetime(2030, 1, 1, 0, 0, 5))
     await Periodic(periodic_app(driver, clock), PeriodicConfig()).run_once()
-    stored = (await driver.periodic_list())["tick"]
+    stored = (await driver.sweeps.periodic_list())["tick"]
     assert stored.next_fire_at == datetime(2030, 1, 1, 0, 0, 10)
 
     app = cleaner_app(driver, clock)
@@ -412,7 +428,7 @@ async def test_a_changed_schedule_starts_over_from_now(driver: Driver) -> None:
     result = await Periodic(app, PeriodicConfig()).run_once()
 
     assert result.registered == 1
-    stored = (await driver.periodic_list())["tick"]
+    stored = (await driver.sweeps.periodic_list())["tick"]
     assert (stored.schedule, stored.next_fire_at) == (
         "cron 0 * * * * UTC",
         datetime(2030, 1, 1, 1, 0),
@@ -435,7 +451,7 @@ async def test_rescue_follows_the_task_ack_policy(
     clock = ManualClock(T0 + LEASE + timedelta(seconds=1))
     app = App("cleaner-test", driver=driver, clock=clock)
     app.task(name="conformance.task", ack_policy=ack_policy)(lambda payload: None)
-    [task_id] = await driver.task_insert_many([new("x")])
+    [task_id] = await driver.tasks.task_insert_many([new("x")])
     await claim_one(driver, task_id, now=T0, worker="gone")
 
     result = await Rescuer(app, RescuerConfig()).run_once()

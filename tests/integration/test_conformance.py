@@ -64,7 +64,7 @@ async def test_committed_enqueue_exists_and_runs(
     task = app.task(name="conformance.record")(calls)
     _, task_id = await run_tx(database_url, flavour, [Write("order-1"), Enqueue(task, {"n": 1})])
 
-    row = await app.driver.task_get(task_id)
+    row = await app.driver.tasks.task_get(task_id)
     assert row is not None
     assert (row.task_name, row.state.value, row.attempt) == ("conformance.record", "pending", 0)
     assert payload_decode(row.payload, row.content_type) == {"n": 1}
@@ -85,8 +85,8 @@ async def test_rolled_back_enqueue_never_exists_nor_runs(
     steps = [Write("order-1"), Enqueue(task, {"n": 1}), Enqueue(task, {"n": 2}, {"delay": 0})]
     _, first, second = await run_tx(database_url, flavour, steps, commit=False)
 
-    assert await app.driver.task_get(first) is None
-    assert await app.driver.task_get(second) is None
+    assert await app.driver.tasks.task_get(first) is None
+    assert await app.driver.tasks.task_get(second) is None
     assert task_ids(database_url) == []
     assert order_names(database_url) == []
 
@@ -160,7 +160,7 @@ async def test_enqueue_options_are_stored(database_url: str) -> None:
             Enqueue(task, "custom", {"priority": -3, "queue": "other", "headers": {"h": "v"}}),
         ]
         ids = await run_tx(database_url, "async_session", steps)
-        rows = [await app.driver.task_get(i) for i in ids]
+        rows = [await app.driver.tasks.task_get(i) for i in ids]
         assert [r.run_at for r in rows if r] == [
             fixed,
             fixed + timedelta(seconds=90),
@@ -202,7 +202,7 @@ async def test_text_and_bytes_round_trip(app: App, database_url: str) -> None:
         failing = fails.enqueue_tx(conn, None)
     await run_until_empty(app)
     assert [seen[i] for i in ids] == [(payload, headers) for payload in payloads]
-    row = await app.driver.task_get(failing)
+    row = await app.driver.tasks.task_get(failing)
     assert row is not None and row.state.value == "dead"
     assert "ValueError: échec 💥 失败" in (row.last_error or "")
 
@@ -249,9 +249,9 @@ async def test_uncommitted_task_is_never_claimable(
         task_id = await task.aenqueue_tx(conn, {"n": 1})
         if not sqlite:  # SQLite's single writer lock would make these wait for the commit
             assert await claim_all(app.driver) == []
-            assert await app.driver.task_get(task_id) is None
+            assert await app.driver.tasks.task_get(task_id) is None
             now = utcnow()
-            assert await app.driver.live_count(None, now=now, due_before=now + LEASE) == 0
+            assert await app.driver.tasks.live_count(None, now=now, due_before=now + LEASE) == 0
         await (tx.commit if commit else tx.rollback)()
 
     claimed = await claim_all(app.driver)
@@ -301,9 +301,9 @@ async def test_a_key_travels_with_the_transaction(
     first, second = await run_tx(database_url, flavour, steps, commit=commit)
     hints = table_rows(database_url, key_hints)
     if not commit:
-        assert (await app.driver.task_get(first), hints) == (None, [])
+        assert (await app.driver.tasks.task_get(first), hints) == (None, [])
         return
-    rows = [await app.driver.task_get(i) for i in (first, second)]
+    rows = [await app.driver.tasks.task_get(i) for i in (first, second)]
     assert [r.partition_key for r in rows if r] == ["customer:1", "vip"]
     assert sorted(h.partition_key for h in hints) == ["customer:1", "vip"]
     stats = await run_until_empty(app)

@@ -107,7 +107,7 @@ async def test_dedup_key_is_free_again_once_the_task_finished(app: App, database
     first = await task.aenqueue("first", dedup_key="K")
     assert await task.aenqueue("dup", dedup_key="K") == first
     await run_until_empty(app)
-    finished = await app.driver.task_get(first)
+    finished = await app.driver.tasks.task_get(first)
     assert finished is not None and finished.state.value == "completed"
 
     second = await task.aenqueue("second", dedup_key="K")

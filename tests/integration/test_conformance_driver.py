@@ -38,8 +38,8 @@ async def test_insert_returns_ids_in_order_and_stores_every_field(driver: Driver
         new({"n": 1}, priority=3, run_at=at(1.5), headers={"trace": "abc"}),
         new(b"\x00\xffraw", queue="other", max_attempts=2, dedup_key="k1"),
     ]
-    ids = await driver.task_insert_many(rows)
-    more = driver.task_insert_many_sync([new("sync")])
+    ids = await driver.tasks.task_insert_many(rows)
+    more = driver.tasks.task_insert_many_sync([new("sync")])
     assert len(set(ids + more)) == 3
     first = await get(driver, ids[0])
     assert (first.queue, first.task_name, first.state, first.attempt) == (
@@ -55,24 +55,26 @@ async def test_insert_returns_ids_in_order_and_stores_every_field(driver: Driver
     second = await get(driver, ids[1])
     assert (second.payload, second.content_type) == (b"\x00\xffraw", "application/octet-stream")
     assert (second.queue, second.max_attempts, second.dedup_key) == ("other", 2, "k1")
-    assert await driver.task_get(max(ids + more) + 1000) is None
+    assert await driver.tasks.task_get(max(ids + more) + 1000) is None
 
 
 async def test_insert_dedup_returns_the_live_task(driver: Driver) -> None:
-    [first] = await driver.task_insert_many([new(1, dedup_key="K")])
-    again = await driver.task_insert_many([new(2), new(3, dedup_key="K"), new(4, dedup_key="K")])
+    [first] = await driver.tasks.task_insert_many([new(1, dedup_key="K")])
+    again = await driver.tasks.task_insert_many(
+        [new(2), new(3, dedup_key="K"), new(4, dedup_key="K")]
+    )
     assert again[1:] == [first, first] and again[0] != first
-    assert driver.task_insert_many_sync([new(5, dedup_key="K")]) == [first]
+    assert driver.tasks.task_insert_many_sync([new(5, dedup_key="K")]) == [first]
     assert (await get(driver, first)).payload == b"1"
 
 
 async def test_ids_are_never_reused_after_tasks_leave_the_hot_table(driver: Driver) -> None:
     """A finished task's id stays its own: a new task must not take it (the archive keeps it)."""
-    [first] = await driver.task_insert_many([new(1)])
+    [first] = await driver.tasks.task_insert_many([new(1)])
     [row] = await claim(driver)
     assert (await write(driver, Outcome(row.key, OutcomeKind.COMPLETE))).applied == 1
 
-    [second] = await driver.task_insert_many([new(2)])
+    [second] = await driver.tasks.task_insert_many([new(2)])
     assert second != first
     [row] = await claim(driver)
     assert (await write(driver, Outcome(row.key, OutcomeKind.COMPLETE))).applied == 1
@@ -102,7 +104,7 @@ async def claim_until_empty(
 async def test_racing_claimers_claim_every_task_exactly_once(
     driver: Driver, tasks: int, claimers: int, limit: int, complete: bool
 ) -> None:
-    ids = await driver.task_insert_many([new(i) for i in range(tasks)])
+    ids = await driver.tasks.task_insert_many([new(i) for i in range(tasks)])
     drivers = [driver] + [await another(driver) for _ in range(claimers - 1)]
     try:
         results = await asyncio.gather(
@@ -122,11 +124,11 @@ async def test_racing_claimers_claim_every_task_exactly_once(
     for n, batch in enumerate(results):  # each row says who holds it
         assert {r.worker_id for r in batch} <= {f"w{n}"}
     state = "completed" if complete else "processing"
-    assert await driver.queue_stats(now=at(2)) == [QueueStats("q", {state: tasks}, None)]
+    assert await driver.admin.queue_stats(now=at(2)) == [QueueStats("q", {state: tasks}, None)]
 
 
 async def test_claim_marks_the_row_processing_and_leased(driver: Driver) -> None:
-    [task_id] = await driver.task_insert_many([new("x", run_at=at(-5))])
+    [task_id] = await driver.tasks.task_insert_many([new("x", run_at=at(-5))])
     [row] = await claim(driver, now=at(1), worker="w-7")
     assert (row.id, row.state, row.attempt) == (task_id, TaskState.PROCESSING, 1)
     assert (row.worker_id, row.started_at, row.lease_expires_at) == ("w-7", at(1), at(1) + LEASE)
@@ -142,7 +144,7 @@ async def test_claim_marks_the_row_processing_and_leased(driver: Driver) -> None
 
 async def lose_lease(driver: Driver) -> tuple[TaskKey, TaskKey]:
     """Claim (attempt 1), let a rescuer retry it, re-claim (attempt 2): (stale key, current key)."""
-    await driver.task_insert_many([new("fenced")])
+    await driver.tasks.task_insert_many([new("fenced")])
     [first] = await claim(driver, worker="w1")
     rescued = Outcome(first.key, OutcomeKind.RETRY, error="lease expired", run_at=at(40))
     assert (await write(driver, rescued, now=at(31))).applied == 1
@@ -182,13 +184,13 @@ async def test_stale_attempt_outcome_is_fenced_off(driver: Driver, kind: Outcome
 
 async def test_stale_lease_extension_changes_nothing(driver: Driver) -> None:
     stale, current = await lose_lease(driver)
-    assert await driver.lease_extend_many([stale], lease_until=at(500)) == 0
+    assert await driver.claims.lease_extend_many([stale], lease_until=at(500)) == 0
     assert (await get(driver, current.id)).lease_expires_at == at(41) + LEASE
-    assert await driver.lease_extend_many([stale, current], lease_until=at(600)) == 1
+    assert await driver.claims.lease_extend_many([stale, current], lease_until=at(600)) == 1
     assert (await get(driver, current.id)).lease_expires_at == at(600)
     # extending to the lease it already has still counts the lease as held
-    assert await driver.lease_extend_many([current], lease_until=at(600)) == 1
-    assert await driver.lease_extend_many([], lease_until=at(700)) == 0
+    assert await driver.claims.lease_extend_many([current], lease_until=at(600)) == 1
+    assert await driver.claims.lease_extend_many([], lease_until=at(700)) == 0
 
 
 async def test_lease_extension_leaves_out_rows_locked_elsewhere_without_waiting(
@@ -199,13 +201,13 @@ async def test_lease_extension_leaves_out_rows_locked_elsewhere_without_waiting(
     other lease run out meanwhile. It still counts as held."""
     if isinstance(driver, MemoryDriver) or not driver.capabilities.concurrent_claims:
         pytest.skip("no row locks held by another transaction to wait for")
-    await driver.task_insert_many([new(), new()])
+    await driver.tasks.task_insert_many([new(), new()])
     locked, free = [row.key for row in await claim(driver)]
     sql: Any = driver
     async with sql.engine.connect() as conn, conn.begin():
         await conn.execute(select(tasks.c.id).where(tasks.c.id == locked.id).with_for_update())
         held = await asyncio.wait_for(
-            driver.lease_extend_many([locked, free], lease_until=at(500), worker_id="w1"), 10
+            driver.claims.lease_extend_many([locked, free], lease_until=at(500), worker_id="w1"), 10
         )
         assert held == 2
     assert (await get(driver, free.id)).lease_expires_at == at(500)
@@ -238,14 +240,14 @@ async def test_lease_extension_that_waits_extends_a_row_once_its_holder_lets_go(
     no rescuer took it meanwhile)."""
     if isinstance(driver, MemoryDriver) or not driver.capabilities.concurrent_claims:
         pytest.skip("no row locks held by another transaction to wait for")
-    await driver.task_insert_many([new()])
+    await driver.tasks.task_insert_many([new()])
     [row] = await claim(driver)
     sql: Any = driver
     async with sql.engine.connect() as conn:
         tx = await conn.begin()
         await conn.execute(select(tasks.c.id).where(tasks.c.id == row.id).with_for_update())
         extend = asyncio.ensure_future(
-            driver.lease_extend_many(
+            driver.claims.lease_extend_many(
                 [row.key], lease_until=at(500), worker_id="w1", wait_locked=True
             )
         )
@@ -259,22 +261,26 @@ async def test_lease_extension_that_waits_extends_a_row_once_its_holder_lets_go(
 async def test_outcomes_and_leases_are_fenced_on_the_claiming_worker(driver: Driver) -> None:
     """The same (id, attempt) claimed by another worker (a handed-back attempt is counted
     again) is not this worker's: its outcome and its heartbeat change nothing."""
-    [task_id] = await driver.task_insert_many([new()])
+    [task_id] = await driver.tasks.task_insert_many([new()])
     [row] = await claim(driver, worker="w1")
     done = Outcome(row.key, OutcomeKind.COMPLETE)
-    assert await driver.lease_extend_many([row.key], lease_until=at(500), worker_id="w2") == 0
-    result = await driver.outcome_write_many([done], now=T0, worker_id="w2")
+    assert (
+        await driver.claims.lease_extend_many([row.key], lease_until=at(500), worker_id="w2") == 0
+    )
+    result = await driver.claims.outcome_write_many([done], now=T0, worker_id="w2")
     assert result.stale == (row.key,)
     assert (await get(driver, task_id)).state is TaskState.PROCESSING
-    assert await driver.lease_extend_many([row.key], lease_until=at(500), worker_id="w1") == 1
-    result = await driver.outcome_write_many([done], now=T0, worker_id="w1")
+    assert (
+        await driver.claims.lease_extend_many([row.key], lease_until=at(500), worker_id="w1") == 1
+    )
+    result = await driver.claims.outcome_write_many([done], now=T0, worker_id="w1")
     assert (result.applied, result.stale) == (1, ())
     assert (await get(driver, task_id)).state is TaskState.COMPLETED
 
 
 async def test_one_flush_applies_the_current_and_fences_the_stale(driver: Driver) -> None:
     stale, current = await lose_lease(driver)
-    ids = await driver.task_insert_many([new(i, queue="batch") for i in range(3)])
+    ids = await driver.tasks.task_insert_many([new(i, queue="batch") for i in range(3)])
     done, retried, released = await claim(driver, ["batch"], now=at(50))
     result = await write(
         driver,
@@ -294,7 +300,7 @@ async def test_one_flush_applies_the_current_and_fences_the_stale(driver: Driver
 
 
 async def test_retry_schedules_the_next_attempt(driver: Driver) -> None:
-    [task_id] = await driver.task_insert_many([new("r")])
+    [task_id] = await driver.tasks.task_insert_many([new("r")])
     [row] = await claim(driver)
     checkpoint = json.dumps({"step": 2})
     retry = Outcome(row.key, OutcomeKind.RETRY, error="boom", run_at=at(60), checkpoint=checkpoint)
@@ -319,7 +325,7 @@ async def test_retry_schedules_the_next_attempt(driver: Driver) -> None:
 
 
 async def test_release_hands_the_task_back_uncounted(driver: Driver) -> None:
-    [task_id] = await driver.task_insert_many([new("rel")])
+    [task_id] = await driver.tasks.task_insert_many([new("rel")])
     [row] = await claim(driver, worker="w1")
     assert (await write(driver, Outcome(row.key, OutcomeKind.RELEASE), now=at(1))).applied == 1
     stored = await get(driver, task_id)
@@ -334,12 +340,12 @@ async def test_release_hands_the_task_back_uncounted(driver: Driver) -> None:
 
 @pytest.mark.parametrize("archive", [True, False], ids=["archive", "no-archive"])
 async def test_complete_moves_the_row_to_the_archive(driver: Driver, archive: bool) -> None:
-    [task_id] = await driver.task_insert_many([new("c", dedup_key="K")])
+    [task_id] = await driver.tasks.task_insert_many([new("c", dedup_key="K")])
     [row] = await claim(driver, now=at(1))
     assert (
         await write(driver, Outcome(row.key, OutcomeKind.COMPLETE), now=at(2), archive=archive)
     ).applied == 1
-    stored = await driver.task_get(task_id)
+    stored = await driver.tasks.task_get(task_id)
     if not archive:
         assert stored is None
     else:
@@ -348,9 +354,9 @@ async def test_complete_moves_the_row_to_the_archive(driver: Driver, archive: bo
         assert (stored.payload, stored.dedup_key, stored.lease_expires_at) == (b'"c"', "K", None)
         assert stored.started_at == at(1)
     assert await claim(driver, now=at(3)) == []
-    assert await driver.live_count(None, now=at(3), due_before=at(999)) == 0
+    assert await driver.tasks.live_count(None, now=at(3), due_before=at(999)) == 0
     # the key is free again: the hot table no longer holds the row
-    [new_id] = await driver.task_insert_many([new("c2", dedup_key="K")])
+    [new_id] = await driver.tasks.task_insert_many([new("c2", dedup_key="K")])
     fresh = await get(driver, new_id)
     assert (fresh.state, fresh.payload, fresh.attempt) == (TaskState.PENDING, b'"c2"', 0)
 
@@ -360,7 +366,7 @@ async def test_complete_moves_the_row_to_the_archive(driver: Driver, archive: bo
 async def test_failed_discarded_dead_are_always_archived(
     driver: Driver, kind: OutcomeKind, archive: bool
 ) -> None:
-    [task_id] = await driver.task_insert_many([new("f")])
+    [task_id] = await driver.tasks.task_insert_many([new("f")])
     [row] = await claim(driver)
     result = await write(
         driver, Outcome(row.key, kind, error=f"why {kind.value}"), now=at(5), archive=archive
@@ -373,7 +379,7 @@ async def test_failed_discarded_dead_are_always_archived(
 
 
 async def test_complete_keeps_the_last_error_of_an_earlier_attempt(driver: Driver) -> None:
-    [task_id] = await driver.task_insert_many([new("e")])
+    [task_id] = await driver.tasks.task_insert_many([new("e")])
     [row] = await claim(driver)
     await write(driver, Outcome(row.key, OutcomeKind.RETRY, error="first try failed", run_at=T0))
     [row] = await claim(driver, now=at(1))
@@ -390,7 +396,7 @@ async def test_complete_keeps_the_last_error_of_an_earlier_attempt(driver: Drive
 
 
 async def test_claims_come_by_priority_then_run_at_then_id(driver: Driver) -> None:
-    ids = await driver.task_insert_many(
+    ids = await driver.tasks.task_insert_many(
         [
             new("p0-late", priority=0, run_at=at(-1)),
             new("p5-late", priority=5, run_at=at(-1)),
@@ -408,21 +414,21 @@ async def test_claims_come_by_priority_then_run_at_then_id(driver: Driver) -> No
 
 
 async def test_a_batch_claim_takes_the_first_in_order(driver: Driver) -> None:
-    ids = await driver.task_insert_many([new(i, priority=i % 3) for i in range(9)])
+    ids = await driver.tasks.task_insert_many([new(i, priority=i % 3) for i in range(9)])
     batch = await claim(driver, limit=4)
     assert [r.id for r in batch] == [ids[2], ids[5], ids[8], ids[1]]
 
 
 async def test_not_claimable_before_run_at(driver: Driver) -> None:
-    [task_id] = await driver.task_insert_many([new("later", run_at=at(10))])
+    [task_id] = await driver.tasks.task_insert_many([new("later", run_at=at(10))])
     assert await claim(driver, now=at(9.999999)) == []
     assert [r.id for r in await claim(driver, now=at(10))] == [task_id]
 
 
 async def test_a_claim_never_crosses_queues(driver: Driver) -> None:
-    a = await driver.task_insert_many([new(i, queue="A", priority=i) for i in range(3)])
-    b = await driver.task_insert_many([new(i, queue="B", priority=10) for i in range(2)])
-    c = await driver.task_insert_many([new("c", queue="C")])
+    a = await driver.tasks.task_insert_many([new(i, queue="A", priority=i) for i in range(3)])
+    b = await driver.tasks.task_insert_many([new(i, queue="B", priority=10) for i in range(2)])
+    c = await driver.tasks.task_insert_many([new("c", queue="C")])
     got_a = await claim(driver, ["A"])
     assert sorted(r.id for r in got_a) == sorted(a)
     assert {r.queue for r in got_a} == {"A"}
@@ -432,13 +438,13 @@ async def test_a_claim_never_crosses_queues(driver: Driver) -> None:
 
 
 async def test_queue_names_are_compared_exactly(driver: Driver) -> None:
-    lower, upper = await driver.task_insert_many(
+    lower, upper = await driver.tasks.task_insert_many(
         [new("l", queue="reports"), new("u", queue="Reports")]
     )
     assert [r.id for r in await claim(driver, ["reports"])] == [lower]
     assert await claim(driver, ["reports"]) == []
     assert [r.id for r in await claim(driver, ["Reports"])] == [upper]
-    stats = await driver.queue_stats(now=T0)
+    stats = await driver.admin.queue_stats(now=T0)
     assert [(s.queue, s.counts) for s in stats] == [
         ("Reports", {"processing": 1}),
         ("reports", {"processing": 1}),
@@ -449,7 +455,7 @@ async def test_queue_names_are_compared_exactly(driver: Driver) -> None:
 
 
 async def fill_for_stats(driver: Driver) -> dict[str, int]:
-    a = await driver.task_insert_many(
+    a = await driver.tasks.task_insert_many(
         [
             new("a-due", queue="a", run_at=at(-10)),
             new("a-future", queue="a", run_at=at(100)),
@@ -460,7 +466,7 @@ async def fill_for_stats(driver: Driver) -> dict[str, int]:
     running, done = await claim(driver, ["a"], limit=2)
     assert [running.id, done.id] == a[2:]
     await write(driver, Outcome(done.key, OutcomeKind.COMPLETE))
-    b = await driver.task_insert_many(
+    b = await driver.tasks.task_insert_many(
         [new("b-retry", queue="b", run_at=at(-20)), new("b-dead", queue="b", run_at=at(-20))]
     )
     retried, dead = await claim(driver, ["b"])
@@ -470,23 +476,23 @@ async def fill_for_stats(driver: Driver) -> dict[str, int]:
         Outcome(retried.key, OutcomeKind.RETRY, error="x", run_at=at(-5)),
         Outcome(dead.key, OutcomeKind.DEAD, error="y"),
     )
-    await driver.task_insert_many([new("c-future", queue="c", run_at=at(50))])
+    await driver.tasks.task_insert_many([new("c-future", queue="c", run_at=at(50))])
     return {"running": running.id}
 
 
 async def test_queue_stats_counts_and_oldest_ready_age(driver: Driver) -> None:
     await fill_for_stats(driver)
-    stats = await driver.queue_stats(now=T0)
+    stats = await driver.admin.queue_stats(now=T0)
     assert stats == [
         QueueStats("a", {"pending": 2, "processing": 1, "completed": 1}, 10.0, ready=1),
         QueueStats("b", {"retryable": 1, "dead": 1}, 5.0, ready=1),
         QueueStats("c", {"pending": 1}, None),
     ]
-    assert await MemoryDriver().queue_stats(now=T0) == []
+    assert await MemoryDriver().admin.queue_stats(now=T0) == []
 
 
 async def test_queue_stats_counts_ready_tasks_with_and_without_a_key(driver: Driver) -> None:
-    await driver.task_insert_many(
+    await driver.tasks.task_insert_many(
         [
             new("plain", run_at=at(-3)),
             new("keyed", key="k1", run_at=at(-2)),
@@ -494,7 +500,7 @@ async def test_queue_stats_counts_ready_tasks_with_and_without_a_key(driver: Dri
             new("other key", key="k2", run_at=at(-9)),
         ]
     )
-    [stats] = await driver.queue_stats(now=T0, archived=False)
+    [stats] = await driver.admin.queue_stats(now=T0, archived=False)
     assert (stats.ready, stats.oldest_ready_age) == (3, 9.0)
 
 
@@ -504,18 +510,18 @@ async def test_queue_rates_count_arrivals_and_finishes_in_the_window(driver: Dri
             new(seconds, queue=queue, run_at=at(-120)), created_at=at(seconds)
         )
 
-    await driver.task_insert_many([created(-400, queue="s")])
-    old_done, recent_done, recent_dead, _old_live, _ = await driver.task_insert_many(
+    await driver.tasks.task_insert_many([created(-400, queue="s")])
+    old_done, recent_done, recent_dead, _old_live, _ = await driver.tasks.task_insert_many(
         [created(-300), created(-30), created(-20), created(-200), created(-10)]
     )
-    await driver.task_insert_many([created(-5, queue="r")])
+    await driver.tasks.task_insert_many([created(-5, queue="r")])
     rows = {r.id: r for r in await claim(driver, ["q"], limit=3)}
     assert set(rows) == {old_done, recent_done, recent_dead}
     await write(driver, Outcome(rows[old_done].key, OutcomeKind.COMPLETE), now=at(-90))
     await write(driver, Outcome(rows[recent_done].key, OutcomeKind.COMPLETE), now=at(-15))
     await write(driver, Outcome(rows[recent_dead].key, OutcomeKind.DEAD, error="x"), now=at(-1))
 
-    rates = await driver.queue_rates(now=T0, window=60.0)
+    rates = await driver.admin.queue_rates(now=T0, window=60.0)
 
     # q: enqueued in the last minute: recent_done, recent_dead (archived) and one live task;
     # finished: recent_done and recent_dead (old_done finished 90 s ago). s: nothing recent.
@@ -524,28 +530,31 @@ async def test_queue_rates_count_arrivals_and_finishes_in_the_window(driver: Dri
         QueueRates("r", 60.0, 1, {}),
     ]
     assert (rates[0].enqueued_per_second, rates[0].finished_per_second) == (3 / 60, 2 / 60)
-    assert await driver.queue_rates(now=at(3600), window=60.0) == []
+    assert await driver.admin.queue_rates(now=at(3600), window=60.0) == []
 
 
 async def test_live_count_counts_due_tasks_and_valid_leases(driver: Driver) -> None:
     await fill_for_stats(driver)
-    assert await driver.live_count(None, now=T0, due_before=T0) == 3  # a-due, a-running, b-retry
-    assert await driver.live_count(None, now=T0, due_before=at(200)) == 5
-    assert await driver.live_count(["a"], now=T0, due_before=T0) == 2
-    assert await driver.live_count(["c", "zz"], now=T0, due_before=at(49)) == 0
-    assert await driver.live_count(["c"], now=T0, due_before=at(50)) == 1
+    assert (
+        await driver.tasks.live_count(None, now=T0, due_before=T0) == 3
+    )  # a-due, a-running, b-retry
+    assert await driver.tasks.live_count(None, now=T0, due_before=at(200)) == 5
+    assert await driver.tasks.live_count(["a"], now=T0, due_before=T0) == 2
+    assert await driver.tasks.live_count(["c", "zz"], now=T0, due_before=at(49)) == 0
+    assert await driver.tasks.live_count(["c"], now=T0, due_before=at(50)) == 1
     expired = T0 + LEASE + timedelta(seconds=1)  # a-running's lease has run out
-    assert await driver.live_count(["a"], now=expired, due_before=expired) == 1
+    assert await driver.tasks.live_count(["a"], now=expired, due_before=expired) == 1
 
 
 async def test_live_count_at_most_stops_at_its_bound(driver: Driver) -> None:
     await fill_for_stats(driver)  # 5 live by at(200): 4 ready, 1 running
     counts = [
-        await driver.live_count(None, now=T0, due_before=at(200), at_most=n) for n in (1, 2, 4, 9)
+        await driver.tasks.live_count(None, now=T0, due_before=at(200), at_most=n)
+        for n in (1, 2, 4, 9)
     ]
     assert counts == [1, 2, 4, 5]
-    assert await driver.live_count(["a"], now=T0, due_before=T0, at_most=1) == 1
-    assert await driver.live_count(["c", "zz"], now=T0, due_before=at(49), at_most=1) == 0
+    assert await driver.tasks.live_count(["a"], now=T0, due_before=T0, at_most=1) == 1
+    assert await driver.tasks.live_count(["c", "zz"], now=T0, due_before=at(49), at_most=1) == 0
 
 
 # ----------------------------------------------------------------------------- 7. dead letters
@@ -560,20 +569,20 @@ async def kill(driver: Driver, queue: str, *, now: datetime) -> list[int]:
 
 
 async def test_dead_list_requeue_and_purge(driver: Driver) -> None:
-    x1, x2, y1 = await driver.task_insert_many(
+    x1, x2, y1 = await driver.tasks.task_insert_many(
         [new(1, queue="x"), new(2, queue="x"), new(3, queue="y")]
     )
-    [x3] = await driver.task_insert_many([new(4, queue="x", run_at=at(3))])
+    [x3] = await driver.tasks.task_insert_many([new(4, queue="x", run_at=at(3))])
     assert await kill(driver, "x", now=at(1)) == [x1, x2]
     assert await kill(driver, "y", now=at(2)) == [y1]
     assert await kill(driver, "x", now=at(3)) == [x3]
 
-    assert [r.id for r in await driver.dead_list()] == [x3, y1, x2, x1]
-    assert [r.id for r in await driver.dead_list(queue="x", limit=2)] == [x3, x2]
-    [listed] = await driver.dead_list(queue="y")
+    assert [r.id for r in await driver.admin.dead_list()] == [x3, y1, x2, x1]
+    assert [r.id for r in await driver.admin.dead_list(queue="x", limit=2)] == [x3, x2]
+    [listed] = await driver.admin.dead_list(queue="y")
     assert (listed.state, listed.last_error, listed.attempt) == (TaskState.DEAD, f"dead {y1}", 1)
 
-    assert await driver.dead_requeue([x1], now=at(10)) == [x1]
+    assert await driver.admin.dead_requeue([x1], now=at(10)) == [x1]
     back = await get(driver, x1)
     assert (back.state, back.attempt, back.run_at, back.finished_at) == (
         TaskState.PENDING,
@@ -581,27 +590,27 @@ async def test_dead_list_requeue_and_purge(driver: Driver) -> None:
         at(10),
         None,
     )
-    assert await driver.dead_requeue(queue="y", now=at(10)) == [y1]
+    assert await driver.admin.dead_requeue(queue="y", now=at(10)) == [y1]
     rerun = await claim(driver, ["x", "y"], now=at(10))
     assert sorted((r.id, r.attempt) for r in rerun) == sorted([(x1, 1), (y1, 1)])
 
-    assert await driver.dead_purge([x2]) == 1
-    assert await driver.task_get(x2) is None
-    assert await driver.dead_purge([x1]) == 0  # live now, not dead: untouched
-    assert await driver.dead_purge(queue="y") == 0
-    assert await driver.dead_purge() == 1  # x3
-    assert await driver.dead_list() == []
+    assert await driver.admin.dead_purge([x2]) == 1
+    assert await driver.tasks.task_get(x2) is None
+    assert await driver.admin.dead_purge([x1]) == 0  # live now, not dead: untouched
+    assert await driver.admin.dead_purge(queue="y") == 0
+    assert await driver.admin.dead_purge() == 1  # x3
+    assert await driver.admin.dead_list() == []
     assert (await get(driver, x1)).state is TaskState.PROCESSING
 
 
 async def test_dead_requeue_skips_a_task_whose_dedup_key_is_live_again(driver: Driver) -> None:
-    [dead] = await driver.task_insert_many([new("old", queue="d", dedup_key="K")])
+    [dead] = await driver.tasks.task_insert_many([new("old", queue="d", dedup_key="K")])
     assert await kill(driver, "d", now=at(1)) == [dead]
-    [live] = await driver.task_insert_many([new("new", queue="d", dedup_key="K")])
+    [live] = await driver.tasks.task_insert_many([new("new", queue="d", dedup_key="K")])
     assert live != dead
-    assert await driver.dead_requeue(now=at(2)) == []
+    assert await driver.admin.dead_requeue(now=at(2)) == []
     assert (await get(driver, dead)).state is TaskState.DEAD
-    assert [r.id for r in await driver.dead_list()] == [dead]
+    assert [r.id for r in await driver.admin.dead_list()] == [dead]
     assert (await get(driver, live)).state is TaskState.PENDING
 
 
@@ -609,15 +618,15 @@ async def test_dead_requeue_takes_one_of_several_dead_tasks_sharing_a_dedup_key(
     driver: Driver,
 ) -> None:
     """The key was free again after each death, so two dead tasks hold it: one comes back."""
-    [first] = await driver.task_insert_many([new("first", queue="d", dedup_key="K")])
+    [first] = await driver.tasks.task_insert_many([new("first", queue="d", dedup_key="K")])
     assert await kill(driver, "d", now=at(1)) == [first]
-    [second] = await driver.task_insert_many([new("second", queue="d", dedup_key="K")])
+    [second] = await driver.tasks.task_insert_many([new("second", queue="d", dedup_key="K")])
     assert await kill(driver, "d", now=at(2)) == [second]
 
-    requeued = await driver.dead_requeue(now=at(3))
+    requeued = await driver.admin.dead_requeue(now=at(3))
     assert len(requeued) == 1 and set(requeued) <= {first, second}
     [live] = await claim(driver, ["d"], now=at(3))
     assert (live.id, live.dedup_key) == (requeued[0], "K")
-    [still_dead] = await driver.dead_list()
+    [still_dead] = await driver.admin.dead_list()
     assert still_dead.id in {first, second} - set(requeued)
-    assert await driver.dead_requeue([first, second], now=at(4)) == []  # the key is live
+    assert await driver.admin.dead_requeue([first, second], now=at(4)) == []  # the key is live

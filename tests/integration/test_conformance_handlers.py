@@ -54,7 +54,7 @@ async def any_app(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
 
 
 async def row_of(app: App, task_id: int) -> TaskRow:
-    row = await app.driver.task_get(task_id)
+    row = await app.driver.tasks.task_get(task_id)
     assert row is not None, f"task {task_id} is gone"
     return row
 
@@ -143,7 +143,7 @@ async def test_a_handler_that_lost_its_lease_writes_nothing(
     async def rescue(ctx: TaskContext) -> None:
         later = utcnow() + __import__("datetime").timedelta(hours=1)
         retry = Outcome(ctx.row.key, OutcomeKind.RETRY, error="lease expired", run_at=later)
-        result = await app.driver.outcome_write_many(
+        result = await app.driver.claims.outcome_write_many(
             [retry], now=utcnow(), expired_before=later
         )  # the cleaner's fence: a lease expired before `later`
         assert result.applied == 1
@@ -202,7 +202,7 @@ async def test_a_transaction_held_past_the_heartbeat_keeps_the_attempt(
 
     task_id = await long.aenqueue()
     worker = Worker(app, WorkerConfig(burst=True, poll_interval=0.01, lease=0.9, heartbeat=0.1))
-    original = worker.driver.lease_extend_many
+    original = worker.driver.claims.lease_extend_many
     calls = 0
 
     async def counted(*args: Any, **kwargs: Any) -> int:
@@ -212,11 +212,11 @@ async def test_a_transaction_held_past_the_heartbeat_keeps_the_attempt(
             beats.set()
         return await original(*args, **kwargs)
 
-    worker.driver.lease_extend_many = counted  # type: ignore[method-assign]
+    worker.driver.claims.lease_extend_many = counted  # type: ignore[method-assign]
     try:
         stats = await worker.run()
     finally:
-        del worker.driver.lease_extend_many
+        del worker.driver.claims.lease_extend_many
     assert stats.outcomes == {"completed": 1}
     assert order_names(orders) == ["long"]
     assert (await row_of(app, task_id)).state is TaskState.COMPLETED
@@ -235,7 +235,7 @@ async def test_the_memory_driver_says_it_has_no_transactions() -> None:
     row = await row_of(app, task_id)
     assert row.state is TaskState.DEAD and "in-memory driver" in (row.last_error or "")
     with pytest.raises(ConfigurationError):
-        app.driver.attempt_transaction(row.key, worker_id="w", finish=None)  # type: ignore[arg-type]
+        app.driver.claims.attempt_transaction(row.key, worker_id="w", finish=None)  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------- results
@@ -353,7 +353,7 @@ async def test_progress_writes_are_fenced_like_heartbeats(any_app: App) -> None:
     app.task(name="progress.fenced")(lambda payload: None)
     task_id = await app.aenqueue("progress.fenced")
     now = utcnow()
-    [row] = await app.driver.task_claim_many(
+    [row] = await app.driver.claims.task_claim_many(
         ["default"], 1, now=now, lease_until=now + timedelta(seconds=60), worker_id="w1"
     )
     mine = ProgressWriter(app.driver, app.clock, interval=1, lease=60, worker_id="w1")
@@ -483,7 +483,7 @@ async def test_before_enqueue_reaches_tasks_publishes_and_periodic_fires(any_app
     clock.now += timedelta(seconds=10)
     assert (await periodic.run_once()).fired == 1
 
-    ids = await app.driver.ready_list("mw", due_before=datetime.max, limit=10)
+    ids = await app.driver.sweeps.ready_list("mw", due_before=datetime.max, limit=10)
     assert len(ids) == 4 and {enqueued, *published} < set(ids)
     for task_id in ids:
         headers = headers_decode((await row_of(app, task_id)).headers)
@@ -494,7 +494,7 @@ async def test_before_enqueue_reaches_tasks_publishes_and_periodic_fires(any_app
         await app.apublish("mw.topic", {"refuse": True})
     with pytest.raises(ValueError, match="refused by middleware"):
         app.publish("mw.topic", {"refuse": True})
-    assert len(await app.driver.ready_list("mw", due_before=datetime.max, limit=10)) == 4
+    assert len(await app.driver.sweeps.ready_list("mw", due_before=datetime.max, limit=10)) == 4
 
 
 async def test_a_failing_after_hook_does_not_change_the_outcome(any_app: App) -> None:

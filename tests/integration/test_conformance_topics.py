@@ -47,12 +47,12 @@ def pub(payload: Any = None, topic: str = TOPIC, **options: Any) -> NewPublish:
 
 
 async def publish(driver: Driver, *publishes: NewPublish) -> list[list[int]]:
-    found = await driver.topic_publish_many(list(publishes))
+    found = await driver.topics.topic_publish_many(list(publishes))
     return [[d.id for d in delivered] for delivered in found]
 
 
 async def subscribe(driver: Driver, *subs: Subscription) -> None:
-    await driver.subscription_set_many(list(subs), now=T0)
+    await driver.topics.subscription_set_many(list(subs), now=T0)
 
 
 async def test_a_publish_gives_every_group_one_task_of_its_own(driver: Driver) -> None:
@@ -74,7 +74,7 @@ async def test_a_publish_gives_every_group_one_task_of_its_own(driver: Driver) -
         assert (row.state.value, row.attempt, row.dedup_key, row.partition_key) == (
             "pending", 0, None, None,
         )  # fmt: skip
-    assert [s.group for s in await driver.subscription_list([TOPIC])] == [
+    assert [s.group for s in await driver.topics.subscription_list([TOPIC])] == [
         "analytics", "billing", "shipping",
     ]  # fmt: skip
 
@@ -98,10 +98,10 @@ async def test_each_group_claims_retries_and_dead_letters_on_its_own(driver: Dri
         Outcome(billing.key, OutcomeKind.DEAD, error="boom"),
         Outcome(shipping.key, OutcomeKind.RETRY, error="later", run_at=at(60)),
     )
-    assert [r.id for r in await driver.dead_list()] == [billing.id]
+    assert [r.id for r in await driver.admin.dead_list()] == [billing.id]
     assert (await get(driver, shipping.id)).state.value == "retryable"
     assert [r.queue for r in await claim(driver, QUEUES)] == ["analytics"]  # untouched by both
-    assert await driver.dead_requeue([billing.id], now=at(1)) == [billing.id]
+    assert await driver.admin.dead_requeue([billing.id], now=at(1)) == [billing.id]
     assert [r.id for r in await claim(driver, ["billing"], now=at(1))] == [billing.id]
 
 
@@ -113,21 +113,21 @@ async def test_a_topic_without_subscribers_drops_the_publish_and_counts_it(
         [], [],
     ]  # fmt: skip
     assert await claim(driver, QUEUES) == []
-    stats = {s.topic: s for s in await driver.topic_stats()}
+    stats = {s.topic: s for s in await driver.topics.topic_stats()}
     assert (stats["order.lost"].dropped, stats["order.lost"].groups) == (2, ())
     assert stats["order.lost"].last_dropped_at == T0
     assert stats[TOPIC].dropped == 0 and len(stats[TOPIC].groups) == 3
-    assert await driver.topic_drops_forget_many(before=T0, limit=10) == 0
-    assert await driver.topic_drops_forget_many(before=at(1), limit=1) == 1
-    assert await driver.topic_drops_forget_many(before=at(1), limit=10) == 1
-    assert "order.lost" not in {s.topic for s in await driver.topic_stats()}
+    assert await driver.topics.topic_drops_forget_many(before=T0, limit=10) == 0
+    assert await driver.topics.topic_drops_forget_many(before=at(1), limit=1) == 1
+    assert await driver.topics.topic_drops_forget_many(before=at(1), limit=10) == 1
+    assert "order.lost" not in {s.topic for s in await driver.topics.topic_stats()}
 
 
 async def test_topic_stats_count_each_groups_live_tasks(driver: Driver) -> None:
     await subscribe(driver, *GROUPS)
     await publish(driver, pub(1), pub(2))
     await claim(driver, ["billing"], limit=1)
-    [stats] = await driver.topic_stats()
+    [stats] = await driver.topics.topic_stats()
     counts = {sub.group: c for sub, c in stats.groups}
     assert counts == {
         "analytics": {"pending": 2},
@@ -143,7 +143,9 @@ async def test_a_group_gets_what_is_published_after_it_subscribed(driver: Driver
     await subscribe(driver, shipping, analytics)
     [second] = await publish(driver, pub("second"))
     assert (len(first), len(second)) == (1, 3)
-    assert await driver.subscription_delete_many([(TOPIC, "billing"), (TOPIC, "nobody")]) == 1
+    assert (
+        await driver.topics.subscription_delete_many([(TOPIC, "billing"), (TOPIC, "nobody")]) == 1
+    )
     [third] = await publish(driver, pub("third"))
     rows = [await get(driver, i) for i in third]
     assert sorted(r.queue for r in rows) == ["analytics", "shipping"]
@@ -154,7 +156,7 @@ async def test_subscribing_again_changes_the_groups_task_and_queue(driver: Drive
     await subscribe(driver, GROUPS[0])
     moved = Subscription(TOPIC, "billing", "shop.bill_v2", "billing2", priority=5, max_attempts=2)
     await subscribe(driver, moved)
-    [sub] = await driver.subscription_list()
+    [sub] = await driver.topics.subscription_list()
     assert (sub.task_name, sub.queue, sub.priority, sub.max_attempts) == (
         "shop.bill_v2", "billing2", 5, 2,
     )  # fmt: skip
@@ -175,7 +177,7 @@ async def test_a_dedup_key_is_per_group(driver: Driver) -> None:
     [third] = await publish(driver, pub("c", dedup_key="order-42"))
     [row] = [await get(driver, i) for i in third]
     assert (row.queue, payload_decode(row.payload, row.content_type)) == ("billing", "c")
-    assert [s.dropped for s in await driver.topic_stats()] == [0]
+    assert [s.dropped for s in await driver.topics.topic_stats()] == [0]
 
 
 async def test_two_publishes_with_one_dedup_key_in_one_batch_deliver_once(
@@ -215,7 +217,7 @@ async def test_a_bulk_publish_maps_every_task_to_its_publish(driver: Driver) -> 
             assert head_of(row.headers) == publish_.headers_head
             assert payload_decode(row.payload, row.content_type) == json.loads(publish_.payload)
     assert len({i for ids in found for i in ids}) == 100 + 200 * 3
-    dropped = {s.topic: s.dropped for s in await driver.topic_stats()}
+    dropped = {s.topic: s.dropped for s in await driver.topics.topic_stats()}
     assert dropped == {"nobody.listens": 1, TOPIC: 0, "order.paid": 0}
 
 
@@ -229,14 +231,14 @@ async def test_a_subscription_change_never_splits_one_publish(driver: Driver) ->
     async def toggle() -> None:
         pairs = [(s.topic, s.group) for s in GROUPS]
         while min(sizes.count(0), sizes.count(3)) < 20:
-            await driver.subscription_set_many(GROUPS, now=T0)
+            await driver.topics.subscription_set_many(GROUPS, now=T0)
             await asyncio.sleep(0)  # let the publisher run (the memory driver never waits)
-            await driver.subscription_delete_many(pairs)
+            await driver.topics.subscription_delete_many(pairs)
             await asyncio.sleep(0)
 
     async def publish_while(toggling: asyncio.Task[None]) -> None:
         while not toggling.done():
-            [delivered] = await publisher.topic_publish_many([pub(len(sizes))])
+            [delivered] = await publisher.topics.topic_publish_many([pub(len(sizes))])
             sizes.append(len(delivered))
             await asyncio.sleep(0)
 

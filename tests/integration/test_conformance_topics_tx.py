@@ -202,7 +202,7 @@ async def test_the_worker_stores_the_subscriptions_of_the_queues_it_serves(
 ) -> None:
     shop(app)
     await run_until_empty(app, queues=["billing", "shipping"])
-    subs = await app.driver.subscription_list()
+    subs = await app.driver.topics.subscription_list()
     assert [(s.topic, s.group, s.task_name, s.queue) for s in subs] == [
         (TOPIC, "billing", "shop.billing", "billing"),
         (TOPIC, "shipping", "shop.shipping", "shipping"),
@@ -214,11 +214,11 @@ async def test_an_undeployed_subscriber_is_dead_lettered_naming_topic_and_group(
 ) -> None:
     shop(app)
     gone = Subscription(TOPIC, "fraud", "shop.fraud_check", "billing")  # no such handler
-    await app.driver.subscription_set_many([gone], now=app.clock())
+    await app.driver.topics.subscription_set_many([gone], now=app.clock())
     await app.asubscribe()
     await app.apublish(TOPIC, {"order": 1})
     await run_until_empty(app)
-    [dead] = await app.driver.dead_list()
+    [dead] = await app.driver.admin.dead_list()
     assert dead.task_name == "shop.fraud_check"
     assert "no task named 'shop.fraud_check'" in (dead.last_error or "")
     assert "delivered by topic 'order.created' to group 'fraud'" in (dead.last_error or "")

@@ -23,7 +23,7 @@ from txtasks.worker.worker import Worker, WorkerConfig
 
 
 async def finished(app: App, task_id: int) -> TaskRow:
-    row = await app.driver.task_get(task_id)
+    row = await app.driver.tasks.task_get(task_id)
     assert row is not None, f"task {task_id} is gone"
     assert not row.state.is_live, f"task {task_id} is still {row.state}"
     return row
@@ -224,7 +224,7 @@ async def test_an_overrunning_sync_attempt_keeps_its_task_until_its_thread_ends(
     run = asyncio.create_task(worker.run())
     try:
         await until(lambda: worker.stats.overruns == 1, "attempt 1 to pass its timeout")
-        row = await app.driver.task_get(task_id)
+        row = await app.driver.tasks.task_get(task_id)
         assert row is not None
         assert (row.state, row.attempt) == (TaskState.PROCESSING, 1)
         assert not second_started.is_set()
@@ -233,7 +233,7 @@ async def test_an_overrunning_sync_attempt_keeps_its_task_until_its_thread_ends(
         await until(lambda: worker.stats.outcomes.get("completed") == 1, "attempt 2 to end")
         worker.stop()
         await asyncio.wait_for(run, 10)
-        row = await app.driver.task_get(task_id)
+        row = await app.driver.tasks.task_get(task_id)
         assert row is not None
         assert (row.state, row.attempt) == (TaskState.COMPLETED, 2)
     finally:
@@ -261,9 +261,9 @@ async def test_a_worker_that_lost_its_lease_cannot_overwrite_the_next_attempt(ap
         # the lease is lost: a rescuer schedules a retry, another worker claims attempt 2
         driver, later = app.driver, utcnow() + timedelta(hours=1)
         lost = Outcome(TaskKey(task_id, 1), OutcomeKind.RETRY, error="lease expired", run_at=later)
-        assert (await driver.outcome_write_many([lost], now=utcnow())).applied == 1
+        assert (await driver.claims.outcome_write_many([lost], now=utcnow())).applied == 1
         [stolen] = await until(  # SKIP LOCKED: the slow worker's claims pass over the row too
-            lambda: driver.task_claim_many(
+            lambda: driver.claims.task_claim_many(
                 ["default"], 1, now=later, lease_until=later + timedelta(hours=1), worker_id="thief"
             ),
             "attempt 2 claimed by another worker",
@@ -272,12 +272,12 @@ async def test_a_worker_that_lost_its_lease_cannot_overwrite_the_next_attempt(ap
 
         release.set()  # the slow worker completes attempt 1: fenced off
         await until(lambda: worker.stats.stale == 1, "the stale outcome")
-        row = await app.driver.task_get(task_id)
+        row = await app.driver.tasks.task_get(task_id)
         assert row is not None
         assert (row.state, row.attempt, row.worker_id) == (TaskState.PROCESSING, 2, "thief")
 
         done = Outcome(stolen.key, OutcomeKind.COMPLETE)
-        assert (await driver.outcome_write_many([done], now=utcnow())).applied == 1
+        assert (await driver.claims.outcome_write_many([done], now=utcnow())).applied == 1
         stats = await asyncio.wait_for(run, 10)
     finally:
         release.set()
@@ -307,7 +307,7 @@ async def test_rows_an_outcome_write_held_past_the_lease_are_extended_before_a_r
 
     task_id = await handler.aenqueue(None)
     driver: Any = app.driver
-    write, extend = driver.outcome_write_many, driver.lease_extend_many
+    write, extend = driver.claims.outcome_write_many, driver.claims.lease_extend_many
     holding, release, beat = asyncio.Event(), asyncio.Event(), asyncio.Event()
     rescues: list[Any] = []
 
@@ -330,13 +330,13 @@ async def test_rows_an_outcome_write_held_past_the_lease_are_extended_before_a_r
             beat.set()
         return held
 
-    driver.outcome_write_many, driver.lease_extend_many = held_write, beats
+    driver.claims.outcome_write_many, driver.claims.lease_extend_many = held_write, beats
     config = WorkerConfig(lease=1.5, heartbeat=0.3, poll_interval=0.05, flush_interval=0.001)
     worker = Worker(app, config)
     run = asyncio.create_task(worker.run())
     try:
         await asyncio.wait_for(holding.wait(), 10)
-        row = await app.driver.task_get(task_id)
+        row = await app.driver.tasks.task_get(task_id)
         assert row is not None and row.lease_expires_at is not None
         expired = row.lease_expires_at + timedelta(seconds=0.1)
         await until(lambda: utcnow() > expired, "the lease to run out while the write holds it")
@@ -349,7 +349,7 @@ async def test_rows_an_outcome_write_held_past_the_lease_are_extended_before_a_r
         release.set()
         worker.stop()
         await asyncio.gather(run, return_exceptions=True)
-        del driver.outcome_write_many, driver.lease_extend_many
+        del driver.claims.outcome_write_many, driver.claims.lease_extend_many
     assert rescues[0].retried == 0, "the rescuer took a task whose worker was extending it"
     row = await finished(app, task_id)
     assert (row.state, row.attempt, ran) == (TaskState.COMPLETED, 1, [1])
@@ -380,9 +380,9 @@ async def test_exhausted_attempts_dead_letter_then_requeue_and_purge(app: App) -
     assert "(attempt 3 of 3)" in row.last_error
 
     driver = app.driver
-    assert sorted(r.id for r in await driver.dead_list()) == sorted([keep, purge])
-    assert await driver.dead_requeue([keep], now=utcnow()) == [keep]
-    back = await driver.task_get(keep)
+    assert sorted(r.id for r in await driver.admin.dead_list()) == sorted([keep, purge])
+    assert await driver.admin.dead_requeue([keep], now=utcnow()) == [keep]
+    back = await driver.tasks.task_get(keep)
     assert back is not None and (back.state, back.attempt) == (TaskState.PENDING, 0)
 
     healed.set()
@@ -391,9 +391,9 @@ async def test_exhausted_attempts_dead_letter_then_requeue_and_purge(app: App) -
     assert runs == [("keep", 1)] and stats.outcomes == {"completed": 1}
     assert (await finished(app, keep)).state is TaskState.COMPLETED
 
-    assert [r.id for r in await driver.dead_list()] == [purge]
-    assert await driver.dead_purge([purge]) == 1
-    assert await driver.dead_list() == [] and await driver.task_get(purge) is None
+    assert [r.id for r in await driver.admin.dead_list()] == [purge]
+    assert await driver.admin.dead_purge([purge]) == 1
+    assert await driver.admin.dead_list() == [] and await driver.tasks.task_get(purge) is None
 
 
 async def test_unknown_task_name_is_dead_lettered_and_the_worker_goes_on(
@@ -421,7 +421,7 @@ async def test_unknown_task_name_is_dead_lettered_and_the_worker_goes_on(
     row = await finished(app, ids[1])
     assert (row.state, row.task_name) == (TaskState.DEAD, "conformance.ghost")
     assert row.last_error is not None and "conformance.ghost" in row.last_error
-    assert [r.id for r in await app.driver.dead_list()] == [ids[1]]
+    assert [r.id for r in await app.driver.admin.dead_list()] == [ids[1]]
 
 
 async def test_undecodable_payload_is_dead_lettered_with_the_decode_error(
@@ -469,7 +469,7 @@ async def test_without_archive_completed_rows_are_deleted_failures_kept(app: App
     done = await handler.aenqueue("ok")
     failed = await handler.aenqueue("fail")
     await run_until_empty(app, archive_completed=False)
-    assert await app.driver.task_get(done) is None
+    assert await app.driver.tasks.task_get(done) is None
     assert (await finished(app, failed)).state is TaskState.DEAD
 
 
@@ -533,14 +533,14 @@ async def test_queues_and_delays_are_respected(app: App, database_url: str) -> N
 
     await run_until_empty(app, queues=["a"])
     assert calls.payloads == ["a-now"]
-    row = await app.driver.task_get(later)
+    row = await app.driver.tasks.task_get(later)
     assert row is not None and row.state is TaskState.PENDING
     assert row.run_at > utcnow()
 
     await run_until_empty(app)
     assert sorted(calls.payloads) == ["a-now", "b-now"]
     assert later in task_ids(database_url)
-    [stats_a, stats_b] = await app.driver.queue_stats(now=utcnow())
+    [stats_a, stats_b] = await app.driver.admin.queue_stats(now=utcnow())
     assert (stats_a.queue, stats_a.counts, stats_a.oldest_ready_age) == (
         "a",
         {"pending": 1, "completed": 1},

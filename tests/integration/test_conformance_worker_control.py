@@ -31,7 +31,7 @@ BOUND = 10.0
 
 async def final(app: App, task_id: int) -> TaskRow:
     async def done() -> TaskRow | None:
-        row = await app.driver.task_get(task_id)
+        row = await app.driver.tasks.task_get(task_id)
         return row if row is not None and not row.state.is_live else None
 
     return await until(done, f"task {task_id} to finish", timeout=BOUND)
@@ -152,7 +152,7 @@ async def test_a_cancel_wake_up_makes_the_worker_look_and_an_ordinary_one_does_n
             worker.wake("default")
         seen = claims.calls
         await until(lambda: claims.calls > seen, "a claim after the wake-ups")
-        row = await app.driver.task_get(task_id)
+        row = await app.driver.tasks.task_get(task_id)
         assert row is not None and row.state is TaskState.PROCESSING
         assert (worker.stats.wakeups, worker.stats.cancel_looks) == (5, 0)
         worker.wake("default", cancel=True)
@@ -195,7 +195,9 @@ async def test_a_paused_queue_waits_and_a_burst_worker_does_not(app: App) -> Non
     await mail.aenqueue("mail")
     await run_until_empty(app)  # returns: what is paused is not to do now
     assert ran == ["mail"]
-    [stats] = [s for s in await app.driver.queue_stats(now=app.clock()) if s.queue == "reports"]
+    [stats] = [
+        s for s in await app.driver.admin.queue_stats(now=app.clock()) if s.queue == "reports"
+    ]
     assert stats.paused_at is not None and stats.counts == {"pending": 1}
     assert await app.control.aresume("reports") is True
     await run_until_empty(app)
@@ -213,8 +215,8 @@ async def test_a_queue_rate_set_at_run_time_wins_over_the_declared_one_until_cle
         starts.append(time.monotonic())
 
     await app.control.aset_queue_rate("rated", Rate(4, per=1))  # a start every 0.25 s
-    assert await app.driver.queue_rates_stored() == {"rated": Rate(4, per=1)}
-    assert await app.driver.key_override_list() == []  # not a key's limits
+    assert await app.driver.control.queue_rates_stored() == {"rated": Rate(4, per=1)}
+    assert await app.driver.control.key_override_list() == []  # not a key's limits
     ids = [await rated.aenqueue(n) for n in range(3)]
     await run_until_empty(app)
     assert len(starts) == 3
@@ -224,7 +226,7 @@ async def test_a_queue_rate_set_at_run_time_wins_over_the_declared_one_until_cle
     assert (claimed[-1] - claimed[0]).total_seconds() >= 2 * 0.25 * 0.99, claimed
     assert await app.control.aclear_queue_rate("rated") is True
     assert await app.control.aclear_queue_rate("rated") is False
-    assert await app.driver.queue_rates_stored() == {}
+    assert await app.driver.control.queue_rates_stored() == {}
     await rated.aenqueue(3)
     await run_until_empty(app)  # the declared rate again
     assert len(starts) == 4
@@ -283,7 +285,7 @@ async def test_every_control_operation_has_a_sync_form_and_the_old_name_warns(ap
     assert [(c.id, c.result) for c in by_id] == [(ids[3], CancelResult.CANCELLED)]
     assert (cleared, again) == (True, False)
     await asyncio.to_thread(app.control.set_queue_rate, "pairs", Rate(5, per=2))
-    assert await app.driver.queue_rates_stored() == {"pairs": Rate(5, per=2)}
+    assert await app.driver.control.queue_rates_stored() == {"pairs": Rate(5, per=2)}
     assert [t.id for t in await app.control.atask_list(queue="pairs")] == [ids[4]]
     with pytest.warns(DeprecationWarning, match=r"app\.control\.atask_list"):
         assert [t.id for t in await app.atasks(queue="pairs")] == [ids[4]]  # type: ignore[misc]

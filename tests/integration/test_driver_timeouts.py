@@ -58,7 +58,7 @@ def new_task(n: int) -> NewTask:
 
 async def claim(driver: SqlDriver) -> int:
     now = driver_now()
-    rows = await driver.task_claim_many(
+    rows = await driver.claims.task_claim_many(
         ["q"], 10, now=now, lease_until=now + timedelta(seconds=30), worker_id="w"
     )
     return len(rows)
@@ -72,12 +72,12 @@ async def test_a_frozen_connection_is_cut_and_replaced(proxied: Any) -> None:
     driver, proxy = proxied
     async with asyncio.timeout(BOUND):  # without the command timeout, this hangs for good
         await driver.open()
-        await driver.task_insert_many([new_task(1)])
+        await driver.tasks.task_insert_many([new_task(1)])
         assert await claim(driver) == 1  # both pools (SQLAlchemy's, asyncpg's) hold connections
         assert proxy.freeze() > 0  # every open connection stalls for good; new ones work
         with pytest.raises(DatabaseTimeout, match=f"within {COMMAND:g}s"):
-            await driver.task_insert_many([new_task(2)])
-        await driver.task_insert_many([new_task(3)])  # on a new connection
+            await driver.tasks.task_insert_many([new_task(2)])
+        await driver.tasks.task_insert_many([new_task(3)])  # on a new connection
         claimed = 0
         while claimed == 0:  # a claim may meet another stalled connection first: cut too
             try:
@@ -96,7 +96,7 @@ async def test_after_a_cut_the_pools_other_stalled_connections_are_replaced_unus
     driver, proxy = proxied
     async with asyncio.timeout(BOUND):
         await driver.open()
-        await driver.task_insert_many([new_task(1)])
+        await driver.tasks.task_insert_many([new_task(1)])
         assert await claim(driver) == 1
         async with contextlib.AsyncExitStack() as stack:  # three connections in the pool
             for _ in range(3):
@@ -104,9 +104,9 @@ async def test_after_a_cut_the_pools_other_stalled_connections_are_replaced_unus
                 await conn.execute(text("SELECT 1"))
         assert proxy.freeze() >= 3
         with pytest.raises(DatabaseTimeout):
-            await driver.task_insert_many([new_task(2)])
+            await driver.tasks.task_insert_many([new_task(2)])
         for n in range(3, 8):  # each would check a stalled connection out first
-            await driver.task_insert_many([new_task(n)])
+            await driver.tasks.task_insert_many([new_task(n)])
         assert await claim(driver) == 5  # the claims' own pool too
 
 
@@ -121,13 +121,13 @@ async def test_a_connection_that_stalls_while_it_opens_is_given_up_within_the_bo
     driver, proxy = proxied
     assert driver.timeouts.connect + COMMAND < BOUND
     proxy.blackhole(include_new=True)  # new connections are accepted and carry nothing
-    for operation in (lambda: driver.task_insert_many([new_task(1)]), lambda: claim(driver)):
+    for operation in (lambda: driver.tasks.task_insert_many([new_task(1)]), lambda: claim(driver)):
         async with asyncio.timeout(BOUND):  # without the bound, this hangs for good
             with pytest.raises((DatabaseTimeout, TimeoutError, OSError, DBAPIError)):
                 await operation()
     proxy.restore()
     async with asyncio.timeout(BOUND):
-        await driver.task_insert_many([new_task(2)])
+        await driver.tasks.task_insert_many([new_task(2)])
         assert await claim(driver) == 1
 
 
@@ -135,7 +135,7 @@ async def test_closing_a_driver_whose_connections_stalled_ends(proxied: Any) -> 
     """A worker's exit closes its pools: a stalled connection never answers the goodbye."""
     driver, proxy = proxied
     await driver.open()
-    await driver.task_insert_many([new_task(1)])
+    await driver.tasks.task_insert_many([new_task(1)])
     assert await claim(driver) == 1  # every pool holds a connection
     assert proxy.freeze() > 0
     async with asyncio.timeout(BOUND):
@@ -157,7 +157,7 @@ async def test_the_server_ends_a_stalled_session_and_frees_its_row_locks(
     direct = driver_for_url(url, timeouts=Timeouts(connect=5, command=BOUND))
     lock = select(tasks.c.id).where(tasks.c.id == bindparam("id")).with_for_update()
     try:
-        [task_id] = await direct.task_insert_many([new_task(1)])
+        [task_id] = await direct.tasks.task_insert_many([new_task(1)])
         async with stalled.connect() as conn:  # its client side is cut after COMMAND
             await conn.execute(lock, {"id": task_id})
             assert proxy.freeze() == 1

@@ -115,7 +115,7 @@ async def test_a_task_enqueued_on_create_engine_commits_or_rolls_back_with_the_t
     finally:
         engine.dispose()
     assert task_ids(database_url) == [task_id]
-    row = await app.driver.task_get(task_id)
+    row = await app.driver.tasks.task_get(task_id)
     assert row is not None and row.state is TaskState.PENDING
 
 
@@ -134,7 +134,7 @@ async def test_a_task_enqueued_on_create_async_engine_commits_or_rolls_back_with
     finally:
         await engine.dispose()
     assert task_ids(database_url) == [task_id]
-    row = await app.driver.task_get(task_id)
+    row = await app.driver.tasks.task_get(task_id)
     assert row is not None and row.state is TaskState.PENDING
 
 
@@ -190,7 +190,7 @@ async def test_app_amigrate_migrates_where_the_app_stores_tasks(empty_url: str) 
     try:
         assert await app.amigrate() == list(range(1, latest_version() + 1))
         assert await app.amigrate() == []
-        assert await app.driver.task_get(1) is None  # the tables exist
+        assert await app.driver.tasks.task_get(1) is None  # the tables exist
     finally:
         await app.aclose()
 

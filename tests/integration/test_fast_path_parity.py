@@ -83,12 +83,12 @@ async def run_workload(driver: SqlDriver) -> list[list[tuple[int, int, str]]]:
     """Claims of 5 at a time until none is left, each batch's outcomes written; the claims."""
     await driver.open()
     try:
-        await driver.task_insert_many(workload_rows())
+        await driver.tasks.task_insert_many(workload_rows())
         claims: list[list[tuple[int, int, str]]] = []
         now = T0
         for turn in range(200):
             now += timedelta(seconds=10)  # past every retry's backoff below
-            rows = await driver.task_claim_many(
+            rows = await driver.claims.task_claim_many(
                 QUEUES,
                 5,
                 now=now,
@@ -108,7 +108,7 @@ async def run_workload(driver: SqlDriver) -> list[list[tuple[int, int, str]]]:
                 )
                 for r in rows
             ]
-            result = await driver.outcome_write_many(outcomes, now=now, worker_id="w")
+            result = await driver.claims.outcome_write_many(outcomes, now=now, worker_id="w")
             assert result.stale == ()
         else:
             raise AssertionError("the workload never ran dry")

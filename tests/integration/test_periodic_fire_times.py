@@ -36,7 +36,7 @@ def cleaner(driver: Driver, clock: ManualClock, interval: float, **schedule: Any
 
 async def fired(driver: Driver) -> Counter[datetime]:
     """How many tasks the periodic sweep enqueued per fire time (read from the database)."""
-    ids = await driver.ready_list("q", due_before=datetime.max, limit=10_000)
+    ids = await driver.sweeps.ready_list("q", due_before=datetime.max, limit=10_000)
     headers = [json.loads((await get(driver, i)).headers or "") for i in ids]
     return Counter(datetime.fromisoformat(h["txtasks-fire-time"]) for h in headers)
 
@@ -97,7 +97,7 @@ async def test_each_fire_time_once_while_cleaners_run(
     expected = fire_times(declared, START, clock.now)
     counts = await fired(driver)
     assert sorted(counts.elements()) == expected
-    stored = (await driver.periodic_list())["tick"]
+    stored = (await driver.sweeps.periodic_list())["tick"]
     assert stored.next_fire_at == declared.next_after(clock.now)
 
 

@@ -61,7 +61,9 @@ def new(value: str, **fields: Any) -> NewTask:
 async def claim(driver: SqlDriver, limit: int = 1000) -> list[TaskRow]:
     """Claim up to `limit` ready tasks of queue "q", after T0."""
     now = at(10)
-    return await driver.task_claim_many(["q"], limit, now=now, lease_until=at(40), worker_id="w")
+    return await driver.claims.task_claim_many(
+        ["q"], limit, now=now, lease_until=at(40), worker_id="w"
+    )
 
 
 def attempt(
@@ -208,7 +210,7 @@ def test_staged_rows_keep_every_value_of_every_column_exactly(staging: SqlStagin
 async def test_a_commit_with_dedup_keys_publishes_each_key_once_and_not_over_a_live_task(
     sql: SqlDriver, staging: SqlStaging
 ) -> None:
-    [live] = await sql.task_insert_many([new("live", dedup_key="k1")])
+    [live] = await sql.tasks.task_insert_many([new("live", dedup_key="k1")])
     staging.open("w", T0)
     keys = ["k1", "k2", "k2", "k3", None]
     staging.stage("w", "w.a", [attempt(["a", "b", "c", "d", "e"], dedup=keys)])
@@ -219,7 +221,7 @@ async def test_a_commit_with_dedup_keys_publishes_each_key_once_and_not_over_a_l
     rows = await claim(sql)
     by_key = {r.dedup_key: json.loads(r.payload)["v"] for r in rows if r.id != live}
     assert by_key == {"k2": "b", "k3": "d", None: "e"}  # a repeated key: its first row
-    live_row = await sql.task_get(live)
+    live_row = await sql.tasks.task_get(live)
     assert live_row is not None and live_row.payload == new("live").payload
     assert staged_rows(staging) == {}
 
@@ -268,7 +270,7 @@ async def test_a_commit_whose_attempt_lost_a_row_in_its_middle_publishes_nothing
 ) -> None:
     """The attempt's last row is there (its number is as reported): the publish itself finds
     the row short, and the commit rolls back."""
-    await sql.subscription_set_many(GROUPS, now=T0)
+    await sql.topics.subscription_set_many(GROUPS, now=T0)
     staging.open("w", T0)
     staging.stage("w", "w.a", [attempt([0, 1]), attempt([2, 3, 4])])
     staging.stage("w", "w.b", [attempt([5, 6])])
@@ -384,7 +386,7 @@ async def test_a_partition_slow_between_its_batches_blocks_no_other_writer(
         try:
             assert await loop.run_in_executor(None, slow.wait, 60)
             # waits for the busy timeout, then fails, if the partition holds SQLite's lock
-            [enqueued] = await sql.task_insert_many([new("meanwhile")])
+            [enqueued] = await sql.tasks.task_insert_many([new("meanwhile")])
         finally:
             resume.set()
         assert await staged_ == 3
@@ -481,7 +483,7 @@ GROUPS = [
 
 async def claim_all(driver: SqlDriver, queues: Sequence[str] = ("q", "q2")) -> list[TaskRow]:
     now = at(10)
-    return await driver.task_claim_many(
+    return await driver.claims.task_claim_many(
         list(queues), 1000, now=now, lease_until=at(40), worker_id="w"
     )
 
@@ -502,11 +504,11 @@ def keyed_attempt(rows: Sequence[tuple[Any, str | None, str | None]]) -> pa.Tabl
 async def test_a_topic_commit_gives_each_row_to_every_group_subscribed_at_the_commit(
     sql: SqlDriver, staging: SqlStaging
 ) -> None:
-    await sql.subscription_set_many(GROUPS[:2], now=T0)
+    await sql.topics.subscription_set_many(GROUPS[:2], now=T0)
     staging.open("w", T0)
     staging.stage("w", "w.a", [attempt(["a", "b"]), attempt(["c"])])
     staging.stage("w", "w.b", [attempt(AWKWARD)])
-    await sql.subscription_set_many(GROUPS[2:], now=T0)  # after staging, before the commit
+    await sql.topics.subscription_set_many(GROUPS[2:], now=T0)  # after staging, before the commit
     assert await claim_all(sql) == []  # staged: invisible to workers
 
     rows = 3 + len(AWKWARD)
@@ -545,7 +547,7 @@ async def test_a_topic_commit_is_one_statement_per_queue_whatever_the_number_of_
 
     groups = [Subscription("order.created", f"g{n}", f"t{n}", "q") for n in range(10)]
     groups.append(Subscription("order.created", "other", "t", "q2"))
-    await sql.subscription_set_many(groups, now=T0)
+    await sql.topics.subscription_set_many(groups, now=T0)
     staging.open("w", T0)
     staging.stage("w", "w.a", [attempt(list(range(20)))])
     inserts: list[str] = []
@@ -567,8 +569,8 @@ async def test_a_topic_commit_is_one_statement_per_queue_whatever_the_number_of_
 async def test_a_topic_commit_applies_dedup_keys_per_group(
     sql: SqlDriver, staging: SqlStaging
 ) -> None:
-    await sql.subscription_set_many(GROUPS, now=T0)
-    [live] = await sql.task_insert_many([new("live", dedup_key="billing/k1")])
+    await sql.topics.subscription_set_many(GROUPS, now=T0)
+    [live] = await sql.tasks.task_insert_many([new("live", dedup_key="billing/k1")])
     staging.open("w", T0)
     keys = ["k1", "k2", "k2", None]
     staging.stage("w", "w.a", [attempt(["a", "b", "c", "d"], dedup=keys)])
@@ -601,8 +603,8 @@ async def test_a_topic_commit_applies_dedup_keys_per_group(
 async def test_a_keyed_topic_commit_hints_each_key_in_each_group_queue_it_publishes_to(
     sql: SqlDriver, staging: SqlStaging
 ) -> None:
-    await sql.subscription_set_many(GROUPS, now=T0)
-    [_live] = await sql.task_insert_many([new("live", dedup_key="shipping/d2")])
+    await sql.topics.subscription_set_many(GROUPS, now=T0)
+    [_live] = await sql.tasks.task_insert_many([new("live", dedup_key="shipping/d2")])
     staging.open("w", T0)
     rows = [("a", "d1", "x"), ("b", "d1", "y"), ("c", "d2", "z"), ("d", None, None)]
     staging.stage("w", "w.a", [keyed_attempt(rows)])
@@ -628,7 +630,7 @@ async def test_a_keyed_topic_commit_hints_each_key_in_each_group_queue_it_publis
 async def test_a_topic_commit_with_a_priority_column_uses_each_rows_priority(
     sql: SqlDriver, staging: SqlStaging
 ) -> None:
-    await sql.subscription_set_many(GROUPS, now=T0)
+    await sql.topics.subscription_set_many(GROUPS, now=T0)
     staging.open("w", T0)
     staging.stage("w", "w.a", [attempt(["a", "b", "c"])])  # priorities 0, 1, 2
 
@@ -641,7 +643,7 @@ async def test_a_topic_commit_with_a_priority_column_uses_each_rows_priority(
 async def test_a_topic_commit_without_a_subscriber_drops_the_rows_and_counts_them(
     sql: SqlDriver, staging: SqlStaging
 ) -> None:
-    await sql.subscription_set_many(
+    await sql.topics.subscription_set_many(
         [Subscription("order.cancelled", "billing", "bill", "q")], now=T0
     )
     staging.open("w", T0)
@@ -655,14 +657,14 @@ async def test_a_topic_commit_without_a_subscriber_drops_the_rows_and_counts_the
     assert drops == [("order.created", at(5))] * 3
     assert ledger(staging) == {"c": 0}
     assert staged_rows(staging) == {}
-    stats = {s.topic: s.dropped for s in await sql.topic_stats()}
+    stats = {s.topic: s.dropped for s in await sql.topics.topic_stats()}
     assert stats == {"order.created": 3, "order.cancelled": 0}
 
 
 async def test_a_repeated_topic_commit_id_publishes_nothing_twice(
     sql: SqlDriver, staging: SqlStaging
 ) -> None:
-    await sql.subscription_set_many(GROUPS, now=T0)
+    await sql.topics.subscription_set_many(GROUPS, now=T0)
     staging.open("stream", T0)
     staging.stage("stream", "stream.a", [attempt([0, 1])])
     assert staging.commit("s:7", "stream", {"stream.a": 2}, TOPIC, now=T0) == {"q": 4, "q2": 2}
@@ -696,7 +698,7 @@ async def test_an_unsubscribe_during_a_topic_commit_waits_for_it(
 
     if sql.capabilities.name == "sqlite":
         pytest.skip("SQLite runs one writer at a time: the commit excludes every change")
-    await sql.subscription_set_many(GROUPS, now=T0)
+    await sql.topics.subscription_set_many(GROUPS, now=T0)
     staging.open("w", T0)
     staging.stage("w", "w.a", [keyed_attempt([("a", None, "x")])])
     engine = staging.driver.sync_engine
@@ -708,7 +710,7 @@ async def test_an_unsubscribe_during_a_topic_commit_waits_for_it(
             go.wait(60)
 
     async def unsubscribe() -> int:
-        return await sql.subscription_delete_many([("order.created", "shipping")])
+        return await sql.topics.subscription_delete_many([("order.created", "shipping")])
 
     event.listen(engine, "after_cursor_execute", hold)
     pool = ThreadPoolExecutor(1)
@@ -741,16 +743,16 @@ async def test_the_purge_deletes_old_staged_rows_in_batches(
     """Rows of writes that never ended, oldest first, and `staged` rows that older versions
     left in the hot table; never a published task or a newer staged row."""
     legacy_row = replace(new("legacy"), state=TaskState.STAGED, stage_id="old.1")  # at(-3600)
-    [legacy] = await sql.task_insert_many([legacy_row])
+    [legacy] = await sql.tasks.task_insert_many([legacy_row])
     staging.open("w", T0)
     staging.stage("w", "w.old", [attempt([0, 1, 2])], now=at(-60))
     staging.stage("w", "w.new", [attempt([3])], now=at(60))
-    await sql.task_insert_many([new("pending")])
+    await sql.tasks.task_insert_many([new("pending")])
 
     purged = [await purge_abandoned(sql, before=T0, limit=2) for _ in range(3)]
 
     assert purged == [2, 2, 0]
-    assert await sql.task_get(legacy) is None
+    assert await sql.tasks.task_get(legacy) is None
     assert staged_rows(staging) == {"w.new": 1}
     assert len(await claim(sql, 10)) == 1
 

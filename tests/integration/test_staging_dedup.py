@@ -92,7 +92,7 @@ async def test_a_dedup_commit_of_300k_rows_runs_no_subquery_per_row(
     """Every INSERT of the commit is explained just before it runs (in its transaction, with
     its parameters); a plan with a SubPlan stops the commit at once (it would run for hours)."""
     if isinstance(target, TopicTarget):
-        await sql.subscription_set_many(GROUPS[:1], now=T0)
+        await sql.topics.subscription_set_many(GROUPS[:1], now=T0)
     engine = staging.driver.sync_engine
     with engine.begin() as conn:
         conn.execute(text("ALTER TABLE txtasks_staged SET (autovacuum_enabled = off)"))
@@ -183,7 +183,7 @@ async def test_a_dedup_commit_of_300k_rows_reads_the_tasks_table_by_index_only(
     a plan that scans the tasks table, or runs a scan per row, stops the commit at once."""
     backend = sql.capabilities.name
     if isinstance(target, TopicTarget):
-        await sql.subscription_set_many(GROUPS[:1], now=T0)
+        await sql.topics.subscription_set_many(GROUPS[:1], now=T0)
     engine = staging.driver.sync_engine
     analyze = "ANALYZE TABLE txtasks_staged, txtasks_tasks" if backend == "mysql" else "ANALYZE"
     with engine.begin() as conn:
@@ -271,7 +271,7 @@ async def test_an_application_enqueue_of_a_key_never_fails_the_commit(
     commit returns and records are those of the tasks it made."""
     topic = isinstance(target, TopicTarget)
     if topic:
-        await sql.subscription_set_many(GROUPS, now=T0)
+        await sql.topics.subscription_set_many(GROUPS, now=T0)
     raced = "billing/k5" if topic else "k5"
     staging.open("w", T0)
     keys = [f"k{n}" for n in range(10)]
@@ -468,7 +468,7 @@ async def test_an_application_enqueueing_keys_of_the_write_at_once_never_deadloc
     the table's AUTO_INCREMENT lock). With a topic, the same with the group's keys (`billing/a`,
     ...) and a bulk publish."""
     if topic:
-        await sql.subscription_set_many(GROUPS[:1], now=T0)
+        await sql.topics.subscription_set_many(GROUPS[:1], now=T0)
     keys = ["k1", "a", "k0"]
     app_ids, published = race(staging, app_engine, topic, keys, "a")
     assert_each_key_once(staging, topic, keys, "a", app_ids, published)
@@ -498,7 +498,7 @@ async def test_keys_go_in_in_byte_order_whatever_the_collation(
             )
         )
     if topic:
-        await sql.subscription_set_many(GROUPS[:1], now=T0)
+        await sql.topics.subscription_set_many(GROUPS[:1], now=T0)
     keys, held = ["B", "b", "a"], "a" if topic else "b"
     app_ids, published = race(staging, app_engine, topic, keys, held)
     assert_each_key_once(staging, topic, keys, held, app_ids, published)

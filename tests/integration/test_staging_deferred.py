@@ -196,13 +196,13 @@ async def test_the_purge_leaves_the_rows_of_a_deferred_commit_to_its_publishers(
 async def test_dedup_is_evaluated_at_publish_and_a_live_task_wins(
     sql: SqlDriver, staging: SqlStaging
 ) -> None:
-    [before] = await sql.task_insert_many([new("live before the commit", dedup_key="k1")])
+    [before] = await sql.tasks.task_insert_many([new("live before the commit", dedup_key="k1")])
     staging.open("w", T0)
     staging.stage("w", "w.a", [attempt(["a", "b", "c"], dedup=["k1", "k2", "k2"])])
     staging.stage("w", "w.b", [attempt(["d", "e", "f"], dedup=["k2", "k3", None])])
     target = StageTarget("q", "t", 1, dedup=True)
     staging.commit_deferred("c", "w", {"w.a": 3, "w.b": 3}, target, now=T0)
-    [after] = await sql.task_insert_many([new("live after the commit", dedup_key="k3")])
+    [after] = await sql.tasks.task_insert_many([new("live after the commit", dedup_key="k3")])
 
     done = await publish_all(sql, limit=2)
 
@@ -236,10 +236,12 @@ async def test_a_keyed_deferred_write_hints_each_key_it_publishes(
 async def test_a_deferred_topic_write_reaches_the_groups_subscribed_at_publish(
     sql: SqlDriver, staging: SqlStaging
 ) -> None:
-    await sql.subscription_set_many(GROUPS[:1], now=T0)
+    await sql.topics.subscription_set_many(GROUPS[:1], now=T0)
     stage_two(staging)
     staging.commit_deferred("c", "w", {"w.a": 5, "w.b": 2}, TopicTarget("order.created"), now=T0)
-    await sql.subscription_set_many(GROUPS[1:], now=T0)  # after the commit, before the publish
+    await sql.topics.subscription_set_many(
+        GROUPS[1:], now=T0
+    )  # after the commit, before the publish
 
     done = await publish_all(sql, limit=3)
 

@@ -140,8 +140,8 @@ async def test_queue_rates_on_those_rows(filled: Any) -> None:
     url, _, now = filled
     driver = driver_for_url(url)
     try:
-        rates = await driver.queue_rates(now=now, window=60.0)
-        [stats] = await driver.queue_stats(now=now, archived=False)
+        rates = await driver.admin.queue_rates(now=now, window=60.0)
+        [stats] = await driver.admin.queue_stats(now=now, archived=False)
     finally:
         await driver.close()
     # 20 live tasks and the 40 archived ones were enqueued in the last minute

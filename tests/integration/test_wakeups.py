@@ -620,7 +620,7 @@ async def test_the_cleaner_reannounces_a_task_whose_wakeup_was_lost(
     worker = await h.worker(poll=SLOW_POLL)
     await idle(worker, h.app.notifier)
     # committed without a wake-up, as when the broker was away at commit time
-    [task_id] = await h.app.driver.task_insert_many([h.app.new_task(h.task, {"lost": 1})])
+    [task_id] = await h.app.driver.tasks.task_insert_many([h.app.new_task(h.task, {"lost": 1})])
     after = 0.5
     config = CleanerConfig(
         reannouncer=ReannouncerConfig(interval=0.2, after=after),

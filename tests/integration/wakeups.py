@@ -81,18 +81,24 @@ class Runs:
 
 
 class ClaimCounter:
-    """The worker's driver, counting claims (and the empty ones) so tests see what it did."""
+    """The worker's driver, whose claims role counts claims (and the empty ones) so tests see
+    what it did."""
 
     def __init__(self, driver: Any) -> None:
         self._driver = driver
         self.calls = 0
         self.empty = 0
 
+    @property
+    def claims(self) -> ClaimCounter:
+        return self
+
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._driver, name)
+        role = self._driver.claims
+        return getattr(role if hasattr(role, name) else self._driver, name)
 
     async def task_claim_many(self, *args: Any, **kwargs: Any) -> list[TaskRow]:
-        rows: list[TaskRow] = await self._driver.task_claim_many(*args, **kwargs)
+        rows: list[TaskRow] = await self._driver.claims.task_claim_many(*args, **kwargs)
         self.calls += 1
         self.empty += not rows
         return rows
@@ -183,7 +189,7 @@ class Harness:
         return task_id
 
     async def row(self, task_id: int) -> TaskRow | None:
-        return await self.app.driver.task_get(task_id)
+        return await self.app.driver.tasks.task_get(task_id)
 
     async def done(self, *ids: int) -> bool:
         for task_id in ids:

@@ -46,7 +46,7 @@ def subscribe(url: str, subs: Sequence[Subscription] = GROUPS) -> None:
         driver = driver_for_url(url)
         await driver.open()
         try:
-            await driver.subscription_set_many(subs, now=utcnow())
+            await driver.topics.subscription_set_many(subs, now=utcnow())
         finally:
             await driver.close()
 

@@ -474,7 +474,7 @@ def claim_once(url: str, limits: KeyLimits) -> list[Any]:
         await driver.open()
         try:
             now = utcnow() + timedelta(seconds=1)
-            return await driver.task_claim_many(
+            return await driver.claims.task_claim_many(
                 ["orders"],
                 ROWS * 2,
                 now=now,

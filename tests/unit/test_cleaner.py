@@ -74,9 +74,9 @@ def make_app(notifier: Doorbell | None = None) -> tuple[App, Clock, MemoryDriver
 async def test_reannouncer_wakes_queues_with_overlooked_tasks_only() -> None:
     doorbell = Doorbell()
     app, clock, driver = make_app(doorbell)
-    first = await driver.task_insert_many([app.new_task("a", n) for n in range(3)])
+    first = await driver.tasks.task_insert_many([app.new_task("a", n) for n in range(3)])
     clock.now = T0 + timedelta(seconds=4)
-    await driver.task_insert_many([app.new_task("b")])  # ready since 0:04
+    await driver.tasks.task_insert_many([app.new_task("b")])  # ready since 0:04
     sweep = Reannouncer(app, ReannouncerConfig(after=5, batch_size=2))
 
     clock.now = T0 + timedelta(seconds=4.5)
@@ -91,13 +91,13 @@ async def test_reannouncer_wakes_queues_with_overlooked_tasks_only() -> None:
 async def test_reannouncer_watches_extra_queues_and_is_idle_without_a_broker() -> None:
     doorbell = Doorbell()
     app, clock, driver = make_app(doorbell)
-    [other] = await driver.task_insert_many([app.new_task("a", queue="elsewhere")])
+    [other] = await driver.tasks.task_insert_many([app.new_task("a", queue="elsewhere")])
     clock.now = T0 + timedelta(seconds=60)
     await Reannouncer(app, ReannouncerConfig(queues=("elsewhere",))).run_once()
     assert doorbell.calls == [("elsewhere", [other])]
 
     polling, clock, driver = make_app(None)
-    await driver.task_insert_many([polling.new_task("a")])
+    await driver.tasks.task_insert_many([polling.new_task("a")])
     clock.now = T0 + timedelta(seconds=60)
     assert (await Reannouncer(polling, ReannouncerConfig()).run_once()).busy is False
 

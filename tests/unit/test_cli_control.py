@@ -111,11 +111,11 @@ def test_inspect_shows_the_progress_reported_and_the_result_kept(url: str) -> No
 
     async def start(driver: Any) -> Any:
         now = utcnow()
-        [row] = await driver.task_claim_many(
+        [row] = await driver.claims.task_claim_many(
             ["reports"], 1, now=now, lease_until=now + timedelta(seconds=30), worker_id="w"
         )
         report = Progress(3, 4, "pages", row.attempt).to_json()
-        extended = await driver.lease_extend_many(
+        extended = await driver.claims.lease_extend_many(
             [row.key], lease_until=now + timedelta(seconds=60), progress={row.key: report}
         )
         assert extended == 1
@@ -124,7 +124,7 @@ def test_inspect_shows_the_progress_reported_and_the_result_kept(url: str) -> No
 
     async def finish(driver: Any, key: Any) -> None:
         done = Outcome(key, OutcomeKind.COMPLETE, result='{"pages": 4}')
-        await driver.outcome_write_many([done], now=utcnow())
+        await driver.claims.outcome_write_many([done], now=utcnow())
         await driver.close()
 
     key = asyncio.run(start(driver_for_url(url)))

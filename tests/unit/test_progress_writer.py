@@ -24,6 +24,8 @@ class Store:
         self.fail = False
         #: Rows another transaction holds: left out of the next write.
         self.locked: set[TaskKey] = set()
+        #: The role the progress writer uses is this object.
+        self.claims = self
 
     async def lease_extend_many(
         self,

@@ -158,7 +158,7 @@ async def test_bad_rows_are_dead_lettered_and_the_worker_goes_on() -> None:
     row = good.new(1)
     unknown = NewTask("default", "nobody.knows", b"1", JSON_CONTENT_TYPE, 0, now, 3, now)
     garbled = NewTask("default", "good", b"{not json", JSON_CONTENT_TYPE, 0, now, 3, now)
-    ids = await driver.task_insert_many([unknown, garbled, row])
+    ids = await driver.tasks.task_insert_many([unknown, garbled, row])
     await run_until_empty(app)
     assert [states(app)[i][0] for i in ids] == ["dead", "dead", "completed"]
     errors = {r.id: r.last_error or "" for r in finished(app, "dead")}
@@ -177,7 +177,7 @@ async def test_dead_letter_reasons_hold_no_file_paths() -> None:
     now = app.clock()
     deep = b"[" * 100_000 + b"]" * 100_000
     nested = NewTask("default", "good", deep, JSON_CONTENT_TYPE, 0, now, 3, now)
-    ids = await driver.task_insert_many([nested, good.new(1)])
+    ids = await driver.tasks.task_insert_many([nested, good.new(1)])
     await run_until_empty(app)
     errors = {r.id: r.last_error or "" for r in finished(app, "dead")}
     assert (

@@ -25,14 +25,14 @@ class Switchable(MemoryDriver):
         super().__init__()
         self.down = False
         self.hang = asyncio.Event()
-        self.claims = 0
+        self.claim_calls = 0
 
     async def ping(self) -> None:
         if self.down:
             raise ConnectionRefusedError("connection refused")
 
     async def task_claim_many(self, *args: Any, **kwargs: Any) -> Any:
-        self.claims += 1
+        self.claim_calls += 1
         if self.hang.is_set():
             await asyncio.Event().wait()  # a database call that never returns
         if self.down:
@@ -80,10 +80,10 @@ async def test_a_claim_stuck_in_the_database_fails_livez_within_its_bound() -> N
         await asyncio.wait_for(worker.idle.wait(), 5)
         assert worker.liveness()["live"] is True
         driver.hang.set()
-        claims = driver.claims
+        claims = driver.claim_calls
 
         await until(
-            lambda: driver.claims > claims and not worker.liveness()["live"],
+            lambda: driver.claim_calls > claims and not worker.liveness()["live"],
             "a failed claim to make the worker not live",
         )
         assert worker.liveness()["stuck"] == ["claimer"]

@@ -134,9 +134,9 @@ async def test_cancel_run_now_pause_resume_and_periodic(
     row = await dashboard_app.control.ainspect(seeded.waiting)
     assert row is not None and row.state.value == "cancelled"
     await act(client, "pause", queue="mail")
-    assert "mail" in await dashboard_app.driver.queue_paused_list()
+    assert "mail" in await dashboard_app.driver.control.queue_paused_list()
     await act(client, "resume", queue="mail")
-    assert "mail" not in await dashboard_app.driver.queue_paused_list()
+    assert "mail" not in await dashboard_app.driver.control.queue_paused_list()
     before = {t.id for t in await dashboard_app.control.atask_list(queue="mail")}
     await act(client, "periodic_now", schedule="nightly")
     [fired] = [
@@ -300,7 +300,7 @@ async def test_workers_page_lists_workers_and_cleaners_alive_and_gone(
         "worker-killed", "worker", "old-host", 4242, "mail", 3,
         now - timedelta(minutes=10), now - timedelta(minutes=5), now - timedelta(minutes=4),
     )  # fmt: skip
-    await app.driver.process_beat(gone, forget_before=now - timedelta(hours=1))
+    await app.driver.processes.process_beat(gone, forget_before=now - timedelta(hours=1))
     cleaner = Cleaner(app, CleanerConfig(rescuer=None, reannouncer=None, periodic=None))
     worker = Worker(app, WorkerConfig(queues=("mail", "reports"), poll_interval=0.05))
     running = asyncio.create_task(worker.run())
@@ -323,13 +323,13 @@ async def test_workers_page_lists_workers_and_cleaners_alive_and_gone(
         await asyncio.wait_for(running, 10)
         await cleaner.stop()
     # both stopped cleanly: their rows are gone, the killed worker's stays until forgotten
-    assert [p.id for p in await app.driver.process_list()] == ["worker-killed"]
+    assert [p.id for p in await app.driver.processes.process_list()] == ["worker-killed"]
 
 
 async def wait_for_rows(app: App, count: int) -> None:
     from tests.waiting import until
 
     async def there() -> bool:
-        return len(await app.driver.process_list()) == count
+        return len(await app.driver.processes.process_list()) == count
 
     await until(there, f"{count} heartbeat rows")

@@ -91,7 +91,7 @@ def cancel(
 
     async def go(driver: Driver) -> list[Cancel]:
         if ids:
-            return await driver.task_cancel_many(list(ids), now=utcnow())
+            return await driver.control.task_cancel_many(list(ids), now=utcnow())
         return await _cancel_where(driver, where)
 
     from txtasks.control import cancels_by_queue
@@ -114,7 +114,7 @@ async def _cancel_where(driver: Driver, where: TaskFilter) -> list[Cancel]:
     results: list[Cancel] = []
     now = utcnow()
     while True:
-        found = await driver.task_cancel_many(where=where, now=now, limit=CANCEL_BATCH)
+        found = await driver.control.task_cancel_many(where=where, now=now, limit=CANCEL_BATCH)
         results += found
         if len(found) < CANCEL_BATCH:
             return results
@@ -141,7 +141,7 @@ def pause(database_url: str | None, queue: str) -> None:
     finish). Enqueues go on as usual."""
     name = _queue_name(queue, "QUEUE")
     assert name is not None
-    earlier = with_driver(database_url, lambda d: d.queue_pause(name, now=utcnow()))
+    earlier = with_driver(database_url, lambda d: d.control.queue_pause(name, now=utcnow()))
     if earlier is None:
         click.echo(f"queue {name}: paused")
     else:
@@ -157,7 +157,7 @@ def resume(database_url: str | None, broker_url: str | None, queue: str) -> None
     --broker-url)."""
     name = _queue_name(queue, "QUEUE")
     assert name is not None
-    resumed = with_driver(database_url, lambda d: d.queue_resume(name))
+    resumed = with_driver(database_url, lambda d: d.control.queue_resume(name))
     if resumed:
         _notify(broker_url, {name: []})
     click.echo(f"queue {name}: {'resumed' if resumed else 'was not paused'}")
@@ -228,7 +228,7 @@ def inspect_text(data: dict[str, Any]) -> str:
 def inspect(database_url: str | None, task_id: int, as_json: bool) -> None:
     """Everything stored about task ID, live or finished: state, attempts, errors, times,
     headers, key, queue, worker and lease."""
-    row = with_driver(database_url, lambda driver: driver.task_get(task_id))
+    row = with_driver(database_url, lambda driver: driver.tasks.task_get(task_id))
     if row is None:
         raise click.ClickException(f"task {task_id}: not found (no live or archived task)")
     data = inspect_json(row)
@@ -270,7 +270,9 @@ def tasks(
 
     where = TaskFilter(_queue_name(queue, "--queue"), task_name, key)
     chosen = [TaskState(s) for s in states] or None
-    rows = with_driver(database_url, lambda d: d.task_list(states=chosen, where=where, limit=limit))
+    rows = with_driver(
+        database_url, lambda d: d.tasks.task_list(states=chosen, where=where, limit=limit)
+    )
     if as_json:
         click.echo(json.dumps([task_json(r) for r in rows], default=json_default, indent=2))
         return

@@ -276,7 +276,9 @@ def dlq_list(database_url: str | None, queue: str | None, limit: int, as_json: b
     from rich.console import Console
     from rich.table import Table
 
-    rows = with_driver(database_url, lambda driver: driver.dead_list(queue=queue, limit=limit))
+    rows = with_driver(
+        database_url, lambda driver: driver.admin.dead_list(queue=queue, limit=limit)
+    )
     if as_json:
         click.echo(json.dumps([task_json(r) for r in rows], default=json_default, indent=2))
         return
@@ -319,13 +321,13 @@ def dlq_requeue(
     chosen = _selection(ids, queue, all_)
 
     async def requeue(driver: Driver) -> list[int]:
-        done = await driver.dead_requeue(chosen, queue=queue, now=utcnow())
+        done = await driver.admin.dead_requeue(chosen, queue=queue, now=utcnow())
         if done and broker_url:  # a hint per queue that now has ready tasks
             from txtasks.wakeup import notifier_for_url
 
             notifier = notifier_for_url(broker_url)
             try:
-                for stats in await driver.queue_stats(now=utcnow()):
+                for stats in await driver.admin.queue_stats(now=utcnow()):
                     if stats.counts.get(TaskState.PENDING.value):
                         notifier.notify(stats.queue, done)
             finally:
@@ -349,7 +351,7 @@ def dlq_purge(
     chosen = _selection(ids, queue, all_)
     if not yes:
         click.confirm("Delete these dead letters for good?", abort=True)
-    purged = with_driver(database_url, lambda driver: driver.dead_purge(chosen, queue=queue))
+    purged = with_driver(database_url, lambda driver: driver.admin.dead_purge(chosen, queue=queue))
     click.echo(f"purged {purged} task(s)")
 
 
@@ -396,7 +398,7 @@ def keys_set(
     except TxtasksError as exc:
         raise click.BadParameter(str(exc)) from None
     override = KeyOverride(key, queue, concurrency, ordered, parsed)
-    with_driver(database_url, lambda driver: driver.key_override_set(override))
+    with_driver(database_url, lambda driver: driver.control.key_override_set(override))
     click.echo(f"{key}{'' if queue is None else f' in queue {queue}'}: {_limits_text(override)}")
 
 
@@ -406,7 +408,7 @@ def keys_set(
 @click.option("--queue", help="The limits set for this queue (default: for every queue).")
 def keys_clear(database_url: str | None, key: str, queue: str | None) -> None:
     """Remove the limits set for KEY: the declared ones apply again."""
-    found = with_driver(database_url, lambda driver: driver.key_override_clear(key, queue))
+    found = with_driver(database_url, lambda driver: driver.control.key_override_clear(key, queue))
     click.echo(f"{key}: {'cleared' if found else 'had no limits set'}")
 
 
@@ -415,7 +417,7 @@ def keys_clear(database_url: str | None, key: str, queue: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def keys_list(database_url: str | None, as_json: bool) -> None:
     """Every key with limits set at run time."""
-    overrides = with_driver(database_url, lambda driver: driver.key_override_list())
+    overrides = with_driver(database_url, lambda driver: driver.control.key_override_list())
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(o) for o in overrides], indent=2))
         return
@@ -448,13 +450,13 @@ def keys_queue_rate(
     except TxtasksError as exc:
         raise click.BadParameter(str(exc)) from None
     if clear:
-        found = with_driver(database_url, lambda driver: driver.queue_rate_clear(queue))
+        found = with_driver(database_url, lambda driver: driver.control.queue_rate_clear(queue))
         click.echo(f"queue {queue}: {'rate cleared' if found else 'had no rate set'}")
     elif parsed is not None:
-        with_driver(database_url, lambda driver: driver.queue_rate_set(queue, parsed))
+        with_driver(database_url, lambda driver: driver.control.queue_rate_set(queue, parsed))
         click.echo(f"queue {queue}: {_rate_text(parsed)}")
     else:
-        stored = with_driver(database_url, lambda driver: driver.queue_rates_stored())
+        stored = with_driver(database_url, lambda driver: driver.control.queue_rates_stored())
         known = stored.get(queue)
         click.echo(f"queue {queue}: {'no rate set' if known is None else _rate_text(known)}")
 

@@ -106,11 +106,11 @@ def _utc(at: datetime | None) -> datetime | None:
 
 async def snapshot_take(driver: Driver, keys: int) -> Snapshot:
     now = utcnow()
-    queues = await driver.queue_stats(now=now)
-    rates = {r.queue: r for r in await driver.queue_rates(now=now, window=WINDOW)}
+    queues = await driver.admin.queue_stats(now=now)
+    rates = {r.queue: r for r in await driver.admin.queue_rates(now=now, window=WINDOW)}
     for queue in rates.keys() - {q.queue for q in queues}:  # all its tasks were purged since
         queues.append(QueueStats(queue))
-    busiest = await driver.key_stats(now=now, limit=keys) if keys else []
+    busiest = await driver.admin.key_stats(now=now, limit=keys) if keys else []
     from txtasks.spark.staging import staging_for  # not at import: a fast `--help`
 
     backlog = await staging_for(driver).backlog()

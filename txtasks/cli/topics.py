@@ -118,7 +118,9 @@ def unsubscribe(database_url: str | None, topic: str, groups: tuple[str, ...]) -
         pairs = [(check_topic_name(topic, setting="TOPIC"), check_group_name(g)) for g in groups]
     except TxtasksError as exc:
         raise click.BadParameter(str(exc)) from None
-    deleted = with_driver(database_url, lambda driver: driver.subscription_delete_many(pairs))
+    deleted = with_driver(
+        database_url, lambda driver: driver.topics.subscription_delete_many(pairs)
+    )
     click.echo(f"{topic}: {deleted} subscription(s) deleted")
 
 
@@ -131,7 +133,7 @@ def topics(database_url: str | None, as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    stats = with_driver(database_url, lambda driver: driver.topic_stats())
+    stats = with_driver(database_url, lambda driver: driver.topics.topic_stats())
     if as_json:
         click.echo(json.dumps([_topic_json(s) for s in stats], indent=2, default=json_default))
         return

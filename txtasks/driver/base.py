@@ -106,25 +106,9 @@ def requeue_choice(dead: Iterable[tuple[int, str | None]], live_keys: set[str]) 
     return sorted(chosen + list(newest.values()))
 
 
-class Driver(Protocol):
-    """Storage for tasks. Implementations: SQL drivers per dialect, and the in-memory driver."""
-
-    @property
-    def capabilities(self) -> Capabilities:
-        """What this store can do (a SQL driver's: its dialect's)."""
-        ...
-
-    async def open(self) -> None:
-        """Connect and check that the schema is migrated."""
-
-    async def close(self) -> None:
-        """Release every connection."""
-
-    async def migrate(self) -> list[int]:
-        """Apply pending schema migrations; return the versions applied."""
-
-    async def ping(self) -> None:
-        """One cheap round trip to the database (readiness probes); raises if it fails."""
+class Tasks(Protocol):
+    """The application's tasks: writing them (an enqueue in a transaction of the driver's
+    own), reading one or a list, and counting what is left to do."""
 
     async def task_insert_many(self, rows: Sequence[NewTask]) -> list[int]:
         """Insert in one transaction of the driver's own; a dedup hit returns the existing id."""
@@ -132,31 +116,48 @@ class Driver(Protocol):
     def task_insert_many_sync(self, rows: Sequence[NewTask]) -> list[int]:
         """The same for synchronous callers."""
 
-    async def topic_publish_many(self, publishes: Sequence[NewPublish]) -> list[list[Delivery]]:
-        """Publish in one transaction of the driver's own: for each publish, one task per group
-        subscribed to its topic (none for a group whose live delivery holds its dedup key), and
-        a drop recorded when its topic has no subscriber. Returns each publish's new tasks."""
+    async def task_get(self, task_id: int) -> TaskRow | None:
+        """One task by id, live or archived: its state, attempts, last error, headers, and
+        its `progress` and `result` (JSON text; see `TaskRow.progress_report`)."""
 
-    def topic_publish_many_sync(self, publishes: Sequence[NewPublish]) -> list[list[Delivery]]:
+    def task_get_sync(self, task_id: int) -> TaskRow | None:
         """The same for synchronous callers."""
 
-    async def subscription_set_many(self, subs: Sequence[Subscription], *, now: datetime) -> None:
-        """Create the subscriptions of (topic, group), or update their task, queue, priority
-        and attempts; publishes from the commit on reach them."""
+    async def task_list(
+        self,
+        *,
+        states: Sequence[TaskState] | None = None,
+        where: TaskFilter | None = None,
+        limit: int = 100,
+    ) -> list[TaskRow]:
+        """Up to `limit` tasks in `states` (default: the live ones) matching `where`: live ones
+        newest first, then finished ones last finished first."""
 
-    async def subscription_delete_many(self, pairs: Sequence[tuple[str, str]]) -> int:
-        """Delete the subscriptions (topic, group); how many there were. Tasks already
-        delivered stay."""
+    def task_list_sync(
+        self,
+        *,
+        states: Sequence[TaskState] | None = None,
+        where: TaskFilter | None = None,
+        limit: int = 100,
+    ) -> list[TaskRow]:
+        """The same for synchronous callers."""
 
-    async def subscription_list(self, topics: Sequence[str] | None = None) -> list[Subscription]:
-        """The subscriptions (of `topics`, or every one), by topic and group."""
+    async def live_count(
+        self,
+        queues: Sequence[str] | None,
+        *,
+        now: datetime,
+        due_before: datetime,
+        at_most: int | None = None,
+    ) -> int:
+        """Tasks still to do: ready before `due_before` in a queue not paused, or processing
+        under a valid lease. With `at_most`, counting stops there (whether any are left is
+        `at_most=1`: the database stops at the first row it finds)."""
 
-    async def topic_stats(self) -> list[TopicStats]:
-        """Every topic with a subscriber or a recorded drop: its groups, the live tasks of each
-        group's task in its queue by state, and the drops kept."""
 
-    async def topic_drops_forget_many(self, *, before: datetime, limit: int) -> int:
-        """Delete up to `limit` recorded drops older than `before`."""
+class Claims(Protocol):
+    """The worker's loop: claims, leases, outcomes fenced on the attempt, cancels asked for,
+    and an attempt's own transaction. The cleaner's rescue writes outcomes here too."""
 
     async def task_claim_many(
         self,
@@ -181,32 +182,27 @@ class Driver(Protocol):
         at by a claim (it may be past `now`: claim at once), or None. Known from those claims:
         no database read. An idle worker claims again then."""
 
-    async def key_stats(self, *, now: datetime, limit: int = 10) -> list[KeyStats]:
-        """The keys with the most tasks waiting (due) or processing, busiest first."""
+    async def lease_extend_many(
+        self,
+        keys: Sequence[TaskKey],
+        *,
+        lease_until: datetime,
+        worker_id: str | None = None,
+        progress: Mapping[TaskKey, str] | None = None,
+        left_out: set[TaskKey] | None = None,
+        wait_locked: bool = False,
+    ) -> int:
+        """Push the leases of in-flight attempts forward (the heartbeat), fenced likewise,
+        leaving out (not waiting for) rows another transaction has locked. Returns how many of
+        `keys` are still this worker's attempts, extended or left out; the rest were lost.
+        `progress` (JSON text by attempt) is stored on the rows extended, in the same
+        transaction. `left_out`, when given, receives the keys not extended (left out or
+        lost). `wait_locked`: wait for the rows another transaction holds instead (in line
+        for their locks, so the extension comes first when that transaction ends without
+        finishing them; an expired lease not taken by then is extended too)."""
 
-    async def key_override_set(self, override: KeyOverride) -> None:
-        """Store limits for one key (in one queue, or every queue), over the declared ones."""
-
-    async def key_override_clear(self, key: str, queue: str | None = None) -> bool:
-        """Remove stored limits; False when there were none."""
-
-    async def key_override_list(self) -> list[KeyOverride]:
-        """Every stored key limit, by key."""
-
-    async def queue_rate_set(self, queue: str, rate: Rate) -> None:
-        """Store a rate for `queue` as a whole, over the one the application declares."""
-
-    def queue_rate_set_sync(self, queue: str, rate: Rate) -> None:
-        """The same for synchronous callers."""
-
-    async def queue_rate_clear(self, queue: str) -> bool:
-        """Remove a queue's stored rate; False when there was none."""
-
-    def queue_rate_clear_sync(self, queue: str) -> bool:
-        """The same for synchronous callers."""
-
-    async def queue_rates_stored(self) -> dict[str, Rate]:
-        """Every queue's stored rate."""
+    async def cancel_requested_list(self, keys: Sequence[TaskKey]) -> list[TaskKey]:
+        """Of the attempts `keys`, those whose cancel was asked for (a read by primary key)."""
 
     async def outcome_write_many(
         self,
@@ -237,70 +233,40 @@ class Driver(Protocol):
         """The same on a sync `Connection`, for sync handlers (in the worker's threads)."""
         ...
 
-    async def lease_extend_many(
-        self,
-        keys: Sequence[TaskKey],
-        *,
-        lease_until: datetime,
-        worker_id: str | None = None,
-        progress: Mapping[TaskKey, str] | None = None,
-        left_out: set[TaskKey] | None = None,
-        wait_locked: bool = False,
-    ) -> int:
-        """Push the leases of in-flight attempts forward (the heartbeat), fenced likewise,
-        leaving out (not waiting for) rows another transaction has locked. Returns how many of
-        `keys` are still this worker's attempts, extended or left out; the rest were lost.
-        `progress` (JSON text by attempt) is stored on the rows extended, in the same
-        transaction. `left_out`, when given, receives the keys not extended (left out or
-        lost). `wait_locked`: wait for the rows another transaction holds instead (in line
-        for their locks, so the extension comes first when that transaction ends without
-        finishing them; an expired lease not taken by then is extended too)."""
 
-    async def live_count(
-        self,
-        queues: Sequence[str] | None,
-        *,
-        now: datetime,
-        due_before: datetime,
-        at_most: int | None = None,
-    ) -> int:
-        """Tasks still to do: ready before `due_before` in a queue not paused, or processing
-        under a valid lease. With `at_most`, counting stops there (whether any are left is
-        `at_most=1`: the database stops at the first row it finds)."""
+class Topics(Protocol):
+    """Topics: publishes, subscriptions, and what `txtasks topics` shows."""
 
-    async def task_get(self, task_id: int) -> TaskRow | None:
-        """One task by id, live or archived: its state, attempts, last error, headers, and
-        its `progress` and `result` (JSON text; see `TaskRow.progress_report`)."""
+    async def topic_publish_many(self, publishes: Sequence[NewPublish]) -> list[list[Delivery]]:
+        """Publish in one transaction of the driver's own: for each publish, one task per group
+        subscribed to its topic (none for a group whose live delivery holds its dedup key), and
+        a drop recorded when its topic has no subscriber. Returns each publish's new tasks."""
 
-    def task_get_sync(self, task_id: int) -> TaskRow | None:
+    def topic_publish_many_sync(self, publishes: Sequence[NewPublish]) -> list[list[Delivery]]:
         """The same for synchronous callers."""
 
-    async def queue_stats(self, *, now: datetime, archived: bool = True) -> list[QueueStats]:
-        """Counts per queue and state (of live tasks only unless `archived`), the age of the
-        oldest ready task, and the count of ready tasks due at `now`."""
+    async def subscription_set_many(self, subs: Sequence[Subscription], *, now: datetime) -> None:
+        """Create the subscriptions of (topic, group), or update their task, queue, priority
+        and attempts; publishes from the commit on reach them."""
 
-    async def queue_rates(self, *, now: datetime, window: float = 60.0) -> list[QueueRates]:
-        """Per queue: tasks enqueued and tasks finished (archived, by final state) in the
-        `window` seconds before `now`; queues with neither are left out. Each statement reads
-        an index: the live tasks enqueued since, the archived tasks finished since."""
+    async def subscription_delete_many(self, pairs: Sequence[tuple[str, str]]) -> int:
+        """Delete the subscriptions (topic, group); how many there were. Tasks already
+        delivered stay."""
 
-    async def dead_list(self, *, queue: str | None = None, limit: int = 100) -> list[TaskRow]:
-        """Dead-lettered tasks, newest first."""
+    async def subscription_list(self, topics: Sequence[str] | None = None) -> list[Subscription]:
+        """The subscriptions (of `topics`, or every one), by topic and group."""
 
-    async def dead_requeue(
-        self, ids: Sequence[int] | None = None, *, queue: str | None = None, now: datetime
-    ) -> list[int]:
-        """Move dead-lettered tasks back to pending with a fresh attempt budget.
+    async def topic_stats(self) -> list[TopicStats]:
+        """Every topic with a subscriber or a recorded drop: its groups, the live tasks of each
+        group's task in its queue by state, and the drops kept."""
 
-        A task whose dedup key is live again stays dead; see `requeue_choice`.
-        """
+    async def topic_drops_forget_many(self, *, before: datetime, limit: int) -> int:
+        """Delete up to `limit` recorded drops older than `before`."""
 
-    async def dead_purge(
-        self, ids: Sequence[int] | None = None, *, queue: str | None = None
-    ) -> int:
-        """Delete dead-lettered tasks for good."""
 
-    # -- control (see docs/control.md) ---------------------------------------------------------
+class Control(Protocol):
+    """Control at run time (see docs/control.md): cancels, paused queues, stored queue rates
+    and key limits."""
 
     async def task_cancel_many(
         self,
@@ -325,9 +291,6 @@ class Driver(Protocol):
     ) -> list[Cancel]:
         """The same for synchronous callers."""
 
-    async def cancel_requested_list(self, keys: Sequence[TaskKey]) -> list[TaskKey]:
-        """Of the attempts `keys`, those whose cancel was asked for (a read by primary key)."""
-
     async def queue_pause(self, queue: str, *, now: datetime) -> datetime | None:
         """Pause `queue`: claims take none of its tasks from the commit on. When it was paused
         already: since when (else None)."""
@@ -344,38 +307,67 @@ class Driver(Protocol):
     async def queue_paused_list(self) -> dict[str, datetime]:
         """The paused queues, by name, with when each was paused."""
 
-    async def task_list(
-        self,
-        *,
-        states: Sequence[TaskState] | None = None,
-        where: TaskFilter | None = None,
-        limit: int = 100,
-    ) -> list[TaskRow]:
-        """Up to `limit` tasks in `states` (default: the live ones) matching `where`: live ones
-        newest first, then finished ones last finished first."""
+    async def queue_rate_set(self, queue: str, rate: Rate) -> None:
+        """Store a rate for `queue` as a whole, over the one the application declares."""
 
-    def task_list_sync(
-        self,
-        *,
-        states: Sequence[TaskState] | None = None,
-        where: TaskFilter | None = None,
-        limit: int = 100,
-    ) -> list[TaskRow]:
+    def queue_rate_set_sync(self, queue: str, rate: Rate) -> None:
         """The same for synchronous callers."""
 
-    # -- heartbeats of workers and cleaners --------------------------------------------------
+    async def queue_rate_clear(self, queue: str) -> bool:
+        """Remove a queue's stored rate; False when there was none."""
 
-    async def process_beat(self, process: ProcessRow, *, forget_before: datetime) -> None:
-        """Write the heartbeat row of a worker or cleaner (made at its first beat), and delete
-        the rows of processes that stopped beating before `forget_before`."""
+    def queue_rate_clear_sync(self, queue: str) -> bool:
+        """The same for synchronous callers."""
 
-    async def process_end(self, process_id: str) -> None:
-        """Delete the row of a process that stops (none: nothing happens)."""
+    async def queue_rates_stored(self) -> dict[str, Rate]:
+        """Every queue's stored rate."""
 
-    async def process_list(self) -> list[ProcessRow]:
-        """Every heartbeat row, by kind and id, those expired included."""
+    async def key_override_set(self, override: KeyOverride) -> None:
+        """Store limits for one key (in one queue, or every queue), over the declared ones."""
 
-    # -- the cleaner's sweeps -----------------------------------------------------------------
+    async def key_override_clear(self, key: str, queue: str | None = None) -> bool:
+        """Remove stored limits; False when there were none."""
+
+    async def key_override_list(self) -> list[KeyOverride]:
+        """Every stored key limit, by key."""
+
+
+class Admin(Protocol):
+    """Inspection and dead letters: what `txtasks status`, `txtasks dlq` and the cleaner's
+    statistics read."""
+
+    async def queue_stats(self, *, now: datetime, archived: bool = True) -> list[QueueStats]:
+        """Counts per queue and state (of live tasks only unless `archived`), the age of the
+        oldest ready task, and the count of ready tasks due at `now`."""
+
+    async def queue_rates(self, *, now: datetime, window: float = 60.0) -> list[QueueRates]:
+        """Per queue: tasks enqueued and tasks finished (archived, by final state) in the
+        `window` seconds before `now`; queues with neither are left out. Each statement reads
+        an index: the live tasks enqueued since, the archived tasks finished since."""
+
+    async def key_stats(self, *, now: datetime, limit: int = 10) -> list[KeyStats]:
+        """The keys with the most tasks waiting (due) or processing, busiest first."""
+
+    async def dead_list(self, *, queue: str | None = None, limit: int = 100) -> list[TaskRow]:
+        """Dead-lettered tasks, newest first."""
+
+    async def dead_requeue(
+        self, ids: Sequence[int] | None = None, *, queue: str | None = None, now: datetime
+    ) -> list[int]:
+        """Move dead-lettered tasks back to pending with a fresh attempt budget.
+
+        A task whose dedup key is live again stays dead; see `requeue_choice`.
+        """
+
+    async def dead_purge(
+        self, ids: Sequence[int] | None = None, *, queue: str | None = None
+    ) -> int:
+        """Delete dead-lettered tasks for good."""
+
+
+class Sweeps(Protocol):
+    """The cleaner's sweeps: expired leases, overlooked ready tasks, the archive and
+    retention, periodic schedules."""
 
     async def lease_expired_list(self, *, now: datetime, limit: int) -> list[TaskRow]:
         """Processing tasks whose lease ran out before `now`, oldest lease first."""
@@ -419,3 +411,81 @@ class Driver(Protocol):
         """In one transaction: move schedule `name` from next fire time `expected` (None: not
         stored yet) to `next_fire_at` and insert `fires`. Returns their ids, or None when
         another cleaner moved the schedule first (then nothing is written)."""
+
+
+class Processes(Protocol):
+    """Heartbeat rows of workers and cleaners."""
+
+    async def process_beat(self, process: ProcessRow, *, forget_before: datetime) -> None:
+        """Write the heartbeat row of a worker or cleaner (made at its first beat), and delete
+        the rows of processes that stopped beating before `forget_before`."""
+
+    async def process_end(self, process_id: str) -> None:
+        """Delete the row of a process that stops (none: nothing happens)."""
+
+    async def process_list(self) -> list[ProcessRow]:
+        """Every heartbeat row, by kind and id, those expired included."""
+
+
+class Driver(Protocol):
+    """Storage for tasks: a database handle's life (open, migrate, ping, close) and the roles
+    its callers use, each an object of its own sharing that handle. Implementations: the SQL
+    drivers per dialect, and the in-memory driver.
+
+    Who uses which role: the application `tasks` and `topics` (and `control` through
+    `app.control`); the worker `claims`, `processes`, `control.queue_rates_stored` and
+    `tasks.live_count`; the cleaner `sweeps`, `processes`, `claims.outcome_write_many`
+    (rescues) and `admin` (statistics); the CLI and the dashboard `admin`, `control`, `topics`.
+    """
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this store can do (a SQL driver's: its dialect's)."""
+        ...
+
+    async def open(self) -> None:
+        """Connect and check that the schema is migrated."""
+
+    async def close(self) -> None:
+        """Release every connection."""
+
+    async def migrate(self) -> list[int]:
+        """Apply pending schema migrations; return the versions applied."""
+
+    async def ping(self) -> None:
+        """One cheap round trip to the database (readiness probes); raises if it fails."""
+
+    @property
+    def tasks(self) -> Tasks:
+        """Enqueue, read and list tasks; count what is left to do."""
+        ...
+
+    @property
+    def claims(self) -> Claims:
+        """Claims, leases, fenced outcomes, an attempt's transaction."""
+        ...
+
+    @property
+    def topics(self) -> Topics:
+        """Publishes and subscriptions."""
+        ...
+
+    @property
+    def control(self) -> Control:
+        """Cancels, paused queues, stored queue rates and key limits."""
+        ...
+
+    @property
+    def admin(self) -> Admin:
+        """Statistics and dead letters."""
+        ...
+
+    @property
+    def sweeps(self) -> Sweeps:
+        """Expired leases, overlooked tasks, the archive, periodic schedules."""
+        ...
+
+    @property
+    def processes(self) -> Processes:
+        """Heartbeat rows of workers and cleaners."""
+        ...

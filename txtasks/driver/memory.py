@@ -100,7 +100,10 @@ class MemoryDriver:
         #: Paused queues, with when each was paused.
         self.paused: dict[str, datetime] = {}
         #: Heartbeat rows of workers and cleaners, by id.
-        self.processes: dict[str, ProcessRow] = {}
+        self.beats: dict[str, ProcessRow] = {}
+        self.tasks = self.claims = self.topics = self.control = self.admin = self.sweeps = (
+            self.processes
+        ) = self
 
     async def open(self) -> None:
         return None
@@ -651,21 +654,21 @@ class MemoryDriver:
 
     async def process_beat(self, process: ProcessRow, *, forget_before: datetime) -> None:
         with self._lock:
-            started = self.processes.get(process.id)
+            started = self.beats.get(process.id)
             if started is not None:  # the row keeps when it was made
                 process = replace(process, started_at=started.started_at)
-            self.processes[process.id] = process
-            for row in list(self.processes.values()):
+            self.beats[process.id] = process
+            for row in list(self.beats.values()):
                 if row.expires_at < forget_before:
-                    del self.processes[row.id]
+                    del self.beats[row.id]
 
     async def process_end(self, process_id: str) -> None:
         with self._lock:
-            self.processes.pop(process_id, None)
+            self.beats.pop(process_id, None)
 
     async def process_list(self) -> list[ProcessRow]:
         with self._lock:
-            return sorted(self.processes.values(), key=lambda r: (r.kind, r.id))
+            return sorted(self.beats.values(), key=lambda r: (r.kind, r.id))
 
     async def task_list(
         self,

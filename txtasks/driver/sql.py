@@ -151,6 +151,9 @@ class SqlDriver(SqlAdmin, SqlTopics, SqlControl, SqlProcesses):
         self._keys_wake: dict[str, datetime] = {}
         #: Queues whose rate row exists (`rated_claim`).
         self._rate_rows: set[str] = set()
+        self.tasks = self.claims = self.topics = self.control = self.admin = self.sweeps = (
+            self.processes
+        ) = self
 
     # -- connections --------------------------------------------------------------------------
 

@@ -97,14 +97,14 @@ async def _matching(app: App, target: Target) -> dict[int, str]:
 
 async def _requeue(app: App, target: Target) -> str:
     if target.queue is not None:
-        ids = await app.driver.dead_requeue(queue=target.queue, now=app.clock())
+        ids = await app.driver.admin.dead_requeue(queue=target.queue, now=app.clock())
         app.notify(target.queue, ids)
         return f"{len(ids)} re-driven"
     chosen = await _matching(app, target)
     done: list[int] = []
     batch = list(chosen)
     for start in range(0, len(batch), 1000):
-        done += await app.driver.dead_requeue(batch[start : start + 1000], now=app.clock())
+        done += await app.driver.admin.dead_requeue(batch[start : start + 1000], now=app.clock())
     for queue in sorted({chosen[i] for i in done}):
         app.notify(queue, [i for i in done if chosen[i] == queue])
     return f"{len(done)} re-driven"
@@ -112,11 +112,11 @@ async def _requeue(app: App, target: Target) -> str:
 
 async def _purge(app: App, target: Target) -> str:
     if target.queue is not None:
-        return f"{await app.driver.dead_purge(queue=target.queue)} purged"
+        return f"{await app.driver.admin.dead_purge(queue=target.queue)} purged"
     batch = list(await _matching(app, target))
     count = 0
     for start in range(0, len(batch), 1000):
-        count += await app.driver.dead_purge(batch[start : start + 1000])
+        count += await app.driver.admin.dead_purge(batch[start : start + 1000])
     return f"{count} purged"
 
 

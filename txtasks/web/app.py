@@ -165,7 +165,7 @@ class Dashboard:
         now = self.app.clock()
         reads = self.reads
         depths = await reads.depths(now=now)
-        paused = await self.app.driver.queue_paused_list()
+        paused = await self.app.driver.control.queue_paused_list()
         rates = await reads.finished_per_minute(now=now)
         arrivals = await reads.arrived_per_minute(now=now)
         for name in [*paused, *rates, *arrivals, *self.app.queues]:
@@ -189,7 +189,7 @@ class Dashboard:
                 }
             )
         keys = await reads.busy_keys(now=now)
-        subscriptions = await self.app.driver.subscription_list()
+        subscriptions = await self.app.driver.topics.subscription_list()
         return self.render(
             request, "queues.html", queues=queues, keys=keys, subscriptions=subscriptions
         )
@@ -235,7 +235,7 @@ class Dashboard:
         return self.render(request, "task.html", task=self.shown(row))
 
     async def page_periodic(self, request: Request) -> Response:
-        stored = await self.app.driver.periodic_list()
+        stored = await self.app.driver.sweeps.periodic_list()
         schedules = []
         for name, schedule in sorted(self.app.schedules.items()):
             row = stored.get(name)
@@ -244,7 +244,7 @@ class Dashboard:
         return self.render(request, "periodic.html", schedules=schedules, others=others)
 
     async def page_workers(self, request: Request) -> Response:
-        processes = await self.app.driver.process_list()
+        processes = await self.app.driver.processes.process_list()
         return self.render(request, "workers.html", processes=processes, now=self.app.clock())
 
     # -- actions ------------------------------------------------------------------------------

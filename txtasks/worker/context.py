@@ -133,7 +133,7 @@ class TaskContext:
     @contextlib.asynccontextmanager
     async def _transaction_async(self) -> AsyncIterator[AsyncConnection]:
         driver = self._transactional()
-        async with driver.attempt_transaction(
+        async with driver.claims.attempt_transaction(
             self.row.key, worker_id=self.worker_id, finish=self
         ) as conn:
             yield conn
@@ -144,7 +144,7 @@ class TaskContext:
         """`with ctx.transaction_sync() as conn:` the same for sync handlers, on a sync
         `Connection`."""
         driver = self._transactional()
-        with driver.attempt_transaction_sync(
+        with driver.claims.attempt_transaction_sync(
             self.row.key, worker_id=self.worker_id, finish=self
         ) as conn:
             yield conn

@@ -142,7 +142,7 @@ class OutcomeBuffer:
     async def _write(self, batch: list[Outcome]) -> WriteResult:
         """One driver call; an error other than a refused value leaves the batch in doubt."""
         try:
-            return await self.driver.outcome_write_many(
+            return await self.driver.claims.outcome_write_many(
                 batch,
                 now=self.clock(),
                 archive_completed=self.archive_completed,

@@ -72,7 +72,7 @@ class ProgressWriter:
         until = self.clock() + timedelta(seconds=self.lease)
         left_out: set[TaskKey] = set()
         try:
-            await self.driver.lease_extend_many(
+            await self.driver.claims.lease_extend_many(
                 list(reports),
                 lease_until=until,
                 worker_id=self.worker_id,

@@ -226,7 +226,7 @@ class Worker:
         publishes from now on reach their groups."""
         subs = [s for s in self.app.subscriptions if s.queue in self.queues]
         if subs:
-            await self.driver.subscription_set_many(subs, now=self.app.clock())
+            await self.driver.topics.subscription_set_many(subs, now=self.app.clock())
             log.info(
                 "worker %s subscribed %s",
                 self.worker_id,
@@ -338,7 +338,7 @@ class Worker:
         most once per QUEUE_RATES_EVERY."""
         at = time.monotonic()
         if self._queue_rates_at is None or at - self._queue_rates_at >= QUEUE_RATES_EVERY:
-            stored = await self.driver.queue_rates_stored()
+            stored = await self.driver.control.queue_rates_stored()
             mine = {q: r for q, r in stored.items() if q in self.queues}
             self._queue_rates = {**self.app.declared_queue_rates, **mine}
             self._queue_rates_at = at
@@ -346,7 +346,7 @@ class Worker:
 
     async def _claim(self, limit: int) -> list[TaskRow]:
         now = self.app.clock()
-        rows = await self.driver.task_claim_many(
+        rows = await self.driver.claims.task_claim_many(
             self.queues,
             limit,
             now=now,
@@ -366,7 +366,7 @@ class Worker:
         whichever comes first."""
         delay = self._poll_delay()
         now = self.app.clock()
-        wake_at = self.driver.keys_wake_at(self.queues, now)
+        wake_at = self.driver.claims.keys_wake_at(self.queues, now)
         if wake_at is not None:
             delay = max(0.0, min(delay, (wake_at - now).total_seconds()))
         return delay
@@ -386,7 +386,7 @@ class Worker:
         await self._outcomes.flush()
         now = self.app.clock()
         due = now + timedelta(seconds=self.config.burst_horizon)
-        left = await self.driver.live_count(self.queues, now=now, due_before=due, at_most=1)
+        left = await self.driver.tasks.live_count(self.queues, now=now, due_before=due, at_most=1)
         return left == 0
 
     async def _wait(self, event: asyncio.Event, timeout: float | None) -> None:
@@ -464,7 +464,7 @@ class Worker:
             return
         self.stats.cancel_looks += 1
         try:
-            found = await self.driver.cancel_requested_list(keys)
+            found = await self.driver.claims.cancel_requested_list(keys)
         except Exception as exc:
             self._beat_outage.failed(exc)
             return
@@ -498,7 +498,7 @@ class Worker:
         until = self.app.clock() + timedelta(seconds=self.config.lease)
         left_out: set[TaskKey] = set()
         try:
-            held = await self.driver.lease_extend_many(
+            held = await self.driver.claims.lease_extend_many(
                 keys, lease_until=until, worker_id=self.worker_id, left_out=left_out
             )
             self._beat_outage.ok()
@@ -536,7 +536,7 @@ class Worker:
 
     async def _leases_extend_waiting(self, keys: list[TaskKey]) -> None:
         until = self.app.clock() + timedelta(seconds=self.config.lease)
-        extend = self.driver.lease_extend_many(
+        extend = self.driver.claims.lease_extend_many(
             keys, lease_until=until, worker_id=self.worker_id, wait_locked=True
         )
         try:
