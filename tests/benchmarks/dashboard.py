@@ -86,7 +86,7 @@ async def _loaded(url: str, live: int, archived: int) -> bool:
     """Whether the tables hold `live` and `archived` tasks (False when they are missing)."""
     app = App(database_url=url)
     try:
-        async with app.driver.connect() as conn:  # type: ignore[attr-defined]
+        async with app.driver.db.connect() as conn:  # type: ignore[attr-defined]
             counts = [
                 (await conn.execute(select(func.count()).select_from(t))).scalar_one()
                 for t in (tasks, archive)
@@ -104,9 +104,9 @@ async def _load(url: str, live: int, archived: int) -> None:
     try:
         dialect = bulk.dialect_of(app.driver)
         started = time.perf_counter()
-        async with app.driver.begin() as conn:  # type: ignore[attr-defined]
+        async with app.driver.db.begin() as conn:  # type: ignore[attr-defined]
             await bulk.load(conn, dialect, live, archived, utcnow())
-        async with app.driver.connect() as conn:  # type: ignore[attr-defined]
+        async with app.driver.db.connect() as conn:  # type: ignore[attr-defined]
             if dialect == "postgresql":
                 await conn.execution_options(isolation_level="AUTOCOMMIT")
             await bulk.analyze(conn, dialect)
@@ -125,11 +125,11 @@ async def _explain(app: App, http: Any, name: str, path: str, params: Any, out: 
         if any(t in statement for t in TASK_TABLES):
             statements.append((statement, bound))
 
-    event.listen(driver.engine.sync_engine, "before_cursor_execute", record)
+    event.listen(driver.db.engine.sync_engine, "before_cursor_execute", record)
     try:
         await http.get(path, params=params)
     finally:
-        event.remove(driver.engine.sync_engine, "before_cursor_execute", record)
+        event.remove(driver.db.engine.sync_engine, "before_cursor_execute", record)
     explain = {
         "postgresql": "EXPLAIN (ANALYZE, BUFFERS)",
         "mysql": "ANALYZE",
@@ -137,7 +137,7 @@ async def _explain(app: App, http: Any, name: str, path: str, params: Any, out: 
     }[dialect]
     print(f"## {dialect}: {name} ({path} {params or ''})\n", file=out)
     seen = set()
-    async with driver.connect() as conn:
+    async with driver.db.connect() as conn:
         for statement, bound in statements:
             if statement in seen:  # one per queue: the plan of the first is enough
                 continue

@@ -209,7 +209,7 @@ class Profile:
         claim_many = SqlDriver.task_claim_many
 
         async def timed_claim_many(driver: Any, queues: Any, limit: int, **kwargs: Any) -> Any:
-            engine = driver.engine
+            engine = driver.db.engine
             if id(engine) not in instrumented:
                 instrumented.add(id(engine))
                 instrument_engine(engine)

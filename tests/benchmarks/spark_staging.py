@@ -93,7 +93,7 @@ class LoadDataStaging(MySQLStaging):
     connections are opened with `local_infile`."""
 
     def __init__(self, driver: Any) -> None:
-        url = make_url(driver.url).update_query_dict({"local_infile": "1"})
+        url = make_url(driver.db.url).update_query_dict({"local_infile": "1"})
         super().__init__(driver_for_url(url.render_as_string(hide_password=False)))
 
 
@@ -157,7 +157,7 @@ def run(driver: Any, kinds: dict[str, Any], args: Any) -> None:
             assert staging.stage(key, stage_id, batches) == args.rows
             seconds[name].append(time.perf_counter() - started)
             staging.close(key)
-            with driver.sync_engine.begin() as conn:
+            with driver.db.sync_engine.begin() as conn:
                 staged = conn.execute(text("SELECT count(*) FROM txtasks_staged")).scalar()
                 assert staged == args.rows, staged
                 conn.execute(text("DELETE FROM txtasks_staged"))

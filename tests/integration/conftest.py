@@ -47,6 +47,6 @@ async def another(driver: Driver) -> Driver:
     """A second driver on the same store, with connections of its own."""
     if isinstance(driver, MemoryDriver):
         return driver
-    other = driver_for_url(driver.url)  # type: ignore[attr-defined]
+    other = driver_for_url(driver.db.url)  # type: ignore[attr-defined]
     await other.open()
     return other

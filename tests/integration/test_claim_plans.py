@@ -21,7 +21,8 @@ from txtasks.clock import utcnow
 from txtasks.driver import driver_for_url
 from txtasks.driver.dialect import dialect_for
 from txtasks.driver.postgresql import CLAIM_SQL, FINISH_SQL, KEYS_LOOK_SQL, PostgresDriver
-from txtasks.driver.sql import Claim, SqlDriver
+from txtasks.driver.sql import SqlDriver
+from txtasks.driver.sql_claims import Claim
 from txtasks.driver.urls import url_sync
 from txtasks.schema.tables import keys as keys_table
 from txtasks.types import NewTask
@@ -101,7 +102,7 @@ async def test_a_claim_reads_only_the_rows_it_takes(backlog: Any) -> None:
     event.listen(engine, "before_cursor_execute", explain, retval=True)
     with engine.connect() as conn:
         params = {"queues": ["q"], "now": now, "limit": LIMIT}
-        explained = conn.execute(driver.sql.stmt_ready(), params).mappings().all()
+        explained = conn.execute(driver.db.sql.stmt_ready(), params).mappings().all()
     if backend == "sqlite":
         steps = [row["detail"] for row in explained]
         assert any("ix_txtasks_tasks_claim" in s for s in steps), steps
@@ -297,16 +298,16 @@ async def test_on_mariadb_a_claim_and_an_outcome_reach_key_rows_by_their_primary
     def seen(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
         sent.append((statement, parameters))
 
-    event.listen(driver.engine.sync_engine, "before_cursor_execute", seen)
+    event.listen(driver.db.engine.sync_engine, "before_cursor_execute", seen)
     try:
         now = utcnow()
-        async with driver.begin() as conn:
+        async with driver.db.begin() as conn:
             params = {"queues": ["q"], "now": now, "limit": 50}
-            held, _stored = await driver.sql.keys_lock(conn, params)
+            held, _stored = await driver.db.sql.keys_lock(conn, params)
             settle = {"b_ready_at": None, "b_next_start_at": None, "now": now}
-            await driver.sql.keys_settle(conn, [{"b_id": h.id, **settle} for h in held])
-        async with driver.begin() as conn:
-            await driver.sql.keys_wake(conn, [("q", f"k{i}") for i in range(2, 200, 2)], now)
+            await driver.db.sql.keys_settle(conn, [{"b_id": h.id, **settle} for h in held])
+        async with driver.db.begin() as conn:
+            await driver.db.sql.keys_wake(conn, [("q", f"k{i}") for i in range(2, 200, 2)], now)
     finally:
         await driver.close()
     assert len(held) == 50
@@ -483,7 +484,7 @@ async def test_a_key_claim_reads_only_the_keys_it_locks_along_their_indexes(
         # (a bitmap scan read every hint of the backlog to take a thousand; a sequential scan
         # read the whole table, dead hints included, to find none)
         intake = [
-            (await driver.raw_fetch("claims", f"SHOW {setting}"))[0][0]
+            (await driver.db.raw_fetch("claims", f"SHOW {setting}"))[0][0]
             for setting in ("enable_bitmapscan", "enable_seqscan")
         ]
     finally:

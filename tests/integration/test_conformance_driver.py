@@ -204,7 +204,7 @@ async def test_lease_extension_leaves_out_rows_locked_elsewhere_without_waiting(
     await driver.tasks.task_insert_many([new(), new()])
     locked, free = [row.key for row in await claim(driver)]
     sql: Any = driver
-    async with sql.engine.connect() as conn, conn.begin():
+    async with sql.db.engine.connect() as conn, conn.begin():
         await conn.execute(select(tasks.c.id).where(tasks.c.id == locked.id).with_for_update())
         held = await asyncio.wait_for(
             driver.claims.lease_extend_many([locked, free], lease_until=at(500), worker_id="w1"), 10
@@ -243,7 +243,7 @@ async def test_lease_extension_that_waits_extends_a_row_once_its_holder_lets_go(
     await driver.tasks.task_insert_many([new()])
     [row] = await claim(driver)
     sql: Any = driver
-    async with sql.engine.connect() as conn:
+    async with sql.db.engine.connect() as conn:
         tx = await conn.begin()
         await conn.execute(select(tasks.c.id).where(tasks.c.id == row.id).with_for_update())
         extend = asyncio.ensure_future(
@@ -251,7 +251,7 @@ async def test_lease_extension_that_waits_extends_a_row_once_its_holder_lets_go(
                 [row.key], lease_until=at(500), worker_id="w1", wait_locked=True
             )
         )
-        await until(lambda: lock_waiters(sql.engine), "the extension to wait for the row's lock")
+        await until(lambda: lock_waiters(sql.db.engine), "the extension to wait for the row's lock")
         assert not extend.done()
         await tx.rollback()
     assert await asyncio.wait_for(extend, 10) == 1

@@ -281,8 +281,8 @@ async def test_a_hint_for_a_key_a_claim_holds_waits_for_no_claim_and_arms_it_aft
         pytest.skip("the intake of hints without waiting: PostgreSQL")
     limits = {"q": KeyLimits(concurrency=2)}
     [first] = await driver.tasks.task_insert_many([new(1, key="a")])
-    async with driver.begin() as conn:  # key "a" armed
-        await driver.sql.hints_take(conn, ["q"], T0)
+    async with driver.db.begin() as conn:  # key "a" armed
+        await driver.db.sql.hints_take(conn, ["q"], T0)
     holder = await another(driver)
     intake = await another(driver)
     assert isinstance(holder, SqlDriver) and isinstance(intake, SqlDriver)
@@ -296,7 +296,7 @@ async def test_a_hint_for_a_key_a_claim_holds_waits_for_no_claim_and_arms_it_aft
             # takes the hint first, and finds key "a" held: no wait, nothing claimed
             assert await asyncio.wait_for(claim(intake, keys=limits), 5) == []
             await conn.execute(keys.update().where(row).values(ready_at=None))  # put aside
-        async with driver.connect() as conn:
+        async with driver.db.connect() as conn:
             kept = (await conn.execute(select(key_hints.c.partition_key))).scalars().all()
         assert kept == ["a"]
     finally:
@@ -349,7 +349,7 @@ async def test_an_outcome_arms_only_the_keys_that_have_a_ready_task_left(driver:
     running = await claim(driver, keys=limits)
     assert per_key(running) == {"a": 1, "b": 1}
     await write(driver, *map(done, running))
-    async with driver.begin() as conn:
+    async with driver.db.begin() as conn:
         armed = dict((await conn.execute(select(keys.c.partition_key, keys.c.ready_at))).all())
         hinted = (await conn.execute(select(key_hints.c.partition_key))).scalars().all()
     assert armed["a"] is not None and armed["b"] is None, armed

@@ -314,7 +314,7 @@ async def test_rows_an_outcome_write_held_past_the_lease_are_extended_before_a_r
     async def held_write(outcomes: list[Outcome], **kw: Any) -> Any:
         if rescues or kw.get("expired_before"):  # the write's retry, the rescuer's: as they are
             return await write(outcomes, **kw)
-        async with driver.engine.connect() as conn:
+        async with driver.db.engine.connect() as conn:
             tx = await conn.begin()
             ids = [o.key.id for o in outcomes]
             await conn.execute(tasks.select().where(tasks.c.id.in_(ids)).with_for_update())

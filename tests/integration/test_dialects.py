@@ -20,9 +20,9 @@ async def test_a_driver_and_the_application_s_transactions_share_one_dialect(
     try:
         await driver.ping()  # the first connection settles the driver's SQL
         with engine.connect() as conn:
-            assert dialect_for(conn.dialect) is driver.sql
-        assert isinstance(driver.sql, SqlDialect)
-        assert driver.capabilities is driver.sql.capabilities
+            assert dialect_for(conn.dialect) is driver.db.sql
+        assert isinstance(driver.db.sql, SqlDialect)
+        assert driver.capabilities is driver.db.sql.capabilities
     finally:
         engine.dispose()
         await driver.close()
@@ -33,10 +33,10 @@ async def test_a_mysql_url_on_mariadb_gets_mariadb_s_sql_once_connected(mysql_ur
     """The test server is MariaDB: INSERT ... RETURNING is used, though the URL says mysql."""
     driver = driver_for_url(mysql_url)
     try:
-        assert type(driver.sql) is MySQLDialect  # all the URL tells
+        assert type(driver.db.sql) is MySQLDialect  # all the URL tells
         await driver.ping()
-        assert type(driver.sql) is MariaDBDialect
-        assert driver.sql.returning_insert and not MySQLDialect.returning_insert
+        assert type(driver.db.sql) is MariaDBDialect
+        assert driver.db.sql.returning_insert and not MySQLDialect.returning_insert
     finally:
         await driver.close()
 

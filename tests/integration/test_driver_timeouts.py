@@ -100,7 +100,7 @@ async def test_after_a_cut_the_pools_other_stalled_connections_are_replaced_unus
         assert await claim(driver) == 1
         async with contextlib.AsyncExitStack() as stack:  # three connections in the pool
             for _ in range(3):
-                conn = await stack.enter_async_context(driver.connect())
+                conn = await stack.enter_async_context(driver.db.connect())
                 await conn.execute(text("SELECT 1"))
         assert proxy.freeze() >= 3
         with pytest.raises(DatabaseTimeout):
@@ -119,7 +119,7 @@ async def test_a_connection_that_stalls_while_it_opens_is_given_up_within_the_bo
     good, and never stopped. Each operation now gives up within the connect and command
     timeouts, and works again once the network does."""
     driver, proxy = proxied
-    assert driver.timeouts.connect + COMMAND < BOUND
+    assert driver.db.timeouts.connect + COMMAND < BOUND
     proxy.blackhole(include_new=True)  # new connections are accepted and carry nothing
     for operation in (lambda: driver.tasks.task_insert_many([new_task(1)]), lambda: claim(driver)):
         async with asyncio.timeout(BOUND):  # without the bound, this hangs for good
@@ -161,7 +161,7 @@ async def test_the_server_ends_a_stalled_session_and_frees_its_row_locks(
         async with stalled.connect() as conn:  # its client side is cut after COMMAND
             await conn.execute(lock, {"id": task_id})
             assert proxy.freeze() == 1
-            async with direct.begin() as other:  # waits for the server to end the session
+            async with direct.db.begin() as other:  # waits for the server to end the session
                 found = (await other.execute(lock, {"id": task_id})).scalar_one()
         assert found == task_id
     finally:
@@ -173,7 +173,7 @@ async def test_the_server_ends_a_stalled_session_and_frees_its_row_locks(
 async def test_every_connection_has_tcp_keepalives(proxied: Any) -> None:
     driver, _proxy = proxied
     await driver.open()
-    async with driver.connect() as conn:
+    async with driver.db.connect() as conn:
         raw = (await conn.get_raw_connection()).driver_connection
         assert_keepalive(socket_of(raw))
     await asyncio.to_thread(sync_keepalive, driver)  # the proxy runs on this event loop
@@ -181,7 +181,7 @@ async def test_every_connection_has_tcp_keepalives(proxied: Any) -> None:
 
 def sync_keepalive(driver: SqlDriver) -> None:
     """psycopg (libpq's keepalive parameters) and pymysql (its socket) alike."""
-    with driver.sync_engine.connect() as sync_conn:
+    with driver.db.sync_engine.connect() as sync_conn:
         raw: Any = sync_conn.connection.driver_connection
         fileno = raw.pgconn.socket if hasattr(raw, "pgconn") else raw._sock.fileno()
         with socket.socket(fileno=os.dup(fileno)) as sock:

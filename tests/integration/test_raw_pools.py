@@ -16,10 +16,10 @@ async def test_callers_racing_for_a_pool_share_one(postgres_url: str) -> None:
     driver = driver_for_url(postgres_url)
     assert isinstance(driver, PostgresDriver)
     try:
-        pools = await asyncio.gather(*[driver.raw_pool("claims") for _ in range(4)])
+        pools = await asyncio.gather(*[driver.db.raw_pool("claims") for _ in range(4)])
         assert len({id(p) for p in pools}) == 1  # before: one pool each, three never closed
-        rows = await asyncio.gather(*[driver.raw_fetch("writes", "SELECT 1") for _ in range(3)])
+        rows = await asyncio.gather(*[driver.db.raw_fetch("writes", "SELECT 1") for _ in range(3)])
         assert [r[0][0] for r in rows] == [1, 1, 1]
-        assert len(driver._pools) == 2
+        assert len(driver.db._pools) == 2
     finally:
         await driver.close()

@@ -340,7 +340,7 @@ async def test_a_publisher_skips_the_attempt_another_one_is_publishing(
     holder.publish_rows = hold  # type: ignore[method-assign]
 
     def a_batch() -> Any:
-        with sql.sync_engine.begin() as conn:
+        with sql.db.sync_engine.begin() as conn:
             return publish_batch(holder, conn, 100, at(5))
 
     with ThreadPoolExecutor(1) as pool:
@@ -397,5 +397,5 @@ async def test_a_worker_publishes_deferred_writes_and_runs_their_tasks_once(
 
     assert sorted_values(ran) == list(range(7))
     assert waiting(staging) == {}
-    with sql.sync_engine.connect() as conn:
+    with sql.db.sync_engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(deferred)).scalar() == 0

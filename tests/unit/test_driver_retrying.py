@@ -7,8 +7,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 from sqlalchemy.exc import DBAPIError
 
+from txtasks.driver.database import TRANSIENT_RETRIES
 from txtasks.driver.postgresql import PostgresDriver
-from txtasks.driver.sql import TRANSIENT_RETRIES
 
 
 class PgError(Exception):
@@ -47,24 +47,24 @@ def driver() -> PostgresDriver:
 )
 async def test_a_transient_failure_is_retried(driver: PostgresDriver, error: Exception) -> None:
     calls, once = failing(2, error)
-    assert await driver.retrying(once) == "done"
+    assert await driver.db.retrying(once) == "done"
     assert len(calls) == 3
 
 
 async def test_other_failures_are_raised_at_once(driver: PostgresDriver) -> None:
     calls, once = failing(1, PgError("23505"))  # unique violation
     with pytest.raises(PgError, match="23505"):
-        await driver.retrying(once)
+        await driver.db.retrying(once)
     calls_wrapped, once_wrapped = failing(1, DBAPIError("INSERT", {}, PgError("23505")))
     with pytest.raises(DBAPIError):
-        await driver.retrying(once_wrapped)
+        await driver.db.retrying(once_wrapped)
     assert (len(calls), len(calls_wrapped)) == (1, 1)
 
 
 async def test_retries_end_with_the_last_failure(driver: PostgresDriver) -> None:
     calls, once = failing(TRANSIENT_RETRIES + 1, PgError("40P01"))
     with pytest.raises(PgError, match="40P01"):
-        await driver.retrying(once)
+        await driver.db.retrying(once)
     assert len(calls) == TRANSIENT_RETRIES
 
 

@@ -43,20 +43,20 @@ def test_a_bad_value_is_refused_naming_the_setting(value: str) -> None:
 
 def test_a_driver_carries_its_timeouts_to_the_database_drivers() -> None:
     driver = driver_for_url(str(URL), timeouts=Timeouts(connect=2.5, command=9))
-    assert driver.connect_args(sync=False)["timeout"] == 2.5
-    settings = driver.connect_args(sync=False)["server_settings"]
+    assert driver.db.connect_args(sync=False)["timeout"] == 2.5
+    settings = driver.db.connect_args(sync=False)["server_settings"]
     assert settings["idle_in_transaction_session_timeout"] == "9000"
-    assert driver.connect_args(sync=True)["connect_timeout"] == 3
+    assert driver.db.connect_args(sync=True)["connect_timeout"] == 3
     mysql = driver_for_url("mysql://app:pw@db/app?command_timeout=20")
-    assert mysql.connect_args(sync=True)["read_timeout"] == 20.0
+    assert mysql.db.connect_args(sync=True)["read_timeout"] == 20.0
     assert "command_timeout" not in mysql.url.query
     listed = {"group_concat_max_len": 1 << 30}  # the keys' rows come back as one JSON value
-    assert mysql.session_settings(mariadb=True) == {  # type: ignore[attr-defined]
+    assert mysql.db.session_settings(mariadb=True) == {  # type: ignore[attr-defined]
         **listed,
         "innodb_lock_wait_timeout": 20,
         "idle_transaction_timeout": 20,
     }
-    assert mysql.session_settings(mariadb=False) == {**listed, "innodb_lock_wait_timeout": 20}  # type: ignore[attr-defined]
+    assert mysql.db.session_settings(mariadb=False) == {**listed, "innodb_lock_wait_timeout": 20}  # type: ignore[attr-defined]
 
 
 def test_the_worker_flags_reach_every_driver(monkeypatch: pytest.MonkeyPatch) -> None:

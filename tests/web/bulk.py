@@ -103,7 +103,7 @@ FROM {d["series"].format(n=rows)}
 
 def dialect_of(driver: Any) -> str:
     """The key of `_SQL` for a SQL driver's database."""
-    name = str(driver.engine.dialect.name)
+    name = str(driver.db.engine.dialect.name)
     return "mysql" if name in ("mysql", "mariadb") else name
 
 

@@ -54,9 +54,9 @@ async def test_every_dashboard_statement_uses_an_index(app: App) -> None:
     dialect = bulk.dialect_of(driver)
     # the fill is the test's setup, not a statement of the product: not bounded by the driver's
     # command timeout (30 s), which a slow machine's MariaDB takes to load the rows
-    async with driver.begin(bounded=False) as conn:
+    async with driver.db.begin(bounded=False) as conn:
         await bulk.load(conn, dialect, LIVE_ROWS, ARCHIVED_ROWS[dialect], now=utcnow())
-    async with driver.connect(bounded=False) as conn:
+    async with driver.db.connect(bounded=False) as conn:
         if dialect == "postgresql":
             await conn.execution_options(isolation_level="AUTOCOMMIT")
         await bulk.analyze(conn, dialect)
@@ -70,14 +70,14 @@ async def test_every_dashboard_statement_uses_an_index(app: App) -> None:
         if any(t in statement for t in TASK_TABLES) and not statement.startswith("INSERT"):
             statements.append((statement, params))
 
-    event.listen(driver.engine.sync_engine, "before_cursor_execute", record)
+    event.listen(driver.db.engine.sync_engine, "before_cursor_execute", record)
     async with client_for(create_app(app, refresh=0, page_size=50)) as http:
         await visit_every_page(http)
         await act_on_tasks(http)
-    event.remove(driver.engine.sync_engine, "before_cursor_execute", record)
+    event.remove(driver.db.engine.sync_engine, "before_cursor_execute", record)
 
     bad = []
-    async with driver.connect() as conn:
+    async with driver.db.connect() as conn:
         for statement, params in statements:
             seq = await full_scans(conn, dialect, statement, params)
             if seq:

@@ -20,7 +20,7 @@ from sqlalchemy import Executable, Integer, Result, bindparam, delete, insert, s
 
 from txtasks.control import CANCELLABLE, TaskFilter, cancels_of
 from txtasks.driver.insert_plan import Step
-from txtasks.keys import Rate
+from txtasks.keys import KeyOverride, Rate
 from txtasks.schema.tables import (
     Timestamp,
     along_archive_order,
@@ -47,6 +47,21 @@ def override_is(key: str, queue: str | None) -> Any:
 _READY_VALUES = frozenset(s.value for s in READY_STATES)
 _PROCESSING = TaskState.PROCESSING.value
 _CANCELLED = TaskState.CANCELLED.value
+
+
+def override_of(row: Any) -> KeyOverride:
+    """A `txtasks_key_limits` row as the override it stores."""
+    rate = None
+    if row["rate_count"] is not None and row["rate_per"] is not None:
+        rate = Rate(int(row["rate_count"]), float(row["rate_per"]), int(row["rate_burst"] or 1))
+    ordered = row["ordered"]
+    return KeyOverride(
+        key=row["partition_key"],
+        queue=None if row["queue"] == "*" else row["queue"],
+        concurrency=row["concurrency"],
+        ordered=None if ordered is None else bool(ordered),
+        rate=rate,
+    )
 
 
 class ControlDialect:

@@ -32,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities
+from txtasks.driver.database import SqlDatabase
 from txtasks.driver.dialect import HeldKey, SqlDialect, keys_arm_values
 from txtasks.driver.dialect_topics import PUBLISH_COLUMNS
 from txtasks.driver.sql import SqlDriver
@@ -420,9 +421,9 @@ class MariaDBDialect(MySQLDialect):
     returning_insert: ClassVar[bool] = True
 
 
-class MySQLDriver(SqlDriver):
+class MySQLDatabase(SqlDatabase):
     """MySQL 8 and MariaDB through aiomysql (async) and pymysql (sync); which of the two it
-    talks to, the first connection tells (`SqlDriver.sql`)."""
+    talks to, the first connection tells (`SqlDatabase.sql`)."""
 
     dialect_class: ClassVar[type[SqlDialect]] = MySQLDialect
 
@@ -473,7 +474,19 @@ class MySQLDriver(SqlDriver):
                 cursor.close()
 
 
-class MariaDBDriver(MySQLDriver):
+class MariaDBDatabase(MySQLDatabase):
     """A mariadb:// URL: MariaDB's SQL from the start."""
 
     dialect_class = MariaDBDialect
+
+
+class MySQLDriver(SqlDriver):
+    """MySQL 8 and MariaDB (`MySQLDatabase`)."""
+
+    database_class: ClassVar[type[SqlDatabase]] = MySQLDatabase
+
+
+class MariaDBDriver(MySQLDriver):
+    """A mariadb:// URL: MariaDB's SQL from the start."""
+
+    database_class = MariaDBDatabase

@@ -17,9 +17,11 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from txtasks.driver.base import Capabilities, WriteResult
+from txtasks.driver.database import CLOSE_WITHIN, SqlDatabase
 from txtasks.driver.dialect import HeldKey, KeyHead, KeysLook, SqlDialect
 from txtasks.driver.insert_plan import CopyRows, Statement, Step
-from txtasks.driver.sql import CLOSE_WITHIN, Claim, SqlDriver
+from txtasks.driver.sql import SqlDriver
+from txtasks.driver.sql_claims import Claim, SqlClaims
 from txtasks.driver.timeouts import Watchdog, keepalive_set, socket_of
 from txtasks.keys import HINTS_PER_CLAIM
 from txtasks.schema import migrate as schema_migrate
@@ -545,15 +547,13 @@ class PostgresDialect(SqlDialect):
         return code in TRANSIENT_SQLSTATES
 
 
-class PostgresDriver(SqlDriver):
-    """PostgreSQL 12+ through asyncpg (async) and psycopg (sync).
-
-    The worker's hot path (claims, finishing outcomes) goes straight to asyncpg through small
-    pools of its own: one autocommit statement each, no SQLAlchemy compilation or row
-    processing. Claim sessions run with `synchronous_commit = off` (no wait for the WAL flush):
-    a claim lost in a database crash only leaves its task pending, to be claimed again.
-    Outcomes and enqueues keep the server's durability setting.
-    """
+class PostgresDatabase(SqlDatabase):
+    """PostgreSQL 12+ through asyncpg (async) and psycopg (sync), and small asyncpg pools of
+    its own for the worker's hot path (`raw_fetch`): one autocommit statement each, no
+    SQLAlchemy compilation or row processing. Claim sessions run with `synchronous_commit =
+    off` (no wait for the WAL flush): a claim lost in a database crash only leaves its task
+    pending, to be claimed again. Outcomes and enqueues keep the server's durability
+    setting."""
 
     dialect_class = PostgresDialect
 
@@ -674,14 +674,26 @@ class PostgresDriver(SqlDriver):
                     pool.terminate()  # stalled connections: closed without a goodbye
         await super().close()
 
+    async def raw_retrying(self, purpose: str, sql: str, params: Sequence[Any]) -> list[Any]:
+        """One autocommit statement on a raw pool, again after a deadlock or serialization
+        failure."""
+        return await self.retrying(lambda: self.raw_fetch(purpose, sql, *params))
+
+
+class PostgresClaims(SqlClaims):
+    """Claims without a key, the intake of key hints and finishing outcomes as one asyncpg
+    statement each (`CLAIM_SQL`, `HINTS_TAKE`, `FINISH_SQL`)."""
+
+    db: PostgresDatabase
+
     async def _hints_take(self, claim: Claim) -> None:
         """One autocommit statement on the claims' pool: delete the hints, arm their keys."""
         params = (claim.queues, HINTS_PER_CLAIM, claim.now)
-        await self._raw_retrying("claims", HINTS_TAKE, params)
+        await self.db.raw_retrying("claims", HINTS_TAKE, params)
 
     async def plain_claim(self, claim: Claim, limit: int) -> list[TaskRow]:
         c = claim
-        records = await self.raw_fetch(
+        records = await self.db.raw_fetch(
             "claims", CLAIM_SQL, c.lease_until, c.worker_id, c.now, c.queues, limit
         )
         return [TaskRow.from_claim(r, c.worker_id, c.lease_until, c.now) for r in records]
@@ -712,7 +724,7 @@ class PostgresDriver(SqlDriver):
                 now,
                 archive_completed,
             )
-            records = await self._raw_retrying("writes", FINISH_SQL, params)
+            records = await self.db.raw_retrying("writes", FINISH_SQL, params)
             if len(records) < len(finishing):  # some fenced off (keys are unique per batch)
                 done = {TaskKey(r[0], r[1]) for r in records}
                 stale.extend(o.key for o in finishing if o.key not in done)
@@ -727,7 +739,11 @@ class PostgresDriver(SqlDriver):
             stale.extend(result.stale)
         return WriteResult(len(outcomes) - len(stale), tuple(stale))
 
-    async def _raw_retrying(self, purpose: str, sql: str, params: Sequence[Any]) -> list[Any]:
-        """One autocommit statement on a raw pool, again after a deadlock or serialization
-        failure."""
-        return await self.retrying(lambda: self.raw_fetch(purpose, sql, *params))
+
+class PostgresDriver(SqlDriver):
+    """PostgreSQL 12+: `PostgresDatabase`, and the worker's hot path on asyncpg
+    (`PostgresClaims`)."""
+
+    database_class = PostgresDatabase
+    claims_class = PostgresClaims
+    db: PostgresDatabase

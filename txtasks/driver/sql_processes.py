@@ -1,22 +1,32 @@
-"""Heartbeat rows of workers and cleaners on a SQL database (mixed into `SqlDriver`).
+"""Heartbeat rows of workers and cleaners on a SQL database: the `Processes` role of
+`SqlDriver`.
 
 The table holds a row per running process, so it stays as small as a deployment; every
-statement reads or writes it by primary key, or whole (`process_list`)."""
+statement reads or writes it by primary key, or whole (`process_list`).
+"""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
-from sqlalchemy import bindparam, delete, insert, select, update
+from sqlalchemy import (
+    bindparam,
+    delete,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from txtasks.schema.tables import Timestamp, processes
-from txtasks.types import ProcessRow
-
-T = TypeVar("T")
+from txtasks.driver.database import SqlDatabase
+from txtasks.schema.tables import (
+    Timestamp,
+    processes,
+)
+from txtasks.types import (
+    ProcessRow,
+)
 
 
 def stmt_process_update() -> Any:
@@ -39,15 +49,10 @@ def stmt_processes_forget() -> Any:
 
 
 class SqlProcesses:
-    """The heartbeat methods of the driver contract on a SQL database."""
+    """Heartbeat rows of workers and cleaners on a SQL database."""
 
-    if TYPE_CHECKING:
-
-        def connect(
-            self, *, bounded: bool = True
-        ) -> contextlib.AbstractAsyncContextManager[AsyncConnection]: ...
-
-        async def in_transaction(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T: ...
+    def __init__(self, db: SqlDatabase) -> None:
+        self.db = db
 
     async def process_beat(self, process: ProcessRow, *, forget_before: datetime) -> None:
         values = {name: getattr(process, name) for name in ProcessRow.__slots__}
@@ -59,7 +64,7 @@ class SqlProcesses:
             if updated.rowcount == 0:  # its first beat (a process id is its own)
                 await conn.execute(insert(processes).values(**values))
 
-        await self.in_transaction(work)
+        await self.db.in_transaction(work)
         await self._processes_forget(forget_before)
 
     async def _processes_forget(self, before: datetime) -> None:
@@ -68,7 +73,7 @@ class SqlProcesses:
         their own. A delete by expiry in the beat's transaction scanned the table, waiting on the
         row another process had just written: two workers beating at once deadlocked on
         MariaDB."""
-        async with self.connect() as conn:
+        async with self.db.connect() as conn:
             query = select(processes.c.id).where(processes.c.expires_at < before)
             expired = sorted((await conn.execute(query)).scalars())
         if not expired:
@@ -79,16 +84,16 @@ class SqlProcesses:
                 stmt_processes_forget().where(processes.c.id.in_(expired)), {"before": before}
             )
 
-        await self.in_transaction(work)
+        await self.db.in_transaction(work)
 
     async def process_end(self, process_id: str) -> None:
         async def work(conn: AsyncConnection) -> None:
             await conn.execute(delete(processes).where(processes.c.id == process_id))
 
-        await self.in_transaction(work)
+        await self.db.in_transaction(work)
 
     async def process_list(self) -> list[ProcessRow]:
         stmt = select(processes).order_by(processes.c.kind, processes.c.id)
-        async with self.connect() as conn:
+        async with self.db.connect() as conn:
             rows = (await conn.execute(stmt)).mappings().all()
         return [ProcessRow.from_row(r) for r in rows]

@@ -1,26 +1,40 @@
-"""Topics on a SQL database (mixed into `SqlDriver`): publishes in a transaction of the
-driver's own, subscriptions, and what `txtasks topics` shows. The SQL is the dialect's
-(`dialect_topics.py`)."""
+"""Topics on a SQL database: the `Topics` role of `SqlDriver`. The SQL is the dialect's
+(`dialect_topics.py`).
+"""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import (
+    Sequence,
+)
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
-from sqlalchemy import Engine, delete, func, select, tuple_
+from sqlalchemy import (
+    delete,
+    func,
+    select,
+    tuple_,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from txtasks.driver.database import SqlDatabase
+from txtasks.driver.dialect import (
+    dialect_for,
+)
 from txtasks.driver.insert_plan import plan_run_async, plan_run_sync
-from txtasks.schema.tables import subscriptions, tasks, topic_drops
+from txtasks.schema.tables import (
+    subscriptions,
+    tasks,
+    topic_drops,
+)
 from txtasks.topics import topic_stats_of
-from txtasks.types import Delivery, NewPublish, Subscription, TopicStats
-
-if TYPE_CHECKING:
-    from txtasks.driver.dialect import SqlDialect
-
-T = TypeVar("T")
+from txtasks.types import (
+    Delivery,
+    NewPublish,
+    Subscription,
+    TopicStats,
+)
 
 
 def subscribe_params(subs: Sequence[Subscription], now: datetime) -> list[dict[str, Any]]:
@@ -35,34 +49,24 @@ def subscribe_params(subs: Sequence[Subscription], now: datetime) -> list[dict[s
 
 
 class SqlTopics:
-    """Topics' contract methods of the SQL driver."""
+    """Topics on a SQL database: publishes in a transaction of the driver's own,
+    subscriptions, and what `txtasks topics` shows."""
 
-    if TYPE_CHECKING:
-
-        def connect(
-            self, *, bounded: bool = True
-        ) -> contextlib.AbstractAsyncContextManager[AsyncConnection]: ...
-
-        async def in_transaction(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T: ...
-
-        @property
-        def sync_engine(self) -> Engine: ...
-
-        sql: SqlDialect
+    def __init__(self, db: SqlDatabase) -> None:
+        self.db = db
 
     async def topic_publish_many(self, publishes: Sequence[NewPublish]) -> list[list[Delivery]]:
         if not publishes:
             return []
-        return await self.in_transaction(
-            lambda conn: plan_run_async(conn, self.sql.publish_plan(publishes))
+        return await self.db.in_transaction(
+            lambda conn: plan_run_async(conn, self.db.sql.publish_plan(publishes))
         )
 
     def topic_publish_many_sync(self, publishes: Sequence[NewPublish]) -> list[list[Delivery]]:
         if not publishes:
             return []
-        from txtasks.driver.dialect import dialect_for
 
-        with self.sync_engine.begin() as conn:
+        with self.db.sync_engine.begin() as conn:
             return plan_run_sync(conn, dialect_for(conn.dialect).publish_plan(publishes))
 
     async def subscription_set_many(self, subs: Sequence[Subscription], *, now: datetime) -> None:
@@ -70,9 +74,9 @@ class SqlTopics:
             return
 
         async def work(conn: AsyncConnection) -> None:
-            await conn.execute(self.sql.stmt_subscribe(), subscribe_params(subs, now))
+            await conn.execute(self.db.sql.stmt_subscribe(), subscribe_params(subs, now))
 
-        await self.in_transaction(work)
+        await self.db.in_transaction(work)
 
     async def subscription_delete_many(self, pairs: Sequence[tuple[str, str]]) -> int:
         if not pairs:
@@ -80,15 +84,15 @@ class SqlTopics:
 
         async def work(conn: AsyncConnection) -> int:
             params = {"pairs": sorted(set(pairs))}
-            return int((await conn.execute(self.sql.stmt_unsubscribe(), params)).rowcount)
+            return int((await conn.execute(self.db.sql.stmt_unsubscribe(), params)).rowcount)
 
-        return await self.in_transaction(work)
+        return await self.db.in_transaction(work)
 
     async def subscription_list(self, topics: Sequence[str] | None = None) -> list[Subscription]:
         stmt = select(subscriptions).order_by(subscriptions.c.topic, subscriptions.c.group_name)
         if topics is not None:
             stmt = stmt.where(subscriptions.c.topic.in_(list(topics)))
-        async with self.connect() as conn:
+        async with self.db.connect() as conn:
             rows = (await conn.execute(stmt)).mappings().all()
         return [Subscription.from_row(r) for r in rows]
 
@@ -97,7 +101,7 @@ class SqlTopics:
         pairs = sorted({(s.queue, s.task_name) for s in subs})
         counts: dict[tuple[str, str], dict[str, int]] = {}
         drops = select(topic_drops.c.topic, func.count(), func.max(topic_drops.c.dropped_at))
-        async with self.connect() as conn:
+        async with self.db.connect() as conn:
             if pairs:
                 live = (
                     select(tasks.c.queue, tasks.c.task_name, tasks.c.state, func.count())
@@ -125,4 +129,4 @@ class SqlTopics:
                 (await conn.execute(delete(topic_drops).where(topic_drops.c.id.in_(ids)))).rowcount
             )
 
-        return await self.in_transaction(work)
+        return await self.db.in_transaction(work)

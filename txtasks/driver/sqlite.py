@@ -13,6 +13,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from txtasks.driver.base import Capabilities
+from txtasks.driver.database import SqlDatabase
 from txtasks.driver.dialect import SqlDialect
 from txtasks.driver.insert_plan import Step, task_values
 from txtasks.driver.sql import SqlDriver
@@ -90,7 +91,7 @@ class SQLiteDialect(SqlDialect):
         return "database is locked" in str(exc)
 
 
-class SQLiteDriver(SqlDriver):
+class SQLiteDatabase(SqlDatabase):
     """SQLite 3.35+ through aiosqlite (async) and sqlite3 (sync).
 
     SQLite has one writer at a time. Within a process, write transactions queue on an asyncio
@@ -120,3 +121,9 @@ class SQLiteDriver(SqlDriver):
     def connection_cut(driver_connection: Any) -> None:
         """Nothing to cut: a local file never half-opens; a wait for the write lock ends at
         the busy timeout."""
+
+
+class SQLiteDriver(SqlDriver):
+    """SQLite 3.35+ (`SQLiteDatabase`)."""
+
+    database_class = SQLiteDatabase

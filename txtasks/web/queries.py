@@ -396,10 +396,10 @@ class Reads:
     async def depths(self, *, now: datetime, cap: int = COUNT_CAP) -> dict[str, QueueDepth]:
         """Per queue: ready tasks due now and scheduled later (each up to `cap`), when the head
         of its claim order became due, processing tasks and dead letters."""
-        if self.driver.engine.dialect.name in ("mysql", "mariadb"):
+        if self.driver.db.engine.dialect.name in ("mysql", "mariadb"):
             return await self._depths_by_state(now=now, cap=cap)
         found: dict[str, QueueDepth] = {}
-        async with self.driver.connect() as conn:
+        async with self.driver.db.connect() as conn:
             for keyed in (False, True):
                 queues = (await conn.execute(stmt_ready_queues(keyed))).scalars().all()
                 for queue in queues:
@@ -425,7 +425,7 @@ class Reads:
         counts of each. The oldest ready task there is the one due first, with or without a
         key."""
         found: dict[str, QueueDepth] = {}
-        async with self.driver.connect() as conn:
+        async with self.driver.db.connect() as conn:
             queue = (await conn.execute(stmt_next_queue(first=True))).scalar()
             while queue is not None:
                 depth = found[queue] = QueueDepth(queue)
@@ -463,7 +463,7 @@ class Reads:
         """Up to `limit` keys with tasks waiting, soonest first, with their tasks waiting and
         processing (each up to `cap`) and when their rate lets the next one start."""
         found = []
-        async with self.driver.connect() as conn:
+        async with self.driver.db.connect() as conn:
             waiting = (await conn.execute(stmt_keys_waiting(), {"limit": limit})).all()
             hinted = (await conn.execute(stmt_keys_hinted(), {"limit": limit})).all()
             starts = {(q, k): t for q, k, t in waiting}
@@ -488,7 +488,7 @@ class Reads:
         (oldest first)."""
         start, index = _minutes(now, minutes)
         found: dict[str, dict[str, list[int]]] = {}
-        async with self.driver.connect() as conn:
+        async with self.driver.db.connect() as conn:
             rows = await conn.execute(stmt_finished_per_minute(), {"since": start})
             for queue, state, minute, count in rows.all():
                 slot = index.get(minute)
@@ -505,7 +505,7 @@ class Reads:
         # (concurrent transactions, clocks) still counts
         margin = start - timedelta(minutes=ARRIVAL_MARGIN_MINUTES)
         found: dict[str, list[int]] = {}
-        async with self.driver.connect() as conn:
+        async with self.driver.db.connect() as conn:
             after = (await conn.execute(stmt_newest_before(margin))).scalar()
             params = {"since": start, "after": -1 if after is None else int(after)}
             rows = (await conn.execute(stmt_arrived_per_minute(), params)).all()
@@ -521,7 +521,7 @@ class Reads:
         then hold fewer tasks than `limit` and still have a next one."""
         if query.error:
             return await self._error_page(query, cursor, limit)
-        async with self.driver.connect() as conn:
+        async with self.driver.db.connect() as conn:
             result = await conn.execute(stmt_task_page(query, cursor, limit + 1))
             rows = [TaskRow.from_row(r) for r in result.mappings().all()]
         more = len(rows) > limit
@@ -531,7 +531,7 @@ class Reads:
     async def _error_page(self, query: TaskQuery, cursor: str | None, limit: int) -> TaskPage:
         needle = (query.error or "").lower()
         columns = ("id", "last_error") if query.live else ("id", "last_error", "finished_at")
-        async with self.driver.connect() as conn:
+        async with self.driver.db.connect() as conn:
             window = (
                 await conn.execute(stmt_task_page(query, cursor, SEARCH_WINDOW, *columns))
             ).all()
@@ -550,7 +550,7 @@ class Reads:
         rather than when its next task was due."""
         ready = [s.value for s in READY_STATES]
         waiting = (tasks.c.id == task_id, tasks.c.state.in_(ready))
-        async with self.driver.begin() as conn:
+        async with self.driver.db.begin() as conn:
             found = await conn.execute(select(tasks.c.queue, tasks.c.partition_key).where(*waiting))
             row = found.first()
             if row is None:

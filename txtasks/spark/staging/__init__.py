@@ -232,7 +232,7 @@ class SqlStaging:
     def open(self, write_key: str, now: datetime) -> None:
         """Open a write for staging (opening an open write changes nothing)."""
         try:
-            with self.driver.sync_engine.begin() as conn:
+            with self.driver.db.sync_engine.begin() as conn:
                 conn.execute(insert(writes).values(write_key=write_key, opened_at=now))
         except IntegrityError:
             pass  # open already: a re-run with the same commit id, a restarted stream
@@ -257,7 +257,7 @@ class SqlStaging:
         count = 0
         for batch in batches:
             if batch.num_rows:
-                with self.driver.sync_engine.begin() as conn:
+                with self.driver.db.sync_engine.begin() as conn:
                     self.insert_batch(conn, numbered(batch, number, count))
                     self.check_open(
                         conn,
@@ -273,7 +273,7 @@ class SqlStaging:
         """Record an attempt of an open write (else raise `WriteClosed`): its number."""
         if write_key == DROPPED:
             raise ConfigurationError("staging: a write key must not be empty")
-        with self.driver.sync_engine.begin() as conn:
+        with self.driver.db.sync_engine.begin() as conn:
             values = {"write_key": write_key, "stage_id": stage_id, "created_at": now}
             drawn = conn.execute(insert(attempts).values(values)).inserted_primary_key
             assert drawn is not None  # an INSERT of one row
@@ -305,13 +305,13 @@ class SqlStaging:
 
     def close(self, write_key: str) -> None:
         """Close a write: once this returns, no attempt stages under it any more."""
-        with self.driver.sync_engine.begin() as conn:
+        with self.driver.db.sync_engine.begin() as conn:
             conn.execute(delete(writes).where(writes.c.write_key == write_key))
 
     def abort(self, write_key: str) -> int:
         """Close a write and end its attempts (the purge deletes their rows): how many."""
         self.close(write_key)
-        with self.driver.sync_engine.begin() as conn:
+        with self.driver.db.sync_engine.begin() as conn:
             return _end(conn, write_key)
 
     def commit(
@@ -337,7 +337,7 @@ class SqlStaging:
         self.close(write_key)
         counted = target.dedup  # a dedup publish leaves rows out: count them instead
         try:
-            with self.driver.sync_engine.begin() as conn:
+            with self.driver.db.sync_engine.begin() as conn:
                 self.prepare_publish(conn)
                 conn.execute(insert(commits).values(commit_id=commit_id, committed_at=now, tasks=0))
                 numbers = _check(conn, write_key, stages, counted=counted)
@@ -354,7 +354,7 @@ class SqlStaging:
             self._repeated(commit_id, write_key, exc)
             return None
         except _Short:  # rolled back: say which attempt lost rows
-            with self.driver.sync_engine.connect() as conn:
+            with self.driver.db.sync_engine.connect() as conn:
                 _check(conn, write_key, stages, counted=True)
             raise StagedRowsMissing(
                 f"txtasks commit: the staged rows changed while write {write_key} committed "
@@ -380,7 +380,7 @@ class SqlStaging:
         self.close(write_key)
         rows = sum(stages.values())
         try:
-            with self.driver.sync_engine.begin() as conn:
+            with self.driver.db.sync_engine.begin() as conn:
                 conn.execute(
                     insert(commits).values(commit_id=commit_id, committed_at=now, tasks=rows)
                 )
@@ -408,7 +408,7 @@ class SqlStaging:
         attempts of its write (it repeats that commit), else raise the conflict."""
         if not self.commit_seen(commit_id):
             raise conflict  # not a repeated commit: a real conflict
-        with self.driver.sync_engine.begin() as conn:
+        with self.driver.db.sync_engine.begin() as conn:
             _end(conn, write_key)
 
     def publish_rows(
@@ -433,7 +433,7 @@ class SqlStaging:
         transaction (see `txtasks.spark.staging.publisher`); None when none waits."""
         from txtasks.spark.staging.publisher import publish_batch
 
-        async with self.driver.connect() as conn:
+        async with self.driver.db.connect() as conn:
             probe = await conn.execute(select(deferred.c.stage).limit(1))
             if probe.first() is None:
                 return None
@@ -441,14 +441,14 @@ class SqlStaging:
         async def work(conn: AsyncConnection) -> Published | None:
             return await conn.run_sync(lambda c: publish_batch(self, c, limit, now))
 
-        return await self.driver.in_transaction(work)
+        return await self.driver.db.in_transaction(work)
 
     def insert_tasks(self, conn: Connection, columns: Sequence[str], rows: Any, dedup: bool) -> int:
         """INSERT ... SELECT `rows` (of `columns`) into the hot table; with `dedup`, skipping
         rows whose dedup key a live task holds, committed before or by a transaction that this
         one waits for (no error). How many rows it inserted."""
         if dedup:
-            stmt = self.driver.sql.upsert(tasks).from_select(columns, rows)
+            stmt = self.driver.db.sql.upsert(tasks).from_select(columns, rows)
             stmt = stmt.on_conflict_do_nothing(
                 index_elements=[tasks.c.dedup_key], index_where=tasks.c.dedup_key.is_not(None)
             )
@@ -503,14 +503,14 @@ class SqlStaging:
         d = deferred.c
         rows = select(func.count()).select_from(staged.join(deferred, staged.c.stage == d.stage))
         commits_ = select(func.count(d.commit_id.distinct()), func.min(d.committed_at))
-        async with self.driver.connect() as conn:
+        async with self.driver.db.connect() as conn:
             count = int((await conn.execute(rows)).scalar_one())
             writes_, oldest = (await conn.execute(commits_)).one()
         return Backlog(rows=count, commits=int(writes_), oldest_committed_at=oldest)
 
     def commit_seen(self, commit_id: str) -> bool:
         """Whether `commit_id` was committed already."""
-        with self.driver.sync_engine.connect() as conn:
+        with self.driver.db.sync_engine.connect() as conn:
             found = conn.execute(
                 select(commits.c.commit_id).where(commits.c.commit_id == commit_id)
             )
@@ -536,7 +536,7 @@ class SqlStaging:
             await conn.execute(delete(attempts).where(old, *_EMPTY))
             return done
 
-        return await self.driver.in_transaction(work)
+        return await self.driver.db.in_transaction(work)
 
 
 async def _purge_attempts(conn: AsyncConnection, which: Any, limit: int) -> int:
