@@ -103,7 +103,7 @@ def insert_many_tx(executor: SyncExecutor, rows: Sequence[NewTask]) -> list[int]
     _check_sync(executor)
     if not rows:
         return []
-    plan = dialect_for(executor_dialect(executor)).enqueue_plan(rows)
+    plan = dialect_for(executor_dialect(executor)).enqueue.enqueue_plan(rows)
     return plan_run_sync(executor, plan)
 
 
@@ -112,7 +112,7 @@ async def ainsert_many_tx(executor: AsyncExecutor, rows: Sequence[NewTask]) -> l
     _check_async(executor)
     if not rows:
         return []
-    plan = dialect_for(executor_dialect(executor)).enqueue_plan(rows)
+    plan = dialect_for(executor_dialect(executor)).enqueue.enqueue_plan(rows)
     return await plan_run_async(executor, plan)
 
 
@@ -123,7 +123,7 @@ def publish_many_tx(
     _check_sync(executor)
     if not publishes:
         return []
-    plan = dialect_for(executor_dialect(executor)).publish_plan(publishes)
+    plan = dialect_for(executor_dialect(executor)).topics.publish_plan(publishes)
     return plan_run_sync(executor, plan)
 
 
@@ -134,7 +134,7 @@ async def apublish_many_tx(
     _check_async(executor)
     if not publishes:
         return []
-    plan = dialect_for(executor_dialect(executor)).publish_plan(publishes)
+    plan = dialect_for(executor_dialect(executor)).topics.publish_plan(publishes)
     return await plan_run_async(executor, plan)
 
 

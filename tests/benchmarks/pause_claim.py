@@ -49,7 +49,7 @@ assert CLAIM_SQL_V10 != pg.CLAIM_SQL
 
 
 def stmt_ready_v10() -> Any:
-    """`SqlDialect.stmt_ready` without the paused-queue condition."""
+    """`SqlDialect.claims.stmt_ready` without the paused-queue condition."""
     return (
         select(tasks.c.id)
         .where(
@@ -69,20 +69,20 @@ def without_pause_check() -> Iterator[None]:
     """Claims as schema version 10 made them."""
     shipped_sql, shipped_ready = pg.CLAIM_SQL, SqlDialect.__dict__["stmt_ready"]
     pg.CLAIM_SQL = CLAIM_SQL_V10
-    SqlDialect.stmt_ready = staticmethod(stmt_ready_v10)  # type: ignore[method-assign,assignment]
+    SqlDialect.claims.stmt_ready = staticmethod(stmt_ready_v10)  # type: ignore[method-assign,assignment]
     _caches_clear()
     try:
         yield
     finally:
         pg.CLAIM_SQL = shipped_sql
-        SqlDialect.stmt_ready = shipped_ready
+        SqlDialect.claims.stmt_ready = shipped_ready
         _caches_clear()
 
 
 def _caches_clear() -> None:
     """Forget the claim statements built from `stmt_ready` (each built once per class)."""
-    SqlDialect.stmt_claim.cache_clear()  # type: ignore[attr-defined]
-    MySQLDialect.stmt_ready_rows.cache_clear()  # type: ignore[attr-defined]
+    SqlDialect.claims.stmt_claim.cache_clear()  # type: ignore[attr-defined]
+    MySQLDialect.claims.stmt_ready_rows.cache_clear()  # type: ignore[attr-defined]
 
 
 def new_tasks(n: int) -> list[NewTask]:

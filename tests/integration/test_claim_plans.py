@@ -102,7 +102,7 @@ async def test_a_claim_reads_only_the_rows_it_takes(backlog: Any) -> None:
     event.listen(engine, "before_cursor_execute", explain, retval=True)
     with engine.connect() as conn:
         params = {"queues": ["q"], "now": now, "limit": LIMIT}
-        explained = conn.execute(driver.db.sql.stmt_ready(), params).mappings().all()
+        explained = conn.execute(driver.db.sql.claims.stmt_ready(), params).mappings().all()
     if backend == "sqlite":
         steps = [row["detail"] for row in explained]
         assert any("ix_txtasks_tasks_claim" in s for s in steps), steps
@@ -239,7 +239,7 @@ def test_a_key_claim_reads_each_key_s_due_tasks_along_the_claim_index_on_mariadb
             names = dict(conn.execute(select(keys_table.c.id, keys_table.c.partition_key)).all())
             params = {"ids": list(names), "now": utcnow()}
             sql = dialect_for(conn.dialect)
-            statement = sql.stmt_keys_due_first(1)
+            statement = sql.keys.stmt_keys_due_first(1)
             state = statement.compile(dialect=conn.dialect).construct_expanded_state(params)
             explain = "EXPLAIN " + state.statement
             plan = conn.exec_driver_sql(explain, state.parameters).mappings().all()
@@ -303,11 +303,13 @@ async def test_on_mariadb_a_claim_and_an_outcome_reach_key_rows_by_their_primary
         now = utcnow()
         async with driver.db.begin() as conn:
             params = {"queues": ["q"], "now": now, "limit": 50}
-            held, _stored = await driver.db.sql.keys_lock(conn, params)
+            held, _stored = await driver.claims.lanes.keys_lock(conn, params)
             settle = {"b_ready_at": None, "b_next_start_at": None, "now": now}
-            await driver.db.sql.keys_settle(conn, [{"b_id": h.id, **settle} for h in held])
+            await driver.claims.lanes.keys_settle(conn, [{"b_id": h.id, **settle} for h in held])
         async with driver.db.begin() as conn:
-            await driver.db.sql.keys_wake(conn, [("q", f"k{i}") for i in range(2, 200, 2)], now)
+            await driver.claims.lanes.keys_wake(
+                conn, [("q", f"k{i}") for i in range(2, 200, 2)], now
+            )
     finally:
         await driver.close()
     assert len(held) == 50
@@ -365,10 +367,10 @@ def test_on_mariadb_keys_given_by_id_or_name_are_read_alone_whatever_the_statist
             sql = dialect_for(conn.dialect)
             ids = {"ids": [r.id for r in rows]}
             statements = {
-                "due": (sql.stmt_keys_due_first(2), {**ids, "now": utcnow()}),
-                "busy": (sql.stmt_keys_busy(), ids),
-                "heads": (sql.stmt_keys_heads(), ids),
-                "keys of": (sql.stmt_keys_of(), {"pairs": [(r.queue, r.partition_key) for r in rows]}),
+                "due": (sql.keys.stmt_keys_due_first(2), {**ids, "now": utcnow()}),
+                "busy": (sql.keys.stmt_keys_busy(), ids),
+                "heads": (sql.keys.stmt_keys_heads(), ids),
+                "keys of": (sql.keys.stmt_keys_of(), {"pairs": [(r.queue, r.partition_key) for r in rows]}),
             }  # fmt: skip
             read = {}
 
@@ -477,7 +479,7 @@ async def test_a_key_claim_reads_only_the_keys_it_locks_along_their_indexes(
     monkeypatch.setattr(asyncpg.Connection, "execute", explaining(asyncpg.Connection.execute))
     now = utcnow()
     try:
-        claimed = await driver.keyed_claim(
+        claimed = await driver.claims.keyed_claim(
             Claim(["q"], now, now + timedelta(minutes=1), "w"), LIMIT, {}
         )
         # and the intake of key hints, on the claims' pool, reads the first hints of its queues

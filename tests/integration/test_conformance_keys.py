@@ -258,7 +258,7 @@ async def test_neither_an_enqueue_nor_an_outcome_waits_for_a_claim_holding_a_key
     holder = await another(driver)
     assert isinstance(holder, SqlDriver)
     try:
-        async with holder.begin() as conn:  # as a claim holds key "a"
+        async with holder.db.begin() as conn:  # as a claim holds key "a"
             held = select(keys.c.id).where(keys.c.partition_key == "a").with_for_update()
             assert len((await conn.execute(held)).all()) == 1
             [third] = await asyncio.wait_for(driver.tasks.task_insert_many([new(3, key="a")]), 10)
@@ -282,12 +282,12 @@ async def test_a_hint_for_a_key_a_claim_holds_waits_for_no_claim_and_arms_it_aft
     limits = {"q": KeyLimits(concurrency=2)}
     [first] = await driver.tasks.task_insert_many([new(1, key="a")])
     async with driver.db.begin() as conn:  # key "a" armed
-        await driver.db.sql.hints_take(conn, ["q"], T0)
+        await driver.claims.lanes.hints_take(conn, ["q"], T0)
     holder = await another(driver)
     intake = await another(driver)
     assert isinstance(holder, SqlDriver) and isinstance(intake, SqlDriver)
     try:
-        async with holder.begin() as conn:  # a claim that read key "a" before the new task
+        async with holder.db.begin() as conn:  # a claim that read key "a" before the new task
             row = keys.c.partition_key == "a"
             held = select(keys.c.id, keys.c.ready_at).where(row).with_for_update()
             [(_id, ready_at)] = (await conn.execute(held)).all()
@@ -322,10 +322,10 @@ async def test_an_outcome_does_not_wait_for_a_claim_holding_other_keys(driver: D
     holder = await another(driver)
     assert isinstance(holder, SqlDriver)
     try:
-        async with holder.begin() as conn:  # the new keys armed
-            await holder.sql.hints_take(conn, ["q"], T0)
-        async with holder.begin() as conn:  # a claim deciding, its keys locked
-            held, _stored = await holder.sql.keys_lock(
+        async with holder.db.begin() as conn:  # the new keys armed
+            await holder.claims.lanes.hints_take(conn, ["q"], T0)
+        async with holder.db.begin() as conn:  # a claim deciding, its keys locked
+            held, _stored = await holder.claims.lanes.keys_lock(
                 conn, {"queues": ["q"], "now": T0, "limit": 3}
             )
             assert sorted(h.partition_key for h in held) == ["b0", "b1", "b2"]

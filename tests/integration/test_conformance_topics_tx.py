@@ -237,9 +237,11 @@ async def test_the_read_then_insert_publish_without_returning(app: App, database
     ]
     with sync_engine(database_url) as engine, engine.begin() as conn:
         if backend_name(database_url) != "mysql":
-            found = plan_run_sync(conn, _ReadFirst.publish_plan(batch, dialect_for(conn.dialect)))
+            found = plan_run_sync(
+                conn, _ReadFirst.topics.publish_plan(batch, dialect_for(conn.dialect))
+            )
         else:
-            found = plan_run_sync(conn, MySQLDialect.publish_plan(batch))
+            found = plan_run_sync(conn, MySQLDialect.topics.publish_plan(batch))
     assert [len(d) for d in found] == [3, 0, 3]
     rows = topic_tasks(database_url)
     assert sorted(r.id for r in rows) == sorted(d.id for ds in found for d in ds)

@@ -158,7 +158,7 @@ async def test_the_server_ends_a_stalled_session_and_frees_its_row_locks(
     lock = select(tasks.c.id).where(tasks.c.id == bindparam("id")).with_for_update()
     try:
         [task_id] = await direct.tasks.task_insert_many([new_task(1)])
-        async with stalled.connect() as conn:  # its client side is cut after COMMAND
+        async with stalled.db.connect() as conn:  # its client side is cut after COMMAND
             await conn.execute(lock, {"id": task_id})
             assert proxy.freeze() == 1
             async with direct.db.begin() as other:  # waits for the server to end the session

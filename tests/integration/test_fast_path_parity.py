@@ -17,9 +17,9 @@ import pytest
 from sqlalchemy import create_engine, select
 
 from tests.conftest import reset_schema
-from txtasks.driver.dialect import SqlDialect
-from txtasks.driver.postgresql import PostgresDialect, PostgresDriver
+from txtasks.driver.postgresql import PostgresDriver
 from txtasks.driver.sql import SqlDriver
+from txtasks.driver.sql_claims import SqlClaims
 from txtasks.driver.urls import url_sync
 from txtasks.keys import KeyLimits
 from txtasks.schema.tables import archive, key_hints, keys, tasks
@@ -43,20 +43,11 @@ KINDS = [
 ]
 
 
-class GenericDialect(PostgresDialect):
-    """PostgreSQL's dialect without its raw statements."""
-
-    claim_ids = SqlDialect.claim_ids  # type: ignore[assignment]
-    keys_look = SqlDialect.keys_look  # type: ignore[assignment]
-
-
 class GenericDriver(PostgresDriver):
-    """PostgreSQL through the generic SQL path only."""
+    """PostgreSQL through the generic SQL path only: the claims role (and its lanes) every
+    database shares, instead of PostgreSQL's single asyncpg statements."""
 
-    dialect_class = GenericDialect
-    plain_claim = SqlDriver.plain_claim  # type: ignore[assignment]
-    outcome_write_many = SqlDriver.outcome_write_many  # type: ignore[assignment]
-    _hints_take = SqlDriver._hints_take  # type: ignore[assignment]
+    claims_class = SqlClaims
 
 
 def workload_rows() -> list[NewTask]:

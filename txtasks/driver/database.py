@@ -234,7 +234,7 @@ class SqlDatabase:
 
     async def insert_on(self, conn: AsyncConnection, rows: Sequence[NewTask]) -> list[int]:
         """Insert `rows` inside `conn`'s transaction; their ids (a dedup hit: the live id)."""
-        return await plan_run_async(conn, self.sql.enqueue_plan(rows))
+        return await plan_run_async(conn, self.sql.enqueue.enqueue_plan(rows))
 
     async def plan_async(self, make: Callable[[SqlDialect], Any]) -> Any:
         """Run the plan `make` builds of this database's dialect, in one transaction."""

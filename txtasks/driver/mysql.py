@@ -7,6 +7,7 @@ import functools
 import hashlib
 import json
 import math
+import typing
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
@@ -33,9 +34,20 @@ from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities
 from txtasks.driver.database import SqlDatabase
-from txtasks.driver.dialect import HeldKey, SqlDialect, keys_arm_values
-from txtasks.driver.dialect_topics import PUBLISH_COLUMNS
+from txtasks.driver.dialect import SqlDialect
 from txtasks.driver.sql import SqlDriver
+from txtasks.driver.sql_claims import SqlClaims
+from txtasks.driver.sql_lanes import SqlLanes
+from txtasks.driver.statements.claims import ClaimStatements
+from txtasks.driver.statements.control import ControlStatements
+from txtasks.driver.statements.enqueue import EnqueueStatements
+from txtasks.driver.statements.keys import (
+    HeldKey,
+    KeyStatements,
+    keys_arm_values,
+)
+from txtasks.driver.statements.outcomes import OutcomeStatements
+from txtasks.driver.statements.topics import PUBLISH_COLUMNS, TopicStatements
 from txtasks.errors import SchemaError
 from txtasks.schema import migrate as schema_migrate
 from txtasks.schema.tables import (
@@ -102,61 +114,14 @@ def migration_lock_name(conn: Connection) -> str:
     return name
 
 
-class MySQLDialect(SqlDialect):
-    """MySQL 8: SKIP LOCKED claims as SELECT then UPDATE, no INSERT ... RETURNING, rows found
-    by primary key through JSON_TABLE."""
-
-    capabilities: ClassVar[Capabilities] = Capabilities("mysql")
-
-    @staticmethod
-    @contextlib.contextmanager
-    def migration_lock(conn: Connection) -> Iterator[None]:
-        """A named lock of the server (a session's, not a transaction's), waited for up to
-        LOCK_WAIT seconds. DDL commits implicitly on MySQL/MariaDB, so a migration is not atomic
-        there anyway: the migrating transaction is committed before the lock is released, so that
-        the next holder reads the record of the last migration."""
-        name = migration_lock_name(conn)
-        query = text("SELECT GET_LOCK(:name, :wait)")
-        got = conn.execute(query, {"name": name, "wait": schema_migrate.LOCK_WAIT}).scalar()
-        if got is None:
-            raise SchemaError(f"the migration lock {name!r} could not be taken (GET_LOCK failed)")
-        if got != 1:
-            raise schema_migrate.lock_timeout_error()
-        try:
-            yield
-            conn.exec_driver_sql("COMMIT")
-        finally:
-            conn.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": name})
-
-    returning_insert: ClassVar[bool] = False
-    returning_dedup: ClassVar[bool] = False
+class MySQLEnqueueStatements(EnqueueStatements):
+    """MySQL's enqueue statements."""
 
     @classmethod
     def stmt_insert_dedup(cls) -> Insert:
         """A duplicate key is a no-op update: no error, the caller's transaction goes on."""
         stmt = mysql_insert(tasks)
         return stmt.on_duplicate_key_update(id=tasks.c.id)
-
-    @classmethod
-    def publish_insert(cls, source: Any, dedup: bool) -> Insert:
-        """A live dedup key is a no-op update (MariaDB then returns the live task, which the
-        publish plan tells apart by its headers)."""
-        if not dedup:
-            return super().publish_insert(source, dedup)
-        stmt = mysql_insert(tasks).from_select(PUBLISH_COLUMNS, source)
-        return stmt.on_duplicate_key_update(id=tasks.c.id)
-
-    @classmethod
-    @functools.cache
-    def stmt_subscribe(cls) -> Executable:
-        stmt = mysql_insert(subscriptions).values(**cls.subscribe_values())
-        return stmt.on_duplicate_key_update(
-            task_name=stmt.inserted.task_name,
-            queue=stmt.inserted.queue,
-            priority=stmt.inserted.priority,
-            max_attempts=stmt.inserted.max_attempts,
-            updated_at=stmt.inserted.updated_at,
-        )
 
     @classmethod
     def stmt_dedup_lookup(cls, keys: Sequence[str]) -> Executable:
@@ -167,13 +132,47 @@ class MySQLDialect(SqlDialect):
             .with_for_update(read=True)
         )
 
+
+class MySQLClaimStatements(ClaimStatements):
+    """MySQL's claims statements."""
+
+    @staticmethod
+    @functools.cache
+    def stmt_rows_by_ids() -> Executable:
+        """The ready rows `ids`, locked, each found by its primary key (a range of ids read
+        from one end to the other locks the rows between, those other workers hold too)."""
+        columns = ", ".join(f"t.{c.name}" for c in tasks.c)
+        return (
+            text(
+                f"SELECT {columns} FROM {IDS_TABLE} STRAIGHT_JOIN txtasks_tasks AS t "
+                "FORCE INDEX (PRIMARY) ON t.id = v.id WHERE t.state IN :ready FOR UPDATE"
+            )
+            .bindparams(
+                bindparam("ids", type_=JSON),
+                bindparam("ready", [s.value for s in READY_STATES], expanding=True),
+            )
+            .columns(*tasks.c)
+        )
+
     @classmethod
     @functools.cache
-    def stmt_pause(cls) -> Executable:
-        """A queue paused already keeps its time (a no-op update)."""
-        values = {"queue": bindparam("queue"), "paused_at": bindparam("now", type_=Timestamp)}
-        stmt = mysql_insert(paused_queues).values(**values)
-        return stmt.on_duplicate_key_update(paused_at=paused_queues.c.paused_at)
+    def stmt_ready_rows(cls) -> Executable:
+        """Whole ready rows, locked, skipping rows others hold (no UPDATE ... RETURNING)."""
+        return cls.stmt_ready().with_only_columns(*tasks.c)  # type: ignore[no-any-return]
+
+    @classmethod
+    @functools.cache
+    def stmt_claim_ids(cls) -> Executable:
+        """Mark the locked rows `ids` claimed."""
+        return (
+            update(tasks)
+            .where(tasks.c.id.in_(bindparam("ids", expanding=True)))
+            .values(**cls.claim_values())
+        )
+
+
+class MySQLKeyStatements(KeyStatements):
+    """MySQL's keys statements."""
 
     @classmethod
     @functools.cache
@@ -187,7 +186,7 @@ class MySQLDialect(SqlDialect):
     @staticmethod
     @functools.cache
     def stmt_hints_arm() -> Executable:
-        """As `SqlDialect.stmt_hints_arm`, the hints found by their primary key."""
+        """As `SqlDialect.keys.stmt_hints_arm`, the hints found by their primary key."""
         return text(
             "INSERT INTO txtasks_keys (queue, partition_key, ready_at, updated_at) "
             "SELECT h.queue, h.partition_key, min(h.run_at), :now FROM "
@@ -204,32 +203,10 @@ class MySQLDialect(SqlDialect):
         """Hints `ids`, each found by its primary key."""
         return _delete_by_ids("txtasks_key_hints")
 
-    @staticmethod
-    def rows(result: Result[Any]) -> list[Any]:
-        """The rows of a statement `_listed` returns as one JSON array (none: NULL)."""
-        value = result.scalar()
-        return [] if value is None else list(json.loads(value))
-
-    scalars = rows
-
     @classmethod
     @functools.cache
     def stmt_hints_take(cls) -> Executable:
         return _listed(super().stmt_hints_take())
-
-    async def keys_held(self, conn: AsyncConnection, params: dict[str, Any]) -> list[Any]:
-        """The ready keys read first without a lock, then locked by their primary keys (see
-        `KEYS_BY_ID`), skipping those another claim holds and those no longer ready; longest
-        waiting first."""
-        ids = self.rows(await conn.execute(self.stmt_keys_ready_ids(), params))
-        if not ids:
-            return []
-        locked = await conn.execute(self.stmt_keys_lock_ids(), {"ids": ids, "now": params["now"]})
-        held = sorted(self.rows(locked), key=lambda r: (r[4], r[0]))  # ready_at, id
-        return [
-            HeldKey(key_id, queue, key, None if start is None else datetime.fromisoformat(start))
-            for key_id, queue, key, start, _ready_at in held
-        ]
 
     @classmethod
     @functools.cache
@@ -271,7 +248,7 @@ class MySQLDialect(SqlDialect):
     @staticmethod
     @functools.cache
     def stmt_keys_of() -> Executable:
-        """As `SqlDialect.stmt_keys_of`, each key found by its unique index: MariaDB does not
+        """As `SqlDialect.keys.stmt_keys_of`, each key found by its unique index: MariaDB does not
         range-scan a list of (queue, key) pairs, and read every key of the table per outcome."""
         pairs = (
             "JSON_TABLE(:pairs, '$[*]' COLUMNS ("
@@ -311,33 +288,9 @@ class MySQLDialect(SqlDialect):
             "OR k.ready_at > :now THEN :now ELSE k.ready_at END, k.updated_at = :now"
         ).bindparams(bindparam("ids", type_=JSON), bindparam("now", type_=Timestamp))
 
-    async def claim_ids(self, conn: AsyncConnection, params: dict[str, Any]) -> list[TaskRow]:
-        """No UPDATE ... RETURNING: the rows read (locked), then marked claimed."""
-        found = (await conn.execute(self.stmt_rows_by_ids(), params)).mappings().all()
-        return await self._claim_found(conn, found, params)
 
-    @staticmethod
-    @functools.cache
-    def stmt_rows_by_ids() -> Executable:
-        """The ready rows `ids`, locked, each found by its primary key (a range of ids read
-        from one end to the other locks the rows between, those other workers hold too)."""
-        columns = ", ".join(f"t.{c.name}" for c in tasks.c)
-        return (
-            text(
-                f"SELECT {columns} FROM {IDS_TABLE} STRAIGHT_JOIN txtasks_tasks AS t "
-                "FORCE INDEX (PRIMARY) ON t.id = v.id WHERE t.state IN :ready FOR UPDATE"
-            )
-            .bindparams(
-                bindparam("ids", type_=JSON),
-                bindparam("ready", [s.value for s in READY_STATES], expanding=True),
-            )
-            .columns(*tasks.c)
-        )
-
-    @classmethod
-    def error_is_transient(cls, exc: BaseException) -> bool:
-        args: tuple[Any, ...] = getattr(exc, "args", ())
-        return bool(args) and isinstance(args[0], int) and args[0] in TRANSIENT_ERRNOS
+class MySQLOutcomeStatements(OutcomeStatements):
+    """MySQL's outcomes statements."""
 
     @staticmethod
     @functools.cache
@@ -378,24 +331,78 @@ class MySQLDialect(SqlDialect):
         """Remove rows `ids`, each found by its primary key (see `stmt_lock_keys`)."""
         return _delete_by_ids("txtasks_tasks")
 
+
+class MySQLTopicStatements(TopicStatements):
+    """MySQL's topics statements."""
+
     @classmethod
-    @functools.cache
-    def stmt_ready_rows(cls) -> Executable:
-        """Whole ready rows, locked, skipping rows others hold (no UPDATE ... RETURNING)."""
-        return cls.stmt_ready().with_only_columns(*tasks.c)  # type: ignore[no-any-return]
+    def publish_insert(cls, source: Any, dedup: bool) -> Insert:
+        """A live dedup key is a no-op update (MariaDB then returns the live task, which the
+        publish plan tells apart by its headers)."""
+        if not dedup:
+            return super().publish_insert(source, dedup)
+        stmt = mysql_insert(tasks).from_select(PUBLISH_COLUMNS, source)
+        return stmt.on_duplicate_key_update(id=tasks.c.id)
 
     @classmethod
     @functools.cache
-    def stmt_claim_ids(cls) -> Executable:
-        """Mark the locked rows `ids` claimed."""
-        return (
-            update(tasks)
-            .where(tasks.c.id.in_(bindparam("ids", expanding=True)))
-            .values(**cls.claim_values())
+    def stmt_subscribe(cls) -> Executable:
+        stmt = mysql_insert(subscriptions).values(**cls.subscribe_values())
+        return stmt.on_duplicate_key_update(
+            task_name=stmt.inserted.task_name,
+            queue=stmt.inserted.queue,
+            priority=stmt.inserted.priority,
+            max_attempts=stmt.inserted.max_attempts,
+            updated_at=stmt.inserted.updated_at,
         )
 
+
+class MySQLControlStatements(ControlStatements):
+    """MySQL's control statements."""
+
+    @classmethod
+    @functools.cache
+    def stmt_pause(cls) -> Executable:
+        """A queue paused already keeps its time (a no-op update)."""
+        values = {"queue": bindparam("queue"), "paused_at": bindparam("now", type_=Timestamp)}
+        stmt = mysql_insert(paused_queues).values(**values)
+        return stmt.on_duplicate_key_update(paused_at=paused_queues.c.paused_at)
+
+
+class MySQLLanes(SqlLanes):
+    """A claim's rows read first, then locked or updated by their primary keys."""
+
+    @property
+    def keys_sql(self) -> type[MySQLKeyStatements]:
+        return typing.cast("type[MySQLKeyStatements]", self.db.sql.keys)
+
+    @property
+    def claims_sql(self) -> type[MySQLClaimStatements]:
+        return typing.cast("type[MySQLClaimStatements]", self.db.sql.claims)
+
+    async def keys_held(self, conn: AsyncConnection, params: dict[str, Any]) -> list[Any]:
+        """The ready keys read first without a lock, then locked by their primary keys (see
+        `KEYS_BY_ID`), skipping those another claim holds and those no longer ready; longest
+        waiting first."""
+        ids = self.db.sql.rows(await conn.execute(self.keys_sql.stmt_keys_ready_ids(), params))
+        if not ids:
+            return []
+        locked = await conn.execute(
+            self.keys_sql.stmt_keys_lock_ids(), {"ids": ids, "now": params["now"]}
+        )
+        held = sorted(self.db.sql.rows(locked), key=lambda r: (r[4], r[0]))  # ready_at, id
+        return [
+            HeldKey(key_id, queue, key, None if start is None else datetime.fromisoformat(start))
+            for key_id, queue, key, start, _ready_at in held
+        ]
+
+    async def claim_ids(self, conn: AsyncConnection, params: dict[str, Any]) -> list[TaskRow]:
+        """No UPDATE ... RETURNING: the rows read (locked), then marked claimed."""
+        found = (await conn.execute(self.claims_sql.stmt_rows_by_ids(), params)).mappings().all()
+        return await self._claim_found(conn, found, params)
+
     async def claim(self, conn: AsyncConnection, params: dict[str, Any]) -> list[TaskRow]:
-        found = (await conn.execute(self.stmt_ready_rows(), params)).mappings().all()
+        found = (await conn.execute(self.claims_sql.stmt_ready_rows(), params)).mappings().all()
         return await self._claim_found(conn, found, params)
 
     async def _claim_found(
@@ -405,7 +412,7 @@ class MySQLDialect(SqlDialect):
         if not found:
             return []
         ids = [r["id"] for r in found]
-        await conn.execute(self.stmt_claim_ids(), {**params, "ids": ids})
+        await conn.execute(self.claims_sql.stmt_claim_ids(), {**params, "ids": ids})
         claimed = {
             "state": TaskState.PROCESSING.value,
             "lease_expires_at": params["lease_until"],
@@ -413,6 +420,57 @@ class MySQLDialect(SqlDialect):
             "started_at": params["now"],
         }
         return [TaskRow.from_row({**r, **claimed, "attempt": r["attempt"] + 1}) for r in found]
+
+
+class MySQLDialect(SqlDialect):
+    """MySQL 8: SKIP LOCKED claims as SELECT then UPDATE, no INSERT ... RETURNING, rows found
+    by primary key through JSON_TABLE."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities("mysql")
+
+    returning_insert: ClassVar[bool] = False
+
+    returning_dedup: ClassVar[bool] = False
+
+    enqueue = MySQLEnqueueStatements
+    claims = MySQLClaimStatements
+    keys = MySQLKeyStatements
+    outcomes = MySQLOutcomeStatements
+    topics = MySQLTopicStatements
+    control = MySQLControlStatements
+
+    @staticmethod
+    @contextlib.contextmanager
+    def migration_lock(conn: Connection) -> Iterator[None]:
+        """A named lock of the server (a session's, not a transaction's), waited for up to
+        LOCK_WAIT seconds. DDL commits implicitly on MySQL/MariaDB, so a migration is not atomic
+        there anyway: the migrating transaction is committed before the lock is released, so that
+        the next holder reads the record of the last migration."""
+        name = migration_lock_name(conn)
+        query = text("SELECT GET_LOCK(:name, :wait)")
+        got = conn.execute(query, {"name": name, "wait": schema_migrate.LOCK_WAIT}).scalar()
+        if got is None:
+            raise SchemaError(f"the migration lock {name!r} could not be taken (GET_LOCK failed)")
+        if got != 1:
+            raise schema_migrate.lock_timeout_error()
+        try:
+            yield
+            conn.exec_driver_sql("COMMIT")
+        finally:
+            conn.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": name})
+
+    @staticmethod
+    def rows(result: Result[Any]) -> list[Any]:
+        """The rows of a statement `_listed` returns as one JSON array (none: NULL)."""
+        value = result.scalar()
+        return [] if value is None else list(json.loads(value))
+
+    scalars = rows
+
+    @classmethod
+    def error_is_transient(cls, exc: BaseException) -> bool:
+        args: tuple[Any, ...] = getattr(exc, "args", ())
+        return bool(args) and isinstance(args[0], int) and args[0] in TRANSIENT_ERRNOS
 
 
 class MariaDBDialect(MySQLDialect):
@@ -480,10 +538,17 @@ class MariaDBDatabase(MySQLDatabase):
     dialect_class = MariaDBDialect
 
 
+class MySQLClaims(SqlClaims):
+    """Claims whose rows are read by primary key (`MySQLLanes`)."""
+
+    lanes_class = MySQLLanes
+
+
 class MySQLDriver(SqlDriver):
     """MySQL 8 and MariaDB (`MySQLDatabase`)."""
 
     database_class: ClassVar[type[SqlDatabase]] = MySQLDatabase
+    claims_class = MySQLClaims
 
 
 class MariaDBDriver(MySQLDriver):

@@ -18,10 +18,18 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from txtasks.driver.base import Capabilities, WriteResult
 from txtasks.driver.database import CLOSE_WITHIN, SqlDatabase
-from txtasks.driver.dialect import HeldKey, KeyHead, KeysLook, SqlDialect
+from txtasks.driver.dialect import SqlDialect
 from txtasks.driver.insert_plan import CopyRows, Statement, Step
 from txtasks.driver.sql import SqlDriver
 from txtasks.driver.sql_claims import Claim, SqlClaims
+from txtasks.driver.sql_lanes import SqlLanes
+from txtasks.driver.statements.enqueue import EnqueueStatements
+from txtasks.driver.statements.keys import (
+    HeldKey,
+    KeyHead,
+    KeysLook,
+)
+from txtasks.driver.statements.topics import TopicStatements
 from txtasks.driver.timeouts import Watchdog, keepalive_set, socket_of
 from txtasks.keys import HINTS_PER_CLAIM
 from txtasks.schema import migrate as schema_migrate
@@ -198,7 +206,7 @@ _ARCHIVED = [c for c in TASK_COLUMNS if c not in ("state", "lease_expires_at", "
 #: outcomes' rows in id order and keep the still-current attempts (the fence: id, attempt,
 #: processing, held by worker $5 unless NULL, lease expired before $6 unless NULL), delete them
 #: from the hot table and copy them into the archive with their final state (completed ones
-#: only when $8), and arm the keys they had that still have a ready task (`SqlDialect.keys_wake`,
+#: only when $8), and arm the keys they had that still have a ready task (`SqlLanes.keys_wake`,
 #: see txtasks.keys: a probe per key of the claim index from its far end, away from the entries
 #: its claimed and finished tasks leave until a vacuum; an EXISTS would be planned as a
 #: sequential scan for a key with many tasks). Each
@@ -379,34 +387,28 @@ async def _raw(conn: AsyncConnection) -> Any:
 LOCK_NOT_AVAILABLE = "55P03"
 
 
-class PostgresDialect(SqlDialect):
-    """PostgreSQL 12+: ON CONFLICT for dedup, COPY for bulk enqueues, an advisory migration
-    lock."""
+class PostgresEnqueueStatements(EnqueueStatements):
+    """Postgres's enqueue statements."""
 
-    capabilities: ClassVar[Capabilities] = Capabilities("postgresql")
-    keys_lock_clears: ClassVar[bool] = True
-    upsert = staticmethod(pg_insert)
+    @classmethod
+    def _insert_plain(
+        cls, rows: Sequence[NewTask], todo: list[int], ids: list[int | None]
+    ) -> Generator[Step, Result[Any], None]:
+        """Several rows: ids drawn in one statement, then the rows sent with COPY (or one
+        statement of arrays); one row: the plain INSERT."""
+        if len(todo) == 1:
+            yield from super()._insert_plain(rows, todo, ids)
+            return
+        drawn = yield DRAW_IDS, {"n": len(todo)}
+        new_ids = sorted(drawn.scalar_one())
+        records = [_bulk_record(n, rows[i]) for n, i in zip(new_ids, todo, strict=True)]
+        yield CopyRows("txtasks_tasks", BULK_COLUMNS, records, lambda: _bulk_arrays(records))
+        for i, new_id in zip(todo, new_ids, strict=True):
+            ids[i] = new_id
 
-    @staticmethod
-    @contextlib.contextmanager
-    def migration_lock(conn: Connection) -> Iterator[None]:
-        """A transaction-level advisory lock, waited for up to LOCK_WAIT seconds (whatever the
-        session's statement_timeout): the commit (or rollback) of the migrating transaction
-        releases it."""
-        saved = conn.execute(
-            text("SELECT current_setting('lock_timeout'), current_setting('statement_timeout')")
-        ).one()
-        _lock_settings(conn, f"{schema_migrate.LOCK_WAIT}s", "0")
-        try:
-            conn.exec_driver_sql(
-                f"SELECT pg_advisory_xact_lock(hashtext('{schema_migrate.LOCK_NAME}'))"
-            )
-        except DBAPIError as exc:
-            if _sqlstate(exc) == LOCK_NOT_AVAILABLE:
-                raise schema_migrate.lock_timeout_error() from None
-            raise
-        _lock_settings(conn, *saved)
-        yield
+
+class PostgresTopicStatements(TopicStatements):
+    """Postgres's topics statements."""
 
     @classmethod
     @functools.cache
@@ -448,21 +450,9 @@ class PostgresDialect(SqlDialect):
             "priority": [p.priority for p in chunk],
         }
 
-    @classmethod
-    def _insert_plain(
-        cls, rows: Sequence[NewTask], todo: list[int], ids: list[int | None]
-    ) -> Generator[Step, Result[Any], None]:
-        """Several rows: ids drawn in one statement, then the rows sent with COPY (or one
-        statement of arrays); one row: the plain INSERT."""
-        if len(todo) == 1:
-            yield from super()._insert_plain(rows, todo, ids)
-            return
-        drawn = yield DRAW_IDS, {"n": len(todo)}
-        new_ids = sorted(drawn.scalar_one())
-        records = [_bulk_record(n, rows[i]) for n, i in zip(new_ids, todo, strict=True)]
-        yield CopyRows("txtasks_tasks", BULK_COLUMNS, records, lambda: _bulk_arrays(records))
-        for i, new_id in zip(todo, new_ids, strict=True):
-            ids[i] = new_id
+
+class PostgresLanes(SqlLanes):
+    """A claim's statements run the Postgres way."""
 
     async def keys_settle(self, conn: AsyncConnection, params: list[dict[str, Any]]) -> None:
         """One statement of arrays, not one per key, on the asyncpg connection."""
@@ -540,6 +530,40 @@ class PostgresDialect(SqlDialect):
                 queue, key, _n = asked[i - 1]
                 look.due[(queue, key)] = ids
         return look
+
+
+class PostgresDialect(SqlDialect):
+    """PostgreSQL 12+: ON CONFLICT for dedup, COPY for bulk enqueues, an advisory migration
+    lock."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities("postgresql")
+
+    keys_lock_clears: ClassVar[bool] = True
+
+    upsert = staticmethod(pg_insert)
+    enqueue = PostgresEnqueueStatements
+    topics = PostgresTopicStatements
+
+    @staticmethod
+    @contextlib.contextmanager
+    def migration_lock(conn: Connection) -> Iterator[None]:
+        """A transaction-level advisory lock, waited for up to LOCK_WAIT seconds (whatever the
+        session's statement_timeout): the commit (or rollback) of the migrating transaction
+        releases it."""
+        saved = conn.execute(
+            text("SELECT current_setting('lock_timeout'), current_setting('statement_timeout')")
+        ).one()
+        _lock_settings(conn, f"{schema_migrate.LOCK_WAIT}s", "0")
+        try:
+            conn.exec_driver_sql(
+                f"SELECT pg_advisory_xact_lock(hashtext('{schema_migrate.LOCK_NAME}'))"
+            )
+        except DBAPIError as exc:
+            if _sqlstate(exc) == LOCK_NOT_AVAILABLE:
+                raise schema_migrate.lock_timeout_error() from None
+            raise
+        _lock_settings(conn, *saved)
+        yield
 
     @classmethod
     def error_is_transient(cls, exc: BaseException) -> bool:
@@ -685,6 +709,7 @@ class PostgresClaims(SqlClaims):
     statement each (`CLAIM_SQL`, `HINTS_TAKE`, `FINISH_SQL`)."""
 
     db: PostgresDatabase
+    lanes_class = PostgresLanes
 
     async def _hints_take(self, claim: Claim) -> None:
         """One autocommit statement on the claims' pool: delete the hints, arm their keys."""

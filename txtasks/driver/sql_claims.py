@@ -16,7 +16,7 @@ from collections.abc import (
 )
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     Connection,
@@ -30,13 +30,12 @@ from txtasks.driver.base import (
     WriteResult,
 )
 from txtasks.driver.database import SqlDatabase
-from txtasks.driver.dialect import (
-    KeysLook,
-    claim_order,
-    keys_param,
-)
-from txtasks.driver.dialect_control import override_of
 from txtasks.driver.insert_plan import Statement, plan_run_async, plan_run_sync
+from txtasks.driver.sql_lanes import SqlLanes
+from txtasks.driver.statements.claims import claim_order
+from txtasks.driver.statements.control import override_of
+from txtasks.driver.statements.keys import KeysLook
+from txtasks.driver.statements.outcomes import keys_param
 from txtasks.errors import LeaseLost
 from txtasks.keys import (
     NEXT_DUE,
@@ -100,8 +99,12 @@ class SqlClaims:
     """The worker's loop on a SQL database: claims in two lanes (tasks with a key and without),
     leases, outcomes fenced on the attempt, and an attempt's own transaction."""
 
+    #: How this database runs the claim's statements (see sql_lanes.py).
+    lanes_class: ClassVar[type[SqlLanes]] = SqlLanes
+
     def __init__(self, db: SqlDatabase) -> None:
         self.db = db
+        self.lanes = self.lanes_class(db)
         #: Which lane the next claim starts with, and when each set of queues is next probed
         #: for tasks with a key (see `task_claim_many`).
         self._keys_first = False
@@ -188,14 +191,14 @@ class SqlClaims:
 
         async def work(conn: AsyncConnection) -> list[TaskRow]:
             lock = {"queue": queue}
-            held = (await conn.execute(self.db.sql.stmt_queue_rate_lock(), lock)).first()
+            held = (await conn.execute(self.db.sql.keys.stmt_queue_rate_lock(), lock)).first()
             if held is None:  # another claim of the queue holds it (or it is gone: made anew)
                 self._rate_rows.discard(queue)
                 return []
             allowed = min(limit, rate_allowance(rate, held.next_start_at, claim.now))
 
             async def plain(left: int) -> list[TaskRow]:
-                return await self.db.sql.claim(conn, claim.params(limit=left))
+                return await self.lanes.claim(conn, claim.params(limit=left))
 
             async def with_keys(left: int) -> list[TaskRow]:
                 return (await self._keyed_claim_on(conn, claim, left, keys or {}))[0]
@@ -203,7 +206,7 @@ class SqlClaims:
             rows = await self._in_turn(allowed, plain, with_keys if keyed else None)
             next_start = rate_after(rate, held.next_start_at, claim.now, len(rows))
             settle = {"b_id": held.id, "b_ready_at": None, "b_next_start_at": next_start}
-            await self.db.sql.keys_settle(conn, [{**settle, "now": claim.now}])
+            await self.lanes.keys_settle(conn, [{**settle, "now": claim.now}])
             if len(rows) == allowed and next_start is not None:  # more may wait for the rate
                 self._keys_wake_note([(queue, next_start)], claim.now)
             return rows
@@ -215,7 +218,9 @@ class SqlClaims:
         row = {"queue": queue, "partition_key": "", "ready_at": None, "now": now}
 
         async def work(conn: AsyncConnection) -> None:
-            await conn.execute(self.db.sql.stmt_keys_arm(), [row])  # never arms it: no look due
+            await conn.execute(
+                self.db.sql.keys.stmt_keys_arm(), [row]
+            )  # never arms it: no look due
 
         await self.db.in_transaction(work)
         self._rate_rows.add(queue)
@@ -224,7 +229,7 @@ class SqlClaims:
         """Claim up to `limit` ready tasks without a key, in claim order."""
 
         async def work(conn: AsyncConnection) -> list[TaskRow]:
-            return await self.db.sql.claim(conn, claim.params(limit=limit))
+            return await self.lanes.claim(conn, claim.params(limit=limit))
 
         return await self.db.in_transaction(work)
 
@@ -275,7 +280,7 @@ class SqlClaims:
 
     async def _hints_take(self, claim: Claim) -> None:
         async def work(conn: AsyncConnection) -> None:
-            await self.db.sql.hints_take(conn, claim.queues, claim.now)
+            await self.lanes.hints_take(conn, claim.queues, claim.now)
 
         await self.db.in_transaction(work)
 
@@ -285,7 +290,7 @@ class SqlClaims:
         """The tasks claimed, and whether more keys may be armed (as many locked as asked)."""
         now = claim.now
         lock = {"queues": claim.queues, "now": now, "limit": limit}
-        held, stored = await self.db.sql.keys_lock(conn, lock)
+        held, stored = await self.lanes.keys_lock(conn, lock)
         if not held:
             return [], False
         if stored:
@@ -310,7 +315,7 @@ class SqlClaims:
         found = self._keys_found(slots, asks, look, now)
         given = round_robin([min(len(f), a) for f, a in zip(found, asks, strict=True)], limit)
         ids = [i for f, n in zip(found, given, strict=True) for i in f[:n]]
-        rows = await self.db.sql.claim_ids(conn, claim.params(ids=ids)) if ids else []
+        rows = await self.lanes.claim_ids(conn, claim.params(ids=ids)) if ids else []
         took: dict[tuple[str, str], int] = {}
         for row in rows:
             pair = (row.queue, row.partition_key or "")
@@ -333,7 +338,7 @@ class SqlClaims:
         each key at most its limits allow, and one more (more are due)."""
         unknown = [s.want(now) for s in slots]  # as if nothing ran
         cap = fetch_cap(unknown, limit)
-        return await self.db.sql.keys_look(
+        return await self.lanes.keys_look(
             conn,
             counted=[(s.queue, s.key) for s in slots if s.limits.slots is not None],
             ordered=[(s.queue, s.key) for s in slots if s.limits.ordered],
@@ -396,7 +401,7 @@ class SqlClaims:
             or next_start != s.next_start_at
         ]
         if params:
-            await self.db.sql.keys_settle(conn, params)
+            await self.lanes.keys_settle(conn, params)
         return [ready_at for _id, _s, ready_at, _next in settled]
 
     async def _keys_next_due(
@@ -414,7 +419,7 @@ class SqlClaims:
                 due[(s.queue, s.key)] = head.run_at
         others = sorted({s.key for s in slots if not s.limits.ordered})
         if others:
-            result = await conn.execute(self.db.sql.stmt_keys_next_due(), {"names": others})
+            result = await conn.execute(self.db.sql.keys.stmt_keys_next_due(), {"names": others})
             wanted = {(s.queue, s.key) for s in slots}
             for queue, key, when in result:
                 if (queue, key) in wanted:
@@ -475,12 +480,12 @@ class SqlClaims:
             yield from self._finish_plan(finishing, now, archive_completed)
         retries = [o for o in mine if o.kind is OutcomeKind.RETRY]
         if retries:
-            yield self.db.sql.stmt_retry(), self._retry_params(retries)
+            yield self.db.sql.outcomes.stmt_retry(), self._retry_params(retries)
         releases = [o.key for o in mine if o.kind is OutcomeKind.RELEASE]
         if releases:
-            yield self.db.sql.stmt_release(), {**keys_param(releases), **fence}
+            yield self.db.sql.outcomes.stmt_release(), {**keys_param(releases), **fence}
         if woken:  # a slot freed, a head moved on or retried: the claims look at the keys again
-            yield from self.db.sql.keys_wake_plan(woken, now)
+            yield from self.db.sql.keys.keys_wake_plan(woken, now)
         return {o.key for o in mine}
 
     def attempts_lock_plan(
@@ -489,7 +494,7 @@ class SqlClaims:
         """Lock the rows of still-current attempts (in id order): their queues and keys, and
         whether a cancel was asked for."""
         params = {**keys_param(keys), **fence}
-        locked: list[Any] = list((yield self.db.sql.stmt_lock_keys(), params))
+        locked: list[Any] = list((yield self.db.sql.outcomes.stmt_lock_keys(), params))
         return {TaskKey(row[0], row[1]): (row[2], row[3], row[4] is not None) for row in locked}
 
     @contextlib.asynccontextmanager
@@ -537,14 +542,17 @@ class SqlClaims:
                 and (kind is not OutcomeKind.COMPLETE or archive_completed or o.result is not None)
             )
             if ids:
-                yield self.db.sql.stmt_archive_copy(), {"ids": ids, "state": kind.value, "now": now}
+                yield (
+                    self.db.sql.outcomes.stmt_archive_copy(),
+                    {"ids": ids, "state": kind.value, "now": now},
+                )
         errors = [{"b_id": o.key.id, "b_error": o.error} for o in outcomes if o.error]
         if errors:
-            yield self.db.sql.stmt_archive_error(), errors
+            yield self.db.sql.outcomes.stmt_archive_error(), errors
         results = [{"b_id": o.key.id, "b_result": o.result} for o in outcomes if o.result]
         if results:
-            yield self.db.sql.stmt_archive_result(), results
-        yield self.db.sql.stmt_delete(), {"ids": sorted(o.key.id for o in outcomes)}
+            yield self.db.sql.outcomes.stmt_archive_result(), results
+        yield self.db.sql.outcomes.stmt_delete(), {"ids": sorted(o.key.id for o in outcomes)}
 
     @staticmethod
     def _retry_params(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
@@ -578,7 +586,7 @@ class SqlClaims:
         if not keys:
             return 0
         params = keys_param(keys, worker_id)
-        lock = self.db.sql.stmt_lock_keys(skip_locked=not wait_locked)
+        lock = self.db.sql.outcomes.stmt_lock_keys(skip_locked=not wait_locked)
 
         async def work(conn: AsyncConnection) -> int:
             rows = await conn.execute(lock, params)
@@ -586,7 +594,7 @@ class SqlClaims:
             if locked:
                 ids = [k.id for k in locked]
                 await conn.execute(
-                    self.db.sql.stmt_lease_set(), {"ids": ids, "lease_until": lease_until}
+                    self.db.sql.outcomes.stmt_lease_set(), {"ids": ids, "lease_until": lease_until}
                 )
                 reports = [
                     {"b_id": k.id, "b_progress": progress[k]}
@@ -594,12 +602,14 @@ class SqlClaims:
                     if progress and k in progress
                 ]
                 if reports:  # the rows are locked and still this worker's
-                    await conn.execute(self.db.sql.stmt_progress_set(), reports)
+                    await conn.execute(self.db.sql.outcomes.stmt_progress_set(), reports)
             if left_out is not None and len(locked) < len(keys):
                 left_out.update(set(keys).difference(locked))
             if len(locked) == len(keys):
                 return len(locked)
-            held = await conn.execute(self.db.sql.stmt_count_keys(), params)  # a read: never waits
+            held = await conn.execute(
+                self.db.sql.outcomes.stmt_count_keys(), params
+            )  # a read: never waits
             return int(held.scalar_one())
 
         return await self.db.in_transaction(work)
@@ -610,7 +620,7 @@ class SqlClaims:
         wanted = set(keys)
         async with self.db.connect() as conn:
             result = await conn.execute(
-                self.db.sql.stmt_cancel_requested(), {"ids": sorted({k.id for k in keys})}
+                self.db.sql.control.stmt_cancel_requested(), {"ids": sorted({k.id for k in keys})}
             )
             found = [TaskKey(int(i), int(a)) for i, a in result.all()]
         return [k for k in found if k in wanted]

@@ -1,5 +1,5 @@
 """Control on a SQL database: the `Control` role of `SqlDriver` (see docs/control.md). The SQL
-is the dialect's (`dialect_control.py`).
+is the dialect's (`statements/control.py`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from txtasks.clock import utcnow
 from txtasks.control import TaskFilter
 from txtasks.driver.database import SqlDatabase
-from txtasks.driver.dialect_control import QUEUE_ITSELF, override_is, override_of
+from txtasks.driver.statements.control import QUEUE_ITSELF, override_is, override_of
 from txtasks.keys import (
     KeyOverride,
     Rate,
@@ -62,7 +62,7 @@ class SqlControl:
         limit: int = 1000,
     ) -> list[Cancel]:
         result: list[Cancel] = await self.db.plan_async(
-            lambda sql: sql.cancel_plan(ids, where, now, limit)
+            lambda sql: sql.control.cancel_plan(ids, where, now, limit)
         )
         return result
 
@@ -75,37 +75,41 @@ class SqlControl:
         limit: int = 1000,
     ) -> list[Cancel]:
         result: list[Cancel] = self.db.plan_sync(
-            lambda sql: sql.cancel_plan(ids, where, now, limit)
+            lambda sql: sql.control.cancel_plan(ids, where, now, limit)
         )
         return result
 
     async def queue_pause(self, queue: str, *, now: datetime) -> datetime | None:
-        earlier: datetime | None = await self.db.plan_async(lambda sql: sql.pause_plan(queue, now))
+        earlier: datetime | None = await self.db.plan_async(
+            lambda sql: sql.control.pause_plan(queue, now)
+        )
         return earlier
 
     def queue_pause_sync(self, queue: str, *, now: datetime) -> datetime | None:
-        earlier: datetime | None = self.db.plan_sync(lambda sql: sql.pause_plan(queue, now))
+        earlier: datetime | None = self.db.plan_sync(lambda sql: sql.control.pause_plan(queue, now))
         return earlier
 
     async def queue_resume(self, queue: str) -> bool:
-        return bool(await self.db.plan_async(lambda sql: sql.resume_plan(queue)))
+        return bool(await self.db.plan_async(lambda sql: sql.control.resume_plan(queue)))
 
     def queue_resume_sync(self, queue: str) -> bool:
-        return bool(self.db.plan_sync(lambda sql: sql.resume_plan(queue)))
+        return bool(self.db.plan_sync(lambda sql: sql.control.resume_plan(queue)))
 
     async def queue_rate_set(self, queue: str, rate: Rate) -> None:
-        await self.db.plan_async(lambda sql: sql.queue_rate_plan(queue, rate, utcnow()))
+        await self.db.plan_async(lambda sql: sql.control.queue_rate_plan(queue, rate, utcnow()))
 
     def queue_rate_set_sync(self, queue: str, rate: Rate) -> None:
-        self.db.plan_sync(lambda sql: sql.queue_rate_plan(queue, rate, utcnow()))
+        self.db.plan_sync(lambda sql: sql.control.queue_rate_plan(queue, rate, utcnow()))
 
     async def queue_rate_clear(self, queue: str) -> bool:
         return bool(
-            await self.db.plan_async(lambda sql: sql.queue_rate_plan(queue, None, utcnow()))
+            await self.db.plan_async(lambda sql: sql.control.queue_rate_plan(queue, None, utcnow()))
         )
 
     def queue_rate_clear_sync(self, queue: str) -> bool:
-        return bool(self.db.plan_sync(lambda sql: sql.queue_rate_plan(queue, None, utcnow())))
+        return bool(
+            self.db.plan_sync(lambda sql: sql.control.queue_rate_plan(queue, None, utcnow()))
+        )
 
     async def queue_paused_list(self) -> dict[str, datetime]:
         stmt = select(paused_queues.c.queue, paused_queues.c.paused_at).order_by(

@@ -82,9 +82,11 @@ class SqlSweeps:
             for state in {r.state for r in rows}:
                 ids = [r.id for r in rows if r.state == state]
                 params = {"ids": ids, "state": state, "now": now}
-                await conn.execute(self.db.sql.stmt_archive_copy(), params)
+                await conn.execute(self.db.sql.outcomes.stmt_archive_copy(), params)
             if rows:
-                await conn.execute(self.db.sql.stmt_delete(), {"ids": [r.id for r in rows]})
+                await conn.execute(
+                    self.db.sql.outcomes.stmt_delete(), {"ids": [r.id for r in rows]}
+                )
             return len(rows)
 
         return await self.db.in_transaction(work)

@@ -53,7 +53,7 @@ class SqlTasks:
         if not rows:
             return []
         with self.db.sync_engine.begin() as conn:
-            return plan_run_sync(conn, dialect_for(conn.dialect).enqueue_plan(rows))
+            return plan_run_sync(conn, dialect_for(conn.dialect).enqueue.enqueue_plan(rows))
 
     async def task_get(self, task_id: int) -> TaskRow | None:
         async with self.db.connect() as conn:
@@ -107,9 +107,9 @@ class SqlTasks:
         chosen = set(states) if states else set(LIVE_STATES)
         flt = where or TaskFilter()
         live = sorted(s.value for s in chosen if s.is_live)
-        stmts = [self.db.sql.stmt_live_list(live, flt)] if live else []
+        stmts = [self.db.sql.control.stmt_live_list(live, flt)] if live else []
         for state in sorted(s.value for s in chosen if not s.is_live):
-            stmts.append(self.db.sql.stmt_archive_list(state, flt))
+            stmts.append(self.db.sql.control.stmt_archive_list(state, flt))
         return stmts
 
     async def live_count(

@@ -1,5 +1,5 @@
 """Topics on a SQL database: the `Topics` role of `SqlDriver`. The SQL is the dialect's
-(`dialect_topics.py`).
+(`statements/topics.py`).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class SqlTopics:
         if not publishes:
             return []
         return await self.db.in_transaction(
-            lambda conn: plan_run_async(conn, self.db.sql.publish_plan(publishes))
+            lambda conn: plan_run_async(conn, self.db.sql.topics.publish_plan(publishes))
         )
 
     def topic_publish_many_sync(self, publishes: Sequence[NewPublish]) -> list[list[Delivery]]:
@@ -67,14 +67,14 @@ class SqlTopics:
             return []
 
         with self.db.sync_engine.begin() as conn:
-            return plan_run_sync(conn, dialect_for(conn.dialect).publish_plan(publishes))
+            return plan_run_sync(conn, dialect_for(conn.dialect).topics.publish_plan(publishes))
 
     async def subscription_set_many(self, subs: Sequence[Subscription], *, now: datetime) -> None:
         if not subs:
             return
 
         async def work(conn: AsyncConnection) -> None:
-            await conn.execute(self.db.sql.stmt_subscribe(), subscribe_params(subs, now))
+            await conn.execute(self.db.sql.topics.stmt_subscribe(), subscribe_params(subs, now))
 
         await self.db.in_transaction(work)
 
@@ -84,7 +84,7 @@ class SqlTopics:
 
         async def work(conn: AsyncConnection) -> int:
             params = {"pairs": sorted(set(pairs))}
-            return int((await conn.execute(self.db.sql.stmt_unsubscribe(), params)).rowcount)
+            return int((await conn.execute(self.db.sql.topics.stmt_unsubscribe(), params)).rowcount)
 
         return await self.db.in_transaction(work)
 

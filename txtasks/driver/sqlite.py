@@ -17,6 +17,7 @@ from txtasks.driver.database import SqlDatabase
 from txtasks.driver.dialect import SqlDialect
 from txtasks.driver.insert_plan import Step, task_values
 from txtasks.driver.sql import SqlDriver
+from txtasks.driver.statements.enqueue import EnqueueStatements
 from txtasks.schema.tables import tasks
 from txtasks.types import NewTask
 
@@ -49,11 +50,32 @@ def sqlite_connection_setup(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+class SQLiteEnqueueStatements(EnqueueStatements):
+    """SQLite's enqueue statements."""
+
+    @classmethod
+    def _insert_plain(
+        cls, rows: Sequence[NewTask], todo: list[int], ids: list[int | None]
+    ) -> Generator[Step, Result[Any], None]:
+        """Several rows: multi-row INSERTs, each `RETURNING id`. Asking SQLAlchemy for the ids
+        in parameter order would send one row per statement here; instead, as the table is
+        AUTOINCREMENT and the rows of a transaction go in one after another, in order, under
+        its write lock, the returned ids sorted are in parameter order."""
+        if len(todo) == 1:
+            yield from super()._insert_plain(rows, todo, ids)
+            return
+        result = yield insert(tasks).returning(tasks.c.id), [task_values(rows[i]) for i in todo]
+        for i, new_id in zip(todo, sorted(result.scalars().all()), strict=True):
+            ids[i] = new_id
+
+
 class SQLiteDialect(SqlDialect):
     """SQLite 3.35+: one writer at a time, taken up front by BEGIN IMMEDIATE."""
 
     capabilities: ClassVar[Capabilities] = Capabilities("sqlite", concurrent_claims=False)
+
     upsert = staticmethod(sqlite_insert)
+    enqueue = SQLiteEnqueueStatements
 
     @staticmethod
     @contextlib.contextmanager
@@ -70,21 +92,6 @@ class SQLiteDialect(SqlDialect):
     @staticmethod
     def connection_setup(engine: Engine) -> None:
         sqlite_connection_setup(engine)
-
-    @classmethod
-    def _insert_plain(
-        cls, rows: Sequence[NewTask], todo: list[int], ids: list[int | None]
-    ) -> Generator[Step, Result[Any], None]:
-        """Several rows: multi-row INSERTs, each `RETURNING id`. Asking SQLAlchemy for the ids
-        in parameter order would send one row per statement here; instead, as the table is
-        AUTOINCREMENT and the rows of a transaction go in one after another, in order, under
-        its write lock, the returned ids sorted are in parameter order."""
-        if len(todo) == 1:
-            yield from super()._insert_plain(rows, todo, ids)
-            return
-        result = yield insert(tasks).returning(tasks.c.id), [task_values(rows[i]) for i in todo]
-        for i, new_id in zip(todo, sorted(result.scalars().all()), strict=True):
-            ids[i] = new_id
 
     @classmethod
     def error_is_transient(cls, exc: BaseException) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Generator, Sequence
-from typing import Any, ClassVar, cast
+from typing import Any, cast
 
 from sqlalchemy import (
     Executable,
@@ -20,7 +20,6 @@ from sqlalchemy import (
     LargeBinary,
     Result,
     String,
-    Table,
     Text,
     bindparam,
     delete,
@@ -35,11 +34,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.dml import Insert
 
-from txtasks.driver.insert_plan import Plan, Step
+from txtasks.driver.insert_plan import Step
 from txtasks.driver.key_hints import hints_step
+from txtasks.driver.statements import Statements
 from txtasks.schema.tables import ExactString, Timestamp, subscriptions, tasks, topic_drops
 from txtasks.topics import delivery_row, head_of
-from txtasks.types import Delivery, NewPublish, NewTask, Subscription, TaskState
+from txtasks.types import Delivery, NewPublish, Subscription, TaskState
 
 #: The most publishes one statement carries, and the most payload bytes (a statement is sent
 #: whole: MariaDB's max_allowed_packet).
@@ -82,21 +82,9 @@ def publish_params(chunk: Sequence[NewPublish]) -> dict[str, Any]:
     return params
 
 
-class TopicsDialect:
-    """Statements of topics; a dialect overrides `publish_insert` and `stmt_subscribe` where
-    its "insert or not" differs."""
-
-    returning_insert: ClassVar[bool]
-
-    @staticmethod
-    def upsert(table: Table) -> Any:
-        raise NotImplementedError
-
-    @classmethod
-    def enqueue_plan(cls, rows: Sequence[NewTask]) -> Plan:
-        raise NotImplementedError
-
-    # -- publish ------------------------------------------------------------------------------
+class TopicStatements(Statements):
+    """Statements of topics; a dialect overrides `publish_insert` and `stmt_subscribe` where its
+    "insert or not" differs."""
 
     @staticmethod
     def publish_chunks(publishes: Sequence[NewPublish]) -> list[tuple[int, int]]:
@@ -114,7 +102,7 @@ class TopicsDialect:
         live (no error)."""
         if not dedup:
             return insert(tasks).from_select(PUBLISH_COLUMNS, source)
-        stmt = cls.upsert(tasks).from_select(PUBLISH_COLUMNS, source)
+        stmt = cls.sql.upsert(tasks).from_select(PUBLISH_COLUMNS, source)
         skip: Insert = stmt.on_conflict_do_nothing(
             index_elements=[tasks.c.dedup_key], index_where=tasks.c.dedup_key.is_not(None)
         )
@@ -183,7 +171,7 @@ class TopicsDialect:
         """Write `publishes` on any connection (sync or async): one statement per chunk of up
         to PUBLISH_CHUNK publishes whatever the number of groups; then the hints of keyed
         deliveries, and the drops. Returns each publish's new deliveries."""
-        if not cls.returning_insert:
+        if not cls.sql.returning_insert:
             return (yield from cls._publish_read_first(publishes))
         found: list[list[Delivery]] = [[] for _ in publishes]
         seen: set[int] = set()
@@ -236,7 +224,7 @@ class TopicsDialect:
             for sub in groups.get(p.topic, []):
                 rows.append(delivery_row(p, sub))
                 owners.append(at)
-        ids = (yield from cls.enqueue_plan(rows)) if rows else []
+        ids = (yield from cls.sql.enqueue.enqueue_plan(rows)) if rows else []
         found: list[list[Delivery]] = [[] for _ in publishes]
         for at, row, task_id in zip(owners, rows, ids, strict=True):
             found[at].append(Delivery(task_id, row.queue))
@@ -246,8 +234,6 @@ class TopicsDialect:
         if drops:
             yield cls.stmt_drops_add(), drops
         return found
-
-    # -- subscriptions ------------------------------------------------------------------------
 
     @staticmethod
     def subscribe_values() -> dict[str, Any]:
@@ -262,7 +248,7 @@ class TopicsDialect:
     @functools.cache
     def stmt_subscribe(cls) -> Executable:
         """Create or update the subscription of (topic, group_name)."""
-        stmt = cls.upsert(subscriptions).values(**cls.subscribe_values())
+        stmt = cls.sql.upsert(subscriptions).values(**cls.subscribe_values())
         change = {c: stmt.excluded[c] for c in ("task_name", "queue", "priority", "max_attempts")}
         subscribe: Executable = stmt.on_conflict_do_update(
             index_elements=[subscriptions.c.topic, subscriptions.c.group_name],

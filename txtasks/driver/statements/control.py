@@ -14,12 +14,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Generator, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Executable, Integer, Result, bindparam, delete, insert, select, update
 
 from txtasks.control import CANCELLABLE, TaskFilter, cancels_of
 from txtasks.driver.insert_plan import Step
+from txtasks.driver.statements import Statements
 from txtasks.keys import KeyOverride, Rate
 from txtasks.schema.tables import (
     Timestamp,
@@ -64,27 +65,8 @@ def override_of(row: Any) -> KeyOverride:
     )
 
 
-class ControlDialect:
-    """Cancel, pause and inspection statements (mixed into `SqlDialect`)."""
-
-    if TYPE_CHECKING:
-
-        @staticmethod
-        def stmt_archive_copy() -> Executable: ...
-
-        @staticmethod
-        def stmt_delete() -> Executable: ...
-
-        @staticmethod
-        def stmt_keys_of() -> Executable: ...
-
-        @classmethod
-        def stmt_keys_wake(cls) -> Executable: ...
-
-        @staticmethod
-        def upsert(table: Any) -> Any: ...
-
-    # -- cancel -------------------------------------------------------------------------------
+class ControlStatements(Statements):
+    """Cancel, pause and inspection statements."""
 
     @staticmethod
     @functools.cache
@@ -157,11 +139,14 @@ class ControlDialect:
         queued = [r for r in found if r.state in _READY_VALUES]
         if queued:
             done = [r.id for r in queued]
-            yield cls.stmt_archive_copy(), {"ids": done, "state": _CANCELLED, "now": now}
-            yield cls.stmt_delete(), {"ids": done}
+            yield (
+                cls.sql.outcomes.stmt_archive_copy(),
+                {"ids": done, "state": _CANCELLED, "now": now},
+            )
+            yield cls.sql.outcomes.stmt_delete(), {"ids": done}
             pairs = sorted({(r.queue, r.partition_key) for r in queued if r.partition_key})
             if pairs:  # a slot freed or an ordered key's head moved on: claims look again
-                yield from cls.keys_wake_plan(pairs, now)
+                yield from cls.sql.keys.keys_wake_plan(pairs, now)
         running = [r.id for r in found if r.state == _PROCESSING and r.cancel_requested_at is None]
         if running:
             yield cls.stmt_cancel_request(), {"ids": running, "now": now}
@@ -174,10 +159,6 @@ class ControlDialect:
             archived = {int(r[0]): str(r[1]) for r in rows}
         return cancels_of(list(dict.fromkeys(ids)), found, archived)
 
-    @classmethod
-    def keys_wake_plan(cls, pairs: Sequence[tuple[str, str]], now: datetime) -> ValuePlan:
-        raise NotImplementedError  # SqlDialect's
-
     @staticmethod
     @functools.cache
     def stmt_cancel_requested() -> Executable:
@@ -186,8 +167,6 @@ class ControlDialect:
             tasks.c.id.in_(bindparam("ids", expanding=True)),
             tasks.c.cancel_requested_at.is_not(None),
         )
-
-    # -- pause --------------------------------------------------------------------------------
 
     @staticmethod
     def paused_queue_names() -> Any:
@@ -199,7 +178,7 @@ class ControlDialect:
     def stmt_pause(cls) -> Executable:
         """Pause `queue` at `now`; nothing if it is paused already."""
         values = {"queue": bindparam("queue"), "paused_at": bindparam("now", type_=Timestamp)}
-        return cls.upsert(paused_queues).values(**values).on_conflict_do_nothing()  # type: ignore[no-any-return]
+        return cls.sql.upsert(paused_queues).values(**values).on_conflict_do_nothing()  # type: ignore[no-any-return]
 
     @staticmethod
     @functools.cache
@@ -243,8 +222,6 @@ class ControlDialect:
             }
             yield insert(key_limits), row
         return found.rowcount > 0  # type: ignore[attr-defined]
-
-    # -- inspection ---------------------------------------------------------------------------
 
     @staticmethod
     def stmt_live_list(states: Sequence[str], where: TaskFilter) -> Executable:
