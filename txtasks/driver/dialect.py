@@ -81,10 +81,6 @@ class SqlDialect:
     #: The dedup-insert returns the ids of the rows it inserted.
     returning_dedup: ClassVar[bool] = True
 
-    #: `keys_lock` puts the keys it locks aside (`ready_at` NULL) in the same statement, so
-    #: that a claim's settle writes only the keys it looks at again (or whose rate moved).
-    keys_lock_clears: ClassVar[bool] = False
-
     #: The statement tables, one per feature (see txtasks.driver.statements).
     enqueue: ClassVar[type[EnqueueStatements]] = EnqueueStatements
     claims: ClassVar[type[ClaimStatements]] = ClaimStatements

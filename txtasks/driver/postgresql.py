@@ -177,7 +177,7 @@ _LIMIT_COLUMNS = ("concurrency", "ordered", "rate_count", "rate_per", "rate_burs
 def _keys_lock_sql(queues: int) -> str:
     """The keys of `queues` ($3...) not paused, ready by $1, longest waiting first, up to $2,
     locked, skipping those another claim holds, and put aside (`ready_at` NULL: the claim's
-    settle writes only the keys it looks at again, see `SqlDialect.keys_lock_clears`); each
+    settle writes only the keys it looks at again, see `SqlLanes.keys_lock_clears`); each
     with the limits stored for it (a row per stored limit, of its queue or of every queue
     '*'). The queues are separate parameters, so that with one queue the scan of the ready
     index is an equality, in the index's order."""
@@ -454,6 +454,8 @@ class PostgresTopicStatements(TopicStatements):
 class PostgresLanes(SqlLanes):
     """A claim's statements run the Postgres way."""
 
+    keys_lock_clears: ClassVar[bool] = True
+
     async def keys_settle(self, conn: AsyncConnection, params: list[dict[str, Any]]) -> None:
         """One statement of arrays, not one per key, on the asyncpg connection."""
         await (await _raw(conn)).execute(
@@ -537,8 +539,6 @@ class PostgresDialect(SqlDialect):
     lock."""
 
     capabilities: ClassVar[Capabilities] = Capabilities("postgresql")
-
-    keys_lock_clears: ClassVar[bool] = True
 
     upsert = staticmethod(pg_insert)
     enqueue = PostgresEnqueueStatements

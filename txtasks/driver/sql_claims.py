@@ -396,7 +396,7 @@ class SqlClaims:
         params = [
             {"b_id": key_id, "b_ready_at": ready_at, "b_next_start_at": next_start, "now": now}
             for key_id, s, ready_at, next_start in settled
-            if not self.db.sql.keys_lock_clears
+            if not self.lanes.keys_lock_clears
             or ready_at is not None
             or next_start != s.next_start_at
         ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -20,6 +20,10 @@ from txtasks.types import TaskRow
 
 class SqlLanes:
     """The claim's statements, run on a connection of its transaction."""
+
+    #: `keys_lock` puts the keys it locks aside (`ready_at` NULL) in the same statement, so
+    #: that a claim's settle writes only the keys it looks at again (or whose rate moved).
+    keys_lock_clears: ClassVar[bool] = False
 
     def __init__(self, db: SqlDatabase) -> None:
         self.db = db
