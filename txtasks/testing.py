@@ -38,14 +38,14 @@ def _memory(app: App) -> MemoryDriver:
 def enqueued(app: App, task: Task | str | None = None) -> list[TaskRow]:
     """Live tasks (not finished yet), optionally of one task, in id order."""
     name = task.name if isinstance(task, Task) else task
-    rows = _memory(app).live.values()
+    rows = _memory(app).store.live.values()
     return sorted((r for r in rows if name is None or r.task_name == name), key=lambda r: r.id)
 
 
 def finished(app: App, state: TaskState | str | None = None) -> list[TaskRow]:
     """Archived tasks, optionally in one final state, in id order."""
     wanted = None if state is None else TaskState(state)
-    rows = _memory(app).archived.values()
+    rows = _memory(app).store.archived.values()
     return sorted((r for r in rows if wanted is None or r.state is wanted), key=lambda r: r.id)
 
 

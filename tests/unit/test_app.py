@@ -110,7 +110,7 @@ def test_oversized_payload_is_refused_with_the_limit() -> None:
     task = app.task(name="t")(lambda payload: None)
     with pytest.raises(PayloadError, match="16 bytes"):
         task.enqueue("x" * 100)
-    assert app.driver.live == {}  # type: ignore[attr-defined]
+    assert app.driver.store.live == {}  # type: ignore[attr-defined]
 
 
 def test_database_url_precedence(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -26,6 +26,7 @@ from cleaner.settings import config_with
 from tests.unit.health_http import http_get
 from txtasks import App
 from txtasks.driver import MemoryDriver
+from txtasks.driver.memory import MemorySweeps
 from txtasks.errors import ConfigurationError
 from txtasks.wakeup import WakeupStats
 
@@ -166,8 +167,8 @@ def test_retention_config_rejects_bad_queue_overrides() -> None:
 # -- the daemon ---------------------------------------------------------------------------------
 
 
-class Failing(MemoryDriver):
-    """A store whose expired-lease query fails (the database went away)."""
+class Failing(MemorySweeps):
+    """Sweeps whose expired-lease query fails (the database went away)."""
 
     async def lease_expired_list(self, *, now: datetime, limit: int) -> list:  # type: ignore[type-arg]
         raise ConnectionError("database is gone")
@@ -176,7 +177,9 @@ class Failing(MemoryDriver):
 async def test_a_failing_pass_is_recorded_and_the_daemon_is_not_ready(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    app = App("t", driver=Failing())
+    driver = MemoryDriver()
+    driver.sweeps = Failing(driver.store)
+    app = App("t", driver=driver)
     cleaner = Cleaner(app, CleanerConfig(reannouncer=None))
 
     with caplog.at_level(logging.INFO, logger="cleaner"):

@@ -12,13 +12,14 @@ from cleaner import Cleaner, CleanerConfig
 from cleaner.rescuer import RescuerConfig
 from tests.waiting import until
 from txtasks import App, MemoryDriver
+from txtasks.driver.memory import MemoryStore, MemorySweeps
 
 
-class Outage(MemoryDriver):
+class Outage(MemorySweeps):
     """The expired-lease query fails `down` times (the database is away), then works."""
 
-    def __init__(self, down: int) -> None:
-        super().__init__()
+    def __init__(self, store: MemoryStore, down: int) -> None:
+        super().__init__(store)
         self.down = down
 
     async def lease_expired_list(self, *, now: datetime, limit: int) -> list:  # type: ignore[type-arg]
@@ -31,7 +32,9 @@ class Outage(MemoryDriver):
 async def test_an_outage_is_two_lines_however_many_passes_fail(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    app = App("t", driver=Outage(down=6))
+    driver = MemoryDriver()
+    driver.sweeps = Outage(driver.store, down=6)
+    app = App("t", driver=driver)
     cleaner = Cleaner(app, CleanerConfig(reannouncer=None))
     with caplog.at_level(logging.INFO, logger="cleaner"):
         for _ in range(8):
@@ -50,11 +53,11 @@ async def test_an_outage_is_two_lines_however_many_passes_fail(
     assert cleaner.sweeps["rescuer"].state.failures == 6
 
 
-class Stalled(MemoryDriver):
+class Stalled(MemorySweeps):
     """The expired-lease query hangs until `released` (a stalled connection)."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, store: MemoryStore) -> None:
+        super().__init__(store)
         self.released = asyncio.Event()
         self.calls = 0
 
@@ -67,7 +70,8 @@ class Stalled(MemoryDriver):
 async def test_turns_skipped_behind_a_stalled_pass_are_not_warned_about(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    driver = Stalled()
+    driver = MemoryDriver()
+    driver.sweeps = stalled = Stalled(driver.store)
     config = CleanerConfig(
         rescuer=RescuerConfig(interval=0.02), reannouncer=None, archiver=None, retention=None
     )
@@ -85,8 +89,8 @@ async def test_turns_skipped_behind_a_stalled_pass_are_not_warned_about(
     with caplog.at_level(logging.DEBUG):
         await cleaner.start()
         await until(lambda: skipped[0] >= 10, "ten turns skipped behind the pass", timeout=5)
-        driver.released.set()
+        stalled.released.set()
         await cleaner.stop()
-    assert driver.calls == 1  # one pass under way at a time
+    assert stalled.calls == 1  # one pass under way at a time
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert warned == []

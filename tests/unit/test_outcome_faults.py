@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from sqlalchemy.exc import DataError, InterfaceError, OperationalError
 
 from tests.waiting import until
 from txtasks import App, MemoryDriver, Reject, Worker, WorkerConfig
+from txtasks.driver.memory import MemoryClaims, MemoryStore
 from txtasks.faults import Outage, refused_value
 from txtasks.testing import finished, run_until_empty
 
@@ -43,12 +45,19 @@ def test_only_a_refused_value_is_about_the_outcome(exc: BaseException, refused: 
     assert refused_value(exc) is refused
 
 
-class FlappingDriver(MemoryDriver):
+def with_claims(claims: Callable[[MemoryStore], MemoryClaims]) -> MemoryDriver:
+    """A MemoryDriver whose claims are `claims`, built on its store."""
+    driver = MemoryDriver()
+    driver.claims = claims(driver.store)
+    return driver
+
+
+class FlappingClaims(MemoryClaims):
     """Every other outcome write loses its connection, as on a network resetting connections;
     every third write that fails had been stored before its answer was lost."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, store: MemoryStore) -> None:
+        super().__init__(store)
         self.calls = 0
 
     async def outcome_write_many(self, outcomes: Any, **kwargs: Any) -> Any:
@@ -61,7 +70,7 @@ class FlappingDriver(MemoryDriver):
 
 
 async def test_a_flapping_connection_dead_letters_nothing(caplog: pytest.LogCaptureFixture) -> None:
-    app = App(driver=FlappingDriver())
+    app = App(driver=with_claims(FlappingClaims))
 
     @app.task(name="work", max_attempts=1)
     async def work(payload: int) -> None: ...
@@ -77,12 +86,12 @@ async def test_a_flapping_connection_dead_letters_nothing(caplog: pytest.LogCapt
     assert [r.getMessage() for r in warnings if "writing outcomes" in r.getMessage()]
 
 
-class PickyDriver(MemoryDriver):
+class PickyClaims(MemoryClaims):
     """Refuses any batch holding an outcome whose error mentions 'unstorable'; the write after
     the first refusal loses its connection."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, store: MemoryStore) -> None:
+        super().__init__(store)
         self.losses = 1
         self.lose_next = False
 
@@ -97,7 +106,7 @@ class PickyDriver(MemoryDriver):
 
 
 async def test_only_the_refused_outcome_is_dead_lettered_with_its_reason() -> None:
-    app = App(driver=PickyDriver())
+    app = App(driver=with_claims(PickyClaims))
 
     @app.task(name="mixed", max_attempts=1)
     async def mixed(payload: int) -> None:
@@ -129,7 +138,7 @@ def test_an_outage_is_logged_once_when_lost_and_once_when_back(
     assert lines[2][1] == "claiming failed: TimeoutError"  # never an empty text
 
 
-class DownDriver(MemoryDriver):
+class DownClaims(MemoryClaims):
     """Claims work; every outcome write fails: the database went away after the claims."""
 
     async def outcome_write_many(self, outcomes: Any, **kwargs: Any) -> Any:
@@ -139,7 +148,7 @@ class DownDriver(MemoryDriver):
 async def test_a_stopping_worker_gives_up_on_an_absent_database_within_its_bound(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    app = App(driver=DownDriver())
+    app = App(driver=with_claims(DownClaims))
 
     @app.task(name="work")
     async def work(payload: int) -> None: ...

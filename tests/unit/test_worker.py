@@ -26,6 +26,7 @@ from txtasks import (
     Worker,
     WorkerConfig,
 )
+from txtasks.driver.memory import MemoryClaims, MemoryStore
 from txtasks.testing import enqueued, finished, payloads, run_until_empty
 from txtasks.types import JSON_CONTENT_TYPE, NewTask
 from txtasks.worker.worker import BEAT_RETRY_MAX
@@ -40,7 +41,7 @@ def new_app() -> App:
 def states(app: App) -> dict[int, tuple[str, int]]:
     """id -> (state, attempt) of every task, live or archived."""
     driver: MemoryDriver = app.driver  # type: ignore[assignment]
-    rows = {**driver.live, **driver.archived}
+    rows = {**driver.store.live, **driver.store.archived}
     return {i: (r.state.value, r.attempt) for i, r in sorted(rows.items())}
 
 
@@ -360,9 +361,9 @@ async def test_heartbeat_extends_leases_of_running_tasks() -> None:
 
     @app.task(name="watch")
     async def watch(payload: None, ctx: TaskContext) -> None:
-        first_lease.append(driver.live[ctx.task_id].lease_expires_at)
+        first_lease.append(driver.store.live[ctx.task_id].lease_expires_at)
         await until(
-            lambda: driver.live[ctx.task_id].lease_expires_at > first_lease[0],
+            lambda: driver.store.live[ctx.task_id].lease_expires_at > first_lease[0],
             "the heartbeat to extend the lease",
         )
 
@@ -371,12 +372,12 @@ async def test_heartbeat_extends_leases_of_running_tasks() -> None:
     assert stats.outcomes == {"completed": 1}
 
 
-class FailingBeats(MemoryDriver):
+class FailingBeats(MemoryClaims):
     """Lease extensions fail `failures` times (a network down), then go through; each try's
     time is recorded (`time.monotonic()`)."""
 
-    def __init__(self, failures: int) -> None:
-        super().__init__()
+    def __init__(self, store: MemoryStore, failures: int) -> None:
+        super().__init__(store)
         self.failures = failures
         self.tries: list[float] = []
 
@@ -392,29 +393,30 @@ async def test_failed_lease_extensions_are_tried_again_within_a_second_not_an_in
     each failed extension tried again only one interval later, three failures in a row would
     let the lease run out (and the task run twice). The first retry comes at once, and
     however long the failures go on, the tries stay within a second or so of each other."""
-    driver = FailingBeats(failures=6)
+    driver = MemoryDriver()
+    driver.claims = beats = FailingBeats(driver.store, failures=6)
     app = App(driver=driver)
     extended = asyncio.Event()
 
     @app.task(name="long")
     async def long(payload: None, ctx: TaskContext) -> None:
-        await until(lambda: len(driver.tries) > driver.failures, "an extension to go through")
+        await until(lambda: len(beats.tries) > beats.failures, "an extension to go through")
         extended.set()
 
     await long.aenqueue()
     interval = 2.5
     stats = await run_until_empty(app, lease=3 * interval, heartbeat=interval)
     assert extended.is_set() and stats.outcomes == {"completed": 1}
-    gaps = [round(b - a, 2) for a, b in zip(driver.tries, driver.tries[1:], strict=False)]
+    gaps = [round(b - a, 2) for a, b in zip(beats.tries, beats.tries[1:], strict=False)]
     assert gaps[0] < interval / 2, gaps
-    assert max(gaps[: driver.failures]) < 2 * BEAT_RETRY_MAX < interval, gaps
+    assert max(gaps[: beats.failures]) < 2 * BEAT_RETRY_MAX < interval, gaps
 
 
-class FlakyDriver(MemoryDriver):
+class FlakyClaims(MemoryClaims):
     """Fails the first few claims and outcome writes, like a database restarting."""
 
-    def __init__(self, claim_failures: int, write_failures: int) -> None:
-        super().__init__()
+    def __init__(self, store: MemoryStore, claim_failures: int, write_failures: int) -> None:
+        super().__init__(store)
         self.claim_failures = claim_failures
         self.write_failures = write_failures
 
@@ -432,7 +434,9 @@ class FlakyDriver(MemoryDriver):
 
 
 async def test_database_outage_loses_no_outcome() -> None:
-    app = App(driver=FlakyDriver(claim_failures=2, write_failures=3))
+    driver = MemoryDriver()
+    driver.claims = FlakyClaims(driver.store, claim_failures=2, write_failures=3)
+    app = App(driver=driver)
 
     @app.task(name="work")
     async def work(payload: int) -> None: ...
@@ -498,9 +502,9 @@ async def test_retry_delay_may_be_a_timedelta_and_a_huge_delay_does_not_crash() 
     td, huge = await later.aenqueue("td"), await later.aenqueue("huge")
     await run_until_empty(app)
     driver: MemoryDriver = app.driver  # type: ignore[assignment]
-    assert driver.live[td].state is TaskState.RETRYABLE
-    assert timedelta(minutes=4) < driver.live[td].run_at - now < timedelta(minutes=6)
-    assert driver.live[huge].state is TaskState.RETRYABLE
+    assert driver.store.live[td].state is TaskState.RETRYABLE
+    assert timedelta(minutes=4) < driver.store.live[td].run_at - now < timedelta(minutes=6)
+    assert driver.store.live[huge].state is TaskState.RETRYABLE
 
 
 async def test_error_text_is_made_storable(caplog: pytest.LogCaptureFixture) -> None:
@@ -523,7 +527,7 @@ async def test_error_text_is_made_storable(caplog: pytest.LogCaptureFixture) -> 
     failed.getMessage().encode("utf-8")  # encodable
 
 
-class PickyDriver(MemoryDriver):
+class PickyClaims(MemoryClaims):
     """Refuses any batch holding an outcome whose error mentions 'unstorable'."""
 
     async def outcome_write_many(self, outcomes: Any, **kwargs: Any) -> Any:
@@ -533,7 +537,9 @@ class PickyDriver(MemoryDriver):
 
 
 async def test_one_refused_outcome_does_not_block_the_others() -> None:
-    app = App(driver=PickyDriver())
+    driver = MemoryDriver()
+    driver.claims = PickyClaims(driver.store)
+    app = App(driver=driver)
 
     @app.task(name="mixed", max_attempts=1)
     async def mixed(payload: int) -> None:

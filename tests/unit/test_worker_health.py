@@ -12,6 +12,7 @@ import pytest
 from tests.unit.health_http import http_get
 from tests.waiting import until
 from txtasks import App, MemoryDriver, Worker, WorkerConfig
+from txtasks.driver.memory import MemoryClaims
 from txtasks.errors import ConfigurationError
 from txtasks.health import HealthServer
 
@@ -26,16 +27,26 @@ class Switchable(MemoryDriver):
         self.down = False
         self.hang = asyncio.Event()
         self.claim_calls = 0
+        self.claims = SwitchableClaims(self)
 
     async def ping(self) -> None:
         if self.down:
             raise ConnectionRefusedError("connection refused")
 
+
+class SwitchableClaims(MemoryClaims):
+    """The claims of a `Switchable` driver: they fail while it is down, never end while it
+    hangs."""
+
+    def __init__(self, driver: Switchable) -> None:
+        super().__init__(driver.store)
+        self.driver = driver
+
     async def task_claim_many(self, *args: Any, **kwargs: Any) -> Any:
-        self.claim_calls += 1
-        if self.hang.is_set():
+        self.driver.claim_calls += 1
+        if self.driver.hang.is_set():
             await asyncio.Event().wait()  # a database call that never returns
-        if self.down:
+        if self.driver.down:
             raise ConnectionRefusedError("connection refused")
         return await super().task_claim_many(*args, **kwargs)
 
@@ -95,11 +106,11 @@ async def test_a_claim_stuck_in_the_database_fails_livez_within_its_bound() -> N
             await running
 
 
-class StuckWrites(Switchable):
+class StuckWrites(SwitchableClaims):
     """Outcome writes that hang until `released` (a frozen connection); lease extensions go on."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, driver: Switchable) -> None:
+        super().__init__(driver)
         self.released = asyncio.Event()
         self.extended: list[int] = []
 
@@ -113,7 +124,8 @@ class StuckWrites(Switchable):
 
 
 async def test_a_stuck_outcome_write_neither_stops_the_heartbeat_nor_passes_livez() -> None:
-    driver = StuckWrites()
+    driver = Switchable()
+    driver.claims = stuck = StuckWrites(driver)
     app = App(driver=driver)
     app.task(name="t")(lambda payload: None)
     await app.tasks["t"].aenqueue(None)
@@ -121,14 +133,14 @@ async def test_a_stuck_outcome_write_neither_stops_the_heartbeat_nor_passes_live
     running = asyncio.create_task(worker.run())
     try:
         await until(lambda: worker.stats.started == 1, "the task to start")
-        beats = len(driver.extended)
+        beats = len(stuck.extended)
         # the heartbeat goes on extending the lease of the task whose outcome waits
-        await until(lambda: len(driver.extended) >= beats + 3, "three more heartbeats")
-        assert driver.extended[-1] == 1
+        await until(lambda: len(stuck.extended) >= beats + 3, "three more heartbeats")
+        assert stuck.extended[-1] == 1
         await until(lambda: not worker.liveness()["live"], "the worker to be not live")
         assert worker.liveness()["stuck"] == ["outcomes"]
     finally:
-        driver.released.set()
+        stuck.released.set()
         worker.stop()
         stats = await asyncio.wait_for(running, 5)
     assert stats.outcomes == {"completed": 1}

@@ -19,15 +19,15 @@ class MemoryStaging:
 
     async def purge(self, *, before: datetime, limit: int) -> int:
         """Delete up to `limit` hot rows in state `staged` created before `before`."""
-        driver = self.driver
-        with driver._lock:
+        store = self.driver.store
+        with store.lock:
             stale = sorted(
                 i
-                for i, r in driver.live.items()
+                for i, r in store.live.items()
                 if r.state is TaskState.STAGED and r.created_at < before
             )[:limit]
             for task_id in stale:
-                del driver.live[task_id]
+                del store.live[task_id]
         return len(stale)
 
     async def publish(self, *, limit: int, now: datetime) -> Published | None:
