@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -15,7 +14,7 @@ from txtasks.clock import Clock, utcnow
 from txtasks.controller import Controller
 from txtasks.driver import Driver, driver_for_url
 from txtasks.driver.timeouts import Timeouts
-from txtasks.enqueue import Enqueuer, PublishWrite, TaskWrite
+from txtasks.enqueue import Enqueuer, TaskWrite
 from txtasks.env import ENV_BROKER_URL, ENV_DATABASE_URL
 from txtasks.errors import (
     ConfigurationError,
@@ -26,6 +25,7 @@ from txtasks.middleware import Middleware
 from txtasks.options import EnqueueOptions
 from txtasks.payload import DEFAULT_MAX_PAYLOAD_BYTES
 from txtasks.periodic import CatchUp, Schedule, schedule_from
+from txtasks.pubsub import Topics
 from txtasks.results import Results
 from txtasks.task import (
     DEFAULT_MAX_ATTEMPTS,
@@ -37,13 +37,8 @@ from txtasks.task import (
     new_row,
     task_options,
 )
-from txtasks.topics import check_group_name, check_topic_name, new_publish, subscriptions_of
-from txtasks.types import (
-    Delivery,
-    NewPublish,
-    NewTask,
-    Subscription,
-)
+from txtasks.topics import check_group_owner, subscriptions_of
+from txtasks.types import NewTask, Subscription
 from txtasks.wakeup import Notifier, notifier_for_url
 
 if TYPE_CHECKING:
@@ -52,8 +47,6 @@ if TYPE_CHECKING:
     from txtasks.enqueue import AsyncExecutor, SyncExecutor
     from txtasks.options import EnqueueSettings
     from txtasks.task import OptionSettings
-
-log = logging.getLogger("txtasks.topics")
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
@@ -69,8 +62,8 @@ __all__ = [
 
 
 class _Moved:
-    """An App method that moved to `app.<home>` (control, results): it still works, and says
-    where it went with a DeprecationWarning."""
+    """An App method that moved to `app.<home>` (control, results, topics): it still works,
+    and says where it went with a DeprecationWarning."""
 
     def __init__(self, home: str, name: str | None = None) -> None:
         self.home = home
@@ -127,8 +120,6 @@ class App:
         self._schedules: dict[str, Schedule] = {}
         self._key_limits: dict[str, KeyLimits] = {}
         self._queue_rates: dict[str, Rate] = {}
-        #: Topics this process has seen a publish to dropped (logged once each).
-        self._dropped_topics: set[str] = set()
         #: Control of tasks and queues: cancel, pause, rates, inspect, list (docs/control.md).
         self.control = Controller(self)
         #: Results of tasks: `app.results.get(task_id)` waits for one to finish.
@@ -137,6 +128,8 @@ class App:
         self._middleware: tuple[Middleware, ...] = ()
         #: The one path every enqueue and publish takes (txtasks.enqueue).
         self.enqueuer = Enqueuer(self)
+        #: Topics: publish, and store the subscriptions tasks declare (docs/topics.md).
+        self.topics = Topics(self)
         for m in middleware:
             self.middleware(m)
 
@@ -182,7 +175,9 @@ class App:
             self.key_limits(options.queue, key_limits)
         elif options.key is not None:
             self._key_limits.setdefault(options.queue, NO_LIMITS)
-        self._check_groups(options.name, options.group or options.name, options.subscribe)
+        check_group_owner(
+            self.subscriptions, options.name, options.group or options.name, options.subscribe
+        )
         task = Task(self, handler, options)
         self._tasks[task_name] = task
         return task
@@ -201,16 +196,6 @@ class App:
     def middlewares(self) -> tuple[Middleware, ...]:
         """The application's middleware, in order."""
         return self._middleware
-
-    def _check_groups(self, task_name: str, group: str, topics: Iterable[str]) -> None:
-        """One group of a topic is one task: a second task subscribing as the same group of
-        the same topic is an error."""
-        for sub in self.subscriptions:
-            if sub.group == group and sub.topic in topics and sub.task_name != task_name:
-                raise ConfigurationError(
-                    f"task {task_name}: group {group!r} of topic {sub.topic!r} is already "
-                    f"task {sub.task_name}'s; give one of them another group="
-                )
 
     def key_limits(self, queue: str, limits: KeyLimits) -> None:
         """Declare the limits of every key of `queue` (tasks without a key have none):
@@ -307,6 +292,13 @@ class App:
         """Periodic schedules by name."""
         return dict(self._schedules)
 
+    @property
+    def subscriptions(self) -> list[Subscription]:
+        """The subscriptions its tasks declare (`@app.task(subscribe=...)`), by topic and
+        group; `app.topics.asubscribe` stores them, and so does a worker at start for the
+        queues it serves."""
+        return subscriptions_of(self._tasks.values())
+
     def get_task(self, name: str) -> Task:
         try:
             return self._tasks[name]
@@ -391,120 +383,7 @@ class App:
         """Insert in a transaction of its own (committed on return)."""
         return await self.enqueuer.run(TaskWrite(rows))
 
-    # -- topics -------------------------------------------------------------------------------
-
-    @property
-    def subscriptions(self) -> list[Subscription]:
-        """The subscriptions its tasks declare (`@app.task(subscribe=...)`), by topic and
-        group; `asubscribe` stores them, and so does a worker at start for the queues it
-        serves."""
-        return subscriptions_of(self._tasks.values())
-
-    async def asubscribe(self, topics: Iterable[str] | None = None) -> list[Subscription]:
-        """Store the subscriptions its tasks declare (of `topics` only, when given): every
-        publish committed from then on reaches their groups. Returns those stored."""
-        wanted = None if topics is None else {check_topic_name(t) for t in topics}
-        subs = [s for s in self.subscriptions if wanted is None or s.topic in wanted]
-        await self.driver.topics.subscription_set_many(subs, now=self.clock())
-        return subs
-
-    async def aunsubscribe(self, topic: str, group: str) -> bool:
-        """Delete the subscription of `group` to `topic` (its tasks already delivered stay);
-        False when there was none. A worker that declares it stores it again at its start."""
-        pair = (check_topic_name(topic), check_group_name(group))
-        return await self.driver.topics.subscription_delete_many([pair]) > 0
-
-    def new_publish(
-        self, topic: str, payload: Any = None, **options: Unpack[EnqueueSettings]
-    ) -> NewPublish:
-        """Validate and encode one publish, for `publish_many_tx` (bulk); nothing is written.
-        Errors name the bad option (`queue` is not one: each group has its queue)."""
-        return new_publish(
-            topic,
-            payload,
-            EnqueueOptions.of("publish", options),
-            clock=self.clock,
-            max_payload_bytes=self.max_payload_bytes,
-        )
-
-    def publish_tx(
-        self,
-        executor: SyncExecutor,
-        topic: str,
-        payload: Any = None,
-        **options: Unpack[EnqueueSettings],
-    ) -> list[int]:
-        """Publish to `topic` in the caller's Connection/Session transaction: one task per
-        group subscribed when it runs, in one statement. Returns their ids (none: no group
-        subscribed, and the drop is counted; or every group's live task held the dedup key)."""
-        publish = self.new_publish(topic, payload, **options)
-        return self.publish_many_tx(executor, [publish])[0]
-
-    async def apublish_tx(
-        self,
-        executor: AsyncExecutor,
-        topic: str,
-        payload: Any = None,
-        **options: Unpack[EnqueueSettings],
-    ) -> list[int]:
-        """`publish_tx` in the caller's AsyncConnection/AsyncSession transaction."""
-        publish = self.new_publish(topic, payload, **options)
-        return (await self.apublish_many_tx(executor, [publish]))[0]
-
-    def publish_many_tx(
-        self, executor: SyncExecutor, publishes: Iterable[NewPublish]
-    ) -> list[list[int]]:
-        """Bulk publish in the caller's sync transaction: one statement per batch of up to 256
-        publishes whatever the number of groups. Each publish's task ids."""
-        write = PublishWrite(publishes)
-        return self._published(write.items, self.enqueuer.run_sync(write, executor))
-
-    async def apublish_many_tx(
-        self, executor: AsyncExecutor, publishes: Iterable[NewPublish]
-    ) -> list[list[int]]:
-        """Bulk publish in the caller's async transaction."""
-        write = PublishWrite(publishes)
-        return self._published(write.items, await self.enqueuer.run(write, executor))
-
-    def publish(
-        self, topic: str, payload: Any = None, **options: Unpack[EnqueueSettings]
-    ) -> list[int]:
-        """Publish in a transaction of its own (committed on return)."""
-        return self.publish_many([self.new_publish(topic, payload, **options)])[0]
-
-    async def apublish(
-        self, topic: str, payload: Any = None, **options: Unpack[EnqueueSettings]
-    ) -> list[int]:
-        """Publish in a transaction of its own (committed on return)."""
-        return (await self.apublish_many([self.new_publish(topic, payload, **options)]))[0]
-
-    def publish_many(self, publishes: Iterable[NewPublish]) -> list[list[int]]:
-        """Bulk publish in a transaction of its own (committed on return)."""
-        write = PublishWrite(publishes)
-        return self._published(write.items, self.enqueuer.run_sync(write))
-
-    async def apublish_many(self, publishes: Iterable[NewPublish]) -> list[list[int]]:
-        """Bulk publish in a transaction of its own (committed on return)."""
-        write = PublishWrite(publishes)
-        return self._published(write.items, await self.enqueuer.run(write))
-
-    def _published(
-        self, publishes: list[NewPublish], found: list[list[Delivery]]
-    ) -> list[list[int]]:
-        """Each publish's task ids; a publish without a dedup key that wrote none found no
-        subscriber (recorded as dropped): logged once per topic."""
-        for publish, delivered in zip(publishes, found, strict=True):
-            dropped = not delivered and publish.dedup_key is None
-            if dropped and publish.topic not in self._dropped_topics:
-                self._dropped_topics.add(publish.topic)
-                log.warning(
-                    "topic %s has no subscriber: its publishes are dropped and counted "
-                    "(txtasks topics)",
-                    publish.topic,
-                )
-        return [[d.id for d in delivered] for delivered in found]
-
-    # -- control and results (their own objects; these names forward, deprecated) -------------
+    # -- control, results, topics (their own objects; these names forward, deprecated) -------
 
     cancel = _Moved("control")
     acancel = _Moved("control")
@@ -521,6 +400,17 @@ class App:
     atasks = _Moved("control", "atask_list")
     result = _Moved("results", "get")
     aresult = _Moved("results", "aget")
+    asubscribe = _Moved("topics")
+    aunsubscribe = _Moved("topics")
+    new_publish = _Moved("topics")
+    publish_tx = _Moved("topics")
+    apublish_tx = _Moved("topics")
+    publish_many_tx = _Moved("topics")
+    apublish_many_tx = _Moved("topics")
+    publish = _Moved("topics")
+    apublish = _Moved("topics")
+    publish_many = _Moved("topics")
+    apublish_many = _Moved("topics")
 
     def tasks_finished(self, ids: Iterable[int]) -> None:
         """Wake the `results.aget` calls of this process waiting for tasks `ids` (a worker

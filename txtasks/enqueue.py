@@ -2,7 +2,7 @@
 
 `Enqueuer` is that path: the middleware's `before_enqueue` hooks, the write (tasks or a
 topic's publishes), and the wake-ups once the rows are committed. Every entry point goes
-through it: `App.enqueue*` and `Task.enqueue*`, `App.publish*`, and the cleaner's periodic
+through it: `App.enqueue*` and `Task.enqueue*`, `app.topics.publish*`, and the cleaner's periodic
 fires (which write their tasks with the schedule's move, and use `prepare` and `committed`).
 
 In the caller's transaction, any SQLAlchemy flavour: `Connection` and `Session` are

@@ -1,7 +1,7 @@
 """How one task, or one publish, is enqueued: `EnqueueOptions`, checked in one place.
 
 Every enqueue call takes the same options (`EnqueueSettings`, as keyword arguments):
-`app.enqueue`, `task.enqueue_tx`, `app.new_task`, `app.publish` and the rest. They become one
+`app.enqueue`, `task.enqueue_tx`, `app.new_task`, `app.topics.publish` and the rest. They become one
 `EnqueueOptions` value, whose checks name the option that is wrong; the rows are built from it
 (`txtasks.task.new_row`, `txtasks.topics.new_publish`).
 """

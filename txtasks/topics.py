@@ -35,6 +35,7 @@ __all__ = [
     "GROUP_MARK",
     "MAX_PUBLISH_DEDUP_BYTES",
     "check_group_name",
+    "check_group_owner",
     "check_topic_name",
     "delivery_dedup_key",
     "delivery_note",
@@ -202,6 +203,20 @@ def subscriptions_of(app_tasks: Iterable[Any]) -> list[Subscription]:
         for topic in task.options.subscribe
     ]
     return sorted(found, key=lambda s: (s.topic, s.group))
+
+
+def check_group_owner(
+    subscriptions: Iterable[Subscription], task_name: str, group: str, topics: Iterable[str]
+) -> None:
+    """One group of a topic is one task: task `task_name` subscribing to `topics` as `group`
+    when another task of `subscriptions` is that group of one of them is an error."""
+    wanted = set(topics)
+    for sub in subscriptions:
+        if sub.group == group and sub.topic in wanted and sub.task_name != task_name:
+            raise ConfigurationError(
+                f"task {task_name}: group {group!r} of topic {sub.topic!r} is already "
+                f"task {sub.task_name}'s; give one of them another group="
+            )
 
 
 def delivery_note(headers: str | None) -> str:

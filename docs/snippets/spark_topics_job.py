@@ -53,7 +53,7 @@ def spark_job() -> None:
 
 async def main() -> None:
     await app.amigrate()
-    await app.asubscribe()  # a worker of these queues does this at its start
+    await app.topics.asubscribe()  # a worker of these queues does this at its start
     await asyncio.to_thread(spark_job)
     stats = await run_until_empty(app)
     assert stats.outcomes == {"completed": 6}  # 3 orders x 2 groups

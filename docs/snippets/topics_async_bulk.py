@@ -31,12 +31,12 @@ async def purge(product: dict) -> None:
 
 async def main() -> None:
     await app.amigrate()
-    await app.asubscribe()
+    await app.topics.asubscribe()
     engine = create_async_engine(DATABASE_URL)
     skus = [f"sku-{n}" for n in range(100)]
     async with AsyncSession(engine) as session, session.begin():
-        batch = [app.new_publish("product.changed", {"sku": s}, priority=5) for s in skus]
-        found = await app.apublish_many_tx(session, batch)  # each publish's task ids
+        batch = [app.topics.new_publish("product.changed", {"sku": s}, priority=5) for s in skus]
+        found = await app.topics.apublish_many_tx(session, batch)  # each publish's task ids
     assert [len(ids) for ids in found] == [2] * 100
 
     await run_until_empty(app)

@@ -34,20 +34,22 @@ def audit(payment: dict) -> None:
 
 async def main() -> None:
     await app.amigrate()
-    await app.asubscribe(["payment.settled"])  # as `txtasks subscribe ledger:app` does
-    await app.aunsubscribe("payment.settled", "audit")  # as `txtasks unsubscribe` does
+    await app.topics.asubscribe(["payment.settled"])  # as `txtasks subscribe ledger:app` does
+    await app.topics.aunsubscribe("payment.settled", "audit")  # as `txtasks unsubscribe` does
 
-    first = await app.apublish("payment.settled", {"n": 1}, key="account:7")
+    first = await app.topics.apublish("payment.settled", {"n": 1}, key="account:7")
     assert len(first) == 1  # only the ledger is subscribed now
 
-    await app.asubscribe()  # the audit group is back: it gets what is published from now on
+    await app.topics.asubscribe()  # the audit group is back: it gets what is published from now on
     for n in (2, 3):
-        ids = await app.apublish("payment.settled", {"n": n}, key="account:7", dedup_key=f"p{n}")
+        ids = await app.topics.apublish(
+            "payment.settled", {"n": n}, key="account:7", dedup_key=f"p{n}"
+        )
         assert len(ids) == 2
-    again = await app.apublish("payment.settled", {"n": 3}, key="account:7", dedup_key="p3")
+    again = await app.topics.apublish("payment.settled", {"n": 3}, key="account:7", dedup_key="p3")
     assert again == []  # each group's task with that dedup key is still live: none added
 
-    assert await app.apublish("payment.refunded", {"n": 4}) == []  # no subscriber: dropped
+    assert await app.topics.apublish("payment.refunded", {"n": 4}) == []  # no subscriber: dropped
     stats = {s.topic: s for s in await app.driver.topics.topic_stats()}  # as `txtasks topics` shows
     assert stats["payment.refunded"].dropped == 1
     assert [sub.group for sub, _counts in stats["payment.settled"].groups] == ["audit", "ledger"]

@@ -51,15 +51,15 @@ with engine.begin() as conn:
 
 
 async def main() -> None:
-    await app.asubscribe()  # a worker of these queues does this at its start
+    await app.topics.asubscribe()  # a worker of these queues does this at its start
 
     with engine.begin() as conn:  # the order and its event commit together
         order_id = conn.execute(insert(orders).values(item="book")).inserted_primary_key[0]
-        ids = app.publish_tx(conn, "order.created", {"id": order_id})
+        ids = app.topics.publish_tx(conn, "order.created", {"id": order_id})
     assert len(ids) == 3  # one task per group, written by one statement
 
     with engine.connect() as conn, conn.begin() as tx:  # rolled back: no group ever sees it
-        app.publish_tx(conn, "order.created", {"id": 999})
+        app.topics.publish_tx(conn, "order.created", {"id": 999})
         tx.rollback()
 
     await run_until_empty(app)

@@ -6,10 +6,10 @@ the burn-down of 3 groups, in one run per database.
 (`TXTASKS_BENCH_POSTGRES_URL` / `TXTASKS_BENCH_MYSQL_URL` name the servers, as for the other
 benchmarks; their txtasks tables are dropped.) For 1, 3 and 10 groups subscribed to one topic:
 
-1. single: `--single` transactions of one publish each (`app.publish_tx` on a sync
+1. single: `--single` transactions of one publish each (`app.topics.publish_tx` on a sync
    `Connection`), against as many transactions each enqueueing the same tasks directly (one
    task per group, `app.enqueue_many_tx`);
-2. bulk: `--bulk` publishes in transactions of `--batch` (`app.publish_many_tx`), against the
+2. bulk: `--bulk` publishes in transactions of `--batch` (`app.topics.publish_many_tx`), against the
    same tasks enqueued in bulk (`app.enqueue_many_tx` of batch x groups rows).
 
 Each case first runs one batch in a rolled-back transaction on its engine, so that building
@@ -66,7 +66,9 @@ def warm_up(engine: Any, app: App, groups: int, batch: int, *, topic: bool) -> N
     application's engine lives long, so compiling is paid once, not per call."""
     with engine.connect() as conn, conn.begin() as tx:
         if topic:
-            app.publish_many_tx(conn, [app.new_publish(apps.TOPIC, n) for n in range(batch)])
+            app.topics.publish_many_tx(
+                conn, [app.topics.new_publish(apps.TOPIC, n) for n in range(batch)]
+            )
         else:
             app.enqueue_many_tx(
                 conn, [r for n in range(batch) for r in direct_rows(app, groups, n)]
@@ -82,7 +84,7 @@ def timed_single(url: str, app: App, groups: int, count: int, *, topic: bool) ->
         for n in range(count):
             with engine.begin() as conn:
                 if topic:
-                    app.publish_tx(conn, apps.TOPIC, {"n": n})
+                    app.topics.publish_tx(conn, apps.TOPIC, {"n": n})
                 else:
                     app.enqueue_many_tx(conn, direct_rows(app, groups, n))
         return count / (time.perf_counter() - began)
@@ -99,7 +101,9 @@ def timed_bulk(url: str, app: App, groups: int, count: int, batch: int, *, topic
             with engine.begin() as conn:
                 ns = range(start, min(count, start + batch))
                 if topic:
-                    app.publish_many_tx(conn, [app.new_publish(apps.TOPIC, {"n": n}) for n in ns])
+                    app.topics.publish_many_tx(
+                        conn, [app.topics.new_publish(apps.TOPIC, {"n": n}) for n in ns]
+                    )
                 else:
                     rows = [r for n in ns for r in direct_rows(app, groups, n)]
                     app.enqueue_many_tx(conn, rows)

@@ -211,8 +211,8 @@ def step_sync(executor: Connection | Session, step: Step) -> Any:
         return step.task.enqueue_tx(executor, step.payload, **step.options)
     if isinstance(step, Publish):
         if step.publishes is not None:
-            return step.app.publish_many_tx(executor, step.publishes)
-        return step.app.publish_tx(executor, step.topic, step.payload, **step.options)
+            return step.app.topics.publish_many_tx(executor, step.publishes)
+        return step.app.topics.publish_tx(executor, step.topic, step.payload, **step.options)
     return step.app.enqueue_many_tx(executor, step.rows)
 
 
@@ -224,8 +224,8 @@ async def step_async(executor: AsyncConnection | AsyncSession, step: Step) -> An
         return await step.task.aenqueue_tx(executor, step.payload, **step.options)
     if isinstance(step, Publish):
         if step.publishes is not None:
-            return await step.app.apublish_many_tx(executor, step.publishes)
-        return await step.app.apublish_tx(executor, step.topic, step.payload, **step.options)
+            return await step.app.topics.apublish_many_tx(executor, step.publishes)
+        return await step.app.topics.apublish_tx(executor, step.topic, step.payload, **step.options)
     return await step.app.aenqueue_many_tx(executor, step.rows)
 
 

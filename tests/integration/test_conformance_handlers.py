@@ -474,10 +474,10 @@ async def test_before_enqueue_reaches_tasks_publishes_and_periodic_fires(any_app
         return None
 
     app.periodic(sub, every=10, name="mw.tick")
-    await app.asubscribe()
+    await app.topics.asubscribe()
     enqueued = await sub.aenqueue({"n": 1}, headers={"own": "kept"})
-    published = await app.apublish("mw.topic", {"n": 2}, headers={"own": "kept"})
-    published += app.publish("mw.topic", {"n": 3})
+    published = await app.topics.apublish("mw.topic", {"n": 2}, headers={"own": "kept"})
+    published += app.topics.publish("mw.topic", {"n": 3})
     periodic = Periodic(app, PeriodicConfig())
     assert (await periodic.run_once()).registered == 1
     clock.now += timedelta(seconds=10)
@@ -491,9 +491,9 @@ async def test_before_enqueue_reaches_tasks_publishes_and_periodic_fires(any_app
     for task_id in (enqueued, published[0]):
         assert headers_decode((await row_of(app, task_id)).headers)["own"] == "kept"
     with pytest.raises(ValueError, match="refused by middleware"):
-        await app.apublish("mw.topic", {"refuse": True})
+        await app.topics.apublish("mw.topic", {"refuse": True})
     with pytest.raises(ValueError, match="refused by middleware"):
-        app.publish("mw.topic", {"refuse": True})
+        app.topics.publish("mw.topic", {"refuse": True})
     assert len(await app.driver.sweeps.ready_list("mw", due_before=datetime.max, limit=10)) == 4
 
 

@@ -59,7 +59,7 @@ async def test_a_committed_publish_reaches_every_group_with_the_callers_writes(
     app: App, database_url: str, orders: Table, flavour: str
 ) -> None:
     calls = shop(app)
-    await app.asubscribe()
+    await app.topics.asubscribe()
     steps = [Write("order 42"), Publish(app, TOPIC, {"order": 42}), Write("after")]
     _, ids, _ = await run_tx(database_url, flavour, steps)
     assert len(ids) == 3
@@ -76,7 +76,7 @@ async def test_a_rolled_back_publish_reaches_no_group_and_is_not_counted(
     app: App, database_url: str, orders: Table, flavour: str
 ) -> None:
     shop(app)
-    await app.asubscribe()
+    await app.topics.asubscribe()
     steps = [
         Write("order 42"),
         Publish(app, TOPIC, 1, {"key": "customer:1"}),
@@ -94,7 +94,7 @@ async def test_a_dedup_key_hit_in_every_group_keeps_the_callers_transaction(
     app: App, database_url: str, orders: Table, flavour: str
 ) -> None:
     shop(app)
-    await app.asubscribe()
+    await app.topics.asubscribe()
     steps = [
         Write("before"),
         Publish(app, TOPIC, "first", {"dedup_key": "order-42"}),
@@ -116,9 +116,9 @@ async def test_a_bulk_publish_in_the_callers_transaction(
     app: App, database_url: str, orders: Table, flavour: str
 ) -> None:
     shop(app)
-    await app.asubscribe()
-    batch = [app.new_publish(TOPIC, n) for n in range(5)]
-    batch.append(app.new_publish("nobody.listens", "lost"))
+    await app.topics.asubscribe()
+    batch = [app.topics.new_publish(TOPIC, n) for n in range(5)]
+    batch.append(app.topics.new_publish("nobody.listens", "lost"))
     [found] = await run_tx(database_url, flavour, [Publish(app, publishes=batch)])
     assert [len(ids) for ids in found] == [3, 3, 3, 3, 3, 0]
     assert len(topic_tasks(database_url)) == 15
@@ -130,7 +130,7 @@ async def test_keyed_publishes_leave_a_hint_per_group_queue(
     app: App, database_url: str, flavour: str
 ) -> None:
     shop(app)
-    await app.asubscribe()
+    await app.topics.asubscribe()
     steps = [Publish(app, TOPIC, n, {"key": "customer:7"}) for n in range(3)]
     await run_tx(database_url, flavour, steps)
     hints = table_rows(database_url, key_hints)
@@ -175,7 +175,7 @@ async def test_one_wake_up_per_group_queue_after_the_commit(
     app = App("wakes", database_url=database_url, notifier=recording)  # type: ignore[arg-type]
     try:
         shop(app)
-        await app.asubscribe()
+        await app.topics.asubscribe()
         steps = [Publish(app, TOPIC, n) for n in range(4)]
         steps.append(Publish(app, TOPIC, "later", {"delay": 3600}))
         await run_tx(database_url, flavour, steps, commit=False)
@@ -215,8 +215,8 @@ async def test_an_undeployed_subscriber_is_dead_lettered_naming_topic_and_group(
     shop(app)
     gone = Subscription(TOPIC, "fraud", "shop.fraud_check", "billing")  # no such handler
     await app.driver.topics.subscription_set_many([gone], now=app.clock())
-    await app.asubscribe()
-    await app.apublish(TOPIC, {"order": 1})
+    await app.topics.asubscribe()
+    await app.topics.apublish(TOPIC, {"order": 1})
     await run_until_empty(app)
     [dead] = await app.driver.admin.dead_list()
     assert dead.task_name == "shop.fraud_check"
@@ -229,15 +229,17 @@ async def test_the_read_then_insert_publish_without_returning(app: App, database
     """MySQL 8 has no INSERT ... RETURNING: its publish reads the topics' subscriptions (locked
     until the commit) and inserts their tasks as an enqueue does. Run here on each database."""
     shop(app)
-    await app.asubscribe()
+    await app.topics.asubscribe()
     batch = [
-        app.new_publish(TOPIC, 1, key="k"),
-        app.new_publish("nobody.listens", 2),
-        app.new_publish(TOPIC, 3),
+        app.topics.new_publish(TOPIC, 1, key="k"),
+        app.topics.new_publish("nobody.listens", 2),
+        app.topics.new_publish(TOPIC, 3),
     ]
     with sync_engine(database_url) as engine, engine.begin() as conn:
         if backend_name(database_url) != "mysql":
-            found = plan_run_sync(conn, _ReadFirst.publish_plan(batch, dialect_for(conn.dialect)))
+            found = plan_run_sync(
+                conn, _ReadFirst.topics.publish_plan(batch, dialect_for(conn.dialect))
+            )
         else:
             found = plan_run_sync(conn, MySQLDialect.topics.publish_plan(batch))
     assert [len(d) for d in found] == [3, 0, 3]
@@ -260,4 +262,4 @@ class _ReadFirst:
     @staticmethod
     def publish_plan(batch: list[Any], dialect: Any) -> Any:
         cls = type("NoReturning", (type(dialect),), {"returning_insert": False})
-        return cls.topics.publish_plan(batch)
+        return cls.publish_plan(batch)

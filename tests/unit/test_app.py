@@ -102,7 +102,7 @@ def test_bad_enqueue_options(options: dict[str, object], error: type, message: s
 )
 def test_bad_publish_options_name_the_option(options: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
-        make_app().new_publish("orders.created", None, **options)  # type: ignore[arg-type]
+        make_app().topics.new_publish("orders.created", None, **options)  # type: ignore[arg-type]
 
 
 def test_oversized_payload_is_refused_with_the_limit() -> None:
@@ -150,3 +150,63 @@ def test_a_queue_rate_is_declared_once_per_queue() -> None:
         app.queue_rate("other", "10/s")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="queue_rate: queue"):
         app.queue_rate("", Rate(10))
+
+
+def test_a_group_of_a_topic_is_one_task() -> None:
+    app = make_app()
+    app.task(name="audit", subscribe=["order.created"])(lambda payload: None)
+    app.task(name="mail", subscribe=["order.created"], group="notify")(lambda payload: None)
+    with pytest.raises(
+        ConfigurationError, match=r"group 'notify' of topic 'order\.created' is already task mail's"
+    ):
+        app.task(name="sms", subscribe=["order.created"], group="notify")(lambda payload: None)
+    app.task(name="push", subscribe=["order.paid"], group="notify")(lambda payload: None)
+    assert [(s.topic, s.group, s.task_name) for s in app.subscriptions] == [
+        ("order.created", "audit", "audit"),
+        ("order.created", "notify", "mail"),
+        ("order.paid", "notify", "push"),
+    ]
+
+
+MOVED_TO_TOPICS = [
+    "asubscribe",
+    "aunsubscribe",
+    "new_publish",
+    "publish_tx",
+    "apublish_tx",
+    "publish_many_tx",
+    "apublish_many_tx",
+    "publish",
+    "apublish",
+    "publish_many",
+    "apublish_many",
+]
+
+
+@pytest.mark.parametrize("name", MOVED_TO_TOPICS)
+def test_topic_methods_on_app_forward_to_app_topics_with_a_warning(name: str) -> None:
+    app = make_app()
+    with pytest.warns(
+        DeprecationWarning, match=rf"App\.{name} is deprecated; use app\.topics\.{name}$"
+    ):
+        moved = getattr(app, name)
+    assert moved == getattr(app.topics, name)
+
+
+async def test_a_publish_through_an_old_name_is_the_same_publish(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = make_app()
+    app.task(name="audit", subscribe=["order.created"])(lambda payload: None)
+    assert await app.topics.asubscribe() == app.subscriptions
+    with pytest.warns(DeprecationWarning, match=r"app\.topics\.apublish$"):
+        [old] = await app.apublish("order.created", {"id": 1})
+    [new] = await app.topics.apublish("order.created", {"id": 2})
+    assert sorted(r.id for r in await app.driver.tasks.task_list()) == [old, new]
+    with caplog.at_level("WARNING", logger="txtasks.topics"):
+        for _ in range(2):
+            assert app.topics.publish("nobody.listens", 1) == []
+    assert [r.getMessage() for r in caplog.records] == [
+        "topic nobody.listens has no subscriber: its publishes are dropped and counted "
+        "(txtasks topics)"
+    ]

@@ -11,7 +11,7 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from tests.web.conftest import CSRF, Seeded, act, client_for, csrf_of
-from txtasks import App
+from txtasks import App, ConfigurationError, MemoryDriver
 from txtasks.driver.sql import SqlDriver
 from txtasks.testing import run_until_empty
 from txtasks.web import create_app, queries
@@ -86,6 +86,11 @@ async def test_bad_input_is_a_clear_error(client: httpx.AsyncClient, seeded: See
     assert wrong.status_code == 400 and "unknown state 'nope'" in wrong.text
     cursor = await client.get("/tasks", params={"state": "dead", "after": "x"})
     assert cursor.status_code == 400 and "cursor" in cursor.text
+
+
+def test_the_dashboard_needs_a_database() -> None:
+    with pytest.raises(ConfigurationError, match=r"needs a database \(not the memory driver"):
+        create_app(App(driver=MemoryDriver()))
 
 
 async def test_redacted_payloads_show_only_their_size(dashboard_app: App, seeded: Seeded) -> None:

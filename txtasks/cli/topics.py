@@ -52,7 +52,7 @@ def publish(
 
     app = load_app(app_spec)
     try:  # bad input fails before anything is opened
-        publish = app.new_publish(
+        publish = app.topics.new_publish(
             topic, _payload(payload), **{k: v for k, v in options.items() if v is not None}
         )
     except TxtasksError as exc:
@@ -67,7 +67,7 @@ def publish(
             if broker_url:
                 app.use_notifier(notifier_for_url(broker_url))
             with engine.begin() as conn:
-                [ids] = app.publish_many_tx(conn, [publish])
+                [ids] = app.topics.publish_many_tx(conn, [publish])
         finally:
             engine.dispose()
             run_async(app.aclose)  # publishes the wake-ups before exiting
@@ -99,7 +99,7 @@ def subscribe(app_spec: str, topics: tuple[str, ...], database_url: str | None) 
 
 async def _subscribe(app: Any, topics: tuple[str, ...] | None) -> Any:
     try:
-        return await app.asubscribe(topics)
+        return await app.topics.asubscribe(topics)
     finally:
         await app.aclose()
 

@@ -50,11 +50,29 @@ KEYED = "partition_key IS NOT NULL"
 UNKEYED = "partition_key IS NULL"
 
 
+class _Utf8Bytes(TypeDecorator[str]):
+    """A string stored as its UTF-8 bytes in a VARBINARY column (MySQL/MariaDB's
+    `ExactString`)."""
+
+    impl = mysql.VARBINARY
+    cache_ok = True
+
+    def __init__(self, length: int) -> None:
+        super().__init__(length)
+        self.length = length
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        return None if value is None else str(value).encode("utf-8")
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        return None if value is None else bytes(value).decode("utf-8")
+
+
 class ExactString(TypeDecorator[str]):
     """A string compared byte for byte on every backend.
 
     MySQL/MariaDB collations ignore case, accents and trailing spaces, so "Reports" would match
-    "reports": there the column is VARBINARY and values are UTF-8 encoded in and out.
+    "reports": there the column is a VARBINARY variant, and values are UTF-8 encoded in and out.
     """
 
     impl = String
@@ -63,21 +81,10 @@ class ExactString(TypeDecorator[str]):
     def __init__(self, length: int) -> None:
         super().__init__(length)
         self.length = length
+        self._column = String(length).with_variant(_Utf8Bytes(length), "mysql", "mariadb")
 
     def load_dialect_impl(self, dialect: Dialect) -> Any:
-        if dialect.name in ("mysql", "mariadb"):
-            return dialect.type_descriptor(mysql.VARBINARY(self.length))
-        return dialect.type_descriptor(String(self.length))
-
-    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
-        if value is not None and dialect.name in ("mysql", "mariadb"):
-            return str(value).encode("utf-8")
-        return value
-
-    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
-        if isinstance(value, bytes | bytearray):
-            return bytes(value).decode("utf-8")
-        return value
+        return self._column
 
 
 class byte_order(FunctionElement[str]):  # an SQL expression, named like a function

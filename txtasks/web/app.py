@@ -75,8 +75,11 @@ def create_app(
     the application shuts down (for an App it owns)."""
     if page_size < 1:
         raise ConfigurationError(f"page_size: must be at least 1, got {page_size!r}")
-    if not isinstance(app.driver, SqlDriver):
-        raise ConfigurationError("dashboard: needs a database (not a MemoryDriver)")
+    if not app.driver.capabilities.shared:
+        raise ConfigurationError(
+            f"dashboard: needs a database (not the {app.driver.capabilities.name} driver, "
+            "which keeps tasks in this process)"
+        )
     settings = Settings(read_only, redact_payloads, auth, refresh, page_size, hosts)
     return Dashboard(app, settings, close_app=close_app).asgi
 
