@@ -21,7 +21,7 @@ from sqlalchemy import Connection
 from txtasks.driver.dialect import dialect_for
 from txtasks.driver.insert_plan import plan_run_async, plan_run_sync
 from txtasks.errors import ConfigurationError
-from txtasks.topics import publish_of_row, publish_row
+from txtasks.publishes import publish_of_row, publish_row
 from txtasks.types import Delivery, NewPublish, NewTask, TaskState
 from txtasks.wakeup import NullNotifier, wakeup_after_commit
 from txtasks.wakeup.commit import PendingWakeups

@@ -3,7 +3,7 @@
 Every enqueue call takes the same options (`EnqueueSettings`, as keyword arguments):
 `app.enqueue`, `task.enqueue_tx`, `app.new_task`, `app.topics.publish` and the rest. They become one
 `EnqueueOptions` value, whose checks name the option that is wrong; the rows are built from it
-(`txtasks.task.new_row`, `txtasks.topics.new_publish`).
+(`txtasks.task.new_row`, `txtasks.publishes.new_publish`).
 """
 
 from __future__ import annotations

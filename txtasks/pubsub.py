@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from txtasks.enqueue import PublishWrite
 from txtasks.options import EnqueueOptions
-from txtasks.topics import check_group_name, check_topic_name, new_publish
+from txtasks.publishes import new_publish
+from txtasks.topics import check_group_name, check_topic_name
 from txtasks.types import Delivery, NewPublish, Subscription
 
 if TYPE_CHECKING:

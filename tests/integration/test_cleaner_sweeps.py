@@ -44,7 +44,7 @@ from tests.integration.conftest import another
 from txtasks import App
 from txtasks.driver import Driver
 from txtasks.options import EnqueueOptions
-from txtasks.topics import new_publish
+from txtasks.publishes import new_publish
 from txtasks.types import NewTask, Outcome, OutcomeKind, TaskRow, TaskState
 from txtasks.wakeup import WakeupStats
 

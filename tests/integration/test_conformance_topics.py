@@ -20,7 +20,8 @@ from txtasks.driver import Driver
 from txtasks.keys import KeyLimits
 from txtasks.options import EnqueueOptions
 from txtasks.payload import payload_decode
-from txtasks.topics import head_of, new_publish
+from txtasks.publishes import new_publish
+from txtasks.topics import head_of
 from txtasks.types import (
     GROUP_HEADER,
     MESSAGE_HEADER,
