@@ -180,7 +180,7 @@ class Profile:
 
     def install(self) -> None:
         """Wrap the wake-up handler, the claim, and the claim's database calls."""
-        from txtasks.driver.sql import SqlDriver
+        from txtasks.driver.sql_claims import SqlClaims
         from txtasks.wakeup.amqp import AmqpSubscriber
         from txtasks.wakeup.base import wakeup_decode
 
@@ -206,10 +206,10 @@ class Profile:
 
         AmqpSubscriber._on_message = timed_on_message  # type: ignore[method-assign]
 
-        claim_many = SqlDriver.task_claim_many
+        claim_many = SqlClaims.task_claim_many
 
-        async def timed_claim_many(driver: Any, queues: Any, limit: int, **kwargs: Any) -> Any:
-            engine = driver.db.engine
+        async def timed_claim_many(role: Any, queues: Any, limit: int, **kwargs: Any) -> Any:
+            engine = role.db.engine
             if id(engine) not in instrumented:
                 instrumented.add(id(engine))
                 instrument_engine(engine)
@@ -217,7 +217,7 @@ class Profile:
             trace.mark("claim_start")
             token = _claim.set(trace)
             try:
-                rows = await claim_many(driver, queues, limit, **kwargs)
+                rows = await claim_many(role, queues, limit, **kwargs)
             finally:
                 _claim.reset(token)
             trace.mark("claim_end")
@@ -225,7 +225,7 @@ class Profile:
                 claims[row.id] = trace
             return rows
 
-        SqlDriver.task_claim_many = timed_claim_many  # type: ignore[method-assign]
+        SqlClaims.task_claim_many = timed_claim_many  # type: ignore[method-assign]
 
 
 def instrument_engine(engine: Any) -> None:

@@ -237,9 +237,7 @@ async def test_the_read_then_insert_publish_without_returning(app: App, database
     ]
     with sync_engine(database_url) as engine, engine.begin() as conn:
         if backend_name(database_url) != "mysql":
-            found = plan_run_sync(
-                conn, _ReadFirst.topics.publish_plan(batch, dialect_for(conn.dialect))
-            )
+            found = plan_run_sync(conn, _ReadFirst.publish_plan(batch, dialect_for(conn.dialect)))
         else:
             found = plan_run_sync(conn, MySQLDialect.topics.publish_plan(batch))
     assert [len(d) for d in found] == [3, 0, 3]
@@ -262,4 +260,4 @@ class _ReadFirst:
     @staticmethod
     def publish_plan(batch: list[Any], dialect: Any) -> Any:
         cls = type("NoReturning", (type(dialect),), {"returning_insert": False})
-        return cls.publish_plan(batch)
+        return cls.topics.publish_plan(batch)
