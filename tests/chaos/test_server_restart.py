@@ -40,7 +40,7 @@ def processing(h: Chaos) -> int:
 
 def test_postgresql_crash_and_restart_loses_nothing(chaos: Callable[..., Chaos]) -> None:
     with PrivatePostgres.running() as pg:
-        h = chaos(pg.db.url)
+        h = chaos(pg.url)
         workers = [h.worker() for _ in range(WORKERS)]
         cleaner = h.cleaner()
         enqueuer = h.enqueuer(1200, pause=0.008, max_ms=200)  # tasks in flight at the crash
