@@ -12,10 +12,9 @@ from starlette.routing import Mount
 
 from tests.web.conftest import CSRF, Seeded, act, client_for, csrf_of
 from txtasks import App, ConfigurationError, MemoryDriver
-from txtasks.driver.sql import SqlDriver
+from txtasks.driver import sql_dashboard
 from txtasks.testing import run_until_empty
-from txtasks.web import create_app, queries
-from txtasks.web.queries import Reads
+from txtasks.web import create_app
 
 
 async def test_queues_page_shows_depths_paused_and_chart(
@@ -179,9 +178,7 @@ async def test_read_only_hides_and_refuses_every_action(dashboard_app: App, seed
 async def test_counts_stop_at_their_cap(dashboard_app: App, seeded: Seeded) -> None:
     for n in range(3):
         await dashboard_app.aenqueue("send", {"n": n}, delay=3600)
-    driver = dashboard_app.driver
-    assert isinstance(driver, SqlDriver)
-    depths = await Reads(driver).depths(now=dashboard_app.clock(), cap=2)
+    depths = await dashboard_app.driver.dashboard.depths(now=dashboard_app.clock(), cap=2)
     assert (depths["mail"].scheduled, depths["mail"].capped) == (2, True)
     assert depths["reports"].dead == 1 and depths["reports"].scheduled == 1
 
@@ -194,9 +191,7 @@ async def test_dead_letters_are_counted_per_queue_up_to_the_cap(
     for n in range(3):
         await dashboard_app.aenqueue("broken", n, queue="exports")
     await run_until_empty(dashboard_app, queues=["exports"])
-    driver = dashboard_app.driver
-    assert isinstance(driver, SqlDriver)
-    depths = await Reads(driver).depths(now=dashboard_app.clock(), cap=2)
+    depths = await dashboard_app.driver.dashboard.depths(now=dashboard_app.clock(), cap=2)
     assert (depths["exports"].dead, depths["exports"].capped) == (2, True)
     assert (depths["reports"].dead, depths["reports"].capped) == (1, False)
     page = await client_page(dashboard_app, "/")
@@ -212,10 +207,8 @@ async def client_page(app: App, path: str) -> str:
 async def test_depths_count_each_queue_by_state(dashboard_app: App, seeded: Seeded) -> None:
     for n in range(2):
         await dashboard_app.aenqueue("send", {"n": n})
-    driver = dashboard_app.driver
-    assert isinstance(driver, SqlDriver)
     now = dashboard_app.clock()
-    depths = await Reads(driver).depths(now=now)
+    depths = await dashboard_app.driver.dashboard.depths(now=now)
     mail, reports = depths["mail"], depths["reports"]
     assert (mail.ready, mail.scheduled, mail.processing, mail.capped) == (3, 0, 0, False)
     assert mail.oldest_ready is not None and mail.oldest_ready <= now
@@ -226,7 +219,7 @@ async def test_depths_count_each_queue_by_state(dashboard_app: App, seeded: Seed
 async def test_error_text_is_looked_for_a_window_at_a_time(
     client: httpx.AsyncClient, seeded: Seeded, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(queries, "SEARCH_WINDOW", 1)
+    monkeypatch.setattr(sql_dashboard, "SEARCH_WINDOW", 1)
     first = await client.get("/tasks", params={"error": "FLAKY"})  # the newest: no error
     assert "No task matches" in first.text and 'id="next-page"' in first.text
     after = first.text.split('id="next-page" href="?')[1].split('"')[0].replace("&amp;", "&")

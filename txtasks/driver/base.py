@@ -9,12 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from txtasks.control import TaskFilter
 from txtasks.keys import KeyLimits, KeyOverride, Rate
 from txtasks.types import (
+    FINISHED_STATES,
+    READY_STATES,
     Cancel,
     Delivery,
     KeyStats,
@@ -104,6 +106,102 @@ def requeue_choice(dead: Iterable[tuple[int, str | None]], live_keys: set[str]) 
         elif key not in live_keys:
             newest[key] = max(task_id, newest.get(key, task_id))
     return sorted(chosen + list(newest.values()))
+
+
+#: The states of the hot table (live tasks) and of the archive, as the dashboard lists them.
+LIVE = tuple(s.value for s in (TaskState.STAGED, *READY_STATES, TaskState.PROCESSING))
+FINISHED = tuple(sorted(s.value for s in FINISHED_STATES))
+#: Counts of the dashboard stop here: past it a page shows "at least" (counting a million rows
+#: on every refresh would read them all).
+COUNT_CAP = 1_000
+#: Text in the error is looked for among this many tasks (matching the other filters) a page.
+SEARCH_WINDOW = 5_000
+
+
+@dataclass
+class QueueDepth:
+    """Live tasks of one queue: ready now, scheduled later, processing, dead letters."""
+
+    queue: str
+    ready: int = 0
+    scheduled: int = 0
+    processing: int = 0
+    dead: int = 0
+    #: When the task at the head of the claim order became due (None: none is due).
+    oldest_ready: datetime | None = None
+    #: True when a count stopped at its cap: there are at least that many.
+    capped: bool = False
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    """One page of a task listing, and the cursor of the next one (None: the last page)."""
+
+    rows: list[TaskRow]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True)
+class TaskQuery:
+    """What the task listing shows: live tasks (`state` None or a live state) or finished ones
+    of one state, filtered by queue, task, key and text in the last error."""
+
+    state: str | None = None
+    queue: str | None = None
+    task_name: str | None = None
+    key: str | None = None
+    error: str | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.state is None or self.state in LIVE
+
+    @property
+    def where(self) -> TaskFilter:
+        """The filters but the error text, which `Dashboard.task_page` looks for itself."""
+        return TaskFilter(self.queue, self.task_name, self.key)
+
+
+def task_cursor(row: Any, live: bool) -> str:
+    """Where the page after `row` (a task, or a row with its id and finished_at) starts: its
+    id (live tasks, newest first), or its finish time and id (finished ones)."""
+    if live:
+        return str(row.id)
+    assert row.finished_at is not None
+    return f"{row.finished_at.isoformat()}~{row.id}"
+
+
+def finished_cursor(cursor: str) -> tuple[datetime, int]:
+    """The finish time and id of a cursor of finished tasks; ValueError when it is not one."""
+    at_text, _, id_text = cursor.partition("~")
+    return datetime.fromisoformat(at_text), int(id_text)
+
+
+def check_cursor(cursor: str | None, live: bool) -> str | None:
+    """A cursor from a URL, or a ValueError saying what is wrong with it."""
+    if not cursor:
+        return None
+    try:
+        if live:
+            int(cursor)
+        else:
+            finished_cursor(cursor)
+    except ValueError:
+        raise ValueError(f"cursor: not a cursor of this listing: {cursor!r}") from None
+    return cursor
+
+
+def minute_label(at: datetime) -> str:
+    """The minute of a time as the per-minute counts label it ('YYYY-MM-DD HH:MM')."""
+    return at.strftime("%Y-%m-%d %H:%M")
+
+
+def minute_slots(now: datetime, minutes: int) -> tuple[datetime, dict[str, int]]:
+    """The start of the first of the last `minutes` minutes, and each minute's slot by label
+    (`minute_label`)."""
+    start = (now - timedelta(minutes=minutes - 1)).replace(second=0, microsecond=0)
+    labels = [minute_label(start + timedelta(minutes=i)) for i in range(minutes)]
+    return start, {label: i for i, label in enumerate(labels)}
 
 
 class Tasks(Protocol):
@@ -265,8 +363,8 @@ class Topics(Protocol):
 
 
 class Control(Protocol):
-    """Control at run time (see docs/control.md): cancels, paused queues, stored queue rates
-    and key limits."""
+    """Control at run time (see docs/control.md): cancels, making a waiting task due now,
+    paused queues, stored queue rates and key limits."""
 
     async def task_cancel_many(
         self,
@@ -290,6 +388,11 @@ class Control(Protocol):
         limit: int = 1000,
     ) -> list[Cancel]:
         """The same for synchronous callers."""
+
+    async def task_run_now(self, task_id: int, *, now: datetime) -> str | None:
+        """Make a waiting task (pending or retryable) due at `now`; its queue, or None when it
+        is not waiting (any more). A task with a key leaves a key hint, so that claims look at
+        its key now rather than when its next task was due."""
 
     async def queue_pause(self, queue: str, *, now: datetime) -> datetime | None:
         """Pause `queue`: claims take none of its tasks from the commit on. When it was paused
@@ -427,6 +530,39 @@ class Processes(Protocol):
         """Every heartbeat row, by kind and id, those expired included."""
 
 
+class Dashboard(Protocol):
+    """What the dashboard reads, each along an index so that a page stays fast on a table of
+    millions of rows: queue depths, busy keys, tasks finished and enqueued per minute, and
+    pages of tasks by keyset."""
+
+    async def depths(self, *, now: datetime, cap: int = COUNT_CAP) -> dict[str, QueueDepth]:
+        """Per queue with ready, processing or dead tasks: ready tasks due at `now` and
+        scheduled later (each up to `cap`), when the head of its claim order became due,
+        processing tasks and dead letters (up to `cap`)."""
+
+    async def busy_keys(
+        self, *, now: datetime, limit: int = 20, cap: int = COUNT_CAP
+    ) -> list[KeyStats]:
+        """Up to `limit` keys with tasks waiting, soonest first, with their tasks waiting and
+        processing (each up to `cap`) and when their rate lets the next one start."""
+
+    async def finished_per_minute(
+        self, *, now: datetime, minutes: int = 60
+    ) -> dict[str, dict[str, list[int]]]:
+        """Per queue and final state, the tasks finished in each of the last `minutes` minutes
+        (oldest first)."""
+
+    async def arrived_per_minute(self, *, now: datetime, minutes: int = 60) -> dict[str, list[int]]:
+        """Per queue, the tasks enqueued in each of the last `minutes` minutes (oldest first),
+        live or finished since."""
+
+    async def task_page(self, query: TaskQuery, cursor: str | None, limit: int) -> TaskPage:
+        """A page of tasks matching `query` after `cursor` (`task_cursor`): live ones newest
+        first, finished ones last finished first. Text in the error is looked for among the
+        next `SEARCH_WINDOW` tasks matching the rest (case-insensitive): a page may then hold
+        fewer tasks than `limit` and still have a next one."""
+
+
 class Driver(Protocol):
     """Storage for tasks: a database handle's life (open, migrate, ping, close) and the roles
     its callers use, each an object of its own sharing that handle. Implementations: the SQL
@@ -435,7 +571,8 @@ class Driver(Protocol):
     Who uses which role: the application `tasks` and `topics` (and `control` through
     `app.control`); the worker `claims`, `processes`, `control.queue_rates_stored` and
     `tasks.live_count`; the cleaner `sweeps`, `processes`, `claims.outcome_write_many`
-    (rescues) and `admin` (statistics); the CLI and the dashboard `admin`, `control`, `topics`.
+    (rescues) and `admin` (statistics); the CLI `admin`, `control`, `topics`; the dashboard
+    `dashboard` and those of the CLI.
     """
 
     @property
@@ -488,4 +625,9 @@ class Driver(Protocol):
     @property
     def processes(self) -> Processes:
         """Heartbeat rows of workers and cleaners."""
+        ...
+
+    @property
+    def dashboard(self) -> Dashboard:
+        """The dashboard's reads."""
         ...

@@ -26,6 +26,7 @@ from sqlalchemy.engine import Dialect
 from txtasks.driver.base import Capabilities
 from txtasks.driver.statements.claims import ClaimStatements
 from txtasks.driver.statements.control import ControlStatements
+from txtasks.driver.statements.dashboard import DashboardStatements
 from txtasks.driver.statements.enqueue import EnqueueStatements
 from txtasks.driver.statements.keys import KeyStatements
 from txtasks.driver.statements.outcomes import OutcomeStatements
@@ -88,6 +89,7 @@ class SqlDialect:
     outcomes: ClassVar[type[OutcomeStatements]] = OutcomeStatements
     topics: ClassVar[type[TopicStatements]] = TopicStatements
     control: ClassVar[type[ControlStatements]] = ControlStatements
+    dashboard: ClassVar[type[DashboardStatements]] = DashboardStatements
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -129,7 +131,7 @@ class SqlDialect:
 
 
 #: The names of a dialect's statement tables.
-TABLES = ("enqueue", "claims", "keys", "outcomes", "topics", "control")
+TABLES = ("enqueue", "claims", "keys", "outcomes", "topics", "control", "dashboard")
 
 
 def bind_tables(dialect: type[SqlDialect]) -> None:

@@ -2,7 +2,8 @@
 
 `MemoryDriver` is a `MemoryStore` (every table as a dict, under one lock) and one object per
 role of the contract, each working on that store: `MemoryTasks`, `MemoryClaims`,
-`MemoryTopics`, `MemoryControl`, `MemoryAdmin`, `MemorySweeps`, `MemoryProcesses`.
+`MemoryTopics`, `MemoryControl`, `MemoryAdmin`, `MemorySweeps`, `MemoryProcesses`,
+`MemoryDashboard`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from txtasks.driver.base import Capabilities
 from txtasks.driver.memory_admin import MemoryAdmin
 from txtasks.driver.memory_claims import MemoryClaims
 from txtasks.driver.memory_control import MemoryControl
+from txtasks.driver.memory_dashboard import MemoryDashboard
 from txtasks.driver.memory_processes import MemoryProcesses
 from txtasks.driver.memory_store import MemoryStore
 from txtasks.driver.memory_sweeps import MemorySweeps
@@ -37,6 +39,7 @@ class MemoryDriver:
         self.admin: MemoryAdmin = MemoryAdmin(self.store)
         self.sweeps: MemorySweeps = MemorySweeps(self.store)
         self.processes: MemoryProcesses = MemoryProcesses(self.store)
+        self.dashboard: MemoryDashboard = MemoryDashboard(self.store)
 
     async def open(self) -> None:
         return None
@@ -55,6 +58,7 @@ __all__ = [
     "MemoryAdmin",
     "MemoryClaims",
     "MemoryControl",
+    "MemoryDashboard",
     "MemoryDriver",
     "MemoryProcesses",
     "MemoryStore",

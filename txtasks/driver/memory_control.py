@@ -13,7 +13,7 @@ from txtasks.types import READY_STATES, Cancel, TaskRow, TaskState
 
 
 class MemoryControl:
-    """Cancels, pauses and limits set at run time, in the store."""
+    """Cancels, run now, pauses and limits set at run time, in the store."""
 
     def __init__(self, store: MemoryStore) -> None:
         self.store = store
@@ -66,6 +66,16 @@ class MemoryControl:
         elif row.cancel_requested_at is None:
             self.store.live[task_id] = row._replace(cancel_requested_at=now)
         return row
+
+    async def task_run_now(self, task_id: int, *, now: datetime) -> str | None:
+        """A waiting task made due; claims read every task of the store, so a key needs no
+        hint."""
+        with self.store.lock:
+            row = self.store.live.get(task_id)
+            if row is None or row.state not in READY_STATES:
+                return None
+            self.store.live[task_id] = row._replace(run_at=now)
+            return row.queue
 
     async def queue_pause(self, queue: str, *, now: datetime) -> datetime | None:
         return self.queue_pause_sync(queue, now=now)

@@ -30,6 +30,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.mysql import CHAR
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.base import Capabilities
@@ -40,6 +42,7 @@ from txtasks.driver.sql_claims import SqlClaims
 from txtasks.driver.sql_lanes import SqlLanes
 from txtasks.driver.statements.claims import ClaimStatements
 from txtasks.driver.statements.control import ControlStatements
+from txtasks.driver.statements.dashboard import DashboardStatements, minute_of
 from txtasks.driver.statements.enqueue import EnqueueStatements
 from txtasks.driver.statements.keys import (
     HeldKey,
@@ -53,6 +56,7 @@ from txtasks.schema import migrate as schema_migrate
 from txtasks.schema.tables import (
     ExactString,
     Timestamp,
+    archive,
     keys,
     paused_queues,
     subscriptions,
@@ -369,6 +373,25 @@ class MySQLControlStatements(ControlStatements):
         return stmt.on_duplicate_key_update(paused_at=paused_queues.c.paused_at)
 
 
+@compiles(minute_of, "mysql")
+@compiles(minute_of, "mariadb")
+def _minute_mysql(element: minute_of, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"DATE_FORMAT({compiler.process(element.clauses, **kw)}, '%%Y-%%m-%%d %%H:%%i')"
+
+
+class MySQLDashboardStatements(DashboardStatements):
+    """MySQL's dashboard reads: its claim index holds every row without its state, so queue
+    depths go along the index of queue and state, and dead letters along their index."""
+
+    depths_by_state: ClassVar[bool] = True
+
+    @staticmethod
+    def along_dead(stmt: Any) -> Any:
+        """Along the archive's index of dead letters, which the planner would pass over for
+        the index of state and finish time (reading every dead letter)."""
+        return stmt.with_hint(archive, "FORCE INDEX (ix_txtasks_archive_dead)")
+
+
 class MySQLLanes(SqlLanes):
     """A claim's rows read first, then locked or updated by their primary keys."""
 
@@ -438,6 +461,7 @@ class MySQLDialect(SqlDialect):
     outcomes = MySQLOutcomeStatements
     topics = MySQLTopicStatements
     control = MySQLControlStatements
+    dashboard = MySQLDashboardStatements
 
     @staticmethod
     @contextlib.contextmanager

@@ -15,6 +15,8 @@ from sqlalchemy import Connection, Executable, Result, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from txtasks.driver.base import Capabilities, WriteResult
 from txtasks.driver.database import CLOSE_WITHIN, SqlDatabase
@@ -23,6 +25,7 @@ from txtasks.driver.insert_plan import CopyRows, Statement, Step
 from txtasks.driver.sql import SqlDriver
 from txtasks.driver.sql_claims import Claim, SqlClaims
 from txtasks.driver.sql_lanes import SqlLanes
+from txtasks.driver.statements.dashboard import minute_of
 from txtasks.driver.statements.enqueue import EnqueueStatements
 from txtasks.driver.statements.keys import (
     HeldKey,
@@ -385,6 +388,11 @@ async def _raw(conn: AsyncConnection) -> Any:
 
 #: The SQLSTATE of a lock wait that ran out of lock_timeout.
 LOCK_NOT_AVAILABLE = "55P03"
+
+
+@compiles(minute_of, "postgresql")
+def _minute_postgresql(element: minute_of, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"to_char({compiler.process(element.clauses, **kw)}, 'YYYY-MM-DD HH24:MI')"
 
 
 class PostgresEnqueueStatements(EnqueueStatements):

@@ -3,8 +3,9 @@
 `SqlDriver` holds a `SqlDatabase` (database.py: engines bounded by `Timeouts`, short
 transactions, retries of transient failures, the dialect `db.sql`) and one object per role of
 the contract, each sharing that handle: `tasks` (sql_tasks.py), `claims` (sql_claims.py),
-`topics`, `control`, `admin`, `sweeps`, `processes`. A database's module (postgresql.py,
-mysql.py, sqlite.py) picks its database class and, where it pays, a role of its own.
+`topics`, `control`, `admin`, `sweeps`, `processes`, `dashboard` (sql_dashboard.py). A
+database's module (postgresql.py, mysql.py, sqlite.py) picks its database class and, where it
+pays, a role of its own.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from txtasks.driver.database import SqlDatabase
 from txtasks.driver.sql_admin import SqlAdmin
 from txtasks.driver.sql_claims import SqlClaims
 from txtasks.driver.sql_control import SqlControl
+from txtasks.driver.sql_dashboard import SqlDashboard
 from txtasks.driver.sql_processes import SqlProcesses
 from txtasks.driver.sql_sweeps import SqlSweeps
 from txtasks.driver.sql_tasks import SqlTasks
@@ -57,6 +59,7 @@ class SqlDriver:
         self.admin = SqlAdmin(self.db)
         self.sweeps = SqlSweeps(self.db)
         self.processes = SqlProcesses(self.db)
+        self.dashboard = SqlDashboard(self.db)
 
     @property
     def capabilities(self) -> Capabilities:

@@ -46,9 +46,9 @@ async def _keys_rearm(conn: AsyncConnection, key: str, queue: str | None) -> Non
 
 
 class SqlControl:
-    """Control at run time on a SQL database: cancels, paused queues, stored queue rates and
-    key limits. Cancel, pause, resume and rates run as the dialect's plans, the same on the
-    async and the sync engine."""
+    """Control at run time on a SQL database: cancels, run now, paused queues, stored queue
+    rates and key limits. Cancel, run now, pause, resume and rates run as the dialect's plans
+    (in one transaction, retried on a deadlock), the same on the async and the sync engine."""
 
     def __init__(self, db: SqlDatabase) -> None:
         self.db = db
@@ -78,6 +78,12 @@ class SqlControl:
             lambda sql: sql.control.cancel_plan(ids, where, now, limit)
         )
         return result
+
+    async def task_run_now(self, task_id: int, *, now: datetime) -> str | None:
+        queue: str | None = await self.db.plan_async(
+            lambda sql: sql.control.run_now_plan(task_id, now)
+        )
+        return queue
 
     async def queue_pause(self, queue: str, *, now: datetime) -> datetime | None:
         earlier: datetime | None = await self.db.plan_async(

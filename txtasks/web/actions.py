@@ -11,9 +11,8 @@ from starlette.datastructures import FormData
 
 from txtasks._checks import check_queue_name
 from txtasks.app import App
-from txtasks.driver.sql import SqlDriver
+from txtasks.driver.base import TaskQuery
 from txtasks.errors import ConfigurationError
-from txtasks.web.queries import Reads, TaskQuery
 
 
 @dataclass(frozen=True)
@@ -79,15 +78,13 @@ class Action:
 async def _matching(app: App, target: Target) -> dict[int, str]:
     """The dead letters an action takes: {id: queue}, of the ids given or matching the filter
     (None for an action on a whole queue)."""
-    driver = app.driver
-    assert isinstance(driver, SqlDriver)
     if target.match is None:
         rows = [await app.control.ainspect(i) for i in target.ids]
         return {r.id: r.queue for r in rows if r is not None}
     found: dict[int, str] = {}
     cursor = None
     while len(found) < MATCH_LIMIT:
-        page = await Reads(driver).task_page(target.match, cursor, 500)
+        page = await app.driver.dashboard.task_page(target.match, cursor, 500)
         found.update((r.id, r.queue) for r in page.rows[: MATCH_LIMIT - len(found)])
         cursor = page.next_cursor
         if cursor is None:
@@ -126,11 +123,9 @@ async def _cancel(app: App, target: Target) -> str:
 
 
 async def _run_now(app: App, target: Target) -> str:
-    driver = app.driver
-    assert isinstance(driver, SqlDriver)
     made = []
     for task_id in target.ids:
-        queue = await Reads(driver).task_run_now(task_id, now=app.clock())
+        queue = await app.driver.control.task_run_now(task_id, now=app.clock())
         if queue is not None:
             app.notify(queue, [task_id])
             made.append(task_id)

@@ -1,5 +1,6 @@
-"""The dashboard as a Starlette application: server-rendered pages over an App's admin API,
-and actions behind a confirmation page, a CSRF token and a server-side log of who did what."""
+"""The dashboard as a Starlette application: server-rendered pages over an App's driver (its
+`dashboard` reads, and `admin`, `control`, `topics`, `sweeps`, `processes`), and actions behind
+a confirmation page, a CSRF token and a server-side log of who did what."""
 
 from __future__ import annotations
 
@@ -22,21 +23,19 @@ from starlette.types import ASGIApp
 
 from txtasks._checks import check_queue_name
 from txtasks.app import App
-from txtasks.driver.sql import SqlDriver
-from txtasks.errors import ConfigurationError, TxtasksError
-from txtasks.types import TaskRow
-from txtasks.web.actions import ACTIONS, Target, field_of, match_of
-from txtasks.web.charts import sparkline
-from txtasks.web.queries import (
+from txtasks.driver.base import (
     COUNT_CAP,
     FINISHED,
     LIVE,
     SEARCH_WINDOW,
     QueueDepth,
-    Reads,
     TaskQuery,
     check_cursor,
 )
+from txtasks.errors import ConfigurationError, TxtasksError
+from txtasks.types import TaskRow
+from txtasks.web.actions import ACTIONS, Target, field_of, match_of
+from txtasks.web.charts import sparkline
 from txtasks.web.security import CSRF_COOKIE, CSRF_FIELD, Auth, Guard, csrf_ok, new_csrf_token
 
 log = logging.getLogger("txtasks.web")
@@ -113,12 +112,6 @@ class Dashboard:
         if self.close_app:
             await self.app.aclose()
 
-    @property
-    def reads(self) -> Reads:
-        driver = self.app.driver
-        assert isinstance(driver, SqlDriver)  # checked by create_app
-        return Reads(driver)
-
     # -- rendering ----------------------------------------------------------------------------
 
     def render(self, request: Request, name: str, **context: Any) -> HTMLResponse:
@@ -166,7 +159,7 @@ class Dashboard:
 
     async def page_queues(self, request: Request) -> Response:
         now = self.app.clock()
-        reads = self.reads
+        reads = self.app.driver.dashboard
         depths = await reads.depths(now=now)
         paused = await self.app.driver.control.queue_paused_list()
         rates = await reads.finished_per_minute(now=now)
@@ -219,7 +212,7 @@ class Dashboard:
             cursor = check_cursor(params.get("after"), query.live)
         except ValueError as exc:
             return _bad(str(exc))
-        page = await self.reads.task_page(query, cursor, self.settings.page_size)
+        page = await self.app.driver.dashboard.task_page(query, cursor, self.settings.page_size)
         return self.render(
             request,
             name,

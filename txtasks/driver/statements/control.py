@@ -1,5 +1,6 @@
 """The SQL of control, shared by every dialect (`SqlDialect` inherits it; see docs/control.md):
-cancelling tasks, pausing queues, and the reads of `txtasks inspect` and `txtasks tasks`.
+cancelling tasks, making a waiting task due now, pausing queues, and the reads of
+`txtasks inspect` and `txtasks tasks`.
 
 A cancel is a plan (`cancel_plan`), run in one transaction on any connection, sync or async: it
 locks the live rows it names, waiting for a claim or an outcome that holds one, so that a row is
@@ -20,6 +21,7 @@ from sqlalchemy import Executable, Integer, Result, bindparam, delete, insert, s
 
 from txtasks.control import CANCELLABLE, TaskFilter, cancels_of
 from txtasks.driver.insert_plan import Step
+from txtasks.driver.key_hints import hints_step
 from txtasks.driver.statements import Statements
 from txtasks.keys import KeyOverride, Rate
 from txtasks.schema.tables import (
@@ -158,6 +160,41 @@ class ControlStatements(Statements):
             rows: list[Any] = list(result.all())
             archived = {int(r[0]): str(r[1]) for r in rows}
         return cancels_of(list(dict.fromkeys(ids)), found, archived)
+
+    @staticmethod
+    @functools.cache
+    def stmt_waiting_find() -> Executable:
+        """The waiting task `task_id` (pending or retryable): its queue and key."""
+        return select(tasks.c.queue, tasks.c.partition_key).where(
+            tasks.c.id == bindparam("task_id", type_=Integer),
+            tasks.c.state.in_(sorted(_READY_VALUES)),
+        )
+
+    @staticmethod
+    @functools.cache
+    def stmt_run_now() -> Executable:
+        """Make the waiting task `task_id` due at `now`."""
+        return (
+            update(tasks)
+            .where(
+                tasks.c.id == bindparam("task_id", type_=Integer),
+                tasks.c.state.in_(sorted(_READY_VALUES)),
+            )
+            .values(run_at=bindparam("now", type_=Timestamp))
+        )
+
+    @classmethod
+    def run_now_plan(cls, task_id: int, now: datetime) -> ValuePlan:
+        """Make a waiting task due at `now`, leaving a key hint for a task with a key; its
+        queue, or None when it is not waiting."""
+        row = (yield cls.stmt_waiting_find(), {"task_id": task_id}).first()
+        if row is None:
+            return None
+        yield cls.stmt_run_now(), {"task_id": task_id, "now": now}
+        hints = hints_step([(row.queue, row.partition_key, now)])
+        if hints:
+            yield hints
+        return str(row.queue)
 
     @staticmethod
     @functools.cache

@@ -1,0 +1,213 @@
+"""Conformance suite: the dashboard's reads (the `Dashboard` role) give the same answers in
+memory and on every database, for one small seeded set of tasks.
+
+Time is passed in (`NOW`): the seeded tasks were enqueued and finished at known minutes of the
+hour before it, so every answer below is written out in full.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+
+import pytest
+
+from tests.integration.conformance import at, claim, get, new, write
+from txtasks.driver import Driver
+from txtasks.driver.base import QueueDepth, TaskPage, TaskQuery, task_cursor
+from txtasks.keys import KeyLimits
+from txtasks.types import KeyStats, NewTask, Outcome, OutcomeKind, TaskState
+
+#: The dashboard's "now": ten minutes after T0 (03:04:05 on 2030-01-02), so its last hour of
+#: minutes starts at 02:15 (slot 0) and T0's minute is slot 49.
+NOW = at(600)
+#: The slots of the minutes the seeded tasks were enqueued and finished in.
+SLOT = {"03:02": 47, "03:04": 49, "03:05": 50, "03:06": 51, "03:07": 52, "03:09": 54}
+
+
+@dataclasses.dataclass
+class Seeded:
+    """The ids of the seeded tasks, by name."""
+
+    ids: dict[str, int]
+
+    def __getitem__(self, name: str) -> int:
+        return self.ids[name]
+
+
+def made(task: NewTask, *, created: datetime, name: str | None = None) -> NewTask:
+    return dataclasses.replace(task, created_at=created, task_name=name or task.task_name)
+
+
+async def seed(driver: Driver) -> Seeded:
+    """Queue a: ready tasks with and without a key, one scheduled later. Queue b: one task
+    processing, one waiting for its retry, one each completed, dead and failed. Queue c: two
+    dead letters enqueued before the hour."""
+    ids: dict[str, int] = {}
+
+    async def insert(name: str, task: NewTask) -> None:
+        [ids[name]] = await driver.tasks.task_insert_many([task])
+
+    await insert("a1", made(new(queue="a", run_at=at(0)), created=at(0), name="other.task"))
+    await insert("a2", made(new(queue="a", run_at=at(3600)), created=at(0)))
+    await insert("a3", made(new(queue="a", run_at=at(10), key="k1"), created=at(0)))
+    await insert("a4", made(new(queue="a", run_at=at(10), key="k1"), created=at(0)))
+    await insert("a5", made(new(queue="a", run_at=at(10), key="k2"), created=at(0)))
+    for name in ("b1", "b2", "b3", "b4", "b5"):
+        await insert(name, made(new(queue="b"), created=at(-120)))
+    for name in ("c1", "c2"):
+        await insert(name, made(new(queue="c"), created=at(-7200)))
+    claimed = {r.id: r.key for r in await claim(driver, ["b", "c"], now=at(20))}
+    assert len(claimed) == 7
+
+    def outcome(
+        name: str, kind: OutcomeKind, error: str | None = None, run_at: datetime | None = None
+    ) -> Outcome:
+        return Outcome(claimed[ids[name]], kind, error=error, run_at=run_at)
+
+    await write(driver, outcome("b2", OutcomeKind.COMPLETE), now=at(60))
+    await write(driver, outcome("b3", OutcomeKind.DEAD, error="disk full"), now=at(130))
+    await write(driver, outcome("b4", OutcomeKind.FAIL, error="bad row 4"), now=at(200))
+    retry = outcome("b5", OutcomeKind.RETRY, error="boom: Upstream timed out", run_at=at(7200))
+    await write(driver, retry, now=at(250))
+    dead = [outcome(n, OutcomeKind.DEAD, error=f"{n}: disk full") for n in ("c1", "c2")]
+    await write(driver, *dead, now=at(300))
+    return Seeded(ids)
+
+
+@pytest.fixture
+async def seeded(driver: Driver) -> Seeded:
+    return await seed(driver)
+
+
+async def test_depths_per_queue(driver: Driver, seeded: Seeded) -> None:
+    depths = await driver.dashboard.depths(now=NOW)
+    assert depths == {
+        "a": QueueDepth("a", ready=4, scheduled=1, oldest_ready=at(0)),
+        "b": QueueDepth("b", scheduled=1, processing=1, dead=1),
+        "c": QueueDepth("c", dead=2),
+    }
+
+
+async def test_depths_stop_at_their_cap(driver: Driver, seeded: Seeded) -> None:
+    depths = await driver.dashboard.depths(now=NOW, cap=2)
+    assert depths["c"] == QueueDepth("c", dead=2, capped=True)
+    assert depths["b"] == QueueDepth("b", scheduled=1, processing=1, dead=1)
+
+
+async def test_busy_keys(driver: Driver, seeded: Seeded) -> None:
+    assert await driver.dashboard.busy_keys(now=NOW) == [
+        KeyStats("a", "k1", 2, 0),
+        KeyStats("a", "k2", 1, 0),
+    ]
+    assert await driver.dashboard.busy_keys(now=NOW, limit=1) == [KeyStats("a", "k1", 2, 0)]
+    assert await driver.dashboard.busy_keys(now=NOW, cap=1) == [
+        KeyStats("a", "k1", 1, 0),
+        KeyStats("a", "k2", 1, 0),
+    ]
+
+
+async def test_finished_and_arrived_per_minute(driver: Driver, seeded: Seeded) -> None:
+    def series(minute: str, count: int) -> list[int]:
+        found = [0] * 60
+        found[SLOT[minute]] = count
+        return found
+
+    assert await driver.dashboard.finished_per_minute(now=NOW) == {
+        "b": {
+            "completed": series("03:05", 1),
+            "dead": series("03:06", 1),
+            "failed": series("03:07", 1),
+        },
+        "c": {"dead": series("03:09", 2)},
+    }
+    # queue c's tasks were enqueued before the hour: finished in it, but not arrived
+    assert await driver.dashboard.arrived_per_minute(now=NOW) == {
+        "a": series("03:04", 5),
+        "b": series("03:02", 5),
+    }
+    # a shorter window: the last 7 minutes (03:08 to 03:14)
+    assert await driver.dashboard.finished_per_minute(now=NOW, minutes=7) == {
+        "c": {"dead": [0, 2, 0, 0, 0, 0, 0]}
+    }
+    assert await driver.dashboard.arrived_per_minute(now=NOW, minutes=7) == {}
+
+
+async def page_of(driver: Driver, query: TaskQuery, cursor: str | None, limit: int) -> TaskPage:
+    return await driver.dashboard.task_page(query, cursor, limit)
+
+
+async def test_pages_of_live_tasks(driver: Driver, seeded: Seeded) -> None:
+    s = seeded
+    live = [s["b5"], s["b1"], s["a5"], s["a4"], s["a3"], s["a2"], s["a1"]]  # newest first
+    first = await page_of(driver, TaskQuery(), None, 3)
+    assert [r.id for r in first.rows] == live[:3]
+    assert first.next_cursor == str(live[2])
+    second = await page_of(driver, TaskQuery(), first.next_cursor, 3)
+    assert [r.id for r in second.rows] == live[3:6]
+    last = await page_of(driver, TaskQuery(), second.next_cursor, 3)
+    assert ([r.id for r in last.rows], last.next_cursor) == ([s["a1"]], None)
+    assert first.rows[0] == await get(driver, s["b5"])  # whole rows
+
+    by = {
+        TaskQuery(queue="a", key="k1"): [s["a4"], s["a3"]],
+        TaskQuery(state="retryable"): [s["b5"]],
+        TaskQuery(state="processing", queue="b"): [s["b1"]],
+        TaskQuery(task_name="other.task"): [s["a1"]],
+        TaskQuery(queue="c"): [],
+        TaskQuery(error="upstream"): [s["b5"]],  # case-insensitive
+        TaskQuery(state="pending", error="upstream"): [],
+    }
+    for query, expected in by.items():
+        page = await page_of(driver, query, None, 10)
+        assert ([r.id for r in page.rows], page.next_cursor) == (expected, None), query
+
+
+async def test_pages_of_finished_tasks(driver: Driver, seeded: Seeded) -> None:
+    s = seeded
+    dead = TaskQuery(state="dead")
+    first = await page_of(driver, dead, None, 2)
+    c1 = await get(driver, s["c1"])
+    assert [r.id for r in first.rows] == [s["c2"], s["c1"]]  # last finished, then by id
+    assert first.next_cursor == task_cursor(c1, live=False) == f"{at(300).isoformat()}~{c1.id}"
+    second = await page_of(driver, dead, first.next_cursor, 2)
+    assert ([r.id for r in second.rows], second.next_cursor) == ([s["b3"]], None)
+    assert second.rows[0].state is TaskState.DEAD and second.rows[0].last_error == "disk full"
+
+    by = {
+        TaskQuery(state="dead", queue="b"): [s["b3"]],
+        TaskQuery(state="completed"): [s["b2"]],
+        TaskQuery(state="failed", error="BAD ROW"): [s["b4"]],
+        TaskQuery(state="cancelled"): [],
+    }
+    for query, expected in by.items():
+        page = await page_of(driver, query, None, 10)
+        assert ([r.id for r in page.rows], page.next_cursor) == (expected, None), query
+
+    # more tasks with the text than the page holds: the page ends at the last one shown
+    disk = TaskQuery(state="dead", error="disk")
+    page = await page_of(driver, disk, None, 1)
+    assert [r.id for r in page.rows] == [s["c2"]]
+    page = await page_of(driver, disk, page.next_cursor, 1)
+    assert [r.id for r in page.rows] == [s["c1"]]
+    page = await page_of(driver, disk, page.next_cursor, 1)
+    assert ([r.id for r in page.rows], page.next_cursor) == ([s["b3"]], None)
+
+
+async def test_run_now_makes_a_waiting_task_due_and_its_key_looked_at(
+    driver: Driver, seeded: Seeded
+) -> None:
+    s = seeded
+    [later] = await driver.tasks.task_insert_many([new(queue="d", run_at=at(3600), key="k3")])
+    keys = {"d": KeyLimits(concurrency=1)}
+    assert await claim(driver, ["d"], now=NOW, keys=keys) == []  # not due yet
+    assert await driver.control.task_run_now(later, now=NOW) == "d"
+    assert (await get(driver, later)).run_at == NOW
+    assert [r.id for r in await claim(driver, ["d"], now=NOW, keys=keys)] == [later]
+    # not waiting: processing, retrying is waiting, finished, unknown
+    assert await driver.control.task_run_now(later, now=NOW) is None
+    assert await driver.control.task_run_now(s["b5"], now=NOW) == "b"
+    assert await driver.control.task_run_now(s["b2"], now=NOW) is None
+    assert await driver.control.task_run_now(999_999, now=NOW) is None
+    depths = await driver.dashboard.depths(now=NOW)
+    assert (depths["b"].ready, depths["b"].scheduled, depths["b"].oldest_ready) == (1, 0, NOW)
