@@ -45,6 +45,12 @@ def driver_class(backend: str) -> type[SqlDriver]:
     return cls
 
 
+def capabilities_for_url(url: str | URL) -> Capabilities:
+    """What the database of a URL can do, known before connecting (MariaDB is told apart
+    from MySQL only by a connection; they can do the same)."""
+    return driver_class(backend_name(url)).database_class.dialect_class.capabilities
+
+
 def driver_for_url(url: str | URL, **options: Any) -> SqlDriver:
     """A driver for a database URL (postgresql://, mysql://, sqlite:///path)."""
     return driver_class(backend_name(url))(url, **options)
@@ -68,6 +74,7 @@ __all__ = [
     "SqlDialect",
     "SqlDriver",
     "WriteResult",
+    "capabilities_for_url",
     "dialect_for",
     "driver_class",
     "driver_for_url",

@@ -47,6 +47,9 @@ class Capabilities:
     #: A handler can complete its task in a transaction of its own on the database
     #: (`attempt_transaction`): a SQL database, not the in-memory store.
     transactions: bool = True
+    #: Rows can be staged with the client's LOAD DATA LOCAL INFILE (MariaDB/MySQL): a Spark
+    #: write's option `local_infile`.
+    local_infile: bool = False
 
 
 @dataclass(frozen=True)

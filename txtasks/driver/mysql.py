@@ -449,7 +449,7 @@ class MySQLDialect(SqlDialect):
     """MySQL 8: SKIP LOCKED claims as SELECT then UPDATE, no INSERT ... RETURNING, rows found
     by primary key through JSON_TABLE."""
 
-    capabilities: ClassVar[Capabilities] = Capabilities("mysql")
+    capabilities: ClassVar[Capabilities] = Capabilities("mysql", local_infile=True)
 
     returning_insert: ClassVar[bool] = False
 

@@ -30,6 +30,7 @@ from pyspark.sql.types import (
 from sqlalchemy import make_url
 
 from txtasks.app import ENV_BROKER_URL, ENV_DATABASE_URL, check_queue_name
+from txtasks.driver import capabilities_for_url
 from txtasks.driver.urls import backend_name
 from txtasks.errors import ConfigurationError
 from txtasks.topics import MAX_PUBLISH_DEDUP_BYTES, check_topic_name
@@ -219,7 +220,7 @@ def _local_infile(url: str, value: str | None) -> str:
         )
     if flag == "false":
         return url
-    if backend_name(url) != "mysql":
+    if not capabilities_for_url(url).local_infile:
         raise ConfigurationError(
             "txtasks write: option 'local_infile' applies to MariaDB/MySQL only, "
             f"not {backend_name(url)}"
