@@ -50,7 +50,15 @@ from txtasks.schema.tables import archive, tasks
 
 pytestmark = pytest.mark.acceptance
 
-SWEEPS = {"rescuer", "reannouncer", "archiver", "retention", "periodic", "publisher"}
+SWEEPS = {
+    "rescuer",
+    "reannouncer",
+    "archiver",
+    "retention",
+    "periodic",
+    "publisher",
+    "staged_purge",
+}
 #: A cleaner that only rescues, often (the default pass interval is 5 s).
 RESCUER = ("--only", "rescuer", "--set", "rescuer.interval=0.2")
 POLL = ("--poll-interval", "0.05")

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection, func, select
 
-from cleaner import Publisher, PublisherConfig
+from cleaner import ServiceSweep
 from tests.integration.test_staging_conformance import (
     GROUPS,
     T0,
@@ -42,6 +42,7 @@ from tests.integration.test_staging_conformance import (
 from txtasks import App
 from txtasks.driver import MemoryDriver, SqlDriver, driver_for_url
 from txtasks.schema.tables import deferred, key_hints, stages
+from txtasks.spark import DeferredPublisher
 from txtasks.spark.staging import (
     SqlStaging,
     StagedRowsMissing,
@@ -372,7 +373,7 @@ async def test_the_cleaners_publisher_publishes_and_wakes_the_queues(
     app = App("publish-test", driver=sql, clock=lambda: at(5), notifier=doorbell)
     stage_two(staging)
     staging.commit_deferred("c", "w", {"w.a": 5, "w.b": 2}, TARGET, now=T0)
-    sweep = Publisher(app, PublisherConfig(batch_size=2))
+    sweep = ServiceSweep(app, DeferredPublisher(batch_size=2))
 
     result = await sweep.run_once()
 
