@@ -398,3 +398,23 @@ async def test_a_worker_publishes_deferred_writes_and_runs_their_tasks_once(
     assert waiting(staging) == {}
     with sql.sync_engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(deferred)).scalar() == 0
+
+
+@pytest.mark.parametrize("off", ["services", "publish_deferred"])
+async def test_a_worker_without_the_publisher_leaves_deferred_writes_to_others(
+    sql: SqlDriver, staging: SqlStaging, off: str
+) -> None:
+    """`services={"publisher": None}`, or the deprecated `publish_deferred=False`."""
+    app = App("publish-test", driver=sql, clock=lambda: at(10))
+    app.task(name=TARGET.task_name, queue="q")(lambda payload: None)
+    stage_two(staging)
+    staging.commit_deferred("c", "w", {"w.a": 5, "w.b": 2}, TARGET, now=T0)
+
+    if off == "services":
+        stats = await run_until_empty(app, services={"publisher": None})
+    else:
+        with pytest.warns(DeprecationWarning, match="publish_deferred is deprecated"):
+            stats = await run_until_empty(app, publish_deferred=False)
+
+    assert stats.outcomes == {}
+    assert set(waiting(staging).values()) == {"c"}
