@@ -5,14 +5,11 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from txtasks._checks import check_number, check_queue_name
 from txtasks.errors import ConfigurationError
+from txtasks.services import Service
 from txtasks.types import Outcome, TaskKey
-
-if TYPE_CHECKING:
-    from txtasks.services import Service
 
 
 @dataclass(frozen=True)
