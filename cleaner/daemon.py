@@ -50,8 +50,15 @@ BEAT_INTERVAL = 10.0
 STALL_INTERVALS = 3
 #: ... and for at least this many seconds (short intervals get slack for a slow database).
 STALL_MIN_SECONDS = 60.0
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
 #: `CleanerConfig.publisher` when not given (the setting is deprecated).
-UNSET: Any = type("Unset", (), {"__repr__": lambda self: "UNSET"})()
+UNSET: Any = _Unset()
 
 
 @dataclass(frozen=True)
@@ -63,10 +70,6 @@ class CleanerConfig:
     archiver: ArchiverConfig | None = field(default_factory=ArchiverConfig)
     retention: RetentionConfig | None = field(default_factory=RetentionConfig)
     periodic: PeriodicConfig | None = field(default_factory=PeriodicConfig)
-    #: The services it hosts (txtasks.services), by name, over those installed packages
-    #: contribute for cleaners (txtasks.spark's "publisher" and "staged_purge"): a service of
-    #: its own or a configured one, or None to turn one off.
-    services: Mapping[str, Service | None] = field(default_factory=dict)
     #: Deprecated: `services={"publisher": ...}`.
     publisher: Service | None = field(default=UNSET, repr=False)
     #: Queue gauges for the metrics; runs only when the cleaner serves metrics.
@@ -75,6 +78,10 @@ class CleanerConfig:
     health_port: int | None = None
     #: Address the health endpoint listens on.
     health_host: str = "0.0.0.0"
+    #: The services it hosts (txtasks.services), by name, over those installed packages
+    #: contribute for cleaners (txtasks.spark's "publisher" and "staged_purge"): a service of
+    #: its own or a configured one, or None to turn one off.
+    services: Mapping[str, Service | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.publisher is not UNSET:
@@ -95,7 +102,7 @@ class CleanerConfig:
         (the archiver warned about them)."""
         purge = self.services.get("staged_purge", discovered().get("staged_purge"))
         if purge is not None:
-            moved = replace_any(purge, archiver.staged_settings())
+            moved = _replaced(purge, archiver.staged_settings())
             self._services_set({**self.services, "staged_purge": moved})
         kept = dataclasses.replace(archiver, staged_batch_size=None, staged_after=None)
         object.__setattr__(self, "archiver", kept)
@@ -104,7 +111,7 @@ class CleanerConfig:
         object.__setattr__(self, "services", services)
 
 
-def replace_any(settings: Any, changes: Mapping[str, Any]) -> Any:
+def _replaced(settings: Any, changes: Mapping[str, Any]) -> Any:
     """The dataclass `settings` (a sweep config, a service) with `changes`."""
     return dataclasses.replace(settings, **changes)
 

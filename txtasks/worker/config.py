@@ -47,15 +47,15 @@ class WorkerConfig:
     #: stored within this, and the worker writes progress at most once per interval, however
     #: many reports its handlers make (the latest of each attempt is kept).
     progress_interval: float = 1.0
-    #: The services it hosts (txtasks.services), by name, over those installed packages
-    #: contribute for workers (txtasks.spark's "publisher"): a service of its own or a
-    #: configured one, or None to turn one off.
-    services: Mapping[str, Service | None] = field(default_factory=dict)
     #: Deprecated: `services={"publisher": None}` turns the deferred publisher off.
     publish_deferred: bool | None = None
     #: Seconds a loop (claims, heartbeat, outcome writes) may overrun its interval, stuck in
     #: a database call, before /livez fails.
     stall_after: float = 60.0
+    #: The services it hosts (txtasks.services), by name, over those installed packages
+    #: contribute for workers (txtasks.spark's "publisher"): a service of its own or a
+    #: configured one, or None to turn one off.
+    services: Mapping[str, Service | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.publish_deferred is not None:
