@@ -1,22 +1,21 @@
-"""The archiver: finished rows still in the hot table move to the archive, and staged rows
-of abandoned writes are deleted.
+"""The archiver: finished rows still in the hot table move to the archive.
 
 Workers move a task to the archive in the same transaction that records its outcome, so the
 hot table normally holds live tasks only. Rows in a finished state can still appear there
 (written by hand, by another tool, or by an older version); the archiver moves them, in
-batches, so the claim index stays small. Staged rows that no write reads any more are deleted,
-in batches of their own size: those of ended attempts at once, and those of a write that never
-ended, because its Spark driver died, after `staged_after` seconds.
+batches, so the claim index stays small. (Staged rows of Spark writes no write reads any more
+are deleted by the service `staged_purge` of txtasks.spark.)
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
-from datetime import timedelta
+from typing import Any
 
 from cleaner.sweep import BatchedConfig, Sweep, SweepResult
-from txtasks.errors import ConfigurationError
-from txtasks.spark.staging import purge_abandoned
+from txtasks._checks import check_number
+from txtasks.services import check_positive_int
 
 
 @dataclass(frozen=True)
@@ -27,24 +26,31 @@ class ArchiverConfig(BatchedConfig):
     interval: float = 60.0
     #: Rows moved per transaction.
     batch_size: int = 1000
-    #: Staged rows deleted per transaction: no task and no write reads them, so a batch holds
-    #: no lock anything waits for, and a larger one costs fewer statements per row.
-    staged_batch_size: int = 10_000
-    #: Seconds after which a staged row is deleted: its write (a Spark job) never committed
-    #: or aborted because its driver died.
-    staged_after: float = 86400.0
+    #: Deprecated: the service staged_purge's `batch_size` (the cleaner hands it over).
+    staged_batch_size: int | None = None
+    #: Deprecated: the service staged_purge's `after` (the cleaner hands it over).
+    staged_after: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not (isinstance(self.staged_batch_size, int) and self.staged_batch_size > 0):
-            raise ConfigurationError(
-                "ArchiverConfig.staged_batch_size must be an integer > 0, "
-                f"got {self.staged_batch_size!r}"
+        if self.staged_batch_size is not None:
+            check_positive_int(self, "staged_batch_size", self.staged_batch_size)
+        if self.staged_after is not None:
+            check_number("ArchiverConfig.staged_after", self.staged_after, above=0)
+        if self.staged_settings():
+            warnings.warn(
+                "ArchiverConfig.staged_batch_size and staged_after are deprecated: the purge of "
+                "staged rows is the service 'staged_purge' (txtasks.spark.StagedPurge); set "
+                "CleanerConfig(services={'staged_purge': StagedPurge(batch_size=..., "
+                "after=...)}) or --set staged_purge.after=...",
+                DeprecationWarning,
+                stacklevel=3,
             )
-        if not self.staged_after > 0:
-            raise ConfigurationError(
-                f"ArchiverConfig.staged_after must be > 0 seconds, got {self.staged_after!r}"
-            )
+
+    def staged_settings(self) -> dict[str, Any]:
+        """The deprecated settings given, by their names in the service staged_purge."""
+        given = {"batch_size": self.staged_batch_size, "after": self.staged_after}
+        return {name: value for name, value in given.items() if value is not None}
 
 
 @dataclass(frozen=True)
@@ -53,8 +59,6 @@ class ArchiveResult(SweepResult):
 
     #: Finished rows moved from the hot table to the archive.
     archived: int = 0
-    #: Staged rows deleted: of ended attempts, and of abandoned writes.
-    abandoned: int = 0
 
 
 class Archiver(Sweep[ArchiverConfig, ArchiveResult]):
@@ -68,9 +72,4 @@ class Archiver(Sweep[ArchiverConfig, ArchiveResult]):
             lambda limit: driver.sweeps.finished_archive_many(now=self.app.clock(), limit=limit),
             self.config.batch_size,
         )
-        before = self.app.clock() - timedelta(seconds=self.config.staged_after)
-        abandoned = await self.batches(
-            lambda limit: purge_abandoned(driver, before=before, limit=limit),
-            self.config.staged_batch_size,
-        )
-        return ArchiveResult(archived=archived, abandoned=abandoned)
+        return ArchiveResult(archived=archived)

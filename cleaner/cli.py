@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from cleaner.daemon import SWEEPS, Cleaner, CleanerConfig
-from cleaner.settings import config_with
+from cleaner.settings import cleaner_services, config_with
 from txtasks.cli.common import (
     Command,
     broker_url_option,
@@ -35,7 +35,6 @@ from txtasks.errors import ConfigurationError
 from txtasks.wakeup import notifier_for_url
 
 log = logging.getLogger("cleaner")
-SWEEP_NAMES = click.Choice(list(SWEEPS))
 
 
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
@@ -56,8 +55,10 @@ SWEEP_NAMES = click.Choice(list(SWEEPS))
     metavar="SWEEP.SETTING=VALUE",
     help="Change one setting, e.g. --set rescuer.interval=2 (repeatable; see docs/operations.md).",
 )
-@click.option("--only", multiple=True, type=SWEEP_NAMES, help="Run only these sweeps.")
-@click.option("--skip", multiple=True, type=SWEEP_NAMES, help="Do not run these sweeps.")
+@click.option("--only", multiple=True, metavar="SWEEP", help="Run only these sweeps (or services).")
+@click.option(
+    "--skip", multiple=True, metavar="SWEEP", help="Do not run these sweeps (or services)."
+)
 @click.option("--once", is_flag=True, help="One pass of each sweep, print the results, exit.")
 @health_port_option
 @health_host_option
@@ -126,11 +127,18 @@ def config_from(
             raise click.BadParameter(f"{spec!r} is a {type(config).__name__}, not a CleanerConfig")
     for assignment in assignments:
         config = config_with(config, assignment)
-    chosen = set(only or SWEEPS) - set(skip)
+    services = list(cleaner_services(config))
+    unknown = [name for name in (*only, *skip) if name not in (*SWEEPS, *services)]
+    if unknown:
+        raise ConfigurationError(
+            f"--only/--skip: no sweep {unknown[0]!r} (sweeps: {', '.join((*SWEEPS, *services))})"
+        )
+    chosen = set(only or (*SWEEPS, *services)) - set(skip)
     if not chosen:
         raise ConfigurationError("--only/--skip: no sweep left to run")
     off: dict[str, Any] = {name: None for name in SWEEPS if name not in chosen}
-    return dataclasses.replace(config, **off)
+    stopped = {name: None for name in services if name not in chosen}
+    return dataclasses.replace(config, **off, services={**config.services, **stopped})
 
 
 async def _once(daemon: Cleaner) -> dict[str, object]:

@@ -11,8 +11,11 @@ leader is lost and re-elected.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timezone
 from typing import TYPE_CHECKING, Any
@@ -20,15 +23,17 @@ from typing import TYPE_CHECKING, Any
 from cleaner.archiver import Archiver, ArchiverConfig
 from cleaner.firer import Periodic, PeriodicConfig
 from cleaner.health import HealthServer
-from cleaner.publisher import Publisher, PublisherConfig
 from cleaner.reannouncer import Reannouncer, ReannouncerConfig
 from cleaner.rescuer import Rescuer, RescuerConfig
 from cleaner.retention import Retention, RetentionConfig
+from cleaner.services import ServiceSweep
 from cleaner.stats import Stats, StatsConfig
-from cleaner.sweep import Sweep, SweepResult
+from cleaner.sweep import Sweep
 from txtasks.app import App
+from txtasks.errors import ConfigurationError
 from txtasks.faults import open_when_reachable
 from txtasks.processes import Beacon
+from txtasks.services import Service, ServiceResult, discovered, services_for
 from txtasks.worker.worker import default_worker_id
 
 if TYPE_CHECKING:
@@ -47,22 +52,68 @@ STALL_INTERVALS = 3
 STALL_MIN_SECONDS = 60.0
 
 
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+#: `CleanerConfig.publisher` when not given (the setting is deprecated).
+UNSET: Any = _Unset()
+
+
 @dataclass(frozen=True)
 class CleanerConfig:
-    """Which sweeps run, and their settings. A sweep set to None is off."""
+    """Which sweeps and services run, and their settings. A sweep set to None is off."""
 
     rescuer: RescuerConfig | None = field(default_factory=RescuerConfig)
     reannouncer: ReannouncerConfig | None = field(default_factory=ReannouncerConfig)
     archiver: ArchiverConfig | None = field(default_factory=ArchiverConfig)
     retention: RetentionConfig | None = field(default_factory=RetentionConfig)
     periodic: PeriodicConfig | None = field(default_factory=PeriodicConfig)
-    publisher: PublisherConfig | None = field(default_factory=PublisherConfig)
+    #: Deprecated: `services={"publisher": ...}`.
+    publisher: Service | None = field(default=UNSET, repr=False)
     #: Queue gauges for the metrics; runs only when the cleaner serves metrics.
     stats: StatsConfig | None = field(default_factory=StatsConfig)
     #: Serve /livez and /readyz on this port (0: any free port); None: no HTTP endpoint.
     health_port: int | None = None
     #: Address the health endpoint listens on.
     health_host: str = "0.0.0.0"
+    #: The services it hosts (txtasks.services), by name, over those installed packages
+    #: contribute for cleaners (txtasks.spark's "publisher" and "staged_purge"): a service of
+    #: its own or a configured one, or None to turn one off.
+    services: Mapping[str, Service | None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.publisher is not UNSET:
+            warnings.warn(
+                "CleanerConfig.publisher is deprecated: the deferred publisher is a service; "
+                "configure it with CleanerConfig(services={'publisher': "
+                "DeferredPublisher(...)}) (txtasks.spark), or None to turn it off",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            self._services_set({"publisher": self.publisher, **self.services})
+            object.__setattr__(self, "publisher", UNSET)
+        if self.archiver is not None and self.archiver.staged_settings():
+            self._staged_settings_hand_over(self.archiver)
+
+    def _staged_settings_hand_over(self, archiver: ArchiverConfig) -> None:
+        """The deprecated `archiver.staged_*` settings, as those of the service staged_purge
+        (the archiver warned about them)."""
+        purge = self.services.get("staged_purge", discovered().get("staged_purge"))
+        if purge is not None:
+            moved = _replaced(purge, archiver.staged_settings())
+            self._services_set({**self.services, "staged_purge": moved})
+        kept = dataclasses.replace(archiver, staged_batch_size=None, staged_after=None)
+        object.__setattr__(self, "archiver", kept)
+
+    def _services_set(self, services: Mapping[str, Service | None]) -> None:
+        object.__setattr__(self, "services", services)
+
+
+def _replaced(settings: Any, changes: Mapping[str, Any]) -> Any:
+    """The dataclass `settings` (a sweep config, a service) with `changes`."""
+    return dataclasses.replace(settings, **changes)
 
 
 SWEEPS: dict[str, type[Sweep[Any, Any]]] = {
@@ -71,7 +122,6 @@ SWEEPS: dict[str, type[Sweep[Any, Any]]] = {
     "archiver": Archiver,
     "retention": Retention,
     "periodic": Periodic,
-    "publisher": Publisher,
 }
 
 
@@ -89,6 +139,10 @@ class Cleaner:
             for name, cls in SWEEPS.items()
             if getattr(self.config, name) is not None
         }
+        for service in services_for("cleaner", self.config.services):
+            if service.name in self.sweeps:
+                raise ConfigurationError(f"services: {service.name!r} is the name of a sweep")
+            self.sweeps[service.name] = ServiceSweep(app, service, metrics=metrics)
         if metrics is not None and self.config.stats is not None:
             self.sweeps["stats"] = Stats(app, self.config.stats, metrics=metrics)
         self._scheduler: AsyncIOScheduler | None = None
@@ -167,7 +221,7 @@ class Cleaner:
         finally:
             await self.stop()
 
-    async def run_once(self) -> dict[str, SweepResult | None]:
+    async def run_once(self) -> dict[str, ServiceResult | None]:
         """One pass of every enabled sweep, in order; a failed pass gives None."""
         await self.app.driver.open()
         return {name: await sweep.tick() for name, sweep in self.sweeps.items()}

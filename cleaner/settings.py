@@ -1,4 +1,5 @@
-"""`--set SWEEP.SETTING=VALUE`: change one setting of a `CleanerConfig` from the command line.
+"""`--set SWEEP.SETTING=VALUE`: change one setting of a `CleanerConfig` from the command line;
+SWEEP is a sweep, or a service the cleaner hosts (`--set publisher.batch_size=5000`).
 
 Values are parsed by the setting's declared type: seconds and counts as numbers, `none` for
 "off" where a setting allows None, lists comma-separated. Retention per outcome is
@@ -10,29 +11,43 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any
 
 from cleaner.daemon import SWEEPS, CleanerConfig
 from txtasks.errors import ConfigurationError
+from txtasks.services import Service, discovered
 
 NONE_WORDS = {"none", "off", "forever"}
 #: The sweeps whose settings --set may change.
 SETTABLE = (*SWEEPS, "stats")
 
 
+def cleaner_services(config: CleanerConfig) -> Mapping[str, Service | None]:
+    """The services a cleaner with `config` would host, by name (None: turned off)."""
+    found = {n: s for n, s in discovered().items() if "cleaner" in s.hosts}
+    return {**found, **config.services}
+
+
 def config_with(config: CleanerConfig, assignment: str) -> CleanerConfig:
     """`config` with one `path=value` assignment applied (a new, validated config)."""
     path, sep, text = assignment.partition("=")
     names = path.strip().split(".")
-    if not sep or len(names) < 2 or names[0] not in SETTABLE:
+    services = cleaner_services(config)
+    if not sep or len(names) < 2 or names[0] not in (*SETTABLE, *services):
         raise ConfigurationError(
             f"--set {assignment!r}: expected SWEEP.SETTING=VALUE with SWEEP one of "
-            f"{', '.join(SETTABLE)}"
+            f"{', '.join((*SETTABLE, *services))}"
         )
-    sweep = getattr(config, names[0])
-    if sweep is None:
+    found = services[names[0]] if names[0] in services else getattr(config, names[0])
+    if found is None:
         raise ConfigurationError(f"--set {assignment!r}: sweep {names[0]} is turned off")
-    return dataclasses.replace(config, **{names[0]: _assign(sweep, names[1:], text, path)})
+    if not dataclasses.is_dataclass(found):
+        raise ConfigurationError(f"--set {assignment!r}: service {names[0]} has no settings")
+    changed = _assign(found, names[1:], text, path)
+    if names[0] in services:
+        return dataclasses.replace(config, services={**config.services, names[0]: changed})
+    return dataclasses.replace(config, **{names[0]: changed})
 
 
 def _assign(obj: Any, names: list[str], text: str, path: str) -> Any:

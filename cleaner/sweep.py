@@ -11,17 +11,16 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from txtasks._checks import check_finite_fields
 from txtasks.errors import ConfigurationError
 from txtasks.faults import describe
+from txtasks.services import MAX_BATCHES, MAX_INTERVAL, ServiceConfig, ServiceResult, batches
 
 if TYPE_CHECKING:
     from apscheduler.job import Job
@@ -33,27 +32,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cleaner")
 
-#: The longest interval between passes (seconds): a week.
-MAX_INTERVAL = 7 * 86400.0
-#: A pass may not take more batches than this (a bound, not a pace: batches run back to back).
-MAX_BATCHES = 1000
+__all__ = [  # MAX_BATCHES and MAX_INTERVAL: txtasks.services' bounds, which sweeps share
+    "MAX_BATCHES",
+    "MAX_INTERVAL",
+    "BatchedConfig",
+    "Sweep",
+    "SweepConfig",
+    "SweepResult",
+    "SweepState",
+    "logfmt",
+]
 
 
 @dataclass(frozen=True)
-class SweepConfig:
-    """Settings every sweep has."""
-
-    #: Seconds between passes.
-    interval: float = 60.0
-
-    def __post_init__(self) -> None:
-        check_finite_fields(self)  # the fields of every sweep's config, NaN and infinities out
-        name = type(self).__name__
-        if not 0 < self.interval <= MAX_INTERVAL:
-            raise ConfigurationError(
-                f"{name}.interval must be > 0 and <= {MAX_INTERVAL:.0f} seconds (a week), "
-                f"got {self.interval!r}"
-            )
+class SweepConfig(ServiceConfig):
+    """Settings every sweep has: `interval`, seconds between passes (checked as a service's)."""
 
 
 @dataclass(frozen=True)
@@ -70,15 +63,8 @@ class BatchedConfig(SweepConfig):
 
 
 @dataclass(frozen=True)
-class SweepResult:
+class SweepResult(ServiceResult):
     """What one pass did. Subclasses add counters; `busy` says whether anything changed."""
-
-    @property
-    def busy(self) -> bool:
-        return any(bool(v) for v in dataclasses.asdict(self).values())
-
-    def fields(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclass
@@ -96,14 +82,21 @@ class SweepState:
     last_result: dict[str, Any] | None = None
 
 
-C = TypeVar("C", bound=SweepConfig)
-R = TypeVar("R", bound=SweepResult)
+class Paced(Protocol):
+    """A sweep's config: a sweep config, or a service (txtasks.services)."""
+
+    @property
+    def interval(self) -> float: ...
+
+
+C = TypeVar("C", bound=Paced)
+R = TypeVar("R", bound=ServiceResult)
 
 
 class Sweep(abc.ABC, Generic[C, R]):
     """One maintenance concern of the cleaner."""
 
-    name: ClassVar[str]
+    name: str
 
     def __init__(self, app: App, config: C, *, metrics: Metrics | None = None) -> None:
         self.app = app
@@ -126,13 +119,7 @@ class Sweep(abc.ABC, Generic[C, R]):
     async def batches(self, step: Callable[[int], Awaitable[int]], size: int) -> int:
         """Run `step(size)` (it returns how many rows it handled) until a batch comes back
         short; the rows handled in all."""
-        total = 0
-        for _ in range(MAX_BATCHES):
-            done = await step(size)
-            total += done
-            if done < size:
-                break
-        return total
+        return await batches(step, size)
 
     # -- scheduling ---------------------------------------------------------------------------
 

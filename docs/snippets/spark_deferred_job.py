@@ -8,9 +8,9 @@ import tempfile
 
 from pyspark.sql import SparkSession
 
-from cleaner import Publisher, PublisherConfig
+from cleaner import ServiceSweep
 from txtasks import App
-from txtasks.spark import register
+from txtasks.spark import DeferredPublisher, register
 from txtasks.testing import run_until_empty
 
 DATABASE_URL = os.environ.get(
@@ -48,12 +48,12 @@ async def main() -> None:
     await app.amigrate()
     await asyncio.to_thread(spark_job)
     # Committed, not published yet: a worker that does not publish finds nothing to run.
-    stats = await run_until_empty(app, publish_deferred=False)
+    stats = await run_until_empty(app, services={"publisher": None})
     assert stats.outcomes == {}
     # The application enqueues order 3 itself before any publisher ran: its task is live when
     # the write's row with that dedup key is published, so it wins.
     await ship.aenqueue({"order_id": 3, "by": "app"}, dedup_key="3")
-    published = await Publisher(app, PublisherConfig()).run_once()  # the cleaner's sweep
+    published = await ServiceSweep(app, DeferredPublisher()).run_once()  # as a cleaner runs it
     assert (published.rows, published.tasks) == (6, 5)  # order 3's row: its key was live
     stats = await run_until_empty(app)  # a worker (it would publish too)
     assert stats.outcomes == {"completed": 6}

@@ -1,7 +1,7 @@
 """The cleaner's documentation matches the code: docs/operations.md and docs/periodic.md.
 
-- The settings reference of operations.md has one row per setting of every sweep config (and
-  `Keep`, and `CleanerConfig`'s health fields), named as `--set` takes it (`rescuer.grace`,
+- The settings reference of operations.md has one row per setting of every sweep config and
+  of every service the cleaner hosts (and `Keep`, and `CleanerConfig`'s other fields), named as `--set` takes it (`rescuer.grace`,
   `retention.keep.dead`, `health_port`), and no row for a setting that does not exist. A new
   setting, a removed one or a changed default fails here.
 - The rendering rule of a default, in the second column: the first code span of the cell is
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from cleaner import CleanerConfig, Keep
-from cleaner.daemon import SWEEPS
-from cleaner.settings import SETTABLE, config_with
+from cleaner.daemon import SWEEPS, UNSET
+from cleaner.settings import SETTABLE, cleaner_services, config_with
 from tests.docs.test_snippets import DOCS, SNIPPETS, fenced_blocks, run
 from txtasks import App
 from txtasks.periodic import Schedule
@@ -87,8 +87,8 @@ def expected_settings() -> dict[str, Any]:
     """Every setting the reference must list, by the name `--set` takes, with its default."""
     defaults = CleanerConfig()
     settings: dict[str, Any] = {}
-    for sweep in SETTABLE:
-        config = getattr(defaults, sweep)
+    configs = {sweep: getattr(defaults, sweep) for sweep in SETTABLE}
+    for sweep, config in {**configs, **cleaner_services(defaults)}.items():
         for f in dataclasses.fields(config):
             value = getattr(config, f.name)
             if isinstance(value, Keep):
@@ -97,7 +97,7 @@ def expected_settings() -> dict[str, Any]:
             else:
                 settings[f"{sweep}.{f.name}"] = value
     for f in dataclasses.fields(CleanerConfig):
-        if f.name not in SETTABLE:
+        if f.name not in SETTABLE and getattr(defaults, f.name) is not UNSET:  # deprecated
             settings[f.name] = getattr(defaults, f.name)
     return settings
 
@@ -126,7 +126,8 @@ def test_every_setting_is_listed_with_its_default() -> None:
 
 def test_no_setting_is_listed_that_does_not_exist() -> None:
     rows = table_rows(OPERATIONS.read_text())
-    sweep_rows = {name for name in rows if name.split(".")[0] in SWEEPS and "." in name}
+    named = {*SWEEPS, *cleaner_services(CleanerConfig())}
+    sweep_rows = {name for name in rows if name.split(".")[0] in named and "." in name}
     assert sweep_rows - set(expected_settings()) == set()
 
 
@@ -142,7 +143,8 @@ def test_every_setting_can_be_set_as_listed() -> None:
 
 def test_each_sweep_has_a_section_naming_its_counters() -> None:
     text = sections(OPERATIONS.read_text())
-    for name, sweep in SWEEPS.items():
+    services = {name: type(s) for name, s in cleaner_services(CleanerConfig()).items()}
+    for name, sweep in {**SWEEPS, **services}.items():
         assert name in text, f"operations.md has no section '### {name}'"
         result = typing.get_type_hints(sweep.run_once)["return"]
         for counter in dataclasses.fields(result):
@@ -180,11 +182,12 @@ def test_cli_runs_the_documented_config_and_once(tmp_path: Path) -> None:
         "retention",
         "periodic",
         "publisher",
+        "staged_purge",
     ]
 
     only = run([*txtasks, *spec, "--only", "retention", "--only", "archiver"], tmp_path, url)
     assert json.loads(only.stdout) == {
-        "archiver": {"archived": 0, "abandoned": 0},
+        "archiver": {"archived": 0},
         "retention": {"purged": {}, "keys_forgotten": 0, "topic_drops_forgotten": 0},
     }
     page = OPERATIONS.read_text()

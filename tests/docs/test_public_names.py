@@ -40,6 +40,7 @@ PUBLIC: dict[str, set[str]] = {
     "txtasks.testing": module_all("txtasks.testing"),
     "txtasks.spark": module_all("txtasks.spark"),
     "txtasks.web": module_all("txtasks.web"),  # the dashboard (extra `web`)
+    "txtasks.services": module_all("txtasks.services"),  # to write a service of one's own
     "cleaner": module_all("cleaner"),  # the cleaner's configuration and sweeps
     # A notifier of your own, for another reconnect policy (docs/wakeups.md).
     "txtasks.wakeup.amqp": {"AmqpNotifier"},

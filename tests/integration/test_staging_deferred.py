@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection, func, select
 
-from cleaner import Publisher, PublisherConfig
+from cleaner import ServiceSweep
 from tests.integration.test_staging_conformance import (
     GROUPS,
     T0,
@@ -42,6 +42,7 @@ from tests.integration.test_staging_conformance import (
 from txtasks import App
 from txtasks.driver import MemoryDriver, SqlDriver, driver_for_url
 from txtasks.schema.tables import deferred, key_hints, stages
+from txtasks.spark import DeferredPublisher
 from txtasks.spark.staging import (
     SqlStaging,
     StagedRowsMissing,
@@ -374,7 +375,7 @@ async def test_the_cleaners_publisher_publishes_and_wakes_the_queues(
     app = App("publish-test", driver=sql, clock=lambda: at(5), notifier=doorbell)
     stage_two(staging)
     staging.commit_deferred("c", "w", {"w.a": 5, "w.b": 2}, TARGET, now=T0)
-    sweep = Publisher(app, PublisherConfig(batch_size=2))
+    sweep = ServiceSweep(app, DeferredPublisher(batch_size=2))
 
     result = await sweep.run_once()
 
@@ -399,3 +400,23 @@ async def test_a_worker_publishes_deferred_writes_and_runs_their_tasks_once(
     assert waiting(staging) == {}
     with sql.db.sync_engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(deferred)).scalar() == 0
+
+
+@pytest.mark.parametrize("off", ["services", "publish_deferred"])
+async def test_a_worker_without_the_publisher_leaves_deferred_writes_to_others(
+    sql: SqlDriver, staging: SqlStaging, off: str
+) -> None:
+    """`services={"publisher": None}`, or the deprecated `publish_deferred=False`."""
+    app = App("publish-test", driver=sql, clock=lambda: at(10))
+    app.task(name=TARGET.task_name, queue="q")(lambda payload: None)
+    stage_two(staging)
+    staging.commit_deferred("c", "w", {"w.a": 5, "w.b": 2}, TARGET, now=T0)
+
+    if off == "services":
+        stats = await run_until_empty(app, services={"publisher": None})
+    else:
+        with pytest.warns(DeprecationWarning, match="publish_deferred is deprecated"):
+            stats = await run_until_empty(app, publish_deferred=False)
+
+    assert stats.outcomes == {}
+    assert set(waiting(staging).values()) == {"c"}

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from cleaner.daemon import CleanerConfig
-from cleaner.settings import SETTABLE, config_with
+from cleaner.settings import SETTABLE, cleaner_services, config_with
 from txtasks import App, MemoryDriver, WorkerConfig
 from txtasks._checks import check_number
 from txtasks.errors import ConfigurationError
@@ -88,11 +88,14 @@ def test_every_numeric_worker_setting_is_covered() -> None:
 
 
 def sweep_settings() -> list[str]:
-    """`sweep.setting` for every number of every sweep's config, retention's `keep` too."""
+    """`sweep.setting` for every number of every sweep's config, retention's `keep` too, and of
+    every service the cleaner hosts."""
     config = CleanerConfig()
     paths = []
     for sweep in SETTABLE:
         paths += [f"{sweep}.{name}" for name in numeric_fields(type(getattr(config, sweep)))]
+    for service, settings in cleaner_services(config).items():  # txtasks.spark's
+        paths += [f"{service}.{name}" for name in numeric_fields(type(settings))]
     keep = type(config.retention.keep)  # type: ignore[union-attr]
     paths += [f"retention.keep.{f.name}" for f in dataclasses.fields(keep)]
     return paths

@@ -124,6 +124,11 @@ def migrate(database_url: str | None, print_sql: bool, dialect: str | None, sinc
 # -- worker ------------------------------------------------------------------------------------
 
 
+def services_off(skipped: tuple[str, ...], publish_deferred: bool) -> dict[str, None]:
+    """The worker's services turned off: `--skip-service` (and `--no-publish-deferred`)."""
+    return dict.fromkeys([*skipped, *([] if publish_deferred else ["publisher"])])
+
+
 @main.command()
 @click.argument("app_spec", metavar="APP")
 @database_url_option
@@ -183,9 +188,17 @@ def migrate(database_url: str | None, print_sql: bool, dialect: str | None, sinc
 )
 @click.option(
     "--publish-deferred/--no-publish-deferred",
-    default=WorkerDefault("publish_deferred"),
+    default=True,
     show_default=True,
-    help="Publish the rows of Spark writes committed in deferred mode.",
+    help="Publish the rows of Spark writes committed in deferred mode "
+    "(--no-publish-deferred: --skip-service publisher).",
+)
+@click.option(
+    "--skip-service",
+    "skipped",
+    multiple=True,
+    metavar="NAME",
+    help="Do not run this service (repeatable; see docs/architecture.md#services).",
 )
 @loop_option
 @metrics_port_option
@@ -218,7 +231,8 @@ def worker(
     try:
         if health_host is not None:
             settings["health_host"] = health_host
-        config = WorkerConfig(queues=queues or None, **settings)
+        services = services_off(settings.pop("skipped"), settings.pop("publish_deferred"))
+        config = WorkerConfig(queues=queues or None, services=services, **settings)
         if database_url:  # the flag or TXTASKS_DATABASE_URL; else the app's own setting
             app.use_driver(driver_for_url(database_url, timeouts=app.timeouts))
         if broker_url:

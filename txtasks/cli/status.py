@@ -1,5 +1,6 @@
-"""`txtasks status`: queues (depth by state, backlog, oldest ready task, rates, paused) and the
-busiest keys, as tables that fit the terminal, as JSON, once or refreshed until interrupted.
+"""`txtasks status`: queues (depth by state, backlog, oldest ready task, rates, paused), the
+busiest keys and the sections of installed services (txtasks.services: the backlog of deferred
+Spark writes), as tables that fit the terminal, as JSON, once or refreshed until interrupted.
 
 The JSON document (`--json`) is stable: fields are added, never renamed or removed, and
 `version` changes if that ever has to happen. See docs/cli.md.
@@ -12,7 +13,7 @@ import contextlib
 import json
 import os
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -26,13 +27,13 @@ from txtasks.cli.common import (
     with_driver,
 )
 from txtasks.clock import utcnow
+from txtasks.services import StatusSection, age_text, status_sections
 from txtasks.types import KeyStats, QueueRates, QueueStats, TaskState
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from txtasks.driver import Driver
-    from txtasks.spark.staging import Backlog
 
 #: The version of the `--json` document.
 JSON_VERSION = 1
@@ -49,8 +50,8 @@ class Snapshot:
     queues: list[QueueStats]
     rates: dict[str, QueueRates]
     keys: list[KeyStats]
-    #: Rows of Spark writes committed in deferred mode, not published yet.
-    deferred: Backlog | None = None
+    #: What the installed services report (the backlog of deferred Spark writes, `deferred`).
+    sections: list[StatusSection] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -59,13 +60,7 @@ class Snapshot:
             "window_seconds": WINDOW,
             "queues": [self._queue_json(q) for q in self.queues],
             "keys": [_key_json(k) for k in self.keys],
-            "deferred": {
-                "rows": self.deferred.rows if self.deferred else 0,
-                "commits": self.deferred.commits if self.deferred else 0,
-                "oldest_commit_age": _age_of(
-                    self.at, self.deferred.oldest_committed_at if self.deferred else None
-                ),
-            },
+            **{section.key: dict(section.document) for section in self.sections},
         }
 
     def _queue_json(self, q: QueueStats) -> dict[str, Any]:
@@ -95,10 +90,6 @@ def _key_json(k: KeyStats) -> dict[str, Any]:
     }
 
 
-def _age_of(now: datetime, at: datetime | None) -> float | None:
-    return None if at is None else max(0.0, (now - at).total_seconds())
-
-
 def _utc(at: datetime | None) -> datetime | None:
     """Times are stored as naive UTC; in JSON they say so (`...+00:00`)."""
     return None if at is None else at.replace(tzinfo=timezone.utc)
@@ -111,10 +102,8 @@ async def snapshot_take(driver: Driver, keys: int) -> Snapshot:
     for queue in rates.keys() - {q.queue for q in queues}:  # all its tasks were purged since
         queues.append(QueueStats(queue))
     busiest = await driver.admin.key_stats(now=now, limit=keys) if keys else []
-    from txtasks.spark.staging import staging_for  # not at import: a fast `--help`
-
-    backlog = await staging_for(driver).backlog()
-    return Snapshot(now, sorted(queues, key=lambda q: q.queue), rates, busiest, backlog)
+    sections = await status_sections(driver, now)
+    return Snapshot(now, sorted(queues, key=lambda q: q.queue), rates, busiest, sections)
 
 
 # -- tables ------------------------------------------------------------------------------------
@@ -170,7 +159,7 @@ def snapshot_grids(snapshot: Snapshot) -> list[Grid]:
     rows = []
     for q in snapshot.queues:
         rates = snapshot.rates.get(q.queue) or QueueRates(q.queue, WINDOW)
-        age = "-" if q.oldest_ready_age is None else _age(q.oldest_ready_age)
+        age = "-" if q.oldest_ready_age is None else age_text(q.oldest_ready_age)
         counts = [str(q.counts.get(s, 0)) for s in shown]
         done = str(sum(rates.finished.values()))
         paused = "" if q.paused_at is None else "yes"
@@ -184,21 +173,11 @@ def snapshot_grids(snapshot: Snapshot) -> list[Grid]:
             keys.append([k.queue, k.key, str(k.waiting), str(k.processing), limited])
         columns = ["queue", "key", "waiting", "processing", "rate-limited until"]
         grids.append(Grid("busiest keys", columns, keys))
-    backlog = snapshot.deferred
-    if backlog is not None and backlog.rows:
-        age = _age(_age_of(snapshot.at, backlog.oldest_committed_at) or 0.0)
-        row = [str(backlog.rows), str(backlog.commits), age]
-        headers = ["rows", "commits", "oldest commit"]
-        grids.append(Grid("deferred Spark writes to publish", headers, [row]))
+    for section in snapshot.sections:
+        if section.rows:
+            rows = [list(row) for row in section.rows]
+            grids.append(Grid(section.title, list(section.headers), rows))
     return grids
-
-
-def _age(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.1f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f}m"
-    return f"{seconds / 3600:.1f}h"
 
 
 def snapshot_print(snapshot: Snapshot, console: Console | None = None) -> Console:

@@ -28,10 +28,15 @@ if TYPE_CHECKING:
         register,
     )
     from txtasks.spark.options import WriteOptions
+    from txtasks.spark.services import DeferredPublisher, PublishResult, PurgeResult, StagedPurge
 
-#: The public names, by module: loaded (with PySpark) when first used, so that the staging
-#: layer (`txtasks.spark.staging`, which the cleaner uses) imports without PySpark.
+#: The public names, by module: loaded (the data source with PySpark) when first used, so that
+#: the services and the staging layer they use import without PySpark.
 LAZY = {
+    "DeferredPublisher": "txtasks.spark.services",
+    "PublishResult": "txtasks.spark.services",
+    "PurgeResult": "txtasks.spark.services",
+    "StagedPurge": "txtasks.spark.services",
     "SOURCE_NAME": "txtasks.spark.datasource",
     "TxtasksDataSource": "txtasks.spark.datasource",
     "TxtasksStreamWriter": "txtasks.spark.datasource",
@@ -49,6 +54,10 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "SOURCE_NAME",
+    "DeferredPublisher",
+    "PublishResult",
+    "PurgeResult",
+    "StagedPurge",
     "TxtasksDataSource",
     "TxtasksStreamWriter",
     "TxtasksWriter",

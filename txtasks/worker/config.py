@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from txtasks._checks import check_number, check_queue_name
 from txtasks.errors import ConfigurationError
+from txtasks.services import Service
 from txtasks.types import Outcome, TaskKey
 
 
@@ -45,14 +47,19 @@ class WorkerConfig:
     #: stored within this, and the worker writes progress at most once per interval, however
     #: many reports its handlers make (the latest of each attempt is kept).
     progress_interval: float = 1.0
-    #: Publish the rows of Spark writes committed in deferred mode (docs/spark.md), one batch
-    #: after another, checking every `poll_interval` (one indexed probe when none waits).
-    publish_deferred: bool = True
+    #: Deprecated: `services={"publisher": None}` turns the deferred publisher off.
+    publish_deferred: bool | None = None
     #: Seconds a loop (claims, heartbeat, outcome writes) may overrun its interval, stuck in
     #: a database call, before /livez fails.
     stall_after: float = 60.0
+    #: The services it hosts (txtasks.services), by name, over those installed packages
+    #: contribute for workers (txtasks.spark's "publisher"): a service of its own or a
+    #: configured one, or None to turn one off.
+    services: Mapping[str, Service | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.publish_deferred is not None:
+            self._publish_deferred_fold()
         check_number("concurrency", self.concurrency, minimum=1, maximum=None, integer=True)
         check_number("flush_batch", self.flush_batch, minimum=1, maximum=None, integer=True)
         for name in ("lease", "poll_interval", "flush_interval", "progress_interval"):
@@ -73,6 +80,18 @@ class WorkerConfig:
             check_queue_name(queue, setting="queues")
         if self.worker_id is not None and not 0 < len(self.worker_id) <= 128:
             raise ConfigurationError(f"worker_id must be 1-128 characters, got {self.worker_id!r}")
+
+    def _publish_deferred_fold(self) -> None:
+        """The deprecated `publish_deferred`, as the `services` entry that replaces it."""
+        warnings.warn(
+            "WorkerConfig.publish_deferred is deprecated: the deferred publisher is a service; "
+            "turn it off with WorkerConfig(services={'publisher': None})",
+            DeprecationWarning,
+            stacklevel=4,
+        )
+        if not self.publish_deferred:
+            object.__setattr__(self, "services", {"publisher": None, **self.services})
+        object.__setattr__(self, "publish_deferred", None)
 
     @property
     def heartbeat_interval(self) -> float:

@@ -28,12 +28,14 @@ from txtasks.health import HealthServer, Pulse
 from txtasks.keys import Rate
 from txtasks.middleware import Middleware
 from txtasks.processes import Beacon
+from txtasks.services import ServiceHost, services_for
 from txtasks.types import Outcome, OutcomeKind, TaskKey, TaskRow
 from txtasks.wakeup import Notifier
 from txtasks.worker.config import WorkerConfig, WorkerStats
 from txtasks.worker.outcomes import OutcomeBuffer, event_wait
 from txtasks.worker.progress import ProgressWriter
 from txtasks.worker.runner import Runner, first_line
+from txtasks.worker.services import HostedServices
 
 if TYPE_CHECKING:
     from txtasks.metrics import Metrics
@@ -105,7 +107,6 @@ class Worker:
         #: Database outages as seen by the claims and the heartbeat: logged once each.
         self._claim_outage = Outage(log, "claiming tasks")
         self._beat_outage = Outage(log, "extending leases")
-        self._publish_outage = Outage(log, "publishing deferred writes")
         self._wake = asyncio.Event()
         self._queue_rates: Mapping[str, Rate] = app.declared_queue_rates
         self._queue_rates_at: float | None = None  # monotonic time of the last read
@@ -163,6 +164,10 @@ class Worker:
         #: The built-in middleware every attempt runs in, without tracing and with it.
         self._builtin = () if metrics is None else (metrics.middleware,)
         self._builtin_traced = (tracing.TRACING, *self._builtin)
+        #: The services it hosts (txtasks.services), the publisher of deferred writes among them.
+        host = ServiceHost("worker", app, self.driver, log, wake=self._queue_woken)
+        services = services_for("worker", self.config.services)
+        self._services = HostedServices(services, host, self._stopping)
 
     # -- control ------------------------------------------------------------------------------
 
@@ -240,8 +245,8 @@ class Worker:
         cancels = asyncio.create_task(self._cancels_watch(), name="txtasks-cancels")
         progress = asyncio.create_task(self._progress.run(self._beat_stop), name="txtasks-progress")
         self._loops = [flusher, heartbeat, cancels, progress]
-        if self.config.publish_deferred and not self.config.burst:  # a burst publishes inline
-            self._loops.append(asyncio.create_task(self._publish_loop(), name="txtasks-publish"))
+        if not self.config.burst:  # a burst runs them inline, when the queues look empty
+            self._loops.extend(self._services.start())
         log.info("worker %s serving %s", self.worker_id, ", ".join(self.queues))
         await self._beacon.beat(running=0)
         try:
@@ -298,37 +303,16 @@ class Worker:
             if rows:
                 await asyncio.sleep(0)  # let the handlers start before the next claim goes out
                 continue
-            if self.config.burst and await self._publish():
-                continue  # tasks of deferred writes may have become claimable
+            if self.config.burst and await self._services.pass_all():
+                continue  # a service may have made tasks claimable (deferred writes)
             if self.config.burst and await self._burst_done():
                 return
             self.idle.set()
             await self._wait(self._wake, self._idle_delay())
             self.idle.clear()
 
-    async def _publish_loop(self) -> None:
-        """Publish the rows of deferred Spark writes, then look again every poll interval."""
-        while not self._stopping.is_set():
-            await self._publish()
-            await self._wait(self._stopping, self._poll_delay())
-
-    async def _publish(self) -> int:
-        """Publish batches of deferred Spark writes until none waits (see
-        `txtasks.spark.staging.publisher`); the rows taken. Waking the queues that got tasks
-        (this worker's at once). A database error is logged once per outage."""
-        if not self.config.publish_deferred:
-            return 0
-        from txtasks.spark.staging.publisher import publish_pending
-
-        try:
-            done = await publish_pending(self.driver, clock=self.app.clock, wake=self._published)
-        except Exception as exc:
-            self._publish_outage.failed(exc)
-            return 0
-        self._publish_outage.ok()
-        return done.rows
-
-    def _published(self, queue: str) -> None:
+    def _queue_woken(self, queue: str) -> None:
+        """A service gave `queue` tasks: wake its workers, this one at once if it serves it."""
         self.app.notify(queue)
         if queue in self.queues:
             self._wake.set()
