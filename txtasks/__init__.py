@@ -34,7 +34,7 @@ if _typing.TYPE_CHECKING:
     from txtasks.types import Cancel, CancelResult, NewTask, Progress, TaskRow, TaskState
     from txtasks.worker import TaskContext, Worker, WorkerConfig, WorkerStats
 
-__version__ = "0.1.0"
+from txtasks._version import __version__
 
 __all__ = [
     "AckPolicy",

@@ -32,8 +32,11 @@ from txtasks._checks import check_finite_fields
 from txtasks.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from txtasks.app import App
+    from typing_extensions import Unpack
+
     from txtasks.driver import Driver
+    from txtasks.options import EnqueueSettings
+    from txtasks.task import Task
 
 #: The entry-point group through which installed packages contribute services.
 GROUP = "txtasks.services"
@@ -99,13 +102,26 @@ class ServiceConfig:
             )
 
 
+class HostApp(Protocol):
+    """What a service sees of the application that hosts it (the `App`)."""
+
+    def clock(self) -> datetime: ...
+
+    @property
+    def driver(self) -> Driver: ...
+
+    async def aenqueue(
+        self, task: Task | str, payload: Any = None, **options: Unpack[EnqueueSettings]
+    ) -> int: ...
+
+
 @dataclass(frozen=True)
 class ServiceHost:
     """What a service may use during a pass."""
 
     #: "worker" or "cleaner".
     kind: str
-    app: App
+    app: HostApp
     driver: Driver
     log: logging.Logger
     #: Call with each queue that got tasks: the host sends its wake-up (and a worker serving

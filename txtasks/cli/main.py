@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from txtasks import __version__
+from txtasks._version import __version__
 from txtasks.cli.common import (
     Commands,
     broker_url_option,

@@ -25,7 +25,7 @@ from txtasks.driver.base import (
     requeue_choice,
 )
 from txtasks.driver.database import SqlDatabase
-from txtasks.driver.key_hints import hints_step
+from txtasks.driver.statements.key_hints import hints_step
 from txtasks.schema.tables import (
     IS_READY,
     KEYED,

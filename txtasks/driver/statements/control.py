@@ -21,8 +21,8 @@ from sqlalchemy import Executable, Integer, Result, bindparam, delete, insert, s
 
 from txtasks.control import CANCELLABLE, TaskFilter, cancels_of
 from txtasks.driver.insert_plan import Step
-from txtasks.driver.key_hints import hints_step
 from txtasks.driver.statements import Statements
+from txtasks.driver.statements.key_hints import hints_step
 from txtasks.keys import KeyOverride, Rate
 from txtasks.schema.tables import (
     Timestamp,

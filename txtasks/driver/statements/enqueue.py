@@ -15,8 +15,8 @@ from sqlalchemy import (
 from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.insert_plan import Plan, Step, task_values
-from txtasks.driver.key_hints import hints_step
 from txtasks.driver.statements import Statements
+from txtasks.driver.statements.key_hints import hints_step
 from txtasks.schema.tables import (
     tasks,
 )

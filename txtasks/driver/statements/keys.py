@@ -27,9 +27,9 @@ from sqlalchemy import (
 )
 
 from txtasks.driver.insert_plan import Statement
-from txtasks.driver.key_hints import hints_step
 from txtasks.driver.statements import Statements
 from txtasks.driver.statements.control import ControlStatements
+from txtasks.driver.statements.key_hints import hints_step
 from txtasks.schema.tables import (
     IS_READY,
     Timestamp,

@@ -35,8 +35,8 @@ from sqlalchemy import (
 from sqlalchemy.sql.dml import Insert
 
 from txtasks.driver.insert_plan import Step
-from txtasks.driver.key_hints import hints_step
 from txtasks.driver.statements import Statements
+from txtasks.driver.statements.key_hints import hints_step
 from txtasks.schema.tables import ExactString, Timestamp, subscriptions, tasks, topic_drops
 from txtasks.topics import delivery_row, head_of
 from txtasks.types import Delivery, NewPublish, Subscription, TaskState

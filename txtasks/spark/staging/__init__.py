@@ -79,7 +79,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from txtasks.clock import utcnow
-from txtasks.driver.key_hints import hints_insert, hints_query
+from txtasks.driver.statements.key_hints import hints_insert, hints_query
 from txtasks.errors import ConfigurationError, TxtasksError
 from txtasks.schema.tables import commits, deferred, key_hints, staged, tasks, writes
 from txtasks.schema.tables import stages as attempts
@@ -431,8 +431,6 @@ class SqlStaging:
     async def publish(self, *, limit: int, now: datetime) -> Published | None:
         """Publish up to `limit` staged rows of one attempt of a deferred write, in one
         transaction (see `txtasks.spark.staging.publisher`); None when none waits."""
-        from txtasks.spark.staging.publisher import publish_batch
-
         async with self.driver.db.connect() as conn:
             probe = await conn.execute(select(deferred.c.stage).limit(1))
             if probe.first() is None:
@@ -566,6 +564,34 @@ async def _purge_tasks(conn: AsyncConnection, before: datetime, limit: int) -> i
     if not ids:
         return 0
     return int((await conn.execute(delete(tasks).where(tasks.c.id.in_(ids), *where))).rowcount)
+
+
+def publish_batch(
+    staging: SqlStaging, conn: Connection, limit: int, now: datetime
+) -> Published | None:
+    """Publish up to `limit` staged rows of one deferred attempt in `conn`'s transaction; None
+    when no attempt waits that another publisher has not locked."""
+    pick = (
+        select(deferred.c.stage, deferred.c.target)
+        .order_by(deferred.c.stage)  # the primary key: the lock stops at the row it returns
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    )
+    found = conn.execute(pick).first()
+    if found is None:
+        return None
+    stage = staged.c.stage == found.stage
+    first = select(staged.c.n).where(stage).order_by(staged.c.n).limit(limit).subquery()
+    top, rows = conn.execute(select(func.max(first.c.n), func.count())).one()
+    tasks: dict[str, int] = {}
+    if rows:
+        batch = and_(stage, staged.c.n <= top)
+        tasks = staging.publish_rows(conn, batch, target_from_json(found.target), now)
+        conn.execute(delete(staged).where(batch))
+    if rows < limit:  # the attempt's last batch
+        conn.execute(delete(deferred).where(deferred.c.stage == found.stage))
+        conn.execute(delete(attempts).where(attempts.c.id == found.stage))
+    return Published(rows=int(rows), tasks=tasks)
 
 
 def numbered(batch: Any, number: int, start: int) -> Any:

@@ -34,7 +34,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql import FromClause
 
-from txtasks.driver.key_hints import hints_insert, hints_query
+from txtasks.driver.statements.key_hints import hints_insert, hints_query
 from txtasks.schema.tables import (
     ExactString,
     byte_order,
