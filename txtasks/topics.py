@@ -4,7 +4,7 @@ A group is subscribed to a topic by a row of `txtasks_subscriptions` (topic, gro
 queue, priority, attempts): a publish is one INSERT ... SELECT from that table, so every group
 subscribed when the publish runs gets exactly one task, an ordinary row of its own queue, and
 a publisher needs none of the subscribers' code. This module checks names and builds a publish;
-the drivers write it (`SqlDialect.topics.publish_plan`, `MemoryDriver.topic_publish_many`).
+the drivers write it (`SqlDialect.topics.publish_plan`, `MemoryTopics.topic_publish_many`).
 """
 
 from __future__ import annotations

@@ -35,3 +35,21 @@ def test_each_role_has_the_methods_of_its_protocol_and_no_others() -> None:
     ):
         protocol = getattr(contract, name.capitalize())
         assert public_methods(type(getattr(driver, name))) == public_methods(protocol), name
+
+
+async def test_a_contract_method_by_its_name_before_the_roles_warns_and_forwards() -> None:
+    """`driver.task_get` (before the roles) is `driver.tasks.task_get`, with a warning; a
+    name that never was a contract method is still an AttributeError."""
+    import pytest
+
+    from tests.integration.conformance import new  # a row, as the conformance suites make it
+
+    driver = MemoryDriver()
+    with pytest.warns(DeprecationWarning, match=r"driver\.tasks\.task_insert_many"):
+        [task_id] = await driver.task_insert_many([new(1)])  # type: ignore[attr-defined]
+    with pytest.warns(DeprecationWarning, match=r"driver\.tasks\.task_get"):
+        row = await driver.task_get(task_id)  # type: ignore[attr-defined]
+    assert row is not None and row.id == task_id
+    assert set(contract.ROLE_OF) == set().union(*map(public_methods, contract.ROLES.values()))
+    with pytest.raises(AttributeError, match="no attribute 'task_gets'"):
+        driver.task_gets  # type: ignore[attr-defined]  # noqa: B018

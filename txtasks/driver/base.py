@@ -6,6 +6,7 @@ only call these methods. Every method is a few statements at most, batched over 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
@@ -634,3 +635,35 @@ class Driver(Protocol):
     def dashboard(self) -> Dashboard:
         """The dashboard's reads."""
         ...
+
+
+#: Each role's protocol, by the name of the driver's attribute that holds it.
+ROLES: dict[str, type] = {
+    "tasks": Tasks,
+    "claims": Claims,
+    "topics": Topics,
+    "control": Control,
+    "admin": Admin,
+    "sweeps": Sweeps,
+    "processes": Processes,
+    "dashboard": Dashboard,
+}
+#: The role of each method of the contract.
+ROLE_OF: dict[str, str] = {
+    name: role
+    for role, protocol in ROLES.items()
+    for name in vars(protocol)
+    if not name.startswith("_") and callable(getattr(protocol, name))
+}
+
+
+def moved_to_role(driver: object, name: str) -> Any:
+    """`driver.<name>` of a contract method, from before the contract was split into roles:
+    the role's method, with a DeprecationWarning (a driver's `__getattr__`)."""
+    role = ROLE_OF.get(name)
+    if role is None:
+        raise AttributeError(f"{type(driver).__name__!r} object has no attribute {name!r}")
+    warnings.warn(
+        f"driver.{name} is deprecated; use driver.{role}.{name}", DeprecationWarning, stacklevel=3
+    )
+    return getattr(getattr(driver, role), name)

@@ -1,6 +1,6 @@
 """Enqueue plans: the insert statements of an enqueue as a generator, run on any connection.
 
-A dialect driver builds the plan (`SqlDriver.enqueue.enqueue_plan`); the same plan runs on a sync
+A dialect driver builds the plan (`SqlDialect.enqueue.enqueue_plan`); the same plan runs on a sync
 `Connection`/`Session` or an async `AsyncConnection`/`AsyncSession`.
 """
 

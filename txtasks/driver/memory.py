@@ -8,9 +8,9 @@ role of the contract, each working on that store: `MemoryTasks`, `MemoryClaims`,
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from txtasks.driver.base import Capabilities
+from txtasks.driver.base import Capabilities, moved_to_role
 from txtasks.driver.memory_admin import MemoryAdmin
 from txtasks.driver.memory_claims import MemoryClaims
 from txtasks.driver.memory_control import MemoryControl
@@ -40,6 +40,12 @@ class MemoryDriver:
         self.sweeps: MemorySweeps = MemorySweeps(self.store)
         self.processes: MemoryProcesses = MemoryProcesses(self.store)
         self.dashboard: MemoryDashboard = MemoryDashboard(self.store)
+
+    if not TYPE_CHECKING:  # for type checkers, the old names are gone
+
+        def __getattr__(self, name: str) -> Any:
+            """A contract method by its name from before the roles: see `moved_to_role`."""
+            return moved_to_role(self, name)
 
     async def open(self) -> None:
         return None

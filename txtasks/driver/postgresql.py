@@ -45,7 +45,7 @@ TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})
 
 #: The claim as one autocommit statement, sent straight to asyncpg: one round trip, no
 #: BEGIN/COMMIT, no SQLAlchemy row processing on the latency-critical path. Tasks with a key are
-#: claimed by the keys' lane (`SqlDriver.keyed_claim`), not here. Each queue is read
+#: claimed by the keys' lane (`SqlClaims.keyed_claim`), not here. Each queue is read
 #: on its own along the claim index (an index scan cannot merge several queues in order), at
 #: most `limit` rows each; the first `limit` of those in claim order are taken. A paused queue
 #: is not read at all (a one-time filter of its lookup: one probe of a tiny table per queue).
@@ -135,7 +135,7 @@ KEYS_SETTLE = (
 KEYS_PLANS = (
     "SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)"
 )
-#: What the keys a claim holds have (`SqlDialect.keys_look`), in one statement. The keys travel
+#: What the keys a claim holds have (`SqlLanes.keys_look`), in one statement. The keys travel
 #: as JSON arrays of their queues and names (asyncpg checks every element of an array parameter
 #: in Python, and names may hold any character), and come back as their place in them: rows
 #: 'r' count the tasks processing of each key ($1[i], $2[i]), one probe of the running index

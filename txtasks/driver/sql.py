@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import Engine, literal, select
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from txtasks.driver.base import Capabilities
+from txtasks.driver.base import Capabilities, moved_to_role
 from txtasks.driver.database import SqlDatabase
 from txtasks.driver.sql_admin import SqlAdmin
 from txtasks.driver.sql_claims import SqlClaims
@@ -84,6 +84,12 @@ class SqlDriver:
     def url(self) -> URL:
         """The database's URL (with its password: see `txtasks.faults.url_safe` to show it)."""
         return self.db.url
+
+    if not TYPE_CHECKING:  # for type checkers, the old names are gone
+
+        def __getattr__(self, name: str) -> Any:
+            """A contract method by its name from before the roles: see `moved_to_role`."""
+            return moved_to_role(self, name)
 
     async def open(self) -> None:
         async with self.db.connect() as conn:

@@ -3,7 +3,7 @@
 A claim looks only at keys that are armed (`txtasks_keys`); a write that makes a keyed task
 ready (an enqueue, a publish, a re-drive, "run now", a Spark commit) leaves a row in
 `txtasks_key_hints` (queue, key, when due) in its own transaction, one per key at its
-earliest time, and the next claim of the queue arms those keys (`SqlDialect.hints_take`). An
+earliest time, and the next claim of the queue arms those keys (`SqlLanes.hints_take`). An
 outcome that frees a key's slot leaves one for the keys a claim held (`keys_wake_plan`).
 
 Two builders, one rule: `hints_step` for rows the caller has in hand, `hints_insert` for rows

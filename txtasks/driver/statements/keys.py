@@ -62,7 +62,7 @@ class KeyHead(NamedTuple):
 
 @dataclass
 class KeysLook:
-    """What the keys a claim holds have (see `SqlDialect.keys_look`), by (queue, key)."""
+    """What the keys a claim holds have (see `SqlLanes.keys_look`), by (queue, key)."""
 
     #: Tasks processing, of the keys that have some.
     running: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -82,7 +82,7 @@ def keys_arm_values() -> dict[str, Any]:
     }
 
 
-#: Keys asking for at most this many due tasks are read by `SqlDialect.stmt_keys_due_first`
+#: Keys asking for at most this many due tasks are read by `stmt_keys_due_first`
 #: (a column per task), the others by `stmt_keys_due` (a subquery per key): a key with a slot
 #: asks for two (one to start, one to tell whether more are due).
 DUE_FIRST = 2
