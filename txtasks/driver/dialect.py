@@ -1,10 +1,11 @@
-"""The SQL of one database: its statements, its insert plan, its error rules, its migration lock.
+"""The SQL of one database: its statement tables, its error rules, its migration lock.
 
 A `SqlDialect` is picked once per database (`txtasks.driver.dialect_for`) and is all the core
-knows of that database's SQL: the driver runs its statements on the connections it owns, and an
-enqueue in the caller's transaction runs its insert plan on the caller's connection. Dialect
-subclasses (in postgresql.py, mysql.py, sqlite.py) override only what their SQL lacks or does
-better; each statement is a small named builder, built once.
+knows of that database's SQL: a driver's roles run its statements on the connections they own,
+and an enqueue in the caller's transaction runs its insert plan on the caller's connection. The
+statements are tables of builders, one per feature (txtasks.driver.statements), each built
+once; a dialect subclass (in postgresql.py, mysql.py, sqlite.py) names the tables whose entries
+its SQL does differently.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import contextlib
 import functools
 import importlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     Connection,
@@ -32,14 +33,6 @@ from txtasks.driver.statements.keys import KeyStatements
 from txtasks.driver.statements.outcomes import OutcomeStatements
 from txtasks.driver.statements.topics import TopicStatements
 from txtasks.errors import ConfigurationError
-from txtasks.types import TaskState
-
-if TYPE_CHECKING:
-    pass
-
-PROCESSING = TaskState.PROCESSING.value
-_PENDING = TaskState.PENDING
-DEDUP_RETRIES = 3
 
 #: Each database's dialect, as (module, class name), by SQLAlchemy's name for it.
 DIALECTS: dict[str, tuple[str, str]] = {

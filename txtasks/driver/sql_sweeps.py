@@ -36,9 +36,6 @@ from txtasks.types import (
 PROCESSING = TaskState.PROCESSING.value
 
 
-FINISHED_VALUES = frozenset(s.value for s in FINISHED_STATES)
-
-
 class SqlSweeps:
     """The cleaner's sweeps on a SQL database: expired leases, overlooked ready tasks, the
     archive and retention, periodic schedules; each one short transaction over a bounded

@@ -22,9 +22,6 @@ from txtasks.schema.tables import (
 )
 from txtasks.types import NewTask, TaskState
 
-PROCESSING = TaskState.PROCESSING.value
-
-
 _PENDING = TaskState.PENDING
 
 
