@@ -48,10 +48,11 @@ from txtasks.spark.staging import (
     StagedRowsMissing,
     StageTarget,
     TopicTarget,
+    publish_batch,
     purge_abandoned,
     staging_for,
 )
-from txtasks.spark.staging.publisher import PublishTotals, publish_batch, publish_pending
+from txtasks.spark.staging.publisher import PublishTotals, publish_pending
 from txtasks.testing import run_until_empty
 
 
@@ -272,7 +273,7 @@ def die(original):
 if where == "after_insert":
     staging.SqlStaging.publish_rows = die(staging.SqlStaging.publish_rows)
 else:
-    publisher.publish_batch = die(publisher.publish_batch)
+    staging.publish_batch = die(staging.publish_batch)
 driver = driver_for_url(url)
 asyncio.run(publisher.publish_pending(driver, clock=datetime.utcnow, wake=print, limit=3))
 """
