@@ -34,6 +34,8 @@ pytestmark = [
 
 #: Longer than every backoff step up to the cap together (0.1 + 0.2 + ... + 3 s), twice over.
 LONG_OUTAGE = 12.0
+#: Seconds within which a connection frozen for good (half-open) is taken as lost.
+FROZEN_NOTICED = 15.0
 
 
 @pytest.fixture
@@ -176,3 +178,43 @@ async def test_a_flapping_network_is_one_outage_in_the_log(
     await until(lambda: len(broker_log(caplog)) >= 4, "both connections log their return")
     assert_one_line_per_state_change(caplog, url)
     assert subscriber.stats.connected
+
+
+async def test_a_frozen_broker_link_is_noticed_within_15_s_and_wake_ups_resume(
+    database_url: str,
+    amqp_url: str,
+    proxy: TcpProxy,
+    stack: contextlib.AsyncExitStack,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Both connections stall for good, sockets open on both sides (half-open: neither side
+    hears of it). Each is taken as lost within `FROZEN_NOTICED` seconds (the heartbeat) and
+    replaced; tasks run by polling meanwhile, and wake-ups resume."""
+    url = proxy.url_for(amqp_url)
+    h, _slow, _ = await setup(stack, database_url, url, "frozen")
+    fast_subscriber = await h.subscriber(url)
+    worker = await h.worker(poll=1.0, notifier=fast_subscriber)  # polls meanwhile
+    await time_to_wakeup(h, worker)
+    caplog.set_level(logging.INFO)
+    caplog.clear()
+
+    loop = asyncio.get_running_loop()
+    frozen_at = loop.time()
+    assert proxy.freeze() >= 3  # the publisher's connection and both subscribers'
+    started = worker.stats.started
+    noticed: dict[str, float] = {}
+    while len(noticed) < 2 and loop.time() - frozen_at < 2 * FROZEN_NOTICED:
+        await h.enqueue("while frozen")  # the app keeps committing (and publishing)
+        for level, logger, text in broker_log(caplog):
+            if level == "WARNING" and logger == "txtasks.wakeup":
+                noticed.setdefault(text.split(":")[0], loop.time() - frozen_at)
+        await asyncio.sleep(0.25)
+    assert set(noticed) == {"wake-up publisher", "wake-up subscriber"}, broker_log(caplog)
+    assert max(noticed.values()) <= FROZEN_NOTICED, noticed
+    assert worker.stats.started > started  # polling ran tasks while the link was frozen
+
+    took = await time_to_wakeup(h, worker)
+    assert took <= RESUME_BOUND
+    await until(lambda: len(broker_log(caplog)) >= 6, "every connection logs its return")
+    levels = sorted(level for level, _, _ in broker_log(caplog))
+    assert levels == ["INFO"] * 3 + ["WARNING"] * 3, broker_log(caplog)

@@ -32,11 +32,17 @@ CONNECT_TIMEOUT = 5.0
 #: A new connection ends an outage (logged back, backoff reset) once it has lasted this long,
 #: so a flapping network is one outage, not two log lines per flap.
 STABLE_AFTER = 3.0
+#: Seconds between heartbeats on a broker connection (the client's value; the broker agrees to
+#: it). A connection that carries no frame for (HEARTBEAT + 1) x 3 = 12 seconds is taken as lost
+#: and replaced: a frozen link (half-open, so neither side hears of it) is noticed within 15 s,
+#: not after the 3 minutes of the 60 s default. A URL's own `?heartbeat=` wins.
+HEARTBEAT = 3
 #: aiormq's lines about each failed or lost connection: txtasks logs the outage once instead.
 PER_ATTEMPT_LINES = (
     "error when creating transport",
     "Cancelling cause reader exited abnormally",
     "Unexpected connection close from remote",
+    "Server connection",  # ... was stuck: no frames within the heartbeat's grace
 )
 
 
@@ -58,6 +64,12 @@ async def declare(channel: aio_pika.abc.AbstractChannel, queue: str) -> Any:
     )
     await amqp_queue.bind(exchange, routing_key=queue)
     return amqp_queue
+
+
+def connect_url(url: str) -> URL:
+    """The broker URL to connect with: `heartbeat=HEARTBEAT` unless it names its own."""
+    parsed = URL(url)
+    return parsed if "heartbeat" in parsed.query else parsed.update_query(heartbeat=HEARTBEAT)
 
 
 def safe_url(url: str) -> str:

@@ -22,6 +22,7 @@ from txtasks.wakeup.amqp.link import (
     PROPERTIES,
     RECONNECT_BACKOFF,
     Outage,
+    connect_url,
     declare,
 )
 from txtasks.wakeup.base import (
@@ -72,7 +73,7 @@ class _PublishLink:
         return self._exchange
 
     async def _open(self) -> None:
-        self.connection = await aio_pika.connect(self.url, timeout=self.timeout)
+        self.connection = await aio_pika.connect(connect_url(self.url), timeout=self.timeout)
         self.connection.close_callbacks.add(self._lost)
         self._channel = await within(
             self.connection.channel(publisher_confirms=False), self.timeout

@@ -18,6 +18,7 @@ from txtasks.wakeup.amqp.link import (
     EXCHANGE,
     RECONNECT_BACKOFF,
     Outage,
+    connect_url,
     declare,
 )
 from txtasks.wakeup.base import (
@@ -103,7 +104,7 @@ class AmqpSubscriber:
             if not lost.done():
                 lost.set_result(exc if isinstance(exc, Exception) else ConnectionError("closed"))
 
-        self._connection = connection = await aio_pika.connect(self.url)
+        self._connection = connection = await aio_pika.connect(connect_url(self.url))
         connection.close_callbacks.add(closed)
         channel = await connection.channel()
         channel.close_callbacks.add(closed)
