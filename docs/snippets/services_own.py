@@ -67,7 +67,7 @@ async def main() -> None:
     results = await cleaner.run_once()  # a service is one more sweep of the cleaner
     assert results["inbox"] == Polled(taken=1)
     await run_until_empty(app, services={"publisher": None})  # no service at all: only tasks
-    assert handled == ["hello", "invoice", "reminder"]
+    assert sorted(handled) == ["hello", "invoice", "reminder"]  # the first two ran at once
     await app.aclose()
 
 
