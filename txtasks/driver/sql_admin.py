@@ -29,6 +29,7 @@ from txtasks.driver.statements.key_hints import hints_step
 from txtasks.schema.tables import (
     IS_READY,
     KEYED,
+    PROCESSING,
     TASK_COLUMNS,
     UNKEYED,
     Timestamp,
@@ -92,9 +93,6 @@ def stmt_arrivals_and_finishes(since: datetime, before_id: int) -> Any:
         .group_by(archive.c.queue, archive.c.state)
     )
     return union_all(live, finished)
-
-
-PROCESSING = TaskState.PROCESSING.value
 
 
 class SqlAdmin:

@@ -49,16 +49,13 @@ from txtasks.keys import (
     rate_allowance,
     round_robin,
 )
+from txtasks.schema.tables import PROCESSING
 from txtasks.types import (
     Outcome,
     OutcomeKind,
     TaskKey,
     TaskRow,
-    TaskState,
 )
-
-PROCESSING = TaskState.PROCESSING.value
-
 
 #: How often a claim looks for tasks with a key in queues the application declared no key
 #: limits for (tasks enqueued with `key=` by another application, the CLI or Spark).

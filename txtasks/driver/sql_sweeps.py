@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from txtasks.driver.database import SqlDatabase
 from txtasks.schema.tables import (
     IS_READY,
+    PROCESSING,
     archive,
     keys,
     periodic,
@@ -32,8 +33,6 @@ from txtasks.types import (
     TaskRow,
     TaskState,
 )
-
-PROCESSING = TaskState.PROCESSING.value
 
 
 class SqlSweeps:

@@ -23,6 +23,7 @@ from txtasks.driver.dialect import (
 from txtasks.driver.insert_plan import plan_run_sync
 from txtasks.schema.tables import (
     IS_READY,
+    PROCESSING,
     archive,
     paused_queues,
     tasks,
@@ -33,8 +34,6 @@ from txtasks.types import (
     TaskRow,
     TaskState,
 )
-
-PROCESSING = TaskState.PROCESSING.value
 
 
 class SqlTasks:

@@ -29,7 +29,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
-from txtasks.types import READY_STATES
+from txtasks.types import READY_STATES, TaskState
 
 metadata = MetaData()
 
@@ -42,6 +42,8 @@ Blob = LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
 #: Long text (TEXT is only 64 KiB on MySQL/MariaDB).
 LongText = Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb")
 
+#: The state of a claimed task, as stored.
+PROCESSING = TaskState.PROCESSING.value
 READY = "state IN ({})".format(", ".join(f"'{s.value}'" for s in READY_STATES))
 #: The ready condition on the hot table with its values written out: a database can only use
 #: a partial index (`ix_txtasks_tasks_claim`) for a condition it can compare at planning time.

@@ -20,12 +20,11 @@ from txtasks.driver.statements import Statements
 from txtasks.driver.statements.control import ControlStatements
 from txtasks.schema.tables import (
     IS_READY,
+    PROCESSING,
     Timestamp,
     tasks,
 )
-from txtasks.types import TaskRow, TaskState
-
-PROCESSING = TaskState.PROCESSING.value
+from txtasks.types import TaskRow
 
 
 def claim_order(row: TaskRow) -> tuple[int, datetime, int]:

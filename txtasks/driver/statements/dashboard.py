@@ -38,6 +38,7 @@ from txtasks.schema.tables import (
     IS_DEAD,
     IS_READY,
     KEYED,
+    PROCESSING,
     UNKEYED,
     Timestamp,
     along_archive_order,
@@ -47,9 +48,7 @@ from txtasks.schema.tables import (
     keys,
     tasks,
 )
-from txtasks.types import TaskState
 
-PROCESSING = TaskState.PROCESSING.value
 NOW = bindparam("now", type_=Timestamp)
 QUEUE = bindparam("queue", type_=tasks.c.queue.type)
 SINCE = bindparam("since", type_=Timestamp)

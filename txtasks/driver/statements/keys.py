@@ -32,15 +32,14 @@ from txtasks.driver.statements.control import ControlStatements
 from txtasks.driver.statements.key_hints import hints_step
 from txtasks.schema.tables import (
     IS_READY,
+    PROCESSING,
     Timestamp,
     key_hints,
     key_limits,
     keys,
     tasks,
 )
-from txtasks.types import READY_STATES, TaskState
-
-PROCESSING = TaskState.PROCESSING.value
+from txtasks.types import READY_STATES
 
 
 class HeldKey(NamedTuple):

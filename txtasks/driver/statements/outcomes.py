@@ -24,14 +24,13 @@ from sqlalchemy import (
 
 from txtasks.driver.statements import Statements
 from txtasks.schema.tables import (
+    PROCESSING,
     TASK_COLUMNS,
     Timestamp,
     archive,
     tasks,
 )
 from txtasks.types import TaskKey, TaskState
-
-PROCESSING = TaskState.PROCESSING.value
 
 
 def keys_match() -> Any:
