@@ -262,6 +262,11 @@ class TaskRow(NamedTuple):
         return None if self.progress is None else Progress.from_json(self.progress)
 
 
+def claim_order(row: TaskRow) -> tuple[int, datetime, int]:
+    """The order tasks are handed out in: priority (high first), then due time, then id."""
+    return (-row.priority, row.run_at, row.id)
+
+
 @dataclass(frozen=True, slots=True)
 class Progress:
     """How far an attempt got, as its handler reported it (`TaskContext.progress`)."""

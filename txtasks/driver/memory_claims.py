@@ -21,7 +21,15 @@ from txtasks.keys import (
     rate_allowance,
     round_robin,
 )
-from txtasks.types import READY_STATES, Outcome, OutcomeKind, TaskKey, TaskRow, TaskState
+from txtasks.types import (
+    READY_STATES,
+    Outcome,
+    OutcomeKind,
+    TaskKey,
+    TaskRow,
+    TaskState,
+    claim_order,
+)
 
 
 def no_transactions() -> ConfigurationError:
@@ -90,7 +98,7 @@ class MemoryClaims:
                 )
                 self.store.live[row.id] = new
                 claimed.append(new)
-            claimed.sort(key=lambda r: (-r.priority, r.run_at, r.id))
+            claimed.sort(key=claim_order)
             return claimed
 
     def _lanes_ready(
@@ -121,7 +129,7 @@ class MemoryClaims:
                 and r.state in READY_STATES
                 and r.run_at <= now
             ),
-            key=lambda r: (-r.priority, r.run_at, r.id),
+            key=claim_order,
         )
 
     def _keyed_ready(
@@ -151,7 +159,7 @@ class MemoryClaims:
             else:
                 due = sorted(
                     (r for r in rows if r.state in READY_STATES and r.run_at <= now),
-                    key=lambda r: (-r.priority, r.run_at, r.id),
+                    key=claim_order,
                 )
             found.append(due[:want])
             waiting.append(len(due))

@@ -20,11 +20,7 @@ from txtasks.driver.base import (
     task_cursor,
 )
 from txtasks.driver.memory_store import MemoryStore, matches
-from txtasks.types import READY_STATES, KeyStats, TaskRow, TaskState
-
-
-def _claim_order(row: TaskRow) -> tuple[int, datetime, int]:
-    return (-row.priority, row.run_at, row.id)
+from txtasks.types import READY_STATES, KeyStats, TaskRow, TaskState, claim_order
 
 
 class MemoryDashboard:
@@ -44,7 +40,7 @@ class MemoryDashboard:
                         depth.ready += 1
                         head = heads.get(row.queue)
                         if row.partition_key is None and (
-                            head is None or _claim_order(row) < _claim_order(head)
+                            head is None or claim_order(row) < claim_order(head)
                         ):
                             heads[row.queue] = row
                     else:

@@ -7,7 +7,15 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from txtasks.driver.memory_store import MemoryStore
-from txtasks.types import FINISHED_STATES, READY_STATES, NewTask, PeriodicRow, TaskRow, TaskState
+from txtasks.types import (
+    FINISHED_STATES,
+    READY_STATES,
+    NewTask,
+    PeriodicRow,
+    TaskRow,
+    TaskState,
+    claim_order,
+)
 
 
 class MemorySweeps:
@@ -35,7 +43,7 @@ class MemorySweeps:
                 for r in self.store.live.values()
                 if r.queue == queue and r.state in READY_STATES and r.run_at <= due_before
             ]
-        ready.sort(key=lambda r: (-r.priority, r.run_at, r.id))
+        ready.sort(key=claim_order)
         return [r.id for r in ready[:limit]]
 
     async def finished_archive_many(self, *, now: datetime, limit: int) -> int:

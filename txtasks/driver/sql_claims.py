@@ -32,7 +32,6 @@ from txtasks.driver.base import (
 from txtasks.driver.database import SqlDatabase
 from txtasks.driver.insert_plan import Statement, plan_run_async, plan_run_sync
 from txtasks.driver.sql_lanes import SqlLanes
-from txtasks.driver.statements.claims import claim_order
 from txtasks.driver.statements.control import override_of
 from txtasks.driver.statements.keys import KeysLook
 from txtasks.driver.statements.outcomes import keys_param
@@ -55,6 +54,7 @@ from txtasks.types import (
     OutcomeKind,
     TaskKey,
     TaskRow,
+    claim_order,
 )
 
 #: How often a claim looks for tasks with a key in queues the application declared no key

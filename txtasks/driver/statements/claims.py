@@ -5,7 +5,6 @@ statement.
 from __future__ import annotations
 
 import functools
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -24,12 +23,6 @@ from txtasks.schema.tables import (
     Timestamp,
     tasks,
 )
-from txtasks.types import TaskRow
-
-
-def claim_order(row: TaskRow) -> tuple[int, datetime, int]:
-    """The order tasks are handed out in: priority (high first), then due time, then id."""
-    return (-row.priority, row.run_at, row.id)
 
 
 class ClaimStatements(Statements):
