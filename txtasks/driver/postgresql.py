@@ -22,6 +22,7 @@ from txtasks.driver.base import Capabilities, WriteResult
 from txtasks.driver.database import CLOSE_WITHIN, SqlDatabase
 from txtasks.driver.dialect import SqlDialect
 from txtasks.driver.insert_plan import CopyRows, Statement, Step
+from txtasks.driver.pooling import POOLED_CONNECT_ARGS, POOLER_PARAM, TRANSACTION
 from txtasks.driver.sql import SqlDriver
 from txtasks.driver.sql_claims import Claim, SqlClaims
 from txtasks.driver.sql_lanes import SqlLanes
@@ -34,6 +35,7 @@ from txtasks.driver.statements.keys import (
 )
 from txtasks.driver.statements.topics import TopicStatements
 from txtasks.driver.timeouts import Watchdog, keepalive_set, socket_of
+from txtasks.errors import ConfigurationError
 from txtasks.keys import HINTS_PER_CLAIM
 from txtasks.schema import migrate as schema_migrate
 from txtasks.schema.tables import READY, TASK_COLUMNS
@@ -579,24 +581,83 @@ class PostgresDialect(SqlDialect):
         return code in TRANSIENT_SQLSTATES
 
 
+#: The session settings of the asyncpg pools, by purpose (`PostgresDatabase.raw_pool`).
+RAW_SETTINGS: dict[str, dict[str, str]] = {
+    # claims: no bitmap or sequential scan either, as in a claim of the keys' lane
+    # (`KEYS_PLANS`): the intake of key hints read every hint of its queues, from stale
+    # statistics, to take a thousand of them, or to find none
+    "claims": {"synchronous_commit": "off", "enable_bitmapscan": "off", "enable_seqscan": "off"},
+    # a plan per batch: a generic plan of the outcome statement walks the lease index (every
+    # claimed-then-deleted row leaves a dead entry there) instead of the ids
+    "writes": {"plan_cache_mode": "force_custom_plan"},
+}
+#: The same, where a statement carries them itself (`PostgresDatabase.raw_local`): no
+#: statement is kept by name there, so each is planned for its own parameters anyway.
+RAW_LOCAL_SETTINGS = {
+    purpose: "; ".join(
+        f"SET LOCAL {name} = '{value}'" for name, value in settings.items()
+        if name != "plan_cache_mode"
+    )
+    for purpose, settings in RAW_SETTINGS.items()
+}  # fmt: skip
+#: The budget from which each purpose has an asyncpg pool of its own (below it: one shared).
+RAW_APART = 4
+#: The name of the one pool all purposes share under a small budget.
+RAW_SHARED = "shared"
+#: Seconds an asyncpg pool's connection stays open unused.
+RAW_IDLE = 60.0
+
+
 class PostgresDatabase(SqlDatabase):
     """PostgreSQL 12+ through asyncpg (async) and psycopg (sync), and small asyncpg pools of
     its own for the worker's hot path (`raw_fetch`): one autocommit statement each, no
     SQLAlchemy compilation or row processing. Claim sessions run with `synchronous_commit =
     off` (no wait for the WAL flush): a claim lost in a database crash only leaves its task
     pending, to be claimed again. Outcomes and enqueues keep the server's durability
-    setting."""
+    setting.
+
+    Behind a transaction pooler (the URL's `pooler=transaction`, txtasks.driver.pooling), and
+    when a small connection budget gives the asyncpg pools one connection to share
+    (`raw_shared`), no session holds a purpose's settings: a statement whose purpose has
+    some runs in a transaction of its own that sets them first (`SET LOCAL`)."""
 
     dialect_class = PostgresDialect
+    #: One connection for the asyncpg pools, one for the engine.
+    min_connections: ClassVar[int] = 2
+    poolable: ClassVar[bool] = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._pools: dict[str, tuple[asyncio.AbstractEventLoop, Any]] = {}
         self._pool_locks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Lock]] = {}
 
+    @property
+    def raw_shared(self) -> bool:
+        """Whether the asyncpg pools are one pool of one connection: under a budget of fewer
+        than `RAW_APART` connections."""
+        return self.connections is not None and self.connections < RAW_APART
+
+    @property
+    def raw_local(self) -> bool:
+        """Whether the asyncpg pools' statements carry their purpose's settings themselves
+        (`SET LOCAL` in a transaction of their own) instead of their sessions: behind a
+        transaction pooler, or in the shared pool."""
+        return self.pooler is not None or self.raw_shared
+
+    def engine_connections(self) -> int | None:
+        """The budget less the asyncpg pools' connections (one each, or one shared)."""
+        if self.connections is None:
+            return None
+        return self.connections - (1 if self.raw_shared else len(RAW_SETTINGS))
+
     def server_settings(self) -> dict[str, str]:
         """The server's side of the bounds: it ends a session left idle in a transaction (its
-        client gone) and probes idle clients, so locks of a vanished worker are freed."""
+        client gone) and probes idle clients, so locks of a vanished worker are freed.
+        Behind a transaction pooler, none: they would go in the startup packet, which
+        PgBouncer refuses ("unsupported startup parameter"); its own `idle_transaction_timeout`
+        and keepalives stand in for them."""
+        if self.pooler is not None:
+            return {}
         t = self.timeouts
         settings = {
             "tcp_keepalives_idle": str(int(t.keepalive_idle)),
@@ -609,8 +670,10 @@ class PostgresDatabase(SqlDatabase):
 
     def connect_args(self, sync: bool) -> dict[str, Any]:
         t = self.timeouts
+        pooled = self.pooler is not None
         if not sync:  # asyncpg; keepalives are set on the socket by engine_setup
-            return {"timeout": t.connect, "server_settings": self.server_settings()}
+            args = {"timeout": t.connect, "server_settings": self.server_settings()}
+            return {**args, **(POOLED_CONNECT_ARGS["asyncpg"] if pooled else {})}
         return {  # psycopg: libpq's own parameters
             "connect_timeout": max(1, math.ceil(t.connect)),
             "keepalives": 1,
@@ -618,42 +681,54 @@ class PostgresDatabase(SqlDatabase):
             "keepalives_interval": max(1, int(t.keepalive_interval)),
             "keepalives_count": t.keepalive_count,
             "tcp_user_timeout": int(t.dead_after * 1000),
+            **(POOLED_CONNECT_ARGS["psycopg"] if pooled else {}),
         }
 
+    def connect_refused(self, exc: DBAPIError) -> Exception | None:
+        """PgBouncer refuses the settings txtasks sends when it connects: name the URL
+        parameter that stops them."""
+        detail = str(exc.orig)
+        if self.pooler is None and "unsupported startup parameter" in detail:
+            return ConfigurationError(
+                f"the database refused to connect ({detail}): a PgBouncer in transaction mode? "
+                f"add ?{POOLER_PARAM}={TRANSACTION} to the database URL (docs/connections.md)"
+            )
+        return None
+
     async def raw_pool(self, purpose: str = "claims") -> Any:
-        """asyncpg connections outside SQLAlchemy (one pool per purpose and event loop):
-        "claims" without waiting for the WAL flush, "writes" with the server's setting."""
+        """asyncpg connections outside SQLAlchemy (one pool per purpose and event loop, or
+        one for all under a small budget, `raw_shared`): "claims" without waiting for the
+        WAL flush, "writes" with the server's setting (`RAW_SETTINGS`). A connection idle for
+        `RAW_IDLE` seconds is closed."""
         import asyncpg  # the postgres extra
 
+        name = RAW_SHARED if self.raw_shared else purpose
         loop = asyncio.get_running_loop()
-        held = self._pools.get(purpose)
+        held = self._pools.get(name)
         if held is not None and held[0] is loop:
             return held[1]
-        async with self._pool_lock(purpose, loop):  # callers racing at start share one pool
-            held = self._pools.get(purpose)
+        async with self._pool_lock(name, loop):  # callers racing at start share one pool
+            held = self._pools.get(name)
             if held is not None and held[0] is loop:
                 return held[1]
-            dsn = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
-            # a plan per batch: a generic plan of the outcome statement walks the lease index
-            # (every claimed-then-deleted row leaves a dead entry there) instead of the ids
-            # claims: no bitmap or sequential scan either, as in a claim of the keys' lane
-            # (`KEYS_PLANS`): the intake of key hints read every hint of its queues, from stale
-            # statistics, to take a thousand of them, or to find none
-            settings = (
-                {"synchronous_commit": "off", "enable_bitmapscan": "off", "enable_seqscan": "off"}
-                if purpose == "claims"
-                else {"plan_cache_mode": "force_custom_plan"}
-            )
+            url = self.url.difference_update_query([POOLER_PARAM])
+            dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
+            settings = {} if self.raw_local else RAW_SETTINGS.get(purpose, {})
+            local = self.raw_local
             pool = await asyncpg.create_pool(
                 dsn,
-                min_size=1,
-                max_size=2,
+                min_size=0,
+                max_size=1 if self.connections is not None else 2,
+                max_inactive_connection_lifetime=RAW_IDLE,
                 timeout=self.timeouts.connect,
                 server_settings={**self.server_settings(), **settings},
+                # no statement kept by name in a session another client may get next, nor
+                # one whose plan was made for another purpose's settings
+                **({"statement_cache_size": 0} if local else {}),
                 init=self._raw_init,
                 reset=self._raw_reset,
             )
-            self._pools[purpose] = (loop, pool)
+            self._pools[name] = (loop, pool)
             return pool
 
     def _pool_lock(self, purpose: str, loop: asyncio.AbstractEventLoop) -> asyncio.Lock:
@@ -669,9 +744,10 @@ class PostgresDatabase(SqlDatabase):
     @staticmethod
     async def _raw_reset(connection: Any) -> None:
         """Nothing to undo when a raw pool's connection comes back: it ran one autocommit
-        statement, which leaves no session state (no cursor, LISTEN, advisory lock or SET),
-        and asyncpg rolls back a transaction left open by itself. asyncpg's default reset
-        (`RESET ALL`, `UNLISTEN *`, ...) would cost a round trip per claim and per write."""
+        statement (or one in a transaction it ended), which leaves no session state (no
+        cursor, LISTEN, advisory lock or SET), and asyncpg rolls back a transaction left open
+        by itself. asyncpg's default reset (`RESET ALL`, `UNLISTEN *`, ...) would cost a
+        round trip per claim and per write."""
 
     async def raw_fetch(self, purpose: str, sql: str, *params: Any) -> list[Any]:
         """One autocommit statement on a raw pool, bounded by the command timeout."""
@@ -681,12 +757,32 @@ class PostgresDatabase(SqlDatabase):
         try:
             with watchdog.armed():
                 try:
-                    return await connection.fetch(sql, *params)  # type: ignore[no-any-return]
+                    return await self._raw_run(connection, purpose, sql, params)
                 finally:  # its return may roll a transaction back: bounded with the fetch
                     await pool.release(connection)
         finally:
             if watchdog.fired:
                 await self.stale_pool()
+
+    async def _raw_run(
+        self, connection: Any, purpose: str, sql: str, params: Sequence[Any]
+    ) -> list[Any]:
+        """The statement on `connection`: on its own, or, when its purpose's settings are not
+        the session's (`raw_local`), after them in a transaction of its own (`BEGIN` and the
+        settings in one round trip)."""
+        settings = RAW_LOCAL_SETTINGS.get(purpose) if self.raw_local else None
+        if not settings:
+            return await connection.fetch(sql, *params)  # type: ignore[no-any-return]
+        await connection.execute(f"BEGIN; {settings}")
+        try:
+            records = await connection.fetch(sql, *params)
+            await connection.execute("COMMIT")
+        except BaseException:
+            if not connection.is_closed() and connection.is_in_transaction():
+                with contextlib.suppress(Exception):
+                    await connection.execute("ROLLBACK")
+            raise
+        return records  # type: ignore[no-any-return]
 
     async def stale_pool(self) -> None:
         """Also the raw pools' connections: replaced at their next acquire."""
