@@ -66,6 +66,9 @@ T = TypeVar("T")
 
 #: Seconds closing a driver waits for each pool's connections to close politely.
 CLOSE_WITHIN = 2.0
+#: The fewest connections of an engine under a budget: one for handlers' own transactions,
+#: one for everything else (`SqlDatabase.attempt_slot`).
+ENGINE_MIN = 2
 
 
 class SqlDatabase:
@@ -76,8 +79,10 @@ class SqlDatabase:
     #: The SQL of this database, until a connection tells it apart (MariaDB from MySQL, on a
     #: mysql:// URL): see `sql`.
     dialect_class: ClassVar[type[SqlDialect]]
-    #: The fewest connections a connection budget may give this database's pools.
-    min_connections: ClassVar[int] = 1
+    #: The fewest connections a connection budget may give this database's pools: two for the
+    #: engine (`ENGINE_MIN`); more for a worker whose sync handlers need a sync engine too
+    #: (`share_with_sync`).
+    min_connections: ClassVar[int] = ENGINE_MIN
     #: Whether this database works behind a transaction pooler (the URL's `pooler`).
     poolable: ClassVar[bool] = False
 
@@ -103,9 +108,13 @@ class SqlDatabase:
         #: The most connections this database's pools hold at once (None: each pool its
         #: default size): see txtasks.driver.pooling.
         self.connections = connections_resolve(connections, minimum=self.min_connections)
+        #: Whether the budget's engine share is split between the async and the sync engine
+        #: (`share_with_sync`); else each has all of it.
+        self.sync_shared = False
         self._attempt_gates: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
         self._attempt_gate_sync: threading.BoundedSemaphore | None = None
         self._engine = engine
+        self._engine_given = engine is not None
         self._sync_engine: Engine | None = None
         self._engine_options = dict(engine_options or {})
         #: Pooled connections opened before this moment (`time.monotonic()`) are replaced at
@@ -131,20 +140,52 @@ class SqlDatabase:
     def _options(self, sync: bool) -> dict[str, Any]:
         options = self.engine_options()
         options["connect_args"] = {**self.connect_args(sync), **options.get("connect_args", {})}
-        options.update(self._pool_options(url_sync(self.url) if sync else url_async(self.url)))
+        url = url_sync(self.url) if sync else url_async(self.url)
+        options.update(self._pool_options(url, sync))
         return options
 
-    def engine_connections(self) -> int | None:
-        """The share of the connection budget of each SQLAlchemy engine (None: no budget).
-        The async engine serves the worker's and the cleaner's own statements, and async
-        handlers' transactions; the sync engine, opened by a first synchronous call (a sync
-        handler's transaction or enqueue, a Spark job's write), has a pool of the same size."""
+    def engines_budget(self) -> int | None:
+        """What the budget leaves the SQLAlchemy engines (None: no budget): all of it here;
+        PostgreSQL keeps some for its asyncpg pools."""
         return self.connections
 
-    def _pool_options(self, url: URL) -> dict[str, Any]:
+    def engine_connections(self, sync: bool = False) -> int | None:
+        """The most connections the async (or the sync) engine holds (None: no budget). The
+        async engine serves the worker's and the cleaner's own statements and async
+        handlers' transactions; the sync engine synchronous calls (a sync handler's
+        transaction or enqueue, a Spark job's write). Each has the whole of
+        `engines_budget`, unless a worker with sync handlers split it (`share_with_sync`)."""
+        budget = self.engines_budget()
+        if budget is None or not self.sync_shared:
+            return budget
+        return budget // 2 if sync else budget - budget // 2
+
+    async def share_with_sync(self) -> None:
+        """From now on the budget holds the sync engine's connections too: the engines'
+        share is split between them (a worker whose sync handlers use txtasks' sync calls:
+        `ctx.transaction_sync()`, `task.enqueue()`). Each needs `ENGINE_MIN`: a budget too
+        small for both is refused. Engines and pools made before are closed, to be made
+        again with their new sizes. Nothing without a budget."""
+        if self.connections is None or self.sync_shared:
+            return
+        need = self.min_connections + ENGINE_MIN
+        if self.connections < need:
+            raise ConfigurationError(
+                f"db_connections: at least {need} on this database for a worker with sync "
+                f"handlers (its sync engine needs {ENGINE_MIN} of its own), got {self.connections}"
+            )
+        await self.close()
+        if not self._engine_given:  # an engine of the caller's keeps its own pool
+            self._engine = None
+        self._sync_engine = None
+        self.sync_shared = True
+        self._attempt_gates.clear()
+        self._attempt_gate_sync = None
+
+    def _pool_options(self, url: URL, sync: bool) -> dict[str, Any]:
         """Under a budget: the engine's pool holds at most its share, and a caller waits for
         one of them up to `Timeouts.checkout` (the connect and command timeouts)."""
-        size = self.engine_connections()
+        size = self.engine_connections(sync)
         dialect: Any = url.get_dialect()
         if size is None or not issubclass(dialect.get_pool_class(url), QueuePool):
             return {}  # no budget, or a pool of one connection by design (SQLite in memory)
@@ -179,8 +220,9 @@ class SqlDatabase:
 
     @contextlib.contextmanager
     def attempt_slot_sync(self) -> Iterator[None]:
-        """`attempt_slot` for a sync handler's transaction, on the sync engine's pool."""
-        size = self.engine_connections()
+        """`attempt_slot` for a sync handler's transaction, on the sync engine's pool: one
+        connection stays for the sync enqueues of the others."""
+        size = self.engine_connections(sync=True)
         if size is None:
             yield
             return

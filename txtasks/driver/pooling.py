@@ -7,9 +7,10 @@ Two settings, read by every SQL driver:
   `connections=N`, overridden by the environment variable ``TXTASKS_DB_CONNECTIONS`` (which
   the ``--db-connections`` flag of ``txtasks worker`` and ``txtasks cleaner`` sets). Unset:
   each pool its own default size (docs/connections.md has the table). Each database splits
-  the budget among its pools (`SqlDatabase.engine_connections`, and PostgreSQL's own asyncpg
-  pools), and a handler's own transaction never takes the last connection of the worker's
-  loops (`SqlDatabase.attempt_slot`).
+  the budget among its pools (`SqlDatabase.engine_connections`, PostgreSQL's own asyncpg
+  pools, and the sync engine's in a worker with sync handlers: `SqlDatabase.share_with_sync`),
+  and a handler's own transaction never takes the last connection of the worker's loops
+  (`SqlDatabase.attempt_slot`).
 - **The pooler** (`pooler`): the URL parameter ``pooler=transaction`` says that the URL
   reaches PostgreSQL through a pooler in transaction mode (PgBouncer's
   ``pool_mode = transaction``), which may hand each transaction of a client connection to

@@ -19,7 +19,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from txtasks.driver.base import Capabilities, WriteResult
-from txtasks.driver.database import CLOSE_WITHIN, SqlDatabase
+from txtasks.driver.database import CLOSE_WITHIN, ENGINE_MIN, SqlDatabase
 from txtasks.driver.dialect import SqlDialect
 from txtasks.driver.insert_plan import CopyRows, Statement, Step
 from txtasks.driver.pooling import POOLED_CONNECT_ARGS, POOLER_PARAM, TRANSACTION
@@ -600,8 +600,6 @@ RAW_LOCAL_SETTINGS = {
     )
     for purpose, settings in RAW_SETTINGS.items()
 }  # fmt: skip
-#: The budget from which each purpose has an asyncpg pool of its own (below it: one shared).
-RAW_APART = 4
 #: The name of the one pool all purposes share under a small budget.
 RAW_SHARED = "shared"
 #: Seconds an asyncpg pool's connection stays open unused.
@@ -622,8 +620,8 @@ class PostgresDatabase(SqlDatabase):
     some runs in a transaction of its own that sets them first (`SET LOCAL`)."""
 
     dialect_class = PostgresDialect
-    #: One connection for the asyncpg pools, one for the engine.
-    min_connections: ClassVar[int] = 2
+    #: One connection for the asyncpg pools, two for the engine.
+    min_connections: ClassVar[int] = 1 + ENGINE_MIN
     poolable: ClassVar[bool] = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -633,9 +631,12 @@ class PostgresDatabase(SqlDatabase):
 
     @property
     def raw_shared(self) -> bool:
-        """Whether the asyncpg pools are one pool of one connection: under a budget of fewer
-        than `RAW_APART` connections."""
-        return self.connections is not None and self.connections < RAW_APART
+        """Whether the asyncpg pools are one pool of one connection: under a budget that
+        would leave the engines less than `ENGINE_MIN` each with a pool per purpose."""
+        if self.connections is None:
+            return False
+        engines = 2 if self.sync_shared else 1
+        return self.connections - len(RAW_SETTINGS) < ENGINE_MIN * engines
 
     @property
     def raw_local(self) -> bool:
@@ -644,7 +645,7 @@ class PostgresDatabase(SqlDatabase):
         transaction pooler, or in the shared pool."""
         return self.pooler is not None or self.raw_shared
 
-    def engine_connections(self) -> int | None:
+    def engines_budget(self) -> int | None:
         """The budget less the asyncpg pools' connections (one each, or one shared)."""
         if self.connections is None:
             return None
