@@ -70,6 +70,21 @@ SELECT * FROM claimed ORDER BY priority DESC, run_at, id
 """
 
 
+#: Claim those of the tasks $4 (ids, comma-separated) that `CLAIM_SQL` would take from the
+#: queues $5, each found by its primary key (`SqlClaims.task_claim_ids`).
+CLAIM_NAMED_SQL = f"""
+UPDATE txtasks_tasks SET state = 'processing', attempt = attempt + 1,
+       lease_expires_at = $1, worker_id = $2, started_at = $3
+ WHERE id IN (SELECT t.id FROM txtasks_tasks AS t
+               WHERE t.id = ANY(string_to_array($4, ',')::bigint[])
+                 AND t.queue = ANY($5::varchar[]) AND t.partition_key IS NULL
+                 AND t.{READY} AND t.run_at <= $3
+                 AND NOT EXISTS (SELECT 1 FROM txtasks_paused_queues p WHERE p.queue = t.queue)
+                 FOR UPDATE SKIP LOCKED)
+RETURNING {", ".join(CLAIMED_COLUMNS)}
+"""
+
+
 #: Claim the ready rows $4 (their ids, comma-separated: asyncpg checks every element of an
 #: array parameter in Python) of keys the claim holds, as `CLAIM_SQL` does.
 CLAIM_IDS_SQL = f"""
@@ -593,6 +608,8 @@ class PostgresDatabase(SqlDatabase):
         super().__init__(*args, **kwargs)
         self._pools: dict[str, tuple[asyncio.AbstractEventLoop, Any]] = {}
         self._pool_locks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Lock]] = {}
+        #: Per raw pool, the connection of its last statement, kept for the next (`raw_fetch`).
+        self._kept: dict[str, tuple[Any, Any]] = {}
 
     def server_settings(self) -> dict[str, str]:
         """The server's side of the bounds: it ends a session left idle in a transaction (its
@@ -674,19 +691,45 @@ class PostgresDatabase(SqlDatabase):
         (`RESET ALL`, `UNLISTEN *`, ...) would cost a round trip per claim and per write."""
 
     async def raw_fetch(self, purpose: str, sql: str, *params: Any) -> list[Any]:
-        """One autocommit statement on a raw pool, bounded by the command timeout."""
+        """One autocommit statement on a raw pool, bounded by the command timeout. The
+        connection of a statement that succeeded is kept for the pool's next one: asyncpg's
+        acquire and release cost a task and a turn of the event loop each, on the path from
+        a wake-up to the handler. One that failed goes back to the pool, which replaces it
+        if it broke."""
         pool = await self.raw_pool(purpose)
-        connection = await pool.acquire(timeout=self.timeouts.checkout)
+        kept = self._kept.pop(purpose, None)
+        connection = kept[1] if kept is not None and kept[0] is pool else None
+        if connection is not None and connection.is_closed():
+            await pool.release(connection)
+            connection = None
+        if connection is None:
+            connection = await pool.acquire(timeout=self.timeouts.checkout)
         watchdog = Watchdog(self.timeouts.command, connection.terminate)
         try:
             with watchdog.armed():
                 try:
-                    return await connection.fetch(sql, *params)  # type: ignore[no-any-return]
-                finally:  # its return may roll a transaction back: bounded with the fetch
+                    records = await connection.fetch(sql, *params)
+                except BaseException:  # its release may roll a transaction back: bounded too
                     await pool.release(connection)
+                    raise
         finally:
             if watchdog.fired:
                 await self.stale_pool()
+        if purpose in self._kept or self._pools.get(purpose, (None, None))[1] is not pool:
+            await pool.release(connection)  # another statement kept one meanwhile
+        else:
+            self._kept[purpose] = (pool, connection)
+        return records  # type: ignore[no-any-return]
+
+    async def _kept_release(self) -> None:
+        """Hand the kept connections of this loop's pools back (closed if expired)."""
+        loop = asyncio.get_running_loop()
+        for purpose, (pool, connection) in list(self._kept.items()):
+            pool_loop = self._pools.get(purpose, (None, None))[0]
+            if pool_loop is loop and self._kept.get(purpose, (None, None))[1] is connection:
+                del self._kept[purpose]
+                with contextlib.suppress(Exception):
+                    await pool.release(connection)
 
     async def stale_pool(self) -> None:
         """Also the raw pools' connections: replaced at their next acquire."""
@@ -695,8 +738,11 @@ class PostgresDatabase(SqlDatabase):
         for pool_loop, pool in list(self._pools.values()):
             if pool_loop is loop:
                 await pool.expire_connections()
+        await self._kept_release()
 
     async def close(self) -> None:
+        await self._kept_release()
+        self._kept.clear()
         pools, self._pools = self._pools, {}
         for loop, pool in pools.values():
             if loop is asyncio.get_running_loop():
@@ -728,6 +774,14 @@ class PostgresClaims(SqlClaims):
         c = claim
         records = await self.db.raw_fetch(
             "claims", CLAIM_SQL, c.lease_until, c.worker_id, c.now, c.queues, limit
+        )
+        return [TaskRow.from_claim(r, c.worker_id, c.lease_until, c.now) for r in records]
+
+    async def named_claim(self, claim: Claim, ids: list[int]) -> list[TaskRow]:
+        c = claim
+        text_ids = ",".join(map(str, ids))
+        records = await self.db.raw_fetch(
+            "claims", CLAIM_NAMED_SQL, c.lease_until, c.worker_id, c.now, text_ids, c.queues
         )
         return [TaskRow.from_claim(r, c.worker_id, c.lease_until, c.now) for r in records]
 
