@@ -27,9 +27,7 @@ class WakeupCallback(Protocol):
     task of `queue` was asked to stop: look for cancels); else new ready tasks (claim now),
     `ids` those the message named (at most `MAX_IDS`; none when it named none)."""
 
-    def __call__(
-        self, queue: str, *, cancel: bool = False, ids: Sequence[int] = ()
-    ) -> None: ...
+    def __call__(self, queue: str, *, cancel: bool = False, ids: Sequence[int] = ()) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
