@@ -22,8 +22,8 @@ The worker side is configured by environment variables the benchmark sets:
   BEGIN, the UPDATE ... RETURNING, COMMIT). This patches txtasks classes in the worker process
   only; the library itself is unchanged.
 - `TXTASKS_BENCH_PGQUEUER_DSN`: the PostgreSQL DSN of the PGQueuer worker.
-- `TXTASKS_BENCH_UVLOOP=1`: run the txtasks worker on uvloop (as `pgq run` does when uvloop is
-  installed), to tell the event loop's share apart.
+- `TXTASKS_BENCH_UVLOOP=1`: run the bare design's worker on uvloop (the txtasks worker gets
+  `--loop`), so that both run on the same event loop.
 - `TXTASKS_BENCH_BARE_URL`, `TXTASKS_BENCH_BARE_AMQP`: the database and broker of the bare
   design's worker (`python -m tests.benchmarks.latency_apps bare`).
 
@@ -112,6 +112,50 @@ async def noop(payload: Any, ctx: Any) -> None:
 def noop_sync(payload: Any, ctx: Any) -> None:
     started = time.monotonic()
     reporter.send(ctx.task_id, started, profile.pop(ctx.task_id))
+
+
+LOAD_TASK = "latency.load"
+#: Seconds between two batches of the load (`load_main`).
+LOAD_EVERY = 0.01
+
+
+@app.task(name=LOAD_TASK, max_attempts=1)
+async def load(payload: Any) -> None:
+    """The steady load beside the measured tasks: a no-op that reports nothing."""
+
+
+async def load_main(url: str, amqp_url: str, rate: float) -> None:
+    """Enqueue `rate` tasks per second of `LOAD_TASK` on the benchmark's queue, one batch per
+    `LOAD_EVERY` seconds, each batch one transaction of the application's own (its wake-up
+    published after commit), until SIGTERM; then print how many it enqueued."""
+    import asyncio
+    import signal
+
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from txtasks.driver.urls import url_async
+    from txtasks.wakeup import notifier_for_url
+
+    app.use_notifier(notifier_for_url(amqp_url))
+    engine = create_async_engine(url_async(url))
+    task = app.get_task(LOAD_TASK)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    started = loop.time()
+    sent = 0
+    while not stop.is_set():
+        due = int(rate * (loop.time() - started)) - sent  # steady on average, whatever the lag
+        if due > 0:
+            async with engine.begin() as conn:
+                await app.aenqueue_many_tx(conn, [task.new(None) for _ in range(due)])
+            sent += due
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), LOAD_EVERY)
+    elapsed = loop.time() - started
+    print(f"load: {sent} tasks in {elapsed:.1f} s ({sent / elapsed:.0f}/s)", flush=True)
+    await app.aclose()
+    await engine.dispose()
 
 
 # -- the PGQueuer reference -------------------------------------------------------------------
@@ -243,9 +287,10 @@ async def bare_worker() -> None:
     queue = await channel.declare_queue(BARE_QUEUE, auto_delete=False)
 
     async def on_message(message: Any) -> None:
+        woken = time.monotonic()
         task_id = int(message.body)
         if await claim(task_id):
-            reporter.send(task_id, time.monotonic())
+            reporter.send(task_id, time.monotonic(), {"wakeup": woken})
 
     await queue.consume(on_message, no_ack=True)
     stop = asyncio.Event()
@@ -423,7 +468,7 @@ profile = Profile()
 if os.environ.get(ENV_PROFILE) == "1":
     profile.install()
 
-if os.environ.get(ENV_UVLOOP) == "1":  # the txtasks CLI runs asyncio.run(): set the policy
+if os.environ.get(ENV_UVLOOP) == "1":  # the bare worker runs asyncio.run(): set the policy
     import asyncio
 
     import uvloop
@@ -458,5 +503,9 @@ if __name__ == "__main__":
         import asyncio
 
         asyncio.run(bare_worker())
+    elif sys.argv[1:2] == ["load"] and len(sys.argv) == 5:
+        import asyncio
+
+        asyncio.run(load_main(sys.argv[2], sys.argv[3], float(sys.argv[4])))
     else:
-        sys.exit("usage: python -m tests.benchmarks.latency_apps pgqueuer|bare")
+        sys.exit("usage: python -m tests.benchmarks.latency_apps pgqueuer|bare|load URL AMQP RATE")

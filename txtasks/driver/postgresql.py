@@ -71,17 +71,17 @@ SELECT * FROM claimed ORDER BY priority DESC, run_at, id
 
 
 #: Claim those of the tasks $4 (ids, comma-separated) that `CLAIM_SQL` would take from the
-#: queues $5, each found by its primary key (`SqlClaims.task_claim_ids`).
+#: queues $5, each found by its primary key (`SqlClaims.task_claim_ids`). One UPDATE, no
+#: sub-select: a row another transaction holds is waited for (a claim's or a sweep's single
+#: statement), then checked again, so a task claimed meanwhile is left out.
 CLAIM_NAMED_SQL = f"""
-UPDATE txtasks_tasks SET state = 'processing', attempt = attempt + 1,
+UPDATE txtasks_tasks AS t SET state = 'processing', attempt = t.attempt + 1,
        lease_expires_at = $1, worker_id = $2, started_at = $3
- WHERE id IN (SELECT t.id FROM txtasks_tasks AS t
-               WHERE t.id = ANY(string_to_array($4, ',')::bigint[])
-                 AND t.queue = ANY($5::varchar[]) AND t.partition_key IS NULL
-                 AND t.{READY} AND t.run_at <= $3
-                 AND NOT EXISTS (SELECT 1 FROM txtasks_paused_queues p WHERE p.queue = t.queue)
-                 FOR UPDATE SKIP LOCKED)
-RETURNING {", ".join(CLAIMED_COLUMNS)}
+ WHERE t.id = ANY(string_to_array($4, ',')::bigint[])
+   AND t.queue = ANY($5::varchar[]) AND t.partition_key IS NULL
+   AND t.{READY} AND t.run_at <= $3
+   AND NOT EXISTS (SELECT 1 FROM txtasks_paused_queues p WHERE p.queue = t.queue)
+RETURNING {", ".join("t." + c for c in CLAIMED_COLUMNS)}
 """
 
 
