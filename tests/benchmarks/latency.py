@@ -1432,18 +1432,17 @@ async def amain(
                     continue
                 row.runs.append(series)
                 woken = [
-                    (x.report.extra["wakeup"] - x.committed, x.report.started - x.report.extra["wakeup"])
+                    (
+                        x.report.extra["wakeup"] - x.committed,
+                        x.report.started - x.report.extra["wakeup"],
+                    )
                     for x in series.samples
                     if x.report.extra and "wakeup" in x.report.extra
                 ]
                 if woken:
-                    log(
-                        "  commit → wake-up p50 %.3f ms, wake-up → start p50 %.3f ms"
-                        % (
-                            statistics.median(a for a, _ in woken) * 1000,
-                            statistics.median(b for _, b in woken) * 1000,
-                        )
-                    )
+                    to_wakeup = statistics.median(a for a, _ in woken) * 1000
+                    to_start = statistics.median(b for _, b in woken) * 1000
+                    log(f"  commit → wake-up p50 {to_wakeup:.3f} ms, → start p50 {to_start:.3f}")
                 summary = Summary.of(series.latencies_ms)
                 log(
                     f"  p50 {fmt(summary.p50)} ms, p90 {fmt(summary.p90)}, p99 {fmt(summary.p99)}, "
