@@ -24,18 +24,16 @@ import json
 import os
 import resource
 import shlex
-import statistics
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, text
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from tests.benchmarks import throughput_apps as apps
 from tests.benchmarks.latency import (
@@ -44,33 +42,22 @@ from tests.benchmarks.latency import (
     Servers,
     asyncpg_dsn,
     log,
-    machine_info,
-    masked,
     server_info,
     tables_drop,
     tables_reset,
-    versions,
 )
-from txtasks.driver.sqlite import sqlite_connection_setup
-from txtasks.driver.urls import url_async, url_sync
+from tests.benchmarks.throughput_enqueue import CHUNK, enqueue_cases
+from tests.benchmarks.throughput_report import (
+    BACKENDS,
+    LABELS,
+    Series,
+    draw_chart,
+    module_version,
+    report,
+)
+from txtasks.driver.urls import url_sync
 
-BACKENDS = ("postgresql", "mysql", "sqlite")
-LABELS = {"postgresql": "PostgreSQL", "mysql": "MariaDB", "sqlite": "SQLite"}
 PROCRASTINATE_SCHEMA = "procrastinate_bench"
-#: Rows per transaction when preloading, and in the bulk enqueue.
-CHUNK = 5000
-INSERT_COLUMNS = (
-    "queue, task_name, payload, content_type, state, priority, run_at, attempt, max_attempts, "
-    "created_at"
-)
-RAW_INSERT = (
-    f"INSERT INTO txtasks_tasks ({INSERT_COLUMNS}) "
-    "VALUES ($1, $2, $3, 'application/json', 'pending', 0, $4, 0, 3, $4) RETURNING id"
-)
-RAW_INSERT_MANY = (
-    f"INSERT INTO txtasks_tasks ({INSERT_COLUMNS}) "
-    "VALUES ($1, $2, $3, 'application/json', 'pending', 0, $4, 0, 3, $4)"
-)
 
 
 # -- worker processes -----------------------------------------------------------------------------
@@ -280,14 +267,6 @@ def burn_cases(args: argparse.Namespace, urls: dict[str, str]) -> list[Burn]:
     return [c for c in cases if not only or any(o in c.key for o in only)]
 
 
-def module_version(name: str) -> str | None:
-    from importlib import metadata, util
-
-    if util.find_spec(name) is None:
-        return None
-    return metadata.version(name)
-
-
 # -- preparing the queues -------------------------------------------------------------------------
 
 
@@ -418,26 +397,6 @@ def pg_counters(url: str) -> tuple[int, int, int]:
 # -- measuring ------------------------------------------------------------------------------------
 
 
-@dataclass
-class Series:
-    """The measured runs of one case."""
-
-    key: str
-    label: str
-    backend: str
-    command: str = ""
-    n: int = 0
-    rates: list[float] = field(default_factory=list)
-    costs: list[tuple[float, float, float]] = field(default_factory=list)
-    #: CPU microseconds per task of the worker processes, start-up left out.
-    cpus: list[float] = field(default_factory=list)
-    error: str | None = None
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.rates) if self.rates else float("nan")
-
-
 async def burn_once(
     case: Burn,
     url: str,
@@ -485,334 +444,6 @@ async def burn_once(
             await pgqueuer_uninstall(url)
         elif case.system == "procrastinate":
             await procrastinate_drop(url)
-
-
-@contextlib.asynccontextmanager
-async def application(url: str) -> AsyncIterator[tuple[Any, Any, Any]]:
-    """An application's own AsyncEngine (SQLite set up as the docs say), an App on the same
-    database and its no-op task."""
-    engine = create_async_engine(url_async(url))
-    if url.startswith("sqlite"):
-        sqlite_connection_setup(engine.sync_engine)
-    app = type(apps.app)("throughput-enqueue", database_url=url)
-    task = app.task(name=apps.TASK, queue=apps.QUEUE)(apps.noop.handler)
-    try:
-        yield engine, app, task
-    finally:
-        await engine.dispose()
-        await app.aclose()
-
-
-async def enqueue_single_txtasks(url: str, m: int) -> float:
-    """`aenqueue_tx` in an AsyncConnection transaction of the application's own, m times."""
-    async with application(url) as (engine, _app, task):
-        started = time.perf_counter()
-        for i in range(m):
-            async with engine.begin() as conn:
-                await task.aenqueue_tx(conn, {"n": i})
-        return m / (time.perf_counter() - started)
-
-
-async def enqueue_bulk_txtasks(url: str, n: int) -> float:
-    """`aenqueue_many_tx` of CHUNK rows per application transaction, n rows in all."""
-    async with application(url) as (engine, app, task):
-        started = time.perf_counter()
-        for start in range(0, n, CHUNK):
-            rows = [task.new({"n": i}) for i in range(start, min(n, start + CHUNK))]
-            async with engine.begin() as conn:
-                await app.aenqueue_many_tx(conn, rows)
-        return n / (time.perf_counter() - started)
-
-
-async def enqueue_single_raw(url: str, m: int) -> float:
-    """asyncpg: BEGIN, one INSERT ... RETURNING id, COMMIT; m times."""
-    import asyncpg
-
-    from txtasks.clock import utcnow
-
-    connection = await asyncpg.connect(asyncpg_dsn(url))
-    try:
-        started = time.perf_counter()
-        for i in range(m):
-            async with connection.transaction():
-                payload = json.dumps({"n": i}).encode()
-                await connection.fetchval(RAW_INSERT, apps.QUEUE, apps.TASK, payload, utcnow())
-        return m / (time.perf_counter() - started)
-    finally:
-        await connection.close()
-
-
-async def enqueue_single_raw_sqlalchemy(url: str, m: int) -> float:
-    """The same INSERT written by hand, in the same kind of AsyncConnection transaction."""
-    from txtasks.clock import utcnow
-
-    engine = create_async_engine(url_async(url))
-    insert = text(
-        RAW_INSERT.replace("$1", ":queue").replace("$2", ":name").replace("$3", ":payload")
-        .replace("$4", ":now")
-    )  # fmt: skip
-    try:
-        started = time.perf_counter()
-        for i in range(m):
-            async with engine.begin() as conn:
-                payload = json.dumps({"n": i}).encode()
-                params = {"queue": apps.QUEUE, "name": apps.TASK, "payload": payload}
-                (await conn.execute(insert, {**params, "now": utcnow()})).scalar_one()
-        return m / (time.perf_counter() - started)
-    finally:
-        await engine.dispose()
-
-
-async def enqueue_bulk_raw(url: str, n: int) -> float:
-    """asyncpg `executemany` of CHUNK rows per transaction, n rows in all."""
-    import asyncpg
-
-    from txtasks.clock import utcnow
-
-    connection = await asyncpg.connect(asyncpg_dsn(url))
-    try:
-        started = time.perf_counter()
-        for start in range(0, n, CHUNK):
-            now = utcnow()
-            rows = [
-                (apps.QUEUE, apps.TASK, json.dumps({"n": i}).encode(), now)
-                for i in range(start, min(n, start + CHUNK))
-            ]
-            async with connection.transaction():
-                await connection.executemany(RAW_INSERT_MANY, rows)
-        return n / (time.perf_counter() - started)
-    finally:
-        await connection.close()
-
-
-@dataclass
-class Enqueue:
-    key: str
-    backend: str
-    label: str
-    count: int
-    measure: Callable[[str, int], Awaitable[float]]
-
-
-def enqueue_cases(args: argparse.Namespace, urls: dict[str, str]) -> list[Enqueue]:
-    cases: list[Enqueue] = []
-    for backend in BACKENDS:
-        if backend not in urls:
-            continue
-        cases.append(
-            Enqueue(
-                f"{backend}/enqueue/single",
-                backend,
-                "txtasks: one task per transaction (SQLAlchemy AsyncConnection, aenqueue_tx)",
-                args.single,
-                enqueue_single_txtasks,
-            )
-        )
-        if backend == "postgresql":
-            cases.append(
-                Enqueue(
-                    "postgresql/enqueue/single-raw-sa",
-                    backend,
-                    "raw: the INSERT ... RETURNING id by hand, same AsyncConnection transaction",
-                    args.single,
-                    enqueue_single_raw_sqlalchemy,
-                )
-            )
-            cases.append(
-                Enqueue(
-                    "postgresql/enqueue/single-raw",
-                    backend,
-                    "raw: asyncpg, BEGIN + INSERT ... RETURNING id + COMMIT",
-                    args.single,
-                    enqueue_single_raw,
-                )
-            )
-        cases.append(
-            Enqueue(
-                f"{backend}/enqueue/bulk",
-                backend,
-                f"txtasks: bulk, {CHUNK} per transaction (aenqueue_many_tx)",
-                args.bulk,
-                enqueue_bulk_txtasks,
-            )
-        )
-        if backend == "postgresql":
-            cases.append(
-                Enqueue(
-                    "postgresql/enqueue/bulk-raw",
-                    backend,
-                    f"raw: asyncpg executemany, {CHUNK} per transaction",
-                    args.bulk,
-                    enqueue_bulk_raw,
-                )
-            )
-    only = [k for k in (args.only or "").split(",") if k]
-    return [c for c in cases if not only or any(o in c.key for o in only)]
-
-
-# -- report ---------------------------------------------------------------------------------------
-
-
-def fmt_rate(value: float) -> str:
-    return f"{value:,.0f}"
-
-
-def fmt_range(values: Sequence[float]) -> str:
-    return f"{fmt_rate(min(values))}-{fmt_rate(max(values))}" if values else "-"
-
-
-def ratio(series: dict[str, Series], a: str, b: str) -> float | None:
-    if a in series and b in series and series[a].rates and series[b].rates:
-        return series[a].median / series[b].median
-    return None
-
-
-def report(
-    series: dict[str, Series],
-    runs: int,
-    info: dict[str, str],
-    argv: Sequence[str],
-    chart: Path | None,
-) -> str:
-    lines = ["## Burn-down (tasks/s, median of runs)", ""]
-    lines += [
-        "| backend | system | N | runs | tasks/s median | min-max | worker CPU us/task | commits/task | rows written/task | WAL bytes/task |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for s in series.values():
-        if "/enqueue/" in s.key:
-            continue
-        if s.error:
-            lines.append(f"| {LABELS[s.backend]} | {s.label} | | | failed: {s.error} | | | | | |")
-            continue
-        cost = ["-", "-", "-"]
-        if s.costs:
-            cost = [f"{statistics.median(c[i] for c in s.costs):.2f}" for i in range(2)]
-            cost.append(f"{statistics.median(c[2] for c in s.costs):,.0f}")
-        cpu = f"{statistics.median(s.cpus):.1f}" if s.cpus else "-"
-        lines.append(
-            f"| {LABELS[s.backend]} | {s.label} | {s.n:,} | {len(s.rates)} | "
-            f"{fmt_rate(s.median)} | {fmt_range(s.rates)} | {cpu} | {' | '.join(cost)} |"
-        )
-    lines += ["", "## Enqueue (tasks/s, median of runs)", ""]
-    lines += [
-        "| backend | path | tasks per run | tasks/s median | min-max |",
-        "|---|---|---:|---:|---:|",
-    ]
-    for s in series.values():
-        if "/enqueue/" not in s.key:
-            continue
-        value = f"failed: {s.error}" if s.error else fmt_rate(s.median)
-        lines.append(
-            f"| {LABELS[s.backend]} | {s.label} | {s.n:,} | {value} | {fmt_range(s.rates)} |"
-        )
-    lines += ["", "## Against the targets (PostgreSQL, ratios of medians in this run)", ""]
-    checks = [
-        (
-            "burn-down, txtasks tuned / PGQueuer tuned",
-            "postgresql/txtasks/tuned",
-            "postgresql/pgqueuer/tuned",
-            2.0,
-        ),
-        ("burn-down, txtasks tuned / raw limit", "postgresql/txtasks/tuned", "postgresql/raw", 0.5),
-        (
-            "burn-down, txtasks tuned without archive / raw limit",
-            "postgresql/txtasks/tuned-no-archive",
-            "postgresql/raw",
-            0.5,
-        ),
-        (
-            "burn-down, txtasks defaults / PGQueuer defaults",
-            "postgresql/txtasks/defaults",
-            "postgresql/pgqueuer/defaults",
-            1.0,
-        ),
-        (
-            "enqueue, one per transaction / the same INSERT by hand in the same transaction",
-            "postgresql/enqueue/single",
-            "postgresql/enqueue/single-raw-sa",
-            0.9,
-        ),
-        (
-            "enqueue, one per transaction / raw asyncpg",
-            "postgresql/enqueue/single",
-            "postgresql/enqueue/single-raw",
-            0.9,
-        ),
-        (
-            "enqueue, bulk / raw executemany",
-            "postgresql/enqueue/bulk",
-            "postgresql/enqueue/bulk-raw",
-            1.0,
-        ),
-    ]
-    for what, a, b, target in checks:
-        value = ratio(series, a, b)
-        if value is None:
-            continue
-        verdict = "met" if value >= target else "NOT met"
-        lines.append(f"- {what}: **{value:.2f}x** (target >= {target:g}x: {verdict})")
-    lines += ["", "## Commands", ""]
-    for s in series.values():
-        if s.command:
-            lines.append(f"- {s.label}: `{masked(s.command)}`")
-    lines += ["", "## Machine and versions", ""]
-    lines += [f"- {line}" for line in machine_info()]
-    lines += [f"- {name}: {value}" for name, value in {**versions(), **info}.items()]
-    for extra in ("pgqueuer", "procrastinate", "psycopg", "uvloop"):
-        version = module_version(extra)
-        if version:
-            lines.append(f"- {extra}: {version}")
-    lines.append(f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    lines.append(
-        f"- Command: `{masked(shlex.join(['python', '-m', 'tests.benchmarks.throughput', *argv]))}`"
-    )
-    if chart is not None:
-        lines.append(f"- Chart: `{chart}`")
-    return "\n".join(lines) + "\n"
-
-
-def draw_chart(series: dict[str, Series], path: Path) -> None:
-    """Two panels: burn-down and enqueue, medians with min-max whiskers (matplotlib)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    burn = [s for s in series.values() if "/enqueue/" not in s.key and s.rates]
-    enq = [s for s in series.values() if "/enqueue/" in s.key and s.rates]
-    fig, axes = plt.subplots(
-        2,
-        1,
-        figsize=(10, 0.42 * (len(burn) + len(enq)) + 2.2),
-        height_ratios=[len(burn) or 1, len(enq) or 1],
-    )
-    for ax, group, title in (
-        (axes[0], burn, "Burn-down: no-op tasks/s"),
-        (axes[1], enq, "Enqueue: tasks/s"),
-    ):
-        names = [f"{LABELS[s.backend]}: {s.label}" for s in group]
-        medians = [s.median for s in group]
-        low = [s.median - min(s.rates) for s in group]
-        high = [max(s.rates) - s.median for s in group]
-        colors = ["#1f77b4" if "txtasks" in s.label else "#999999" for s in group]
-        ax.barh(range(len(group)), medians, xerr=[low, high], color=colors, capsize=3)
-        ax.set_yticks(range(len(group)), names, fontsize=8)
-        ax.invert_yaxis()
-        ax.set_xscale("log")  # procrastinate and the raw limit are 100x apart
-        if medians:
-            ax.set_xlim(min(min(s.rates) for s in group) / 2, max(max(s.rates) for s in group) * 3)
-        ax.set_title(title + " (log scale)", fontsize=10)
-        ax.grid(axis="x", alpha=0.3)
-        for i, value in enumerate(medians):
-            ax.text(value, i, f" {value:,.0f}", va="center", fontsize=7)
-    fig.suptitle(
-        "txtasks throughput (median of runs, min-max whiskers); grey: other systems", fontsize=10
-    )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 # -- where the time goes (py-spy) ------------------------------------------------------------------
