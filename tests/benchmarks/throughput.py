@@ -167,6 +167,8 @@ class Burn:
             dsn = asyncpg_dsn(url)
             if self.system == "procrastinate":
                 dsn = procrastinate_dsn(url)
+            elif self.system == "raw" and self.backend != "postgresql":
+                dsn = url
             argv = [sys.executable, "-m", "tests.benchmarks.throughput_apps", self.system]
             argv += ["--dsn", dsn, *self.options]
         return [argv] * self.processes
@@ -177,11 +179,90 @@ class Burn:
         return (f"{self.processes} x " if self.processes > 1 else "") + shlex.join(shown)
 
 
+#: The raw loops' shape on each backend (processes, claimers per process, rows per claim): the
+#: fastest measured on the 2-core machine of docs/benchmarks.md (`--raw-shape` to try others).
+RAW_SHAPES = {"postgresql": (1, 4, 500), "mysql": (1, 2, 500), "sqlite": (1, 1, 500)}
+RAW_DRIVERS = {"postgresql": "asyncpg", "mysql": "aiomysql", "sqlite": "sqlite3"}
+
+
+def raw_shape(text: str) -> tuple[int, int, int]:
+    """`PxCxB` (processes x claimers x batch) as three numbers."""
+    processes, claimers, batch = (int(part) for part in text.lower().split("x"))
+    if min(processes, claimers, batch) < 1:
+        raise ValueError(f"not a raw shape: {text!r}")
+    return processes, claimers, batch
+
+
+def raw_case(args: argparse.Namespace, backend: str, n: int) -> Burn:
+    """The raw SQL limit on `backend`: the claim and delete loop written by hand."""
+    processes, claimers, batch = (
+        raw_shape(args.raw_shape) if args.raw_shape else RAW_SHAPES[backend]
+    )
+    shape = f"{claimers} claimers x {batch}" if backend != "sqlite" else f"batch {batch}"
+    if processes > 1:
+        shape = f"{processes} processes x {shape}"
+    return Burn(
+        f"{backend}/raw",
+        "raw",
+        backend,
+        f"raw SQL limit ({RAW_DRIVERS[backend]}, {shape}, no archive)",
+        n,
+        processes,
+        ["--claimers", str(claimers), "--batch", str(batch)],
+    )
+
+
 def procrastinate_dsn(url: str) -> str:
     """A libpq conninfo whose sessions use procrastinate's own schema."""
     base = asyncpg_dsn(url)
     sep = "&" if "?" in base else "?"
     return f"{base}{sep}options=-csearch_path%3D{PROCRASTINATE_SCHEMA}"
+
+
+def peer_cases(args: argparse.Namespace) -> list[Burn]:
+    """PGQueuer and procrastinate on PostgreSQL, those importable."""
+    cases: list[Burn] = []
+    n = args.tasks
+    if module_version("pgqueuer"):
+        cases.append(
+            Burn(
+                "postgresql/pgqueuer/defaults",
+                "pgqueuer",
+                "postgresql",
+                "PGQueuer, defaults (batch 10)",
+                n,
+                1,
+            )
+        )
+        cases.append(
+            Burn(
+                "postgresql/pgqueuer/tuned",
+                "pgqueuer",
+                "postgresql",
+                "PGQueuer, tuned (2 x batch 500)",
+                n,
+                2,
+                ["--batch", "500"],
+            )
+        )
+    else:
+        log("skipping PGQueuer: not importable (pip install pgqueuer)")
+    if module_version("procrastinate"):
+        for concurrency in (1, 10):
+            cases.append(
+                Burn(
+                    f"postgresql/procrastinate/c{concurrency}",
+                    "procrastinate",
+                    "postgresql",
+                    f"procrastinate, concurrency {concurrency}",
+                    args.tasks_procrastinate,
+                    1,
+                    ["--concurrency", str(concurrency)],
+                )
+            )
+    else:
+        log("skipping procrastinate: not importable (pip install procrastinate)")
+    return cases
 
 
 def burn_cases(args: argparse.Namespace, urls: dict[str, str]) -> list[Burn]:
@@ -211,58 +292,9 @@ def burn_cases(args: argparse.Namespace, urls: dict[str, str]) -> list[Burn]:
                 archive=False,
             )
         )
-    if "postgresql" in urls and not args.no_peers:
-        n = args.tasks
-        if module_version("pgqueuer"):
-            cases.append(
-                Burn(
-                    "postgresql/pgqueuer/defaults",
-                    "pgqueuer",
-                    "postgresql",
-                    "PGQueuer, defaults (batch 10)",
-                    n,
-                    1,
-                )
-            )
-            cases.append(
-                Burn(
-                    "postgresql/pgqueuer/tuned",
-                    "pgqueuer",
-                    "postgresql",
-                    "PGQueuer, tuned (2 x batch 500)",
-                    n,
-                    2,
-                    ["--batch", "500"],
-                )
-            )
-        else:
-            log("skipping PGQueuer: not importable (pip install pgqueuer)")
-        if module_version("procrastinate"):
-            for concurrency in (1, 10):
-                cases.append(
-                    Burn(
-                        f"postgresql/procrastinate/c{concurrency}",
-                        "procrastinate",
-                        "postgresql",
-                        f"procrastinate, concurrency {concurrency}",
-                        args.tasks_procrastinate,
-                        1,
-                        ["--concurrency", str(concurrency)],
-                    )
-                )
-        else:
-            log("skipping procrastinate: not importable (pip install procrastinate)")
-        cases.append(
-            Burn(
-                "postgresql/raw",
-                "raw",
-                "postgresql",
-                "raw SQL limit (asyncpg, 4 claimers x 500)",
-                n,
-                1,
-                ["--claimers", "4", "--batch", "500"],
-            )
-        )
+        if backend == "postgresql" and not args.no_peers:
+            cases += peer_cases(args)
+        cases.append(raw_case(args, backend, n))
     only = [k for k in (args.only or "").split(",") if k]
     return [c for c in cases if not only or any(o in c.key for o in only)]
 
@@ -564,7 +596,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--single", type=int, default=2_000, help="tasks enqueued one per transaction"
     )
     what.add_argument("--bulk", type=int, default=100_000, help="tasks enqueued in bulk")
-    what.add_argument("--no-peers", action="store_true", help="txtasks only")
+    what.add_argument(
+        "--raw-shape",
+        metavar="PxCxB",
+        help="the raw loops' processes x claimers x rows per claim, on every backend "
+        "(default: the fastest measured, per backend: "
+        + ", ".join(f"{b} {'x'.join(map(str, v))}" for b, v in RAW_SHAPES.items())
+        + ")",
+    )
+    what.add_argument("--no-peers", action="store_true", help="txtasks and the raw limit only")
     what.add_argument("--no-enqueue", action="store_true", help="burn-downs only")
     what.add_argument(
         "--only", help="comma-separated substrings of case keys, e.g. postgresql/txtasks"
