@@ -46,6 +46,7 @@ from tests.benchmarks.latency import (
     tables_drop,
     tables_reset,
 )
+from tests.benchmarks.server_cpu import Meter, server_pid, tree_seconds
 from tests.benchmarks.throughput_enqueue import CHUNK, enqueue_cases
 from tests.benchmarks.throughput_report import (
     BACKENDS,
@@ -72,11 +73,14 @@ class FirstStarts(asyncio.DatagramProtocol):
         #: CPU seconds each process had used by its first task (start-up, imports).
         self.startup_cpu: list[float] = []
         self.port = 0
+        #: Called when the run's first datagram comes (the burn-down's start).
+        self.on_first: Callable[[], None] | None = None
 
-    def new_run(self) -> str:
+    def new_run(self, on_first: Callable[[], None] | None = None) -> str:
         self.run = uuid.uuid4().hex[:12]
         self.starts = []
         self.startup_cpu = []
+        self.on_first = on_first
         return self.run
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
@@ -84,6 +88,8 @@ class FirstStarts(asyncio.DatagramProtocol):
         if run == self.run:
             with contextlib.suppress(ValueError, IndexError):
                 started, cpu = float(values[0]), float(values[1])
+                if not self.starts and self.on_first is not None:
+                    self.on_first()
                 self.starts.append(started)
                 self.startup_cpu.append(cpu)
 
@@ -429,6 +435,21 @@ def pg_counters(url: str) -> tuple[int, int, int]:
 # -- measuring ------------------------------------------------------------------------------------
 
 
+@dataclass
+class BurnResult:
+    """One burn-down: tasks/s, the cost per task (PostgreSQL: commits, rows written, WAL
+    bytes), the CPU microseconds per task of the worker processes and of the server."""
+
+    rate: float
+    cost: tuple[float, float, float] | None = None
+    cpu_us: float | None = None
+    server_us: float | None = None
+
+
+#: Seconds for the server to end the sessions of the exited workers before its CPU is read.
+SERVER_SETTLE = 0.3
+
+
 async def burn_once(
     case: Burn,
     url: str,
@@ -436,7 +457,10 @@ async def burn_once(
     log_dir: Path,
     timeout: float,
     wrap: Callable[[int, list[str]], list[str]] | None = None,
-) -> tuple[float, tuple[float, float, float] | None, float | None]:
+    server: int | None = None,
+) -> BurnResult:
+    """Preload, run the workers, check that every task ran; `server`: the pid of the
+    server's main process (its CPU is read at the first handler start and after the end)."""
     if case.system == "pgqueuer":
         await pgqueuer_preload(url, case.n)
     elif case.system == "procrastinate":
@@ -446,7 +470,14 @@ async def burn_once(
     before = pg_counters(url) if case.backend == "postgresql" else None
     env = {k: v for k, v in os.environ.items() if not k.startswith("TXTASKS_")}
     env[apps.ENV_REPORT] = f"127.0.0.1:{starts.port}"
-    env[apps.ENV_RUN] = starts.new_run()
+    server_start: list[float] = []
+
+    def server_read() -> None:
+        if server is not None:
+            with contextlib.suppress(OSError):
+                server_start.append(tree_seconds(server))
+
+    env[apps.ENV_RUN] = starts.new_run(server_read)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     try:
         argvs = case.argvs(url)
@@ -462,15 +493,19 @@ async def burn_once(
             if len(starts.starts) == len(argvs)
             else None
         )
+        result = BurnResult(case.n / seconds, cpu_us=cpu_us)
+        if server is not None and server_start:
+            await asyncio.sleep(SERVER_SETTLE)
+            result.server_us = (tree_seconds(server) - server_start[0]) / case.n * 1e6
         problem = await left_over(case, url)
         if problem:
             raise RuntimeError(problem)
-        cost = None
         if before is not None:
             await asyncio.sleep(1.0)  # backends flush their statistics as they exit
             after = pg_counters(url)
-            cost = tuple((a - b) / case.n for a, b in zip(after, before, strict=True))
-        return case.n / seconds, cost, cpu_us  # type: ignore[return-value]
+            a, b, c = ((x - y) / case.n for x, y in zip(after, before, strict=True))
+            result.cost = (a, b, c)
+        return result
     finally:
         if case.system == "pgqueuer":
             await pgqueuer_uninstall(url)
@@ -547,13 +582,13 @@ async def profile_case(args: argparse.Namespace, urls: dict[str, str]) -> str:
 
     starts, transport = await open_first_starts()
     try:
-        rate, _, _ = await burn_once(case, urls[case.backend], starts, log_dir, args.timeout, wrap)
+        result = await burn_once(case, urls[case.backend], starts, log_dir, args.timeout, wrap)
     finally:
         transport.close()
         tables_drop(urls[case.backend])
     return (
         f"## Where the time goes: {LABELS[case.backend]}, {case.label}, N={case.n:,}\n\n"
-        f"{rate:,.0f} tasks/s under the profiler (py-spy slows it down).\n\n"
+        f"{result.rate:,.0f} tasks/s under the profiler (py-spy slows it down).\n\n"
         + profile_summary(raw)
         + f"\nRaw stacks: {log_dir}\n"
     )
@@ -616,10 +651,32 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="instead: one run of CASE (e.g. postgresql/txtasks/tuned) under py-spy, "
         "and where the worker processes spend their time",
     )
+    servers.add_argument(
+        "--services-base",
+        type=Path,
+        default=os.environ.get("SVC_BASE") or None,
+        help="the tests/services.sh base directory of the servers, whose pid files name the "
+        "server processes for their CPU per task (default $SVC_BASE; without it, the process "
+        "listening on the URL's port)",
+    )
     out = parser.add_argument_group("output")
     out.add_argument("--output", type=Path, help="write the report (markdown) here too")
     out.add_argument("--chart", type=Path, help="draw the chart (PNG) here")
     return parser.parse_args(argv)
+
+
+def server_pids(urls: dict[str, str], services_base: Path | None) -> dict[str, int]:
+    """The main process of each database server on this machine, for its CPU per task."""
+    pids: dict[str, int] = {}
+    for backend, url in urls.items():
+        if backend == "sqlite":
+            continue  # in the worker's own process
+        pid = server_pid(backend, url, services_base)
+        if pid is None:
+            log(f"{LABELS[backend]}: no server process found on this machine, no server CPU")
+        else:
+            pids[backend] = pid
+    return pids
 
 
 async def amain(args: argparse.Namespace, urls: dict[str, str], argv: Sequence[str]) -> str:
@@ -633,6 +690,7 @@ async def amain(args: argparse.Namespace, urls: dict[str, str], argv: Sequence[s
     info: dict[str, str] = {}
     for backend in urls:
         info.update(server_info(urls[backend]))
+    pids = server_pids(urls, args.services_base)
     starts, transport = await open_first_starts()
     log_dir = Path(tempfile.mkdtemp(prefix="txtasks-throughput-"))
     try:
@@ -645,19 +703,20 @@ async def amain(args: argparse.Namespace, urls: dict[str, str], argv: Sequence[s
                     f"[run {run + 1}/{args.runs}] {LABELS[case.backend]}: {case.label}, N={case.n:,}"
                 )
                 try:
-                    rate, cost, cpu_us = await burn_once(
-                        case, urls[case.backend], starts, log_dir, args.timeout
+                    result = await burn_once(
+                        case,
+                        urls[case.backend],
+                        starts,
+                        log_dir,
+                        args.timeout,
+                        server=pids.get(case.backend),
                     )
                 except Exception as exc:  # one failed case must not end the others
                     s.error = str(exc).splitlines()[0][:200]
                     log(f"  failed: {exc}")
                     continue
-                s.rates.append(rate)
-                if cost is not None:
-                    s.costs.append(cost)
-                if cpu_us is not None:
-                    s.cpus.append(cpu_us)
-                log(f"  {rate:,.0f} tasks/s")
+                s.add(result.rate, result.cpu_us, result.server_us, result.cost)
+                log(f"  {result.rate:,.0f} tasks/s")
             for e in enqueues:
                 s = series[e.key]
                 if s.error:
@@ -665,14 +724,16 @@ async def amain(args: argparse.Namespace, urls: dict[str, str], argv: Sequence[s
                 url = urls[e.backend]
                 tables_reset(url)
                 log(f"[run {run + 1}/{args.runs}] {LABELS[e.backend]}: {e.label}, {e.count:,}")
+                meter = Meter(pids.get(e.backend))
                 try:
-                    rate = await e.measure(url, e.count)
+                    await e.measure(url, e.count, meter)
                 except Exception as exc:
                     s.error = str(exc).splitlines()[0][:200]
                     log(f"  failed: {exc}")
                     continue
-                s.rates.append(rate)
-                log(f"  {rate:,.0f} tasks/s")
+                server_us = None if meter.server_cpu is None else meter.server_cpu / e.count * 1e6
+                s.add(e.count / meter.seconds, meter.cpu / e.count * 1e6, server_us)
+                log(f"  {e.count / meter.seconds:,.0f} tasks/s")
     finally:
         transport.close()
         for url in urls.values():
@@ -693,6 +754,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         urls: dict[str, str] = {}
         if args.start_servers:
             env = servers.start(["pg", "mariadb"])
+            args.services_base = servers.base
             urls["postgresql"] = env["PG_DSN"]
             urls["mysql"] = env["MYSQL_DSN"]
         else:

@@ -34,13 +34,76 @@ class Series:
     n: int = 0
     rates: list[float] = field(default_factory=list)
     costs: list[tuple[float, float, float]] = field(default_factory=list)
-    #: CPU microseconds per task of the worker processes, start-up left out.
+    #: CPU microseconds per task of the worker processes (start-up left out), or of the
+    #: benchmark's own process for an enqueue.
     cpus: list[float] = field(default_factory=list)
+    #: CPU microseconds per task of the database server's processes.
+    server_cpus: list[float] = field(default_factory=list)
     error: str | None = None
 
     @property
     def median(self) -> float:
         return statistics.median(self.rates) if self.rates else float("nan")
+
+    def add(
+        self,
+        rate: float,
+        cpu: float | None,
+        server_cpu: float | None,
+        cost: tuple[float, float, float] | None = None,
+    ) -> None:
+        """One run's results."""
+        self.rates.append(rate)
+        if cpu is not None:
+            self.cpus.append(cpu)
+        if server_cpu is not None:
+            self.server_cpus.append(server_cpu)
+        if cost is not None:
+            self.costs.append(cost)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A ratio of two cases' medians (keys `backend/a`, `backend/b`) against a bound."""
+
+    backend: str
+    what: str
+    a: str
+    b: str
+    bound: float
+    #: The ratio is of times per task (b's tasks/s over a's), which must stay at most `bound`;
+    #: otherwise of tasks/s (a's over b's), which must reach at least `bound`.
+    per_task_time: bool = False
+
+
+#: The issue's targets for the burn-down.
+BURN_TARGETS = (
+    Target("postgresql", "txtasks defaults / raw limit", "txtasks/defaults", "raw", 0.5),
+    Target("postgresql", "txtasks tuned / raw limit", "txtasks/tuned", "raw", 0.9),
+    Target("postgresql", "txtasks tuned / PGQueuer tuned", "txtasks/tuned", "pgqueuer/tuned", 2.5),
+    Target("mysql", "txtasks tuned / raw limit", "txtasks/tuned", "raw", 0.7),
+    Target("sqlite", "txtasks tuned / raw limit", "txtasks/tuned", "raw", 0.7),
+)
+#: Ratios shown for the record, without a target (the bound is not used).
+BURN_RECORD = (
+    *(
+        Target(
+            b, "txtasks tuned without the archive / raw limit", "txtasks/tuned-no-archive", "raw", 0
+        )
+        for b in BACKENDS
+    ),
+    Target(
+        "postgresql",
+        "txtasks defaults / PGQueuer defaults",
+        "txtasks/defaults",
+        "pgqueuer/defaults",
+        0,
+    ),
+)
+#: Enqueue: one task per transaction, txtasks' time per task over the same INSERT by hand in
+#: the same SQLAlchemy transaction's; bulk, txtasks' tasks/s over the driver's executemany's.
+ENQUEUE_SINGLE = 1.3
+ENQUEUE_BULK = 1.5
 
 
 def fmt_rate(value: float) -> str:
@@ -51,10 +114,76 @@ def fmt_range(values: Sequence[float]) -> str:
     return f"{fmt_rate(min(values))}-{fmt_rate(max(values))}" if values else "-"
 
 
+def fmt_median(values: Sequence[float], digits: int = 1) -> str:
+    return f"{statistics.median(values):,.{digits}f}" if values else "-"
+
+
 def ratio(series: dict[str, Series], a: str, b: str) -> float | None:
     if a in series and b in series and series[a].rates and series[b].rates:
         return series[a].median / series[b].median
     return None
+
+
+def target_ratio(series: dict[str, Series], target: Target) -> float | None:
+    """The target's ratio of medians in `series`, None when a case is missing."""
+    a, b = f"{target.backend}/{target.a}", f"{target.backend}/{target.b}"
+    return ratio(series, b, a) if target.per_task_time else ratio(series, a, b)
+
+
+def met(value: float, target: Target) -> str:
+    """yes or NO, as latency.py's verdict says it."""
+    ok = value <= target.bound if target.per_task_time else value >= target.bound
+    return "yes" if ok else "NO"
+
+
+def check(value: float, target: Target) -> str:
+    sign = "≤" if target.per_task_time else "≥"
+    return f"{target.what} {value:.2f}x {sign} {target.bound:g}x: {met(value, target)}"
+
+
+def targets_block(series: dict[str, Series]) -> list[str]:
+    """The burn-down targets, a line per backend, and the ratios kept for the record."""
+    lines = []
+    for backend in BACKENDS:
+        checks = [
+            check(value, t)
+            for t in BURN_TARGETS
+            if t.backend == backend and (value := target_ratio(series, t)) is not None
+        ]
+        if checks:
+            lines.append(f"- {LABELS[backend]}, burn-down: " + "; ".join(checks))
+    record = [
+        f"{t.what}, {LABELS[t.backend]}: {value:.2f}x"
+        for t in BURN_RECORD
+        if (value := target_ratio(series, t)) is not None
+    ]
+    if record:
+        lines.append("- For the record (no target): " + "; ".join(record))
+    return lines
+
+
+def enqueue_ratios(series: dict[str, Series]) -> list[str]:
+    """The enqueue targets as a table, a row per backend."""
+    rows = []
+    for backend in BACKENDS:
+        single = Target(
+            backend, "single", "enqueue/single", "enqueue/single-raw-sa", ENQUEUE_SINGLE, True
+        )
+        bulk = Target(backend, "bulk", "enqueue/bulk", "enqueue/bulk-raw", ENQUEUE_BULK)
+        cells = []
+        for target in (single, bulk):
+            value = target_ratio(series, target)
+            cells += ["-", "-"] if value is None else [f"{value:.2f}x", met(value, target)]
+        if cells != ["-"] * 4:
+            rows.append(f"| {LABELS[backend]} | " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    return [
+        "| backend | one per transaction: txtasks / by hand, time per task "
+        f"| ≤ {ENQUEUE_SINGLE:g}x | bulk: txtasks / executemany, tasks/s | ≥ {ENQUEUE_BULK:g}x |",
+        "|---|---:|---|---:|---|",
+        *rows,
+    ]
 
 
 def report(
@@ -66,82 +195,51 @@ def report(
 ) -> str:
     lines = ["## Burn-down (tasks/s, median of runs)", ""]
     lines += [
-        "| backend | system | N | runs | tasks/s median | min-max | worker CPU us/task | commits/task | rows written/task | WAL bytes/task |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| backend | system | N | runs | tasks/s median | min-max | worker CPU us/task "
+        "| server CPU us/task | commits/task | rows written/task | WAL bytes/task |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in series.values():
         if "/enqueue/" in s.key:
             continue
         if s.error:
-            lines.append(f"| {LABELS[s.backend]} | {s.label} | | | failed: {s.error} | | | | | |")
+            lines.append(f"| {LABELS[s.backend]} | {s.label} | | | failed: {s.error} | | | | | | |")
             continue
         cost = ["-", "-", "-"]
         if s.costs:
-            cost = [f"{statistics.median(c[i] for c in s.costs):.2f}" for i in range(2)]
-            cost.append(f"{statistics.median(c[2] for c in s.costs):,.0f}")
-        cpu = f"{statistics.median(s.cpus):.1f}" if s.cpus else "-"
+            cost = [fmt_median([c[i] for c in s.costs], 2) for i in range(2)]
+            cost.append(fmt_median([c[2] for c in s.costs], 0))
         lines.append(
             f"| {LABELS[s.backend]} | {s.label} | {s.n:,} | {len(s.rates)} | "
-            f"{fmt_rate(s.median)} | {fmt_range(s.rates)} | {cpu} | {' | '.join(cost)} |"
+            f"{fmt_rate(s.median)} | {fmt_range(s.rates)} | {fmt_median(s.cpus)} | "
+            f"{fmt_median(s.server_cpus)} | {' | '.join(cost)} |"
         )
     lines += ["", "## Enqueue (tasks/s, median of runs)", ""]
     lines += [
-        "| backend | path | tasks per run | tasks/s median | min-max |",
-        "|---|---|---:|---:|---:|",
+        "| backend | path | tasks per run | tasks/s median | min-max | client CPU us/task "
+        "| server CPU us/task |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for s in series.values():
         if "/enqueue/" not in s.key:
             continue
         value = f"failed: {s.error}" if s.error else fmt_rate(s.median)
         lines.append(
-            f"| {LABELS[s.backend]} | {s.label} | {s.n:,} | {value} | {fmt_range(s.rates)} |"
+            f"| {LABELS[s.backend]} | {s.label} | {s.n:,} | {value} | {fmt_range(s.rates)} | "
+            f"{fmt_median(s.cpus)} | {fmt_median(s.server_cpus)} |"
         )
-    lines += ["", "## Against the targets (PostgreSQL, ratios of medians in this run)", ""]
-    checks = [
-        (
-            "burn-down, txtasks tuned / PGQueuer tuned",
-            "postgresql/txtasks/tuned",
-            "postgresql/pgqueuer/tuned",
-            2.0,
-        ),
-        ("burn-down, txtasks tuned / raw limit", "postgresql/txtasks/tuned", "postgresql/raw", 0.5),
-        (
-            "burn-down, txtasks tuned without archive / raw limit",
-            "postgresql/txtasks/tuned-no-archive",
-            "postgresql/raw",
-            0.5,
-        ),
-        (
-            "burn-down, txtasks defaults / PGQueuer defaults",
-            "postgresql/txtasks/defaults",
-            "postgresql/pgqueuer/defaults",
-            1.0,
-        ),
-        (
-            "enqueue, one per transaction / the same INSERT by hand in the same transaction",
-            "postgresql/enqueue/single",
-            "postgresql/enqueue/single-raw-sa",
-            0.9,
-        ),
-        (
-            "enqueue, one per transaction / raw asyncpg",
-            "postgresql/enqueue/single",
-            "postgresql/enqueue/single-raw",
-            0.9,
-        ),
-        (
-            "enqueue, bulk / raw executemany",
-            "postgresql/enqueue/bulk",
-            "postgresql/enqueue/bulk-raw",
-            1.0,
-        ),
-    ]
-    for what, a, b, target in checks:
-        value = ratio(series, a, b)
-        if value is None:
-            continue
-        verdict = "met" if value >= target else "NOT met"
-        lines.append(f"- {what}: **{value:.2f}x** (target >= {target:g}x: {verdict})")
+    lines += ["", "## Targets (ratios of medians in this run)", ""]
+    lines += targets_block(series)
+    table = enqueue_ratios(series)
+    if table:
+        lines += ["", "Enqueue:", "", *table]
+    single_pg = ratio(series, "postgresql/enqueue/single-raw", "postgresql/enqueue/single")
+    if single_pg is not None:
+        lines += [
+            "",
+            "For the record: one task per transaction, txtasks' time per task / asyncpg "
+            f"alone's (BEGIN, INSERT, COMMIT) on PostgreSQL: {single_pg:.2f}x.",
+        ]
     lines += ["", "## Commands", ""]
     for s in series.values():
         if s.command:
