@@ -1,17 +1,20 @@
 """Throughput of txtasks beside PGQueuer, procrastinate and the raw SQL limit, in one run.
 
     python -m tests.benchmarks.throughput --help
-    python -m tests.benchmarks.throughput --start-servers --output throughput.md \\
+    python -m tests.benchmarks.throughput --start-servers --sqlite --output throughput.md \\
         --chart docs/images/throughput.png
 
 1. Burn-down: N no-op tasks preloaded, workers started (each in its own process), tasks/s from
    the first handler start to the exit of the last worker (every system stops by itself once
-   its queue is empty; the exit includes writing the last outcomes).
+   its queue is empty; the exit includes writing the last outcomes). The raw SQL limit is the
+   claim and delete loop written by hand on each backend (`throughput_apps.py`).
 2. Enqueue: one task per transaction through SQLAlchemy (the application's path), and bulk;
-   against asyncpg doing the same inserts by hand (PostgreSQL).
+   against the same inserts written by hand (`throughput_enqueue.py`).
 3. Cost per task on PostgreSQL: commits, rows written and WAL bytes (`pg_stat_database`,
-   `pg_current_wal_lsn`) over each burn-down, divided by N.
+   `pg_current_wal_lsn`) over each burn-down, divided by N; CPU per task of the workers and of
+   the database server (`server_cpu.py`) on every backend.
 
+The report (`throughput_report.py`) ends with the issue's targets, each a ratio with yes/NO.
 See tests/benchmarks/README.md.
 """
 

@@ -1,5 +1,5 @@
 """What the throughput benchmark's worker processes run: txtasks, PGQueuer, procrastinate and
-the raw SQL limit, each with a no-op handler.
+the raw SQL limit (PostgreSQL, MariaDB/MySQL and SQLite), each with a no-op handler.
 
 - txtasks: `python -m txtasks worker tests.benchmarks.throughput_apps:app --burst ...`, the
   command line a user runs.
