@@ -190,7 +190,7 @@ class Burn:
 
 #: The raw loops' shape on each backend (processes, claimers per process, rows per claim): the
 #: fastest measured on the 2-core machine of docs/benchmarks.md (`--raw-shape` to try others).
-RAW_SHAPES = {"postgresql": (1, 4, 500), "mysql": (1, 2, 500), "sqlite": (1, 1, 500)}
+RAW_SHAPES = {"postgresql": (1, 4, 500), "mysql": (1, 4, 500), "sqlite": (1, 1, 500)}
 RAW_DRIVERS = {"postgresql": "asyncpg", "mysql": "aiomysql", "sqlite": "sqlite3"}
 
 
