@@ -58,6 +58,9 @@ AWAITING_MOST = 3
 CANCEL_LOOK_SPACING = 0.25
 #: Seconds between reads of the queue rates stored at run time (`txtasks keys queue-rate`).
 QUEUE_RATES_EVERY = 5.0
+#: Seconds between two looks of a burst worker whose queues are empty while other workers'
+#: tasks still run (`_idle_delay`).
+BURST_LOOK_EVERY = 0.05
 #: Seconds /readyz waits for the database's answer.
 READY_TIMEOUT = 3.0
 
@@ -419,8 +422,12 @@ class Worker:
 
     def _idle_delay(self) -> float:
         """Until the next poll, or until a key put aside by a claim may start again (its rate),
-        whichever comes first."""
+        whichever comes first. In burst mode at most `BURST_LOOK_EVERY`: the queues are empty
+        but other workers' tasks still run (they may come back as retries), and the burst
+        ends as soon as they are done, not up to a poll interval later."""
         delay = self._poll_delay()
+        if self.config.burst:
+            delay = min(delay, BURST_LOOK_EVERY)
         now = self.app.clock()
         wake_at = self.driver.claims.keys_wake_at(self.queues, now)
         if wake_at is not None:

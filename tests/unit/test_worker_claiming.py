@@ -1,6 +1,6 @@
-"""A worker takes the tasks a wake-up names by their ids while its queues were found empty,
-and looks at its whole queues otherwise (in-memory driver; wake-ups handed to `Worker.wake`
-as the subscriber hands them)."""
+"""When a worker claims, and what: the tasks a wake-up names, by their ids, while its queues
+were found empty, its whole queues otherwise; a burst's looks while others' tasks run
+(in-memory driver; wake-ups handed to `Worker.wake` as the subscriber hands them)."""
 
 from __future__ import annotations
 
@@ -100,3 +100,20 @@ async def test_a_wake_up_that_may_have_left_ids_out_makes_the_worker_look() -> N
         worker.wake("q", ids=ids[:MAX_IDS])
         await until(lambda: len(started) == len(ids), "every task starts, named or not")
         assert worker.stats.claimed_named == 0
+
+
+async def test_a_burst_ends_soon_after_another_workers_last_task_not_at_its_poll() -> None:
+    """Two burst workers: the one that finds the queue empty while the other still runs a
+    task exits once that task is done, not a poll interval (30 s here) later."""
+    started: list[str] = []
+    gate = asyncio.Event()
+    app = app_with_task(started, gate)
+    await app.get_task("job").aenqueue("blocker")
+    config = WorkerConfig(concurrency=1, burst=True, burst_horizon=0, **NO_POLL)
+    first, second = Worker(app, config), Worker(app, config)
+    runs = [asyncio.create_task(w.run()) for w in (first, second)]
+    await until(lambda: started == ["blocker"], "one worker runs the task")
+    await until(lambda: first.idle.is_set() or second.idle.is_set(), "the other waits")
+    gate.set()
+    done, _ = await asyncio.wait(runs, timeout=10)
+    assert len(done) == 2, "a burst worker waited for its poll after the queue was done"
