@@ -9,8 +9,9 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-async def within(awaitable: Awaitable[T], seconds: float) -> T:
-    """`asyncio.wait_for` without its extra task where `asyncio.timeout` exists (3.11+)."""
+async def within(awaitable: Awaitable[T], seconds: float | None) -> T:
+    """`asyncio.wait_for` without its extra task where `asyncio.timeout` exists (3.11+);
+    `seconds` None: no bound."""
     timeout = getattr(asyncio, "timeout", None)
     if timeout is None:  # pragma: no cover - Python 3.10
         return await asyncio.wait_for(awaitable, seconds)

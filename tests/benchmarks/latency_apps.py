@@ -22,8 +22,18 @@ The worker side is configured by environment variables the benchmark sets:
   BEGIN, the UPDATE ... RETURNING, COMMIT). This patches txtasks classes in the worker process
   only; the library itself is unchanged.
 - `TXTASKS_BENCH_PGQUEUER_DSN`: the PostgreSQL DSN of the PGQueuer worker.
-- `TXTASKS_BENCH_UVLOOP=1`: run the txtasks worker on uvloop (as `pgq run` does when uvloop is
-  installed), to tell the event loop's share apart.
+- `TXTASKS_BENCH_UVLOOP=1`: run the bare design's worker on uvloop (the txtasks worker gets
+  `--loop`), so that both run on the same event loop.
+- `TXTASKS_BENCH_BARE_URL`, `TXTASKS_BENCH_BARE_AMQP`: the database and broker of the bare
+  design's worker (`python -m tests.benchmarks.latency_apps bare`).
+
+The bare design is the floor the wake-up path is measured against: the enqueuer INSERTs the row
+by hand, commits and publishes a message of the task id's digits to a queue of its own (no
+exchange, no JSON); the worker consumes it (no ack) and claims that row by its primary key with
+one statement on one connection kept open (PostgreSQL: `UPDATE ... RETURNING`, with
+`synchronous_commit = off` as txtasks' claims; MariaDB: the `UPDATE` and a `SELECT` of the
+payload; SQLite: `UPDATE ... RETURNING` with the sqlite3 module, on the event loop), then reports
+the start. No leases, retries, keys, pauses or bounds: only what any design must do.
 """
 
 from __future__ import annotations
@@ -53,6 +63,10 @@ ENV_RUN = "TXTASKS_BENCH_RUN"
 ENV_PROFILE = "TXTASKS_BENCH_PROFILE"
 ENV_PGQUEUER_DSN = "TXTASKS_BENCH_PGQUEUER_DSN"
 ENV_UVLOOP = "TXTASKS_BENCH_UVLOOP"
+ENV_BARE_URL = "TXTASKS_BENCH_BARE_URL"
+ENV_BARE_AMQP = "TXTASKS_BENCH_BARE_AMQP"
+#: The bare design's AMQP queue (the default exchange routes to it by name).
+BARE_QUEUE = "txtasks-latency-bare"
 
 
 class Reporter:
@@ -100,6 +114,50 @@ def noop_sync(payload: Any, ctx: Any) -> None:
     reporter.send(ctx.task_id, started, profile.pop(ctx.task_id))
 
 
+LOAD_TASK = "latency.load"
+#: Seconds between two batches of the load (`load_main`).
+LOAD_EVERY = 0.01
+
+
+@app.task(name=LOAD_TASK, max_attempts=1)
+async def load(payload: Any) -> None:
+    """The steady load beside the measured tasks: a no-op that reports nothing."""
+
+
+async def load_main(url: str, amqp_url: str, rate: float) -> None:
+    """Enqueue `rate` tasks per second of `LOAD_TASK` on the benchmark's queue, one batch per
+    `LOAD_EVERY` seconds, each batch one transaction of the application's own (its wake-up
+    published after commit), until SIGTERM; then print how many it enqueued."""
+    import asyncio
+    import signal
+
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from txtasks.driver.urls import url_async
+    from txtasks.wakeup import notifier_for_url
+
+    app.use_notifier(notifier_for_url(amqp_url))
+    engine = create_async_engine(url_async(url))
+    task = app.get_task(LOAD_TASK)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    started = loop.time()
+    sent = 0
+    while not stop.is_set():
+        due = int(rate * (loop.time() - started)) - sent  # steady on average, whatever the lag
+        if due > 0:
+            async with engine.begin() as conn:
+                await app.aenqueue_many_tx(conn, [task.new(None) for _ in range(due)])
+            sent += due
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), LOAD_EVERY)
+    elapsed = loop.time() - started
+    print(f"load: {sent} tasks in {elapsed:.1f} s ({sent / elapsed:.0f}/s)", flush=True)
+    await app.aclose()
+    await engine.dispose()
+
+
 # -- the PGQueuer reference -------------------------------------------------------------------
 
 
@@ -134,6 +192,111 @@ async def pgqueuer_factory() -> AsyncIterator[Any]:
         yield manager
     finally:
         await connection.close()
+
+
+# -- the bare design ---------------------------------------------------------------------------
+
+#: The bare claim: that row, if it is still ready, now processing; what its handler needs.
+BARE_CLAIM = {
+    "postgresql": (
+        "UPDATE txtasks_tasks SET state = 'processing', attempt = attempt + 1, "
+        "lease_expires_at = $2, worker_id = 'bare', started_at = $3 "
+        "WHERE id = $1 AND state IN ('pending', 'retryable') RETURNING id, payload"
+    ),
+    "mysql": (
+        "UPDATE txtasks_tasks SET state = 'processing', attempt = attempt + 1, "
+        "lease_expires_at = %s, worker_id = 'bare', started_at = %s "
+        "WHERE id = %s AND state IN ('pending', 'retryable')"
+    ),
+    "sqlite": (
+        "UPDATE txtasks_tasks SET state = 'processing', attempt = attempt + 1, "
+        "lease_expires_at = ?, worker_id = 'bare', started_at = ? "
+        "WHERE id = ? AND state IN ('pending', 'retryable') RETURNING id, payload"
+    ),
+}
+BARE_PAYLOAD_MYSQL = "SELECT payload FROM txtasks_tasks WHERE id = %s"
+
+
+async def bare_claimer(url: str) -> Any:
+    """`claim(task_id) -> bool` on one connection of the bare design's database."""
+    from datetime import timedelta
+
+    from sqlalchemy.engine import make_url
+
+    from txtasks.clock import utcnow
+
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    sql = BARE_CLAIM["mysql" if backend in ("mysql", "mariadb") else backend]
+    if backend == "postgresql":
+        import asyncpg
+
+        dsn = parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+        pg = await asyncpg.connect(dsn, server_settings={"synchronous_commit": "off"})
+
+        async def claim_pg(task_id: int) -> bool:
+            now = utcnow()
+            return bool(await pg.fetch(sql, task_id, now + timedelta(seconds=60), now))
+
+        return claim_pg
+    if backend == "sqlite":
+        import sqlite3
+
+        lite = sqlite3.connect(parsed.database or "", isolation_level=None)
+        lite.execute("PRAGMA busy_timeout = 5000")
+        lite.execute("PRAGMA synchronous = NORMAL")
+
+        async def claim_sqlite(task_id: int) -> bool:
+            now = utcnow().isoformat(" ")
+            later = (utcnow() + timedelta(seconds=60)).isoformat(" ")
+            return bool(lite.execute(sql, (later, now, task_id)).fetchall())
+
+        return claim_sqlite
+    import aiomysql
+
+    my = await aiomysql.connect(
+        host=parsed.host or "127.0.0.1",
+        port=parsed.port or 3306,
+        user=parsed.username,
+        password=parsed.password or "",
+        db=parsed.database,
+        autocommit=True,
+    )
+
+    async def claim_mysql(task_id: int) -> bool:
+        now = utcnow()
+        async with my.cursor() as cursor:
+            if not await cursor.execute(sql, (now + timedelta(seconds=60), now, task_id)):
+                return False
+            await cursor.execute(BARE_PAYLOAD_MYSQL, (task_id,))
+            return bool(await cursor.fetchall())
+
+    return claim_mysql
+
+
+async def bare_worker() -> None:
+    """Consume the bare queue; claim each message's task by id; report its start."""
+    import asyncio
+    import signal
+
+    import aio_pika
+
+    claim = await bare_claimer(os.environ[ENV_BARE_URL])
+    connection = await aio_pika.connect(os.environ[ENV_BARE_AMQP])
+    channel = await connection.channel()
+    queue = await channel.declare_queue(BARE_QUEUE, auto_delete=False)
+
+    async def on_message(message: Any) -> None:
+        woken = time.monotonic()
+        task_id = int(message.body)
+        if await claim(task_id):
+            reporter.send(task_id, time.monotonic(), {"wakeup": woken})
+
+    await queue.consume(on_message, no_ack=True)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await connection.close()
 
 
 # -- profiling (TXTASKS_BENCH_PROFILE=1, worker process only) ----------------------------------
@@ -206,26 +369,29 @@ class Profile:
 
         AmqpSubscriber._on_message = timed_on_message  # type: ignore[method-assign]
 
-        claim_many = SqlClaims.task_claim_many
+        def timed(claim: Any) -> Any:
+            async def timed_claim(role: Any, *args: Any, **kwargs: Any) -> Any:
+                engine = role.db.engine
+                if id(engine) not in instrumented:
+                    instrumented.add(id(engine))
+                    instrument_engine(engine)
+                trace = ClaimTrace()
+                trace.mark("claim_start")
+                token = _claim.set(trace)
+                try:
+                    rows = await claim(role, *args, **kwargs)
+                finally:
+                    _claim.reset(token)
+                trace.mark("claim_end")
+                for row in rows:
+                    claims[row.id] = trace
+                return rows
 
-        async def timed_claim_many(role: Any, queues: Any, limit: int, **kwargs: Any) -> Any:
-            engine = role.db.engine
-            if id(engine) not in instrumented:
-                instrumented.add(id(engine))
-                instrument_engine(engine)
-            trace = ClaimTrace()
-            trace.mark("claim_start")
-            token = _claim.set(trace)
-            try:
-                rows = await claim_many(role, queues, limit, **kwargs)
-            finally:
-                _claim.reset(token)
-            trace.mark("claim_end")
-            for row in rows:
-                claims[row.id] = trace
-            return rows
+            return timed_claim
 
-        SqlClaims.task_claim_many = timed_claim_many  # type: ignore[method-assign]
+        # both claims: of the whole queues, and of the tasks a wake-up named
+        SqlClaims.task_claim_many = timed(SqlClaims.task_claim_many)  # type: ignore[method-assign]
+        SqlClaims.task_claim_ids = timed(SqlClaims.task_claim_ids)  # type: ignore[method-assign]
 
 
 def instrument_engine(engine: Any) -> None:
@@ -302,7 +468,7 @@ profile = Profile()
 if os.environ.get(ENV_PROFILE) == "1":
     profile.install()
 
-if os.environ.get(ENV_UVLOOP) == "1":  # the txtasks CLI runs asyncio.run(): set the policy
+if os.environ.get(ENV_UVLOOP) == "1":  # the bare worker runs asyncio.run(): set the policy
     import asyncio
 
     import uvloop
@@ -331,6 +497,15 @@ def pgqueuer_main() -> None:
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:] != ["pgqueuer"]:
-        sys.exit("usage: python -m tests.benchmarks.latency_apps pgqueuer")
-    pgqueuer_main()
+    if sys.argv[1:] == ["pgqueuer"]:
+        pgqueuer_main()
+    elif sys.argv[1:] == ["bare"]:
+        import asyncio
+
+        asyncio.run(bare_worker())
+    elif sys.argv[1:2] == ["load"] and len(sys.argv) == 5:
+        import asyncio
+
+        asyncio.run(load_main(sys.argv[2], sys.argv[3], float(sys.argv[4])))
+    else:
+        sys.exit("usage: python -m tests.benchmarks.latency_apps pgqueuer|bare|load URL AMQP RATE")

@@ -1,17 +1,20 @@
 """Throughput of txtasks beside PGQueuer, procrastinate and the raw SQL limit, in one run.
 
     python -m tests.benchmarks.throughput --help
-    python -m tests.benchmarks.throughput --start-servers --output throughput.md \\
+    python -m tests.benchmarks.throughput --start-servers --sqlite --output throughput.md \\
         --chart docs/images/throughput.png
 
 1. Burn-down: N no-op tasks preloaded, workers started (each in its own process), tasks/s from
    the first handler start to the exit of the last worker (every system stops by itself once
-   its queue is empty; the exit includes writing the last outcomes).
+   its queue is empty; the exit includes writing the last outcomes). The raw SQL limit is the
+   claim and delete loop written by hand on each backend (`throughput_apps.py`).
 2. Enqueue: one task per transaction through SQLAlchemy (the application's path), and bulk;
-   against asyncpg doing the same inserts by hand (PostgreSQL).
+   against the same inserts written by hand (`throughput_enqueue.py`).
 3. Cost per task on PostgreSQL: commits, rows written and WAL bytes (`pg_stat_database`,
-   `pg_current_wal_lsn`) over each burn-down, divided by N.
+   `pg_current_wal_lsn`) over each burn-down, divided by N; CPU per task of the workers and of
+   the database server (`server_cpu.py`) on every backend.
 
+The report (`throughput_report.py`) ends with the issue's targets, each a ratio with yes/NO.
 See tests/benchmarks/README.md.
 """
 
@@ -24,18 +27,16 @@ import json
 import os
 import resource
 import shlex
-import statistics
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, text
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from tests.benchmarks import throughput_apps as apps
 from tests.benchmarks.latency import (
@@ -44,33 +45,23 @@ from tests.benchmarks.latency import (
     Servers,
     asyncpg_dsn,
     log,
-    machine_info,
-    masked,
     server_info,
     tables_drop,
     tables_reset,
-    versions,
 )
-from txtasks.driver.sqlite import sqlite_connection_setup
-from txtasks.driver.urls import url_async, url_sync
+from tests.benchmarks.server_cpu import Meter, server_pid, tree_seconds
+from tests.benchmarks.throughput_enqueue import CHUNK, enqueue_cases
+from tests.benchmarks.throughput_report import (
+    BACKENDS,
+    LABELS,
+    Series,
+    draw_chart,
+    module_version,
+    report,
+)
+from txtasks.driver.urls import url_sync
 
-BACKENDS = ("postgresql", "mysql", "sqlite")
-LABELS = {"postgresql": "PostgreSQL", "mysql": "MariaDB", "sqlite": "SQLite"}
 PROCRASTINATE_SCHEMA = "procrastinate_bench"
-#: Rows per transaction when preloading, and in the bulk enqueue.
-CHUNK = 5000
-INSERT_COLUMNS = (
-    "queue, task_name, payload, content_type, state, priority, run_at, attempt, max_attempts, "
-    "created_at"
-)
-RAW_INSERT = (
-    f"INSERT INTO txtasks_tasks ({INSERT_COLUMNS}) "
-    "VALUES ($1, $2, $3, 'application/json', 'pending', 0, $4, 0, 3, $4) RETURNING id"
-)
-RAW_INSERT_MANY = (
-    f"INSERT INTO txtasks_tasks ({INSERT_COLUMNS}) "
-    "VALUES ($1, $2, $3, 'application/json', 'pending', 0, $4, 0, 3, $4)"
-)
 
 
 # -- worker processes -----------------------------------------------------------------------------
@@ -85,11 +76,14 @@ class FirstStarts(asyncio.DatagramProtocol):
         #: CPU seconds each process had used by its first task (start-up, imports).
         self.startup_cpu: list[float] = []
         self.port = 0
+        #: Called when the run's first datagram comes (the burn-down's start).
+        self.on_first: Callable[[], None] | None = None
 
-    def new_run(self) -> str:
+    def new_run(self, on_first: Callable[[], None] | None = None) -> str:
         self.run = uuid.uuid4().hex[:12]
         self.starts = []
         self.startup_cpu = []
+        self.on_first = on_first
         return self.run
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
@@ -97,6 +91,8 @@ class FirstStarts(asyncio.DatagramProtocol):
         if run == self.run:
             with contextlib.suppress(ValueError, IndexError):
                 started, cpu = float(values[0]), float(values[1])
+                if not self.starts and self.on_first is not None:
+                    self.on_first()
                 self.starts.append(started)
                 self.startup_cpu.append(cpu)
 
@@ -180,6 +176,8 @@ class Burn:
             dsn = asyncpg_dsn(url)
             if self.system == "procrastinate":
                 dsn = procrastinate_dsn(url)
+            elif self.system == "raw" and self.backend != "postgresql":
+                dsn = url
             argv = [sys.executable, "-m", "tests.benchmarks.throughput_apps", self.system]
             argv += ["--dsn", dsn, *self.options]
         return [argv] * self.processes
@@ -190,11 +188,90 @@ class Burn:
         return (f"{self.processes} x " if self.processes > 1 else "") + shlex.join(shown)
 
 
+#: The raw loops' shape on each backend (processes, claimers per process, rows per claim): the
+#: fastest measured on the 2-core machine of docs/benchmarks.md (`--raw-shape` to try others).
+RAW_SHAPES = {"postgresql": (1, 4, 500), "mysql": (1, 4, 500), "sqlite": (1, 1, 500)}
+RAW_DRIVERS = {"postgresql": "asyncpg", "mysql": "aiomysql", "sqlite": "sqlite3"}
+
+
+def raw_shape(text: str) -> tuple[int, int, int]:
+    """`PxCxB` (processes x claimers x batch) as three numbers."""
+    processes, claimers, batch = (int(part) for part in text.lower().split("x"))
+    if min(processes, claimers, batch) < 1:
+        raise ValueError(f"not a raw shape: {text!r}")
+    return processes, claimers, batch
+
+
+def raw_case(args: argparse.Namespace, backend: str, n: int) -> Burn:
+    """The raw SQL limit on `backend`: the claim and delete loop written by hand."""
+    processes, claimers, batch = (
+        raw_shape(args.raw_shape) if args.raw_shape else RAW_SHAPES[backend]
+    )
+    shape = f"{claimers} claimers x {batch}" if backend != "sqlite" else f"batch {batch}"
+    if processes > 1:
+        shape = f"{processes} processes x {shape}"
+    return Burn(
+        f"{backend}/raw",
+        "raw",
+        backend,
+        f"raw SQL limit ({RAW_DRIVERS[backend]}, {shape}, no archive)",
+        n,
+        processes,
+        ["--claimers", str(claimers), "--batch", str(batch)],
+    )
+
+
 def procrastinate_dsn(url: str) -> str:
     """A libpq conninfo whose sessions use procrastinate's own schema."""
     base = asyncpg_dsn(url)
     sep = "&" if "?" in base else "?"
     return f"{base}{sep}options=-csearch_path%3D{PROCRASTINATE_SCHEMA}"
+
+
+def peer_cases(args: argparse.Namespace) -> list[Burn]:
+    """PGQueuer and procrastinate on PostgreSQL, those importable."""
+    cases: list[Burn] = []
+    n = args.tasks
+    if module_version("pgqueuer"):
+        cases.append(
+            Burn(
+                "postgresql/pgqueuer/defaults",
+                "pgqueuer",
+                "postgresql",
+                "PGQueuer, defaults (batch 10)",
+                n,
+                1,
+            )
+        )
+        cases.append(
+            Burn(
+                "postgresql/pgqueuer/tuned",
+                "pgqueuer",
+                "postgresql",
+                "PGQueuer, tuned (2 x batch 500)",
+                n,
+                2,
+                ["--batch", "500"],
+            )
+        )
+    else:
+        log("skipping PGQueuer: not importable (pip install pgqueuer)")
+    if module_version("procrastinate"):
+        for concurrency in (1, 10):
+            cases.append(
+                Burn(
+                    f"postgresql/procrastinate/c{concurrency}",
+                    "procrastinate",
+                    "postgresql",
+                    f"procrastinate, concurrency {concurrency}",
+                    args.tasks_procrastinate,
+                    1,
+                    ["--concurrency", str(concurrency)],
+                )
+            )
+    else:
+        log("skipping procrastinate: not importable (pip install procrastinate)")
+    return cases
 
 
 def burn_cases(args: argparse.Namespace, urls: dict[str, str]) -> list[Burn]:
@@ -224,68 +301,11 @@ def burn_cases(args: argparse.Namespace, urls: dict[str, str]) -> list[Burn]:
                 archive=False,
             )
         )
-    if "postgresql" in urls and not args.no_peers:
-        n = args.tasks
-        if module_version("pgqueuer"):
-            cases.append(
-                Burn(
-                    "postgresql/pgqueuer/defaults",
-                    "pgqueuer",
-                    "postgresql",
-                    "PGQueuer, defaults (batch 10)",
-                    n,
-                    1,
-                )
-            )
-            cases.append(
-                Burn(
-                    "postgresql/pgqueuer/tuned",
-                    "pgqueuer",
-                    "postgresql",
-                    "PGQueuer, tuned (2 x batch 500)",
-                    n,
-                    2,
-                    ["--batch", "500"],
-                )
-            )
-        else:
-            log("skipping PGQueuer: not importable (pip install pgqueuer)")
-        if module_version("procrastinate"):
-            for concurrency in (1, 10):
-                cases.append(
-                    Burn(
-                        f"postgresql/procrastinate/c{concurrency}",
-                        "procrastinate",
-                        "postgresql",
-                        f"procrastinate, concurrency {concurrency}",
-                        args.tasks_procrastinate,
-                        1,
-                        ["--concurrency", str(concurrency)],
-                    )
-                )
-        else:
-            log("skipping procrastinate: not importable (pip install procrastinate)")
-        cases.append(
-            Burn(
-                "postgresql/raw",
-                "raw",
-                "postgresql",
-                "raw SQL limit (asyncpg, 4 claimers x 500)",
-                n,
-                1,
-                ["--claimers", "4", "--batch", "500"],
-            )
-        )
+        if backend == "postgresql" and not args.no_peers:
+            cases += peer_cases(args)
+        cases.append(raw_case(args, backend, n))
     only = [k for k in (args.only or "").split(",") if k]
     return [c for c in cases if not only or any(o in c.key for o in only)]
-
-
-def module_version(name: str) -> str | None:
-    from importlib import metadata, util
-
-    if util.find_spec(name) is None:
-        return None
-    return metadata.version(name)
 
 
 # -- preparing the queues -------------------------------------------------------------------------
@@ -419,23 +439,18 @@ def pg_counters(url: str) -> tuple[int, int, int]:
 
 
 @dataclass
-class Series:
-    """The measured runs of one case."""
+class BurnResult:
+    """One burn-down: tasks/s, the cost per task (PostgreSQL: commits, rows written, WAL
+    bytes), the CPU microseconds per task of the worker processes and of the server."""
 
-    key: str
-    label: str
-    backend: str
-    command: str = ""
-    n: int = 0
-    rates: list[float] = field(default_factory=list)
-    costs: list[tuple[float, float, float]] = field(default_factory=list)
-    #: CPU microseconds per task of the worker processes, start-up left out.
-    cpus: list[float] = field(default_factory=list)
-    error: str | None = None
+    rate: float
+    cost: tuple[float, float, float] | None = None
+    cpu_us: float | None = None
+    server_us: float | None = None
 
-    @property
-    def median(self) -> float:
-        return statistics.median(self.rates) if self.rates else float("nan")
+
+#: Seconds for the server to end the sessions of the exited workers before its CPU is read.
+SERVER_SETTLE = 0.3
 
 
 async def burn_once(
@@ -445,7 +460,10 @@ async def burn_once(
     log_dir: Path,
     timeout: float,
     wrap: Callable[[int, list[str]], list[str]] | None = None,
-) -> tuple[float, tuple[float, float, float] | None, float | None]:
+    server: int | None = None,
+) -> BurnResult:
+    """Preload, run the workers, check that every task ran; `server`: the pid of the
+    server's main process (its CPU is read at the first handler start and after the end)."""
     if case.system == "pgqueuer":
         await pgqueuer_preload(url, case.n)
     elif case.system == "procrastinate":
@@ -455,7 +473,14 @@ async def burn_once(
     before = pg_counters(url) if case.backend == "postgresql" else None
     env = {k: v for k, v in os.environ.items() if not k.startswith("TXTASKS_")}
     env[apps.ENV_REPORT] = f"127.0.0.1:{starts.port}"
-    env[apps.ENV_RUN] = starts.new_run()
+    server_start: list[float] = []
+
+    def server_read() -> None:
+        if server is not None:
+            with contextlib.suppress(OSError):
+                server_start.append(tree_seconds(server))
+
+    env[apps.ENV_RUN] = starts.new_run(server_read)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     try:
         argvs = case.argvs(url)
@@ -471,348 +496,24 @@ async def burn_once(
             if len(starts.starts) == len(argvs)
             else None
         )
+        result = BurnResult(case.n / seconds, cpu_us=cpu_us)
+        if server is not None and server_start:
+            await asyncio.sleep(SERVER_SETTLE)
+            result.server_us = (tree_seconds(server) - server_start[0]) / case.n * 1e6
         problem = await left_over(case, url)
         if problem:
             raise RuntimeError(problem)
-        cost = None
         if before is not None:
             await asyncio.sleep(1.0)  # backends flush their statistics as they exit
             after = pg_counters(url)
-            cost = tuple((a - b) / case.n for a, b in zip(after, before, strict=True))
-        return case.n / seconds, cost, cpu_us  # type: ignore[return-value]
+            a, b, c = ((x - y) / case.n for x, y in zip(after, before, strict=True))
+            result.cost = (a, b, c)
+        return result
     finally:
         if case.system == "pgqueuer":
             await pgqueuer_uninstall(url)
         elif case.system == "procrastinate":
             await procrastinate_drop(url)
-
-
-@contextlib.asynccontextmanager
-async def application(url: str) -> AsyncIterator[tuple[Any, Any, Any]]:
-    """An application's own AsyncEngine (SQLite set up as the docs say), an App on the same
-    database and its no-op task."""
-    engine = create_async_engine(url_async(url))
-    if url.startswith("sqlite"):
-        sqlite_connection_setup(engine.sync_engine)
-    app = type(apps.app)("throughput-enqueue", database_url=url)
-    task = app.task(name=apps.TASK, queue=apps.QUEUE)(apps.noop.handler)
-    try:
-        yield engine, app, task
-    finally:
-        await engine.dispose()
-        await app.aclose()
-
-
-async def enqueue_single_txtasks(url: str, m: int) -> float:
-    """`aenqueue_tx` in an AsyncConnection transaction of the application's own, m times."""
-    async with application(url) as (engine, _app, task):
-        started = time.perf_counter()
-        for i in range(m):
-            async with engine.begin() as conn:
-                await task.aenqueue_tx(conn, {"n": i})
-        return m / (time.perf_counter() - started)
-
-
-async def enqueue_bulk_txtasks(url: str, n: int) -> float:
-    """`aenqueue_many_tx` of CHUNK rows per application transaction, n rows in all."""
-    async with application(url) as (engine, app, task):
-        started = time.perf_counter()
-        for start in range(0, n, CHUNK):
-            rows = [task.new({"n": i}) for i in range(start, min(n, start + CHUNK))]
-            async with engine.begin() as conn:
-                await app.aenqueue_many_tx(conn, rows)
-        return n / (time.perf_counter() - started)
-
-
-async def enqueue_single_raw(url: str, m: int) -> float:
-    """asyncpg: BEGIN, one INSERT ... RETURNING id, COMMIT; m times."""
-    import asyncpg
-
-    from txtasks.clock import utcnow
-
-    connection = await asyncpg.connect(asyncpg_dsn(url))
-    try:
-        started = time.perf_counter()
-        for i in range(m):
-            async with connection.transaction():
-                payload = json.dumps({"n": i}).encode()
-                await connection.fetchval(RAW_INSERT, apps.QUEUE, apps.TASK, payload, utcnow())
-        return m / (time.perf_counter() - started)
-    finally:
-        await connection.close()
-
-
-async def enqueue_single_raw_sqlalchemy(url: str, m: int) -> float:
-    """The same INSERT written by hand, in the same kind of AsyncConnection transaction."""
-    from txtasks.clock import utcnow
-
-    engine = create_async_engine(url_async(url))
-    insert = text(
-        RAW_INSERT.replace("$1", ":queue").replace("$2", ":name").replace("$3", ":payload")
-        .replace("$4", ":now")
-    )  # fmt: skip
-    try:
-        started = time.perf_counter()
-        for i in range(m):
-            async with engine.begin() as conn:
-                payload = json.dumps({"n": i}).encode()
-                params = {"queue": apps.QUEUE, "name": apps.TASK, "payload": payload}
-                (await conn.execute(insert, {**params, "now": utcnow()})).scalar_one()
-        return m / (time.perf_counter() - started)
-    finally:
-        await engine.dispose()
-
-
-async def enqueue_bulk_raw(url: str, n: int) -> float:
-    """asyncpg `executemany` of CHUNK rows per transaction, n rows in all."""
-    import asyncpg
-
-    from txtasks.clock import utcnow
-
-    connection = await asyncpg.connect(asyncpg_dsn(url))
-    try:
-        started = time.perf_counter()
-        for start in range(0, n, CHUNK):
-            now = utcnow()
-            rows = [
-                (apps.QUEUE, apps.TASK, json.dumps({"n": i}).encode(), now)
-                for i in range(start, min(n, start + CHUNK))
-            ]
-            async with connection.transaction():
-                await connection.executemany(RAW_INSERT_MANY, rows)
-        return n / (time.perf_counter() - started)
-    finally:
-        await connection.close()
-
-
-@dataclass
-class Enqueue:
-    key: str
-    backend: str
-    label: str
-    count: int
-    measure: Callable[[str, int], Awaitable[float]]
-
-
-def enqueue_cases(args: argparse.Namespace, urls: dict[str, str]) -> list[Enqueue]:
-    cases: list[Enqueue] = []
-    for backend in BACKENDS:
-        if backend not in urls:
-            continue
-        cases.append(
-            Enqueue(
-                f"{backend}/enqueue/single",
-                backend,
-                "txtasks: one task per transaction (SQLAlchemy AsyncConnection, aenqueue_tx)",
-                args.single,
-                enqueue_single_txtasks,
-            )
-        )
-        if backend == "postgresql":
-            cases.append(
-                Enqueue(
-                    "postgresql/enqueue/single-raw-sa",
-                    backend,
-                    "raw: the INSERT ... RETURNING id by hand, same AsyncConnection transaction",
-                    args.single,
-                    enqueue_single_raw_sqlalchemy,
-                )
-            )
-            cases.append(
-                Enqueue(
-                    "postgresql/enqueue/single-raw",
-                    backend,
-                    "raw: asyncpg, BEGIN + INSERT ... RETURNING id + COMMIT",
-                    args.single,
-                    enqueue_single_raw,
-                )
-            )
-        cases.append(
-            Enqueue(
-                f"{backend}/enqueue/bulk",
-                backend,
-                f"txtasks: bulk, {CHUNK} per transaction (aenqueue_many_tx)",
-                args.bulk,
-                enqueue_bulk_txtasks,
-            )
-        )
-        if backend == "postgresql":
-            cases.append(
-                Enqueue(
-                    "postgresql/enqueue/bulk-raw",
-                    backend,
-                    f"raw: asyncpg executemany, {CHUNK} per transaction",
-                    args.bulk,
-                    enqueue_bulk_raw,
-                )
-            )
-    only = [k for k in (args.only or "").split(",") if k]
-    return [c for c in cases if not only or any(o in c.key for o in only)]
-
-
-# -- report ---------------------------------------------------------------------------------------
-
-
-def fmt_rate(value: float) -> str:
-    return f"{value:,.0f}"
-
-
-def fmt_range(values: Sequence[float]) -> str:
-    return f"{fmt_rate(min(values))}-{fmt_rate(max(values))}" if values else "-"
-
-
-def ratio(series: dict[str, Series], a: str, b: str) -> float | None:
-    if a in series and b in series and series[a].rates and series[b].rates:
-        return series[a].median / series[b].median
-    return None
-
-
-def report(
-    series: dict[str, Series],
-    runs: int,
-    info: dict[str, str],
-    argv: Sequence[str],
-    chart: Path | None,
-) -> str:
-    lines = ["## Burn-down (tasks/s, median of runs)", ""]
-    lines += [
-        "| backend | system | N | runs | tasks/s median | min-max | worker CPU us/task | commits/task | rows written/task | WAL bytes/task |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for s in series.values():
-        if "/enqueue/" in s.key:
-            continue
-        if s.error:
-            lines.append(f"| {LABELS[s.backend]} | {s.label} | | | failed: {s.error} | | | | | |")
-            continue
-        cost = ["-", "-", "-"]
-        if s.costs:
-            cost = [f"{statistics.median(c[i] for c in s.costs):.2f}" for i in range(2)]
-            cost.append(f"{statistics.median(c[2] for c in s.costs):,.0f}")
-        cpu = f"{statistics.median(s.cpus):.1f}" if s.cpus else "-"
-        lines.append(
-            f"| {LABELS[s.backend]} | {s.label} | {s.n:,} | {len(s.rates)} | "
-            f"{fmt_rate(s.median)} | {fmt_range(s.rates)} | {cpu} | {' | '.join(cost)} |"
-        )
-    lines += ["", "## Enqueue (tasks/s, median of runs)", ""]
-    lines += [
-        "| backend | path | tasks per run | tasks/s median | min-max |",
-        "|---|---|---:|---:|---:|",
-    ]
-    for s in series.values():
-        if "/enqueue/" not in s.key:
-            continue
-        value = f"failed: {s.error}" if s.error else fmt_rate(s.median)
-        lines.append(
-            f"| {LABELS[s.backend]} | {s.label} | {s.n:,} | {value} | {fmt_range(s.rates)} |"
-        )
-    lines += ["", "## Against the targets (PostgreSQL, ratios of medians in this run)", ""]
-    checks = [
-        (
-            "burn-down, txtasks tuned / PGQueuer tuned",
-            "postgresql/txtasks/tuned",
-            "postgresql/pgqueuer/tuned",
-            2.0,
-        ),
-        ("burn-down, txtasks tuned / raw limit", "postgresql/txtasks/tuned", "postgresql/raw", 0.5),
-        (
-            "burn-down, txtasks tuned without archive / raw limit",
-            "postgresql/txtasks/tuned-no-archive",
-            "postgresql/raw",
-            0.5,
-        ),
-        (
-            "burn-down, txtasks defaults / PGQueuer defaults",
-            "postgresql/txtasks/defaults",
-            "postgresql/pgqueuer/defaults",
-            1.0,
-        ),
-        (
-            "enqueue, one per transaction / the same INSERT by hand in the same transaction",
-            "postgresql/enqueue/single",
-            "postgresql/enqueue/single-raw-sa",
-            0.9,
-        ),
-        (
-            "enqueue, one per transaction / raw asyncpg",
-            "postgresql/enqueue/single",
-            "postgresql/enqueue/single-raw",
-            0.9,
-        ),
-        (
-            "enqueue, bulk / raw executemany",
-            "postgresql/enqueue/bulk",
-            "postgresql/enqueue/bulk-raw",
-            1.0,
-        ),
-    ]
-    for what, a, b, target in checks:
-        value = ratio(series, a, b)
-        if value is None:
-            continue
-        verdict = "met" if value >= target else "NOT met"
-        lines.append(f"- {what}: **{value:.2f}x** (target >= {target:g}x: {verdict})")
-    lines += ["", "## Commands", ""]
-    for s in series.values():
-        if s.command:
-            lines.append(f"- {s.label}: `{masked(s.command)}`")
-    lines += ["", "## Machine and versions", ""]
-    lines += [f"- {line}" for line in machine_info()]
-    lines += [f"- {name}: {value}" for name, value in {**versions(), **info}.items()]
-    for extra in ("pgqueuer", "procrastinate", "psycopg", "uvloop"):
-        version = module_version(extra)
-        if version:
-            lines.append(f"- {extra}: {version}")
-    lines.append(f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    lines.append(
-        f"- Command: `{masked(shlex.join(['python', '-m', 'tests.benchmarks.throughput', *argv]))}`"
-    )
-    if chart is not None:
-        lines.append(f"- Chart: `{chart}`")
-    return "\n".join(lines) + "\n"
-
-
-def draw_chart(series: dict[str, Series], path: Path) -> None:
-    """Two panels: burn-down and enqueue, medians with min-max whiskers (matplotlib)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    burn = [s for s in series.values() if "/enqueue/" not in s.key and s.rates]
-    enq = [s for s in series.values() if "/enqueue/" in s.key and s.rates]
-    fig, axes = plt.subplots(
-        2,
-        1,
-        figsize=(10, 0.42 * (len(burn) + len(enq)) + 2.2),
-        height_ratios=[len(burn) or 1, len(enq) or 1],
-    )
-    for ax, group, title in (
-        (axes[0], burn, "Burn-down: no-op tasks/s"),
-        (axes[1], enq, "Enqueue: tasks/s"),
-    ):
-        names = [f"{LABELS[s.backend]}: {s.label}" for s in group]
-        medians = [s.median for s in group]
-        low = [s.median - min(s.rates) for s in group]
-        high = [max(s.rates) - s.median for s in group]
-        colors = ["#1f77b4" if "txtasks" in s.label else "#999999" for s in group]
-        ax.barh(range(len(group)), medians, xerr=[low, high], color=colors, capsize=3)
-        ax.set_yticks(range(len(group)), names, fontsize=8)
-        ax.invert_yaxis()
-        ax.set_xscale("log")  # procrastinate and the raw limit are 100x apart
-        if medians:
-            ax.set_xlim(min(min(s.rates) for s in group) / 2, max(max(s.rates) for s in group) * 3)
-        ax.set_title(title + " (log scale)", fontsize=10)
-        ax.grid(axis="x", alpha=0.3)
-        for i, value in enumerate(medians):
-            ax.text(value, i, f" {value:,.0f}", va="center", fontsize=7)
-    fig.suptitle(
-        "txtasks throughput (median of runs, min-max whiskers); grey: other systems", fontsize=10
-    )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 # -- where the time goes (py-spy) ------------------------------------------------------------------
@@ -884,13 +585,13 @@ async def profile_case(args: argparse.Namespace, urls: dict[str, str]) -> str:
 
     starts, transport = await open_first_starts()
     try:
-        rate, _, _ = await burn_once(case, urls[case.backend], starts, log_dir, args.timeout, wrap)
+        result = await burn_once(case, urls[case.backend], starts, log_dir, args.timeout, wrap)
     finally:
         transport.close()
         tables_drop(urls[case.backend])
     return (
         f"## Where the time goes: {LABELS[case.backend]}, {case.label}, N={case.n:,}\n\n"
-        f"{rate:,.0f} tasks/s under the profiler (py-spy slows it down).\n\n"
+        f"{result.rate:,.0f} tasks/s under the profiler (py-spy slows it down).\n\n"
         + profile_summary(raw)
         + f"\nRaw stacks: {log_dir}\n"
     )
@@ -933,7 +634,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--single", type=int, default=2_000, help="tasks enqueued one per transaction"
     )
     what.add_argument("--bulk", type=int, default=100_000, help="tasks enqueued in bulk")
-    what.add_argument("--no-peers", action="store_true", help="txtasks only")
+    what.add_argument(
+        "--raw-shape",
+        metavar="PxCxB",
+        help="the raw loops' processes x claimers x rows per claim, on every backend "
+        "(default: the fastest measured, per backend: "
+        + ", ".join(f"{b} {'x'.join(map(str, v))}" for b, v in RAW_SHAPES.items())
+        + ")",
+    )
+    what.add_argument("--no-peers", action="store_true", help="txtasks and the raw limit only")
     what.add_argument("--no-enqueue", action="store_true", help="burn-downs only")
     what.add_argument(
         "--only", help="comma-separated substrings of case keys, e.g. postgresql/txtasks"
@@ -945,10 +654,32 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="instead: one run of CASE (e.g. postgresql/txtasks/tuned) under py-spy, "
         "and where the worker processes spend their time",
     )
+    servers.add_argument(
+        "--services-base",
+        type=Path,
+        default=os.environ.get("SVC_BASE") or None,
+        help="the tests/services.sh base directory of the servers, whose pid files name the "
+        "server processes for their CPU per task (default $SVC_BASE; without it, the process "
+        "listening on the URL's port)",
+    )
     out = parser.add_argument_group("output")
     out.add_argument("--output", type=Path, help="write the report (markdown) here too")
     out.add_argument("--chart", type=Path, help="draw the chart (PNG) here")
     return parser.parse_args(argv)
+
+
+def server_pids(urls: dict[str, str], services_base: Path | None) -> dict[str, int]:
+    """The main process of each database server on this machine, for its CPU per task."""
+    pids: dict[str, int] = {}
+    for backend, url in urls.items():
+        if backend == "sqlite":
+            continue  # in the worker's own process
+        pid = server_pid(backend, url, services_base)
+        if pid is None:
+            log(f"{LABELS[backend]}: no server process found on this machine, no server CPU")
+        else:
+            pids[backend] = pid
+    return pids
 
 
 async def amain(args: argparse.Namespace, urls: dict[str, str], argv: Sequence[str]) -> str:
@@ -962,6 +693,7 @@ async def amain(args: argparse.Namespace, urls: dict[str, str], argv: Sequence[s
     info: dict[str, str] = {}
     for backend in urls:
         info.update(server_info(urls[backend]))
+    pids = server_pids(urls, args.services_base)
     starts, transport = await open_first_starts()
     log_dir = Path(tempfile.mkdtemp(prefix="txtasks-throughput-"))
     try:
@@ -974,19 +706,20 @@ async def amain(args: argparse.Namespace, urls: dict[str, str], argv: Sequence[s
                     f"[run {run + 1}/{args.runs}] {LABELS[case.backend]}: {case.label}, N={case.n:,}"
                 )
                 try:
-                    rate, cost, cpu_us = await burn_once(
-                        case, urls[case.backend], starts, log_dir, args.timeout
+                    result = await burn_once(
+                        case,
+                        urls[case.backend],
+                        starts,
+                        log_dir,
+                        args.timeout,
+                        server=pids.get(case.backend),
                     )
                 except Exception as exc:  # one failed case must not end the others
                     s.error = str(exc).splitlines()[0][:200]
                     log(f"  failed: {exc}")
                     continue
-                s.rates.append(rate)
-                if cost is not None:
-                    s.costs.append(cost)
-                if cpu_us is not None:
-                    s.cpus.append(cpu_us)
-                log(f"  {rate:,.0f} tasks/s")
+                s.add(result.rate, result.cpu_us, result.server_us, result.cost)
+                log(f"  {result.rate:,.0f} tasks/s")
             for e in enqueues:
                 s = series[e.key]
                 if s.error:
@@ -994,14 +727,16 @@ async def amain(args: argparse.Namespace, urls: dict[str, str], argv: Sequence[s
                 url = urls[e.backend]
                 tables_reset(url)
                 log(f"[run {run + 1}/{args.runs}] {LABELS[e.backend]}: {e.label}, {e.count:,}")
+                meter = Meter(pids.get(e.backend))
                 try:
-                    rate = await e.measure(url, e.count)
+                    await e.measure(url, e.count, meter)
                 except Exception as exc:
                     s.error = str(exc).splitlines()[0][:200]
                     log(f"  failed: {exc}")
                     continue
-                s.rates.append(rate)
-                log(f"  {rate:,.0f} tasks/s")
+                server_us = None if meter.server_cpu is None else meter.server_cpu / e.count * 1e6
+                s.add(e.count / meter.seconds, meter.cpu / e.count * 1e6, server_us)
+                log(f"  {e.count / meter.seconds:,.0f} tasks/s")
     finally:
         transport.close()
         for url in urls.values():
@@ -1022,6 +757,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         urls: dict[str, str] = {}
         if args.start_servers:
             env = servers.start(["pg", "mariadb"])
+            args.services_base = servers.base
             urls["postgresql"] = env["PG_DSN"]
             urls["mysql"] = env["MYSQL_DSN"]
         else:

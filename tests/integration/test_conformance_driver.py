@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -435,6 +436,58 @@ async def test_a_claim_never_crosses_queues(driver: Driver) -> None:
     assert await claim(driver, ["A"]) == []
     got = await claim(driver, ["B", "C", "Z"])
     assert sorted(r.id for r in got) == sorted(b + c)
+
+
+async def claim_named(
+    driver: Driver, ids: list[int], queues: Sequence[str] = ("q",), *, now: datetime = T0
+) -> list[TaskRow]:
+    return await driver.claims.task_claim_ids(
+        list(queues), ids, now=now, lease_until=now + LEASE, worker_id="w1"
+    )
+
+
+async def test_a_named_claim_takes_only_what_a_claim_of_the_queues_would(
+    driver: Driver,
+) -> None:
+    """The tasks a wake-up named, by id: ready, due, without a key, of the queues asked,
+    their queue not paused; in claim order, claimed as a claim of the queues claims them."""
+    ids = await driver.tasks.task_insert_many(
+        [
+            new("low"),
+            new("high", priority=5),
+            new("later", run_at=at(10)),
+            new("keyed", key="k1"),
+            new("elsewhere", queue="other"),
+            new("paused", queue="held"),
+            new("left alone"),
+        ]
+    )
+    low, high, later, keyed, elsewhere, paused, alone = ids
+    await driver.control.queue_pause("held", now=T0)
+    missing = max(ids) + 1000
+    asked = [low, high, later, keyed, elsewhere, paused, missing, low]
+    got = await claim_named(driver, asked, ["q", "held"])
+    assert [r.id for r in got] == [high, low]  # claim order, each once
+    for row in got:
+        assert (row.state, row.attempt, row.worker_id) == (TaskState.PROCESSING, 1, "w1")
+        assert (row.lease_expires_at, row.started_at) == (T0 + LEASE, T0)
+        stored = await get(driver, row.id)
+        assert (stored.state, stored.attempt, stored.worker_id) == (TaskState.PROCESSING, 1, "w1")
+    assert await claim_named(driver, [low, high]) == []  # taken: not again
+    assert await claim_named(driver, []) == [] and await claim_named(driver, [alone], []) == []
+    for task_id in (later, keyed, elsewhere, paused, alone):
+        assert (await get(driver, task_id)).state is TaskState.PENDING
+    # what it left is a claim's of the queues in turn
+    assert [r.id for r in await claim_named(driver, [later], now=at(10))] == [later]
+    assert [r.id for r in await claim(driver, ["q", "other"])] == [keyed, elsewhere, alone]
+
+
+async def test_a_named_claim_skips_a_task_another_claimer_holds(driver: Driver) -> None:
+    """Two claimers racing for the same named tasks: each task goes to exactly one."""
+    ids = await driver.tasks.task_insert_many([new(i) for i in range(20)])
+    results = await asyncio.gather(*(claim_named(driver, ids) for _ in range(4)))
+    claimed = [r.id for rows in results for r in rows]
+    assert sorted(claimed) == sorted(ids)
 
 
 async def test_queue_names_are_compared_exactly(driver: Driver) -> None:

@@ -74,18 +74,21 @@ async def run_workload(driver: SqlDriver) -> list[list[tuple[int, int, str]]]:
     """Claims of 5 at a time until none is left, each batch's outcomes written; the claims."""
     await driver.open()
     try:
-        await driver.tasks.task_insert_many(workload_rows())
+        ids = await driver.tasks.task_insert_many(workload_rows())
         claims: list[list[tuple[int, int, str]]] = []
         now = T0
         for turn in range(200):
             now += timedelta(seconds=10)  # past every retry's backoff below
-            rows = await driver.claims.task_claim_many(
+            lease_until = now + timedelta(seconds=30)
+            rows = await driver.claims.task_claim_ids(  # as named by a wake-up: some of them
                 QUEUES,
-                5,
+                ids[turn * 3 : turn * 3 + 4],
                 now=now,
-                lease_until=now + timedelta(seconds=30),
+                lease_until=lease_until,
                 worker_id="w",
-                keys=LIMITS,
+            )
+            rows += await driver.claims.task_claim_many(
+                QUEUES, 5, now=now, lease_until=lease_until, worker_id="w", keys=LIMITS
             )
             if not rows:
                 break

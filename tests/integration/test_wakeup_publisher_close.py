@@ -20,7 +20,7 @@ async def test_a_hint_published_right_before_close_arrives(amqp_url: str) -> Non
     queue = f"close-{uuid.uuid4().hex[:10]}"
     woken = asyncio.Event()
     subscriber = AmqpNotifier(amqp_url)
-    await subscriber.subscribe([queue], lambda name: woken.set())
+    await subscriber.subscribe([queue], lambda name, **_: woken.set())
     try:
         await until(lambda: subscriber.stats.connected, "the subscriber to connect")
         stats = WakeupStats()

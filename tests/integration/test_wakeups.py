@@ -100,6 +100,8 @@ async def test_a_commit_wakes_an_idle_worker_at_once(
 
     assert worker.stats.wakeups >= 1
     assert worker.claims.calls >= 2  # the claim that found it came after the wake-up
+    # its last claim found nothing: it took the task the wake-up named, by its id
+    assert worker.stats.claimed_named == 1
     await until(lambda: h.done(task_id), "the task completes")
     await until(lambda: h.app.notifier.stats.published == 1, "the publisher counts its message")
     stats = h.app.notifier.stats
@@ -202,11 +204,14 @@ async def test_forged_and_malformed_messages_are_counted_and_ignored(
     assert (stats.received, worker.stats.wakeups) == (0, 0)
     assert not worker.running.done()
 
-    # a valid-looking forgery with made-up ids: one empty claim, nothing else
+    # a valid-looking forgery with made-up ids: two empty claims (the ids it names, then
+    # the queue, since a named task was not taken), nothing else
     claims = worker.claims.calls
     await publish_raw(amqp_url, h.queue, [json.dumps({"queue": h.queue, "ids": [987654]}).encode()])
-    await until(lambda: worker.claims.calls == claims + 1, "the forged wake-up makes one claim")
-    assert (stats.received, worker.stats.wakeups, worker.claims.empty) == (1, 1, claims + 1)
+    await until(lambda: worker.claims.calls == claims + 2, "the forged wake-up makes two claims")
+    await until(lambda: worker.worker.idle.is_set(), "the worker waits again")
+    assert worker.claims.calls == claims + 2
+    assert (stats.received, worker.stats.wakeups, worker.claims.empty) == (1, 1, claims + 2)
 
     # the worker still runs real tasks, woken as usual
     task_id = await h.enqueue("real")
@@ -218,7 +223,7 @@ async def test_forged_and_malformed_messages_are_counted_and_ignored(
     await publish_raw(
         amqp_url, h.queue, [json.dumps({"queue": h.queue, "ids": [task_id]}).encode()]
     )
-    await until(lambda: worker.claims.calls == claims + 1, "the forged wake-up makes one claim")
+    await until(lambda: worker.claims.calls == claims + 2, "the forged wake-up makes two claims")
     assert worker.claims.empty == worker.claims.calls - 1  # only the real task's claim had rows
     assert stats.malformed == len(malformed)
     h.runs.assert_each_ran_once(["real"])

@@ -81,8 +81,8 @@ class Runs:
 
 
 class ClaimCounter:
-    """The worker's driver, whose claims role counts claims (and the empty ones) so tests see
-    what it did."""
+    """The worker's driver, whose claims role counts claims of either kind (and the empty
+    ones) so tests see what it did."""
 
     def __init__(self, driver: Any) -> None:
         self._driver = driver
@@ -98,7 +98,12 @@ class ClaimCounter:
         return getattr(role if hasattr(role, name) else self._driver, name)
 
     async def task_claim_many(self, *args: Any, **kwargs: Any) -> list[TaskRow]:
-        rows: list[TaskRow] = await self._driver.claims.task_claim_many(*args, **kwargs)
+        return self._counted(await self._driver.claims.task_claim_many(*args, **kwargs))
+
+    async def task_claim_ids(self, *args: Any, **kwargs: Any) -> list[TaskRow]:
+        return self._counted(await self._driver.claims.task_claim_ids(*args, **kwargs))
+
+    def _counted(self, rows: list[TaskRow]) -> list[TaskRow]:
         self.calls += 1
         self.empty += not rows
         return rows

@@ -622,7 +622,7 @@ def test_the_commit_wakes_the_queue_after_the_rows_are_claimable(
     pending_when_woken: list[int] = []
     woken = threading.Event()
 
-    def on_wakeup(name: str) -> None:  # runs on the subscriber's loop thread
+    def on_wakeup(name: str, **_: object) -> None:  # runs on the subscriber's loop thread
         pending_when_woken.append(state_counts(database_url)["pending"])
         woken.set()
 

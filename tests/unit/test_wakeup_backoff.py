@@ -91,7 +91,7 @@ async def test_an_absent_broker_is_retried_often_and_logged_once(
         url = broker.url
         notifier = AmqpNotifier(url, publish_timeout=0.5)
         try:
-            await notifier.subscribe(["mail"], lambda queue: None)
+            await notifier.subscribe(["mail"], lambda queue, **_: None)
             # the subscriber alone: capped at 3 s, 8 attempts take 1-2 s on average (not ~20 s)
             await until(lambda: broker.accepted >= 8, "eight connection attempts", timeout=15)
             assert not notifier.stats.connected

@@ -522,6 +522,6 @@ async def test_the_null_notifier_does_nothing_and_never_fails() -> None:
     notifier: Notifier = NullNotifier()
     notifier.notify("mail", [1])
     notifier.notify("not even a valid queue name")
-    await notifier.subscribe(["mail"], lambda queue: None)
+    await notifier.subscribe(["mail"], lambda queue, **_: None)
     await notifier.close()
     assert notifier.stats == WakeupStats()

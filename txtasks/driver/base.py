@@ -278,6 +278,21 @@ class Claims(Protocol):
         A queue in `queue_rates` starts at most what its rate allows, with a key or without,
         across every claimer."""
 
+    async def task_claim_ids(
+        self,
+        queues: Sequence[str],
+        ids: Sequence[int],
+        *,
+        now: datetime,
+        lease_until: datetime,
+        worker_id: str,
+    ) -> list[TaskRow]:
+        """Claim the tasks `ids` (a wake-up named them) that a claim of `queues` without a key
+        would take: ready, due, without a key, in one of `queues`, that queue not paused; each
+        found by its primary key, in claim order. The others are left as they are (claimed
+        by another worker, a key's, not due: a claim of the queues takes them in turn). Rates
+        are the caller's to leave out: `queues` must not name a queue with a rate."""
+
     def keys_wake_at(self, queues: Sequence[str], now: datetime) -> datetime | None:
         """When a key that this driver's claims of `queues` put aside may start a task again
         (its rate's next start, its next delayed task): the earliest such time not yet looked

@@ -87,19 +87,46 @@ class MemoryClaims:
                         if len(got) == allowed and after > now:  # more may wait for the rate
                             self._keys_wake_note(group[0], after)
                 picked += got
-            claimed = []
-            for row in picked:
-                new = row._replace(
-                    state=TaskState.PROCESSING,
-                    attempt=row.attempt + 1,
-                    lease_expires_at=lease_until,
-                    worker_id=worker_id,
-                    started_at=now,
-                )
-                self.store.live[row.id] = new
-                claimed.append(new)
-            claimed.sort(key=claim_order)
-            return claimed
+            return self._claimed(picked, now, lease_until, worker_id)
+
+    async def task_claim_ids(
+        self,
+        queues: Sequence[str],
+        ids: Sequence[int],
+        *,
+        now: datetime,
+        lease_until: datetime,
+        worker_id: str,
+    ) -> list[TaskRow]:
+        """Those of the tasks `ids` a claim of `queues` without a key would take."""
+        with self.store.lock:
+            wanted = [q for q in queues if q not in self.store.paused]
+            picked = []
+            for task_id in dict.fromkeys(ids):
+                row = self.store.live.get(task_id)
+                if row is None or row.queue not in wanted or row.partition_key is not None:
+                    continue
+                if row.state in READY_STATES and row.run_at <= now:
+                    picked.append(row)
+            return self._claimed(picked, now, lease_until, worker_id)
+
+    def _claimed(
+        self, picked: list[TaskRow], now: datetime, lease_until: datetime, worker_id: str
+    ) -> list[TaskRow]:
+        """The rows `picked`, claimed by `worker_id` (stored), in claim order."""
+        claimed = []
+        for row in picked:
+            new = row._replace(
+                state=TaskState.PROCESSING,
+                attempt=row.attempt + 1,
+                lease_expires_at=lease_until,
+                worker_id=worker_id,
+                started_at=now,
+            )
+            self.store.live[row.id] = new
+            claimed.append(new)
+        claimed.sort(key=claim_order)
+        return claimed
 
     def _lanes_ready(
         self, queues: Sequence[str], now: datetime, limit: int, keys: Mapping[str, KeyLimits]

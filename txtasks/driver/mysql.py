@@ -17,6 +17,7 @@ from sqlalchemy import (
     Connection,
     Engine,
     Executable,
+    Integer,
     Result,
     String,
     bindparam,
@@ -154,6 +155,30 @@ class MySQLClaimStatements(ClaimStatements):
             .bindparams(
                 bindparam("ids", type_=JSON),
                 bindparam("ready", [s.value for s in READY_STATES], expanding=True),
+            )
+            .columns(*tasks.c)
+        )
+
+    @staticmethod
+    @functools.cache
+    def stmt_named_rows() -> Executable:
+        """Of the tasks `ids`, the whole rows a claim of `queues` would take, each found by
+        its primary key, locked, skipping rows others hold (see `stmt_rows_by_ids`)."""
+        columns = ", ".join(f"t.{c.name}" for c in tasks.c)
+        return (
+            text(
+                f"SELECT {columns} FROM {IDS_TABLE} STRAIGHT_JOIN txtasks_tasks AS t "
+                "FORCE INDEX (PRIMARY) ON t.id = v.id WHERE t.state IN :ready "
+                "AND t.queue IN :queues AND t.partition_key IS NULL AND t.run_at <= :now "
+                "AND t.queue NOT IN (SELECT p.queue FROM txtasks_paused_queues AS p) "
+                "ORDER BY t.priority DESC, t.run_at, t.id LIMIT :limit FOR UPDATE SKIP LOCKED"
+            )
+            .bindparams(
+                bindparam("ids", type_=JSON),
+                bindparam("ready", [s.value for s in READY_STATES], expanding=True),
+                bindparam("queues", expanding=True),
+                bindparam("now", type_=Timestamp),
+                bindparam("limit", type_=Integer),
             )
             .columns(*tasks.c)
         )
@@ -426,6 +451,10 @@ class MySQLLanes(SqlLanes):
 
     async def claim(self, conn: AsyncConnection, params: dict[str, Any]) -> list[TaskRow]:
         found = (await conn.execute(self.claims_sql.stmt_ready_rows(), params)).mappings().all()
+        return await self._claim_found(conn, found, params)
+
+    async def claim_named(self, conn: AsyncConnection, params: dict[str, Any]) -> list[TaskRow]:
+        found = (await conn.execute(self.claims_sql.stmt_named_rows(), params)).mappings().all()
         return await self._claim_found(conn, found, params)
 
     async def _claim_found(

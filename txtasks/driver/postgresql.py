@@ -72,6 +72,21 @@ SELECT * FROM claimed ORDER BY priority DESC, run_at, id
 """
 
 
+#: Claim those of the tasks $4 (ids, comma-separated) that `CLAIM_SQL` would take from the
+#: queues $5, each found by its primary key (`SqlClaims.task_claim_ids`). One UPDATE, no
+#: sub-select: a row another transaction holds is waited for (a claim's or a sweep's single
+#: statement), then checked again, so a task claimed meanwhile is left out.
+CLAIM_NAMED_SQL = f"""
+UPDATE txtasks_tasks AS t SET state = 'processing', attempt = t.attempt + 1,
+       lease_expires_at = $1, worker_id = $2, started_at = $3
+ WHERE t.id = ANY(string_to_array($4, ',')::bigint[])
+   AND t.queue = ANY($5::varchar[]) AND t.partition_key IS NULL
+   AND t.{READY} AND t.run_at <= $3
+   AND NOT EXISTS (SELECT 1 FROM txtasks_paused_queues p WHERE p.queue = t.queue)
+RETURNING {", ".join("t." + c for c in CLAIMED_COLUMNS)}
+"""
+
+
 #: Claim the ready rows $4 (their ids, comma-separated: asyncpg checks every element of an
 #: array parameter in Python) of keys the claim holds, as `CLAIM_SQL` does.
 CLAIM_IDS_SQL = f"""
@@ -628,6 +643,9 @@ class PostgresDatabase(SqlDatabase):
         super().__init__(*args, **kwargs)
         self._pools: dict[str, tuple[asyncio.AbstractEventLoop, Any]] = {}
         self._pool_locks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Lock]] = {}
+        #: Per raw pool (by `raw_name`), the connection of its last statement, kept for the
+        #: next (`raw_fetch`).
+        self._kept: dict[str, tuple[Any, Any]] = {}
 
     @property
     def raw_shared(self) -> bool:
@@ -703,7 +721,7 @@ class PostgresDatabase(SqlDatabase):
         `RAW_IDLE` seconds is closed."""
         import asyncpg  # the postgres extra
 
-        name = RAW_SHARED if self.raw_shared else purpose
+        name = self.raw_name(purpose)
         loop = asyncio.get_running_loop()
         held = self._pools.get(name)
         if held is not None and held[0] is loop:
@@ -732,6 +750,10 @@ class PostgresDatabase(SqlDatabase):
             self._pools[name] = (loop, pool)
             return pool
 
+    def raw_name(self, purpose: str) -> str:
+        """The name of the asyncpg pool of `purpose`: its own, or the one all share."""
+        return RAW_SHARED if self.raw_shared else purpose
+
     def _pool_lock(self, purpose: str, loop: asyncio.AbstractEventLoop) -> asyncio.Lock:
         """What callers wait on while the pool of `purpose` is made on `loop`."""
         held = self._pool_locks.get(purpose)
@@ -751,19 +773,46 @@ class PostgresDatabase(SqlDatabase):
         round trip per claim and per write."""
 
     async def raw_fetch(self, purpose: str, sql: str, *params: Any) -> list[Any]:
-        """One autocommit statement on a raw pool, bounded by the command timeout."""
+        """One autocommit statement on a raw pool, bounded by the command timeout. The
+        connection of a statement that succeeded is kept for the pool's next one: asyncpg's
+        acquire and release cost a task and a turn of the event loop each, on the path from
+        a wake-up to the handler. One that failed goes back to the pool, which replaces it
+        if it broke."""
         pool = await self.raw_pool(purpose)
-        connection = await pool.acquire(timeout=self.timeouts.checkout)
+        name = self.raw_name(purpose)
+        kept = self._kept.pop(name, None)
+        connection = kept[1] if kept is not None and kept[0] is pool else None
+        if connection is not None and connection.is_closed():
+            await pool.release(connection)
+            connection = None
+        if connection is None:
+            connection = await pool.acquire(timeout=self.timeouts.checkout)
         watchdog = Watchdog(self.timeouts.command, connection.terminate)
         try:
             with watchdog.armed():
                 try:
-                    return await self._raw_run(connection, purpose, sql, params)
-                finally:  # its return may roll a transaction back: bounded with the fetch
+                    records = await self._raw_run(connection, purpose, sql, params)
+                except BaseException:  # its release may roll a transaction back: bounded too
                     await pool.release(connection)
+                    raise
         finally:
             if watchdog.fired:
                 await self.stale_pool()
+        if name in self._kept or self._pools.get(name, (None, None))[1] is not pool:
+            await pool.release(connection)  # another statement kept one meanwhile
+        else:
+            self._kept[name] = (pool, connection)
+        return records
+
+    async def _kept_release(self) -> None:
+        """Hand the kept connections of this loop's pools back (closed if expired)."""
+        loop = asyncio.get_running_loop()
+        for purpose, (pool, connection) in list(self._kept.items()):
+            pool_loop = self._pools.get(purpose, (None, None))[0]
+            if pool_loop is loop and self._kept.get(purpose, (None, None))[1] is connection:
+                del self._kept[purpose]
+                with contextlib.suppress(Exception):
+                    await pool.release(connection)
 
     async def _raw_run(
         self, connection: Any, purpose: str, sql: str, params: Sequence[Any]
@@ -792,8 +841,11 @@ class PostgresDatabase(SqlDatabase):
         for pool_loop, pool in list(self._pools.values()):
             if pool_loop is loop:
                 await pool.expire_connections()
+        await self._kept_release()
 
     async def close(self) -> None:
+        await self._kept_release()
+        self._kept.clear()
         pools, self._pools = self._pools, {}
         for loop, pool in pools.values():
             if loop is asyncio.get_running_loop():
@@ -825,6 +877,14 @@ class PostgresClaims(SqlClaims):
         c = claim
         records = await self.db.raw_fetch(
             "claims", CLAIM_SQL, c.lease_until, c.worker_id, c.now, c.queues, limit
+        )
+        return [TaskRow.from_claim(r, c.worker_id, c.lease_until, c.now) for r in records]
+
+    async def named_claim(self, claim: Claim, ids: list[int]) -> list[TaskRow]:
+        c = claim
+        text_ids = ",".join(map(str, ids))
+        records = await self.db.raw_fetch(
+            "claims", CLAIM_NAMED_SQL, c.lease_until, c.worker_id, c.now, text_ids, c.queues
         )
         return [TaskRow.from_claim(r, c.worker_id, c.lease_until, c.now) for r in records]
 

@@ -222,6 +222,30 @@ class SqlClaims:
         await self.db.in_transaction(work)
         self._rate_rows.add(queue)
 
+    async def task_claim_ids(
+        self,
+        queues: Sequence[str],
+        ids: Sequence[int],
+        *,
+        now: datetime,
+        lease_until: datetime,
+        worker_id: str,
+    ) -> list[TaskRow]:
+        """Those of the tasks `ids` a claim of `queues` without a key would take, each found
+        by its primary key, in one statement (MySQL: the rows locked, then marked)."""
+        if not ids or not queues:
+            return []
+        claim = Claim(list(queues), now, lease_until, worker_id)
+        rows = await self.named_claim(claim, list(dict.fromkeys(ids)))
+        rows.sort(key=claim_order)
+        return rows
+
+    async def named_claim(self, claim: Claim, ids: list[int]) -> list[TaskRow]:
+        async def work(conn: AsyncConnection) -> list[TaskRow]:
+            return await self.lanes.claim_named(conn, claim.params(ids=ids, limit=len(ids)))
+
+        return await self.db.in_transaction(work)
+
     async def plain_claim(self, claim: Claim, limit: int) -> list[TaskRow]:
         """Claim up to `limit` ready tasks without a key, in claim order."""
 

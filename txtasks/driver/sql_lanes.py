@@ -33,6 +33,12 @@ class SqlLanes:
         result = await conn.execute(self.db.sql.claims.stmt_claim(), params)
         return [TaskRow.from_row(r) for r in result.mappings().all()]
 
+    async def claim_named(self, conn: AsyncConnection, params: dict[str, Any]) -> list[TaskRow]:
+        """Claim those of the tasks `ids` a claim would take (`params` as `claim`'s, with
+        `ids`), on `conn`, in its transaction."""
+        result = await conn.execute(self.db.sql.claims.stmt_claim_named(), params)
+        return [TaskRow.from_row(r) for r in result.mappings().all()]
+
     async def hints_take(self, conn: AsyncConnection, queues: list[str], now: datetime) -> None:
         """Turn up to HINTS_PER_CLAIM hints of `queues` into armed keys, deleting them: their
         ids read and locked, the keys armed from them and the hints deleted, in the database."""

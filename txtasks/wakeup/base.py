@@ -9,7 +9,8 @@ from typing import Any, Protocol
 
 from txtasks.types import QUEUE_NAME_RE
 
-#: Most task ids one message carries (they are informative only: workers claim from the table).
+#: Most task ids one message carries. A worker may claim the tasks named by primary key, always
+#: from the table (a message naming a task that is not ready claims nothing).
 MAX_IDS = 100
 #: Largest message a subscriber reads; anything bigger is malformed.
 MAX_MESSAGE_BYTES = 16 * 1024
@@ -23,9 +24,10 @@ CANCEL_ROUTE = "cancel/"
 
 class WakeupCallback(Protocol):
     """What a notifier calls for each wake-up: `cancel=True` for a cancel wake-up (a running
-    task of `queue` was asked to stop: look for cancels); else new ready tasks (claim now)."""
+    task of `queue` was asked to stop: look for cancels); else new ready tasks (claim now),
+    `ids` those the message named (at most `MAX_IDS`; none when it named none)."""
 
-    def __call__(self, queue: str, *, cancel: bool = False) -> None: ...
+    def __call__(self, queue: str, *, cancel: bool = False, ids: Sequence[int] = ()) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,6 +103,8 @@ class WorkerStats:
     """What a worker did; returned by `run()`."""
 
     claimed: int = 0
+    #: Of `claimed`, the tasks taken by the ids their wake-ups named (`Worker.wake`).
+    claimed_named: int = 0
     started: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
     stale: int = 0

@@ -8,13 +8,14 @@ claimed rows run on the worker's `Runner` (txtasks.worker.runner).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
 import socket
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,7 @@ from txtasks.processes import Beacon
 from txtasks.services import ServiceHost, services_for
 from txtasks.types import Outcome, OutcomeKind, TaskKey, TaskRow
 from txtasks.wakeup import Notifier
+from txtasks.wakeup.base import MAX_IDS
 from txtasks.worker.config import WorkerConfig, WorkerStats
 from txtasks.worker.outcomes import OutcomeBuffer, event_wait
 from txtasks.worker.progress import ProgressWriter
@@ -56,10 +58,48 @@ AWAITING_MOST = 3
 CANCEL_LOOK_SPACING = 0.25
 #: Seconds between reads of the queue rates stored at run time (`txtasks keys queue-rate`).
 QUEUE_RATES_EVERY = 5.0
+#: Seconds between two looks of a burst worker whose queues are empty while other workers'
+#: tasks still run (`_idle_delay`).
+BURST_LOOK_EVERY = 0.05
 #: Seconds /readyz waits for the database's answer.
 READY_TIMEOUT = 3.0
 
 __all__ = ["Worker", "WorkerConfig", "WorkerStats"]
+
+
+class Named:
+    """The tasks wake-ups named since the worker's last claim, and whether its next claim may
+    take just those, each by its primary key (`Claims.task_claim_ids`), instead of looking at
+    its whole queues: only while its last look found nothing (so nothing else was ready then),
+    it has had a free slot since, and every wake-up since named all its tasks. A wake-up
+    without ids, or with as many as a message holds (some may have been left out), a poll,
+    every slot taken, a key's slot freed and a failed claim make the next claim look at the
+    whole queues, in claim order."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        #: The next claim looks at the whole queues.
+        self.look = True
+
+    def add(self, ids: Sequence[int]) -> None:
+        if ids and len(ids) < MAX_IDS and len(self.ids) + len(ids) <= MAX_IDS:
+            self.ids.extend(ids)
+        else:
+            self.look = True
+
+    def take(self, limit: int) -> list[int]:
+        """The ids the claim starting now takes, or [] when it looks at the whole queues (a
+        look asked for while it runs is kept for the next claim)."""
+        ids, self.ids = self.ids, []
+        if self.look or not ids or len(ids) > limit:
+            self.look = False
+            return []
+        return ids
+
+    @property
+    def due(self) -> bool:
+        """A claim is due now: wake-ups named tasks, or the queues need a look."""
+        return self.look or bool(self.ids)
 
 
 def default_worker_id() -> str:
@@ -108,6 +148,8 @@ class Worker:
         self._claim_outage = Outage(log, "claiming tasks")
         self._beat_outage = Outage(log, "extending leases")
         self._wake = asyncio.Event()
+        #: What wake-ups named since the last claim (claimed by id while the queues are empty).
+        self._named = Named()
         self._queue_rates: Mapping[str, Rate] = app.declared_queue_rates
         self._queue_rates_at: float | None = None  # monotonic time of the last read
         self._slot_free = asyncio.Event()
@@ -182,18 +224,22 @@ class Worker:
             self._force = True
             self._runner.cancel()  # rows not started yet are handed back at shutdown
 
-    def wake(self, queue: str | None = None, *, cancel: bool = False) -> None:
+    def wake(
+        self, queue: str | None = None, *, cancel: bool = False, ids: Sequence[int] = ()
+    ) -> None:
         """Claim now instead of at the next poll (a wake-up arrived). `queue` is the one the
         wake-up named; the claim serves all the worker's queues in priority order, so it only
-        says why the worker woke. A cancel wake-up (`cancel=True`: a running task of `queue`
-        was asked to stop) makes the worker look for cancels of its running tasks instead;
-        an ordinary one never does."""
+        says why the worker woke. `ids`, the tasks the wake-up named: while its last claim
+        found its queues empty, the worker claims just those, by primary key (`Named`). A
+        cancel wake-up (`cancel=True`: a running task of `queue` was asked to stop) makes the
+        worker look for cancels of its running tasks instead; an ordinary one never does."""
         if cancel:
             self.stats.cancel_wakeups += 1
             if self._held:
                 self._cancel_look.set()
             return
         self.stats.wakeups += 1
+        self._named.add(ids)
         self._wake.set()
 
     @property
@@ -286,6 +332,7 @@ class Worker:
             pulse.beat()
             free = self.config.concurrency - len(self._held)
             if free <= 0:
+                self._named.look = True  # tasks pile up meanwhile: the next claim looks
                 self._slot_free.clear()
                 await self._wait(self._slot_free, self.config.poll_interval)  # turn meanwhile
                 continue
@@ -295,6 +342,7 @@ class Worker:
                 backoff = 0.0
                 self._claim_outage.ok()
             except Exception as exc:
+                self._named.look = True
                 self.stats.claim_errors += 1
                 backoff = backoff_next(backoff, 0.1, CLAIM_ERROR_BACKOFF_MAX)
                 self._claim_outage.failed(exc, retry_in=backoff)
@@ -312,6 +360,7 @@ class Worker:
             self._runner.dispatch()
             if rows:
                 await asyncio.sleep(0)  # let the handlers start before the next claim goes out
+            if self._named.due:  # it found some (more may be ready), or was asked to look
                 continue
             if self.config.burst and await self._services.pass_all():
                 continue  # a service may have made tasks claimable (deferred writes)
@@ -320,11 +369,14 @@ class Worker:
             self.idle.set()
             await self._wait(self._wake, self._idle_delay())
             self.idle.clear()
+            if not self._wake.is_set():  # the poll: look at the whole queues
+                self._named.look = True
 
     def _queue_woken(self, queue: str) -> None:
         """A service gave `queue` tasks: wake its workers, this one at once if it serves it."""
         self.app.notify(queue)
         if queue in self.queues:
+            self._named.look = True
             self._wake.set()
 
     async def _rates(self) -> Mapping[str, Rate]:
@@ -339,16 +391,39 @@ class Worker:
         return self._queue_rates
 
     async def _claim(self, limit: int) -> list[TaskRow]:
+        """The tasks wake-ups named, by primary key, while the queues were found empty (see
+        `Named`); else a claim of the whole queues. A look that finds nothing lets the next
+        claims take what wake-ups name; a named task not taken (another worker's by now, a
+        key's, not due) makes the next claim look."""
+        ids = self._named.take(limit)
+        if self.config.burst:  # a burst always looks at its whole queues
+            ids = []
         now = self.app.clock()
-        rows = await self.driver.claims.task_claim_many(
-            self.queues,
-            limit,
-            now=now,
-            lease_until=now + timedelta(seconds=self.config.lease),
-            worker_id=self.worker_id,
-            keys=self.app.declared_key_limits,
-            queue_rates=await self._rates(),
-        )
+        lease_until = now + timedelta(seconds=self.config.lease)
+        rates = await self._rates()
+        if ids:
+            rows = await self.driver.claims.task_claim_ids(
+                [q for q in self.queues if q not in rates],
+                ids,
+                now=now,
+                lease_until=lease_until,
+                worker_id=self.worker_id,
+            )
+            if len(rows) < len(set(ids)):
+                self._named.look = True
+            self.stats.claimed_named += len(rows)
+        else:
+            rows = await self.driver.claims.task_claim_many(
+                self.queues,
+                limit,
+                now=now,
+                lease_until=lease_until,
+                worker_id=self.worker_id,
+                keys=self.app.declared_key_limits,
+                queue_rates=rates,
+            )
+            if rows:  # more may be ready: the next claim looks again, as long as it finds some
+                self._named.look = True
         self.stats.claimed += len(rows)
         return rows
 
@@ -357,8 +432,12 @@ class Worker:
 
     def _idle_delay(self) -> float:
         """Until the next poll, or until a key put aside by a claim may start again (its rate),
-        whichever comes first."""
+        whichever comes first. In burst mode at most `BURST_LOOK_EVERY`: the queues are empty
+        but other workers' tasks still run (they may come back as retries), and the burst
+        ends as soon as they are done, not up to a poll interval later."""
         delay = self._poll_delay()
+        if self.config.burst:
+            delay = min(delay, BURST_LOOK_EVERY)
         now = self.app.clock()
         wake_at = self.driver.claims.keys_wake_at(self.queues, now)
         if wake_at is not None:
@@ -384,7 +463,13 @@ class Worker:
         return left == 0
 
     async def _wait(self, event: asyncio.Event, timeout: float | None) -> None:
-        """Wait for `event` (or a stop request) at most `timeout` seconds."""
+        """Wait for `event` (or a stop request) at most `timeout` seconds. For a wake-up, one
+        waiter (a stop sets `_wake` too): a wake-up resumes the claim loop in one turn of the
+        event loop, not three."""
+        if event is self._wake:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await within(event.wait(), timeout)
+            return
         waiters = {
             asyncio.ensure_future(event.wait()),
             asyncio.ensure_future(self._stopping.wait()),
@@ -421,6 +506,7 @@ class Worker:
         self.app.tasks_finished(o.key.id for o in batch if o.kind.finishes)
         if self._keyed and any(o.key in self._keyed for o in batch):
             self._keyed.difference_update(o.key for o in batch)
+            self._named.look = True
             self._wake.set()
 
     # -- leases -------------------------------------------------------------------------------

@@ -47,6 +47,13 @@ class ClaimStatements(Statements):
             .with_for_update(skip_locked=True)
         )
 
+    @classmethod
+    @functools.cache
+    def stmt_ready_named(cls) -> Any:
+        """Of the tasks `ids`, those `stmt_ready` would take (found by their primary key), in
+        claim order, up to `limit`, locked, skipping locked."""
+        return cls.stmt_ready().where(tasks.c.id.in_(bindparam("ids", expanding=True)))
+
     @staticmethod
     def claim_values() -> dict[str, Any]:
         """What a claim writes: processing, one more attempt, leased to the worker."""
@@ -65,6 +72,17 @@ class ClaimStatements(Statements):
         return (
             update(tasks)
             .where(tasks.c.id.in_(cls.stmt_ready().scalar_subquery()))
+            .values(**cls.claim_values())
+            .returning(*tasks.c)
+        )
+
+    @classmethod
+    @functools.cache
+    def stmt_claim_named(cls) -> Executable:
+        """Claim the tasks `ids` a claim of `queues` would take (`stmt_ready_named`)."""
+        return (
+            update(tasks)
+            .where(tasks.c.id.in_(cls.stmt_ready_named().scalar_subquery()))
             .values(**cls.claim_values())
             .returning(*tasks.c)
         )

@@ -51,6 +51,9 @@ class _PublishLink:
         self.outage = Outage("wake-up publisher", url, reconnect)
         self.connection: AbstractConnection | None = None
         self._channel: Any = None
+        #: aiormq's channel under it, published to directly (aio-pika's Exchange.publish
+        #: waits for the write to drain).
+        self._underlay: Any = None
         self._exchange: Any = None
         self.declared: set[str] = set()
         self.retry_at = 0.0
@@ -78,6 +81,7 @@ class _PublishLink:
         self._channel = await within(
             self.connection.channel(publisher_confirms=False), self.timeout
         )
+        self._underlay = await within(self._channel.get_underlay_channel(), self.timeout)
         self._exchange = await within(
             self._channel.declare_exchange(EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True),
             self.timeout,
@@ -105,8 +109,7 @@ class _PublishLink:
         if not cancel and queue not in self.declared:  # so a hint waits for the first worker
             await asyncio.wait_for(declare(self._channel, queue), self.timeout)
             self.declared.add(queue)
-        channel = await within(self._channel.get_underlay_channel(), self.timeout)
-        await channel.basic_publish(
+        await self._underlay.basic_publish(
             wakeup_encode(queue, ids, cancel=cancel),
             exchange=EXCHANGE,
             routing_key=cancel_route(queue) if cancel else queue,
@@ -146,7 +149,7 @@ class _PublishLink:
         await self.flush()  # a process that ends right after a commit still sends its hints
         self.outage.stop()
         connection, self.connection, self._exchange = self.connection, None, None
-        self._channel = None
+        self._channel = self._underlay = None
         if connection is not None:
             with contextlib.suppress(Exception):
                 await connection.close()

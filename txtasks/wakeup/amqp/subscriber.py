@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import aio_pika
-from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import AbstractConnection
+from aiormq.abc import DeliveredMessage
 
 from txtasks._waits import within
 from txtasks.retry import RetryStrategy
@@ -57,7 +58,7 @@ class AmqpSubscriber:
             self._task = asyncio.create_task(self._run(wanted, on_wakeup), name="txtasks-wakeups")
 
     def _on_message(self, wanted: frozenset[str], on_wakeup: WakeupCallback) -> Any:
-        async def handle(message: AbstractIncomingMessage) -> None:
+        async def handle(message: DeliveredMessage) -> None:
             wakeup = wakeup_read(message.body)
             if wakeup is None or wakeup.queue not in wanted:
                 self.stats.malformed += 1
@@ -67,7 +68,7 @@ class AmqpSubscriber:
                 self.stats.cancels_received += 1
                 on_wakeup(wakeup.queue, cancel=True)
             else:
-                on_wakeup(wakeup.queue)
+                on_wakeup(wakeup.queue, ids=wakeup.ids)
 
         return handle
 
@@ -114,9 +115,12 @@ class AmqpSubscriber:
         cancels = await channel.declare_queue(exclusive=True, auto_delete=True)
         for queue in sorted(wanted):
             await cancels.bind(EXCHANGE, routing_key=cancel_route(queue))
-        # the shared queues last: a wake-up taken is counted as the subscriber connects
+        # the shared queues last: a wake-up taken is counted as the subscriber connects.
+        # Consumed on aiormq's channel: its delivery calls the handler in the task it makes
+        # for the message, where aio-pika's `Queue.consume` makes a second one.
+        underlay = await channel.get_underlay_channel()
         for amqp_queue in (cancels, *amqp_queues):
-            await amqp_queue.consume(handler, no_ack=True)
+            await underlay.basic_consume(amqp_queue.name, handler, no_ack=True)
 
     async def _disconnect(self) -> None:
         connection, self._connection = self._connection, None
