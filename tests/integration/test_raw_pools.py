@@ -23,3 +23,24 @@ async def test_callers_racing_for_a_pool_share_one(postgres_url: str) -> None:
         assert len(driver.db._pools) == 2
     finally:
         await driver.close()
+
+
+async def test_statements_racing_for_a_pool_of_one_never_wait_on_a_kept_connection(
+    postgres_url: str,
+) -> None:
+    """Under a small budget one asyncpg connection serves claims and outcome writes: the one
+    a statement is done with goes to the statement waiting for it, not kept for later."""
+    reset_schema(postgres_url)
+    driver = driver_for_url(postgres_url, connections=3)
+    assert isinstance(driver, PostgresDriver) and driver.db.raw_shared
+    try:
+        statements = [
+            driver.db.raw_fetch(purpose, "SELECT pg_sleep(0.01), 1")
+            for _ in range(5)
+            for purpose in ("claims", "writes")
+        ]
+        rows = await asyncio.wait_for(asyncio.gather(*statements), 10)
+        assert [r[0][1] for r in rows] == [1] * 10
+        assert len(driver.db._pools) == 1
+    finally:
+        await driver.close()

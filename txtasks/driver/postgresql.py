@@ -646,6 +646,9 @@ class PostgresDatabase(SqlDatabase):
         #: Per raw pool (by `raw_name`), the connection of its last statement, kept for the
         #: next (`raw_fetch`).
         self._kept: dict[str, tuple[Any, Any]] = {}
+        #: Per raw pool, the statements waiting for one of its connections: the connection a
+        #: statement is done with goes back to the pool then, not kept.
+        self._acquiring: dict[str, int] = {}
 
     @property
     def raw_shared(self) -> bool:
@@ -786,7 +789,11 @@ class PostgresDatabase(SqlDatabase):
             await pool.release(connection)
             connection = None
         if connection is None:
-            connection = await pool.acquire(timeout=self.timeouts.checkout)
+            self._acquiring[name] = self._acquiring.get(name, 0) + 1
+            try:
+                connection = await pool.acquire(timeout=self.timeouts.checkout)
+            finally:
+                self._acquiring[name] -= 1
         watchdog = Watchdog(self.timeouts.command, connection.terminate)
         try:
             with watchdog.armed():
@@ -798,7 +805,11 @@ class PostgresDatabase(SqlDatabase):
         finally:
             if watchdog.fired:
                 await self.stale_pool()
-        if name in self._kept or self._pools.get(name, (None, None))[1] is not pool:
+        if (
+            name in self._kept
+            or self._acquiring.get(name)  # another statement waits for it (a pool of one)
+            or self._pools.get(name, (None, None))[1] is not pool
+        ):
             await pool.release(connection)  # another statement kept one meanwhile
         else:
             self._kept[name] = (pool, connection)
