@@ -17,6 +17,7 @@ from cleaner.settings import cleaner_services, config_with
 from txtasks.cli.common import (
     Command,
     broker_url_option,
+    connections_option,
     database_url_option,
     friendly_errors,
     health_host_option,
@@ -30,7 +31,6 @@ from txtasks.cli.common import (
     run_async,
     timeout_options,
 )
-from txtasks.driver import driver_for_url
 from txtasks.errors import ConfigurationError
 from txtasks.wakeup import notifier_for_url
 
@@ -41,6 +41,7 @@ log = logging.getLogger("cleaner")
 @click.argument("app_spec", metavar="APP")
 @database_url_option
 @timeout_options
+@connections_option
 @broker_url_option
 @click.option(
     "--config",
@@ -98,7 +99,7 @@ def cleaner(
     if health_host is not None:
         config = dataclasses.replace(config, health_host=health_host)
     if database_url:
-        app.use_driver(driver_for_url(database_url, timeouts=app.timeouts))
+        app.use_driver(app.driver_for(database_url))
     if broker_url:
         app.use_notifier(notifier_for_url(broker_url))
     metrics = None

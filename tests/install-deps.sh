@@ -3,10 +3,10 @@
 #
 #   bash tests/install-deps.sh
 #
-# 1. The server binaries that tests/services.sh starts: PostgreSQL (initdb), MariaDB (mariadbd),
-#    RabbitMQ (rabbitmq-server) and Erlang's epmd, from Debian's packages. If any is missing it
-#    runs `apt-get update` and `apt-get install postgresql mariadb-server rabbitmq-server`, as
-#    root or through sudo. The packages' own daemons are not started where there is no systemd
+# 1. The server binaries that tests/services.sh starts: PostgreSQL (initdb), PgBouncer, MariaDB
+#    (mariadbd), RabbitMQ (rabbitmq-server) and Erlang's epmd, from Debian's packages. If any is
+#    missing it runs `apt-get update` and `apt-get install postgresql pgbouncer mariadb-server
+#    rabbitmq-server`, as root or through sudo. The packages' own daemons are not started where there is no systemd
 #    (containers, CI): the test suite starts private servers on its own ports instead.
 # 2. The virtualenv .venv at the repository root with `pip install -e ".[dev]"`. The install is
 #    skipped while pyproject.toml is unchanged since the last successful one.
@@ -20,8 +20,9 @@ VENV=${VENV:-.venv}
 say() { printf '[install-deps] %s\n' "$*"; }
 
 missing=()
-packages=(postgresql mariadb-server rabbitmq-server)
+packages=(postgresql pgbouncer mariadb-server rabbitmq-server)
 compgen -G '/usr/lib/postgresql/*/bin/initdb' > /dev/null || missing+=("initdb (PostgreSQL)")
+[ -x /usr/sbin/pgbouncer ] || missing+=("pgbouncer (PgBouncer)")
 [ -x /usr/sbin/mariadbd ] || missing+=("mariadbd (MariaDB)")
 [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || missing+=("rabbitmq-server (RabbitMQ)")
 command -v epmd > /dev/null || missing+=("epmd (Erlang)")
@@ -34,7 +35,7 @@ if [ ! -e /usr/share/java/mariadb-java-client.jar ]; then missing+=("MariaDB JDB
 if [ ! -x /usr/bin/chromium ]; then missing+=("chromium (dashboard tests)"); packages+=(chromium); fi
 
 if [ ${#missing[@]} -eq 0 ]; then
-  say "server binaries present (PostgreSQL, MariaDB, RabbitMQ, epmd, Java, JDBC drivers, Chromium)"
+  say "server binaries present (PostgreSQL, PgBouncer, MariaDB, RabbitMQ, epmd, Java, JDBC drivers, Chromium)"
 else
   say "missing: ${missing[*]}"
   if [ "$(id -u)" = 0 ]; then

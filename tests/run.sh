@@ -4,8 +4,9 @@
 #   bash tests/run.sh [pytest args...]        e.g.  bash tests/run.sh -x -k enqueue
 #
 # 1. tests/install-deps.sh: the PostgreSQL/MariaDB/RabbitMQ packages and .venv (pip install -e ".[dev]").
-# 2. Starts PostgreSQL, MariaDB and RabbitMQ with tests/services.sh in a new /tmp/txtasks-svc.XXXXXX,
-#    on the default ports 55432, 53306 and 55672-55674 when they are free, else on other free ones.
+# 2. Starts PostgreSQL, PgBouncer, MariaDB and RabbitMQ with tests/services.sh in a new
+#    /tmp/txtasks-svc.XXXXXX, on the default ports 55432, 56432, 53306 and 55672-55674 when they
+#    are free, else on other free ones.
 #    They are stopped and the directory removed when this script exits, however it exits.
 # 3. Exports TXTASKS_TEST_SERVICES_ENV=$BASE/services.env and the variables in it (PG_DSN,
 #    MYSQL_DSN, AMQP_URL, ...): the test fixtures (tests/servers.py) use these servers.
@@ -17,7 +18,7 @@
 #    run's own anyway: the limit is for the CPU).
 #
 # Env knobs: those of tests/services.sh (PG_FAST=0 for PostgreSQL's durable defaults, SERVICES,
-# SVC_TIMEOUT, PG_PORT, MY_PORT, RMQ_PORT: a port given here is used as is, not searched).
+# SVC_TIMEOUT, PG_PORT, PGB_PORT, MY_PORT, RMQ_PORT: a port given here is used as is, not searched).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 ROOT=$PWD
@@ -63,7 +64,7 @@ trap 'exit 143' TERM
 
 # Free ports: the defaults if free, else random ones below the ephemeral range.
 # RabbitMQ needs three consecutive ones (AMQP, Erlang distribution, epmd).
-ports=$("$PY" - "${PG_PORT:-}" "${MY_PORT:-}" "${RMQ_PORT:-}" <<'PY'
+ports=$("$PY" - "${PG_PORT:-}" "${MY_PORT:-}" "${RMQ_PORT:-}" "${PGB_PORT:-}" <<'PY'
 import random
 import socket
 import sys
@@ -92,11 +93,16 @@ def pick(given: str, default: int, n: int) -> int:
     sys.exit(f"no {n} free consecutive port(s) found")
 
 
-print(pick(sys.argv[1], 55432, 1), pick(sys.argv[2], 53306, 1), pick(sys.argv[3], 55672, 3))
+print(
+    pick(sys.argv[1], 55432, 1),
+    pick(sys.argv[2], 53306, 1),
+    pick(sys.argv[3], 55672, 3),
+    pick(sys.argv[4], 56432, 1),
+)
 PY
 ) || { say "could not pick free ports"; exit 1; }
-read -r PG_PORT MY_PORT RMQ_PORT <<< "$ports"
-export PG_PORT MY_PORT RMQ_PORT
+read -r PG_PORT MY_PORT RMQ_PORT PGB_PORT <<< "$ports"
+export PG_PORT MY_PORT RMQ_PORT PGB_PORT
 
 t0=$(date +%s.%N)
 bash tests/services.sh start "$BASE" {SLOT_FD}>&- || { say "could not start the test servers (see above)"; exit 1; }

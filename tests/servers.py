@@ -10,16 +10,20 @@ Session-scoped fixtures:
   host on that server (``tests/isolation.py``), e.g.
   ``postgresql://app:app@127.0.0.1:PORT/txt_<run>_gw0``. When that server is not available the
   test is skipped, or fails when the environment variable ``CI`` is ``true`` or ``1``.
+* ``pgbouncer_url``: the same PostgreSQL database as ``postgres_url``, through PgBouncer in
+  transaction pooling mode (``?pooler=transaction``); skipped (failed in CI) likewise.
 
 The servers come from the first of these that applies:
 
 1. ``TXTASKS_TEST_SERVICES_ENV``: the ``services.env`` of servers started by ``tests/run.sh``
    (written by ``tests/services.sh``); they are used as they are.
-2. ``TXTASKS_TEST_POSTGRES_URL``, ``TXTASKS_TEST_MYSQL_URL``, ``TXTASKS_TEST_AMQP_URL``: servers you
-   run yourself. Setting any of them selects this; the ones left unset count as not available.
+2. ``TXTASKS_TEST_POSTGRES_URL``, ``TXTASKS_TEST_MYSQL_URL``, ``TXTASKS_TEST_AMQP_URL``,
+   ``TXTASKS_TEST_PGBOUNCER_URL`` (a PgBouncer in transaction mode in front of the first, its
+   databases and user): servers you run yourself. Setting any of them selects this; the ones
+   left unset count as not available.
 3. A reachable Docker engine (not with ``TXTASKS_TEST_DOCKER=0``): testcontainers with
-   ``postgres:15``, ``mariadb:10.11`` and ``rabbitmq:3.10``; if they fail to start (say the
-   images cannot be pulled), 4. is tried.
+   ``postgres:15``, ``mariadb:10.11`` and ``rabbitmq:3.10`` (no PgBouncer); if they fail to
+   start (say the images cannot be pulled), 4. is tried.
 4. The Debian server binaries (``bash tests/install-deps.sh`` installs them): private servers
    started by ``tests/services.sh`` (or ``TXTASKS_TEST_SERVICES_SH``) on free ports in a new
    directory under /tmp.
@@ -54,14 +58,21 @@ from types import FrameType
 from typing import Any
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from tests import isolation
 from tests.waiting import until_sync
 
-KINDS = ("postgresql", "mysql", "amqp")
-LABELS = {"postgresql": "PostgreSQL", "mysql": "MariaDB/MySQL", "amqp": "RabbitMQ"}
+KINDS = ("postgresql", "pgbouncer", "mysql", "amqp")
+LABELS = {
+    "postgresql": "PostgreSQL",
+    "pgbouncer": "PgBouncer",
+    "mysql": "MariaDB/MySQL",
+    "amqp": "RabbitMQ",
+}
 URL_VARS = {
     "postgresql": "TXTASKS_TEST_POSTGRES_URL",
+    "pgbouncer": "TXTASKS_TEST_PGBOUNCER_URL",
     "mysql": "TXTASKS_TEST_MYSQL_URL",
     "amqp": "TXTASKS_TEST_AMQP_URL",
 }
@@ -70,8 +81,13 @@ SERVICES_SH = Path(__file__).with_name("services.sh")
 DB, USER, PASSWORD = "appdb", "app", "app"
 
 # services.env key and tests/services.sh name of each kind
-_ENV_KEYS = {"postgresql": "PG_DSN", "mysql": "MYSQL_DSN", "amqp": "AMQP_URL"}
-_SH_NAMES = {"postgresql": "pg", "mysql": "mariadb", "amqp": "rabbitmq"}
+_ENV_KEYS = {
+    "postgresql": "PG_DSN",
+    "pgbouncer": "PGB_DSN",
+    "mysql": "MYSQL_DSN",
+    "amqp": "AMQP_URL",
+}
+_SH_NAMES = {"postgresql": "pg", "pgbouncer": "pgbouncer", "mysql": "mariadb", "amqp": "rabbitmq"}
 _START_ATTEMPTS = 3  # a port picked as free can be taken before the server binds it
 
 
@@ -229,7 +245,9 @@ def _start_containers() -> Servers:
     except BaseException:
         stop()
         raise
-    return Servers(urls, "testcontainers (Docker)", started_in=time.monotonic() - t, _stop=stop)
+    missing = {"pgbouncer": "not started with testcontainers (tests/services.sh starts one)"}
+    took = time.monotonic() - t
+    return Servers(urls, "testcontainers (Docker)", missing, took, _stop=stop)
 
 
 def _run_containers(stack: contextlib.ExitStack) -> dict[str, str | None]:
@@ -266,6 +284,7 @@ def _run_containers(stack: contextlib.ExitStack) -> dict[str, str | None]:
     until_sync(answers, "the RabbitMQ container to answer AMQP", timeout=60, interval=0.2)
     return {
         "postgresql": f"postgresql://{USER}:{PASSWORD}@{addr(pg, 5432)}/{DB}",
+        "pgbouncer": None,
         "mysql": f"mysql://{USER}:{PASSWORD}@{addr(my, 3306)}/{DB}",
         "amqp": f"amqp://{USER}:{PASSWORD}@{addr(mq, 5672)}/",
     }
@@ -276,8 +295,10 @@ def _run_containers(stack: contextlib.ExitStack) -> dict[str, str | None]:
 
 def local_binaries() -> dict[str, bool]:
     """Which of the Debian server binaries that tests/services.sh runs are installed."""
+    postgresql = bool(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     return {
-        "postgresql": bool(glob.glob("/usr/lib/postgresql/*/bin/initdb")),
+        "postgresql": postgresql,
+        "pgbouncer": postgresql and os.access("/usr/sbin/pgbouncer", os.X_OK),
         "mysql": os.access("/usr/sbin/mariadbd", os.X_OK),
         "amqp": os.access("/usr/lib/rabbitmq/bin/rabbitmq-server", os.X_OK)
         and shutil.which("epmd") is not None,
@@ -323,6 +344,7 @@ def _start_local(kinds: list[str]) -> Servers:
         taken: set[int] = set()
         env.update(
             PG_PORT=str(free_port_block(1, taken)),
+            PGB_PORT=str(free_port_block(1, taken)),
             MY_PORT=str(free_port_block(1, taken)),
             RMQ_PORT=str(free_port_block(3, taken)),
         )
@@ -466,6 +488,16 @@ def postgres_url(txtasks_servers: Servers) -> Iterator[str]:
     """``postgresql://app:app@HOST:PORT/txt_<run>_<worker>``, this process's own migrated
     database; skips (fails in CI) without a server."""
     yield from _own_database(txtasks_servers, "postgresql")
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_url(txtasks_servers: Servers, postgres_url: str) -> str:
+    """``postgresql://app:app@HOST:PGB_PORT/txt_<run>_<worker>?pooler=transaction``: this
+    process's own PostgreSQL database (``postgres_url``'s) through PgBouncer in transaction
+    pooling mode; skips (fails in CI) without one."""
+    base = _require(txtasks_servers, "pgbouncer")
+    name = make_url(postgres_url).database or ""
+    return isolation.with_database(base, name) + "?pooler=transaction"
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Throw-away PostgreSQL, MariaDB and RabbitMQ servers for the txtasks test suite.
+# Throw-away PostgreSQL, PgBouncer, MariaDB and RabbitMQ servers for the txtasks test suite.
 #
-# Starts real servers from the Debian packages (postgresql-15, mariadb-server, rabbitmq-server;
-# tests/install-deps.sh installs them) in one base directory, on given loopback ports, without
+# Starts real servers from the Debian packages (postgresql-15, pgbouncer, mariadb-server,
+# rabbitmq-server; tests/install-deps.sh installs them) in one base directory, on given loopback ports, without
 # Docker or systemd. Works as root (postgres runs as the 'postgres' user) and as a normal user.
 #
 #   tests/services.sh start BASE   start the servers, wait until they accept connections,
@@ -17,15 +17,20 @@
 # BASE may also come from SVC_BASE. Every parent of BASE must be traversable by the 'postgres'
 # user, so use e.g. `mktemp -d /tmp/txtasks-svc.XXXXXX`, not pytest's 0700 temp dir.
 #
-# services.env holds: SVC_BASE, PG_DSN, PG_SOCKET_DIR, MYSQL_DSN, MYSQL_SOCKET, AMQP_URL, RMQ_PORT
-# (only those of the started SERVICES), e.g.
+# services.env holds: SVC_BASE, PG_DSN, PG_SOCKET_DIR, PGB_DSN, MYSQL_DSN, MYSQL_SOCKET, AMQP_URL,
+# RMQ_PORT (only those of the started SERVICES), e.g.
 #   PG_DSN=postgresql://app:app@127.0.0.1:55432/appdb
+#   PGB_DSN=postgresql://app:app@127.0.0.1:56432/appdb   (PgBouncer in front of PG_DSN's server)
 #   MYSQL_DSN=mysql://app:app@127.0.0.1:53306/appdb
 #   AMQP_URL=amqp://app:app@127.0.0.1:55672/
 #
 # Env knobs:
-#   SERVICES="pg mariadb rabbitmq"   which servers to start
+#   SERVICES="pg pgbouncer mariadb rabbitmq"   which servers to start (pgbouncer needs pg)
 #   PG_PORT=55432  MY_PORT=53306     listening ports (127.0.0.1 only)
+#   PGB_PORT=56432                   PgBouncer's port: transaction pooling (pool_mode=transaction,
+#                                    default_pool_size=20 server connections per database and
+#                                    user) in front of PostgreSQL, every database of the server
+#                                    through it, the same user and password (SCRAM)
 #   RMQ_PORT=55672                   AMQP port; RMQ_PORT+1 is the Erlang distribution port and
 #                                    RMQ_PORT+2 a private epmd, so three consecutive free ports
 #   SVC_TIMEOUT=60                   seconds to wait for each server
@@ -43,8 +48,9 @@ set -euo pipefail
 CMD=${1:-start}
 BASE=${2:-${SVC_BASE:-}}
 [ -n "$BASE" ] || { echo "usage: $0 start|stop|env BASE_DIR (or SVC_BASE=...)" >&2; exit 2; }
-SERVICES=${SERVICES:-"pg mariadb rabbitmq"}
+SERVICES=${SERVICES:-"pg pgbouncer mariadb rabbitmq"}
 PG_PORT=${PG_PORT:-55432}
+PGB_PORT=${PGB_PORT:-56432}
 MY_PORT=${MY_PORT:-53306}
 RMQ_PORT=${RMQ_PORT:-55672}
 TIMEOUT=${SVC_TIMEOUT:-60}
@@ -52,6 +58,7 @@ DB=${SVC_DB:-appdb}; DBUSER=${SVC_USER:-app}; DBPASS=${SVC_PASSWORD:-app}
 PG_FAST=${PG_FAST:-1}
 PGBIN=${PGBIN:-$(printf '%s\n' /usr/lib/postgresql/*/bin | sort -V | tail -1)}
 RMQBIN=/usr/lib/rabbitmq/bin          # NOT /usr/sbin/rabbitmq-server (that wrapper su's to rabbitmq)
+PGBOUNCER=${PGBOUNCER:-/usr/sbin/pgbouncer}
 
 log() { printf '[services %(%T)T] %s\n' -1 "$*" >&2; }
 now() { date +%s.%N; }
@@ -105,6 +112,49 @@ ALTER ROLE $DBUSER CREATEDB;
 SELECT 'CREATE DATABASE $DB OWNER $DBUSER' WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname='$DB')\gexec
 SQL
   log "postgres ready on :$PG_PORT in $(since "$t")s (pid $(cat "$d/pid"), PG_FAST=$PG_FAST)"
+}
+
+start_pgbouncer() { # after start_pg: it forwards to PG_PORT
+  local d=$BASE/pgbouncer t; t=$(now)
+  need "$PGBOUNCER" "PgBouncer (pgbouncer)"
+  has pg || { log "pgbouncer needs pg in SERVICES"; return 1; }
+  port_free "$PGB_PORT" || { log "port $PGB_PORT busy"; return 1; }
+  mkdir -p "$d"
+  # every database of the server (the tests make one per pytest process) under the app user;
+  # the password in clear in auth_file lets PgBouncer log in to PostgreSQL with SCRAM too
+  printf '"%s" "%s"\n' "$DBUSER" "$DBPASS" > "$d/userlist.txt"
+  cat > "$d/pgbouncer.ini" <<INI
+[databases]
+* = host=127.0.0.1 port=$PG_PORT
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $PGB_PORT
+unix_socket_dir = $d
+pidfile = $d/pgbouncer.pid
+logfile = $d/pgbouncer.log
+auth_type = scram-sha-256
+auth_file = $d/userlist.txt
+stats_users = $DBUSER
+pool_mode = transaction
+default_pool_size = 20
+max_client_conn = 2000
+INI
+  if [ "$(id -u)" = 0 ]; then chown -R postgres: "$d"; chmod 600 "$d/userlist.txt"; fi
+  rm -f "$d/pgbouncer.pid"
+  # -d: daemonizes once listening, its pid in pidfile (PgBouncer refuses to run as root)
+  as_pg "$PGBOUNCER" -d "$d/pgbouncer.ini" > "$d/stdout.log" 2>&1 \
+    || { cat "$d/stdout.log" >&2; tail -30 "$d/pgbouncer.log" >&2 2>/dev/null; return 1; }
+  local end=$(( $(date +%s) + TIMEOUT ))
+  # ready: a query goes through to PostgreSQL (the listener opens before the first login works)
+  until PGPASSWORD=$DBPASS PGCONNECT_TIMEOUT=2 "$PGBIN/psql" -h 127.0.0.1 -p "$PGB_PORT" -U "$DBUSER" \
+      -d "$DB" -qAtc 'SELECT 1' > /dev/null 2>&1; do
+    [ -s "$d/pgbouncer.pid" ] && alive "$(cat "$d/pgbouncer.pid")" \
+      || { log "pgbouncer exited:"; tail -30 "$d/pgbouncer.log" >&2; return 1; }
+    [ "$(date +%s)" -lt "$end" ] || { log "pgbouncer not ready after ${TIMEOUT}s"; tail -30 "$d/pgbouncer.log" >&2; return 1; }
+    sleep 0.05
+  done
+  log "pgbouncer ready on :$PGB_PORT in $(since "$t")s (pid $(cat "$d/pgbouncer.pid"), transaction pooling)"
 }
 
 start_mariadb() {
@@ -187,6 +237,7 @@ write_env() {
   {
     echo "SVC_BASE=$BASE"
     if has pg; then echo "PG_DSN=postgresql://$DBUSER:$DBPASS@127.0.0.1:$PG_PORT/$DB"; echo "PG_SOCKET_DIR=$BASE/pg"; fi
+    if has pgbouncer; then echo "PGB_DSN=postgresql://$DBUSER:$DBPASS@127.0.0.1:$PGB_PORT/$DB"; fi
     if has mariadb; then echo "MYSQL_DSN=mysql://$DBUSER:$DBPASS@127.0.0.1:$MY_PORT/$DB"; echo "MYSQL_SOCKET=$BASE/mariadb/mysqld.sock"; fi
     if has rabbitmq; then echo "AMQP_URL=amqp://$DBUSER:$DBPASS@127.0.0.1:$RMQ_PORT/"; echo "RMQ_PORT=$RMQ_PORT"; fi
   } > "$f.tmp"
@@ -204,6 +255,10 @@ stop_pid() { # pid timeout: SIGTERM, wait, SIGKILL as last resort
 
 do_stop() {
   local t
+  if [ -f "$BASE/pgbouncer/pgbouncer.pid" ]; then   # before postgres: its clients go first
+    t=$(now); stop_pid "$(cat "$BASE/pgbouncer/pgbouncer.pid")" 10   # SIGTERM: immediate shutdown
+    rm -f "$BASE/pgbouncer/pgbouncer.pid"; log "pgbouncer stopped in $(since "$t")s"
+  fi
   if [ -f "$BASE/pg/data/postmaster.pid" ] || [ -f "$BASE/pg/pid" ]; then
     t=$(now)
     if [ -f "$BASE/pg/data/postmaster.pid" ]; then
@@ -242,6 +297,7 @@ case "$CMD" in
     rm -f "$BASE/services.env"
     if has rabbitmq; then launch_rabbitmq; fi        # slowest (~4s): launch first, wait last
     if has pg; then start_pg; fi
+    if has pgbouncer; then start_pgbouncer; fi
     if has mariadb; then start_mariadb; fi
     if has rabbitmq; then wait_rabbitmq "$T"; fi
     write_env; STARTED=1

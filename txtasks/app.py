@@ -13,6 +13,7 @@ from txtasks._checks import check_number, check_queue_name
 from txtasks.clock import Clock, utcnow
 from txtasks.controller import Controller
 from txtasks.driver import Driver, driver_for_url
+from txtasks.driver.pooling import connections_check
 from txtasks.driver.timeouts import Timeouts
 from txtasks.enqueue import Enqueuer, TaskWrite
 from txtasks.env import ENV_BROKER_URL, ENV_DATABASE_URL
@@ -104,8 +105,11 @@ class App:
         clock: Clock = utcnow,
         timeouts: Timeouts | None = None,
         middleware: Iterable[Middleware] = (),
+        db_connections: int | None = None,
     ) -> None:
         check_number("max_payload_bytes", max_payload_bytes, minimum=1, maximum=None, integer=True)
+        if db_connections is not None:
+            connections_check(db_connections)
         self.name = name
         self.database_url = database_url
         self.broker_url = broker_url
@@ -116,6 +120,9 @@ class App:
         self._driver = driver
         #: Database timeouts of the driver made from `database_url` (txtasks.driver.timeouts).
         self.timeouts = timeouts
+        #: The most connections the driver made from `database_url` holds at once, below
+        #: TXTASKS_DB_CONNECTIONS (txtasks.driver.pooling); None: each pool its default size.
+        self.db_connections = db_connections
         self._tasks: dict[str, Task] = {}
         self._schedules: dict[str, Schedule] = {}
         self._key_limits: dict[str, KeyLimits] = {}
@@ -433,8 +440,12 @@ class App:
                     f"database_url: not set; pass App(database_url=...), --database-url, "
                     f"or set {ENV_DATABASE_URL}"
                 )
-            self._driver = driver_for_url(url, timeouts=self.timeouts)
+            self._driver = self.driver_for(url)
         return self._driver
+
+    def driver_for(self, url: str) -> Driver:
+        """A driver for `url` with the app's database settings (timeouts, connections)."""
+        return driver_for_url(url, timeouts=self.timeouts, connections=self.db_connections)
 
     def resolve_broker_url(self, override: str | None = None) -> str | None:
         """Flag, then TXTASKS_BROKER_URL, then the app's own setting; None: polling only."""

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import URL
 
-from txtasks.driver.urls import url_async, url_sync
+from txtasks.driver.pooling import POOLED_CONNECT_ARGS, TRANSACTION, pooler_of
+from txtasks.driver.urls import DRIVERS, url_async, url_parse, url_sync
+from txtasks.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine
@@ -30,10 +32,13 @@ def create_engine(url: str | URL, **kwargs: Any) -> Engine:
     transactions, so that your writes and the workers' wait for each other instead of failing
     with "database is locked". `kwargs` go to `sqlalchemy.create_engine` (`pool_size`,
     `pool_pre_ping`, `echo`, ...). Raises `ConfigurationError` for a URL txtasks cannot use.
+
+    A PostgreSQL URL with `pooler=transaction` (PgBouncer in transaction mode in front of the
+    database) gets the driver's settings for it: psycopg prepares no statement by name.
     """
     import sqlalchemy
 
-    engine = sqlalchemy.create_engine(url_sync(url), **kwargs)
+    engine = sqlalchemy.create_engine(url_sync(url), **_pooled(url, kwargs, sync=True))
     _connection_setup(engine)
     return engine
 
@@ -42,13 +47,32 @@ def create_async_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
     """A SQLAlchemy `AsyncEngine` for your own transactions on a txtasks database.
 
     As `create_engine`, on the async drivers txtasks uses (asyncpg, aiomysql, aiosqlite);
-    `kwargs` go to `sqlalchemy.ext.asyncio.create_async_engine`.
+    `kwargs` go to `sqlalchemy.ext.asyncio.create_async_engine`. With `pooler=transaction`,
+    asyncpg keeps no statement by name (its statement cache and SQLAlchemy's are off).
     """
     from sqlalchemy.ext.asyncio import create_async_engine as sqlalchemy_create_async_engine
 
-    engine = sqlalchemy_create_async_engine(url_async(url), **kwargs)
+    options = _pooled(url, kwargs, sync=False)
+    engine = sqlalchemy_create_async_engine(url_async(url), **options)
     _connection_setup(engine.sync_engine)
     return engine
+
+
+def _pooled(url: str | URL, kwargs: dict[str, Any], *, sync: bool) -> dict[str, Any]:
+    """`kwargs`, with the connect arguments a transaction pooler needs when the URL names
+    one (`pooler=transaction`; see txtasks.driver.pooling); the caller's own win."""
+    parsed = url_parse(url)
+    if pooler_of(parsed)[0] != TRANSACTION:
+        return kwargs
+    backend = parsed.get_backend_name()
+    if backend != "postgresql":
+        raise ConfigurationError(
+            f"pooler={TRANSACTION}: txtasks works behind a transaction pooler (PgBouncer) on "
+            f"PostgreSQL only, not on {backend}"
+        )
+    driver = DRIVERS[backend][1 if sync else 0]
+    connect_args = {**POOLED_CONNECT_ARGS[driver], **kwargs.get("connect_args", {})}
+    return {**kwargs, "connect_args": connect_args}
 
 
 def _connection_setup(engine: Engine) -> None:

@@ -4,7 +4,8 @@
   equals that file, and each file in docs/snippets is shown by some page.
 - Each `txtasks ...` command line shown in a console block parses against the real CLI.
 - Each snippet runs in a subprocess (cwd: a temporary directory) against SQLite; the enqueue
-  snippets also run against PostgreSQL and MariaDB, on tables dropped before each run.
+  snippets (and the connections one) also run against PostgreSQL and MariaDB, on tables
+  dropped before each run, and some of them through PgBouncer in transaction pooling mode.
 - The quickstart runs as a user would: `txtasks migrate`, `python place_order.py`,
   `txtasks worker shop:app --burst`, `txtasks status --json`.
 - The testing guide's snippets are pytest modules: they run under pytest.
@@ -42,7 +43,22 @@ QUICKSTART = {"shop.py", "place_order.py"}
 #: pytest modules, run by `test_testing_guide`.
 PYTEST_MODULES = {"testing_unit.py", "testing_database.py"}
 #: Run against every database, not only SQLite.
-ON_SERVERS = sorted(p.name for p in [*SNIPPETS.glob("enqueue_*.py"), *SNIPPETS.glob("topics_*.py")])
+ON_SERVERS = sorted(
+    p.name
+    for p in [
+        *SNIPPETS.glob("enqueue_*.py"),
+        *SNIPPETS.glob("topics_*.py"),
+        *SNIPPETS.glob("connections_*.py"),
+    ]
+)
+#: Run through PgBouncer too (`?pooler=transaction`): each SQLAlchemy flavour, COPY, topics.
+BEHIND_PGBOUNCER = [
+    "connections_budget.py",
+    "enqueue_async_connection.py",
+    "enqueue_bulk.py",
+    "enqueue_session.py",
+    "topics_publish.py",
+]
 STANDALONE = sorted(
     p.name for p in SNIPPETS.glob("*.py") if p.name not in QUICKSTART | PYTEST_MODULES
 )
@@ -99,6 +115,14 @@ def test_every_snippet_is_shown() -> None:
 # -- the commands shown exist ------------------------------------------------------------------
 
 
+#: Environment variables that flags set as they are parsed (for every driver to read).
+SET_BY_FLAGS = (
+    "TXTASKS_DB_CONNECTIONS",
+    "TXTASKS_DB_COMMAND_TIMEOUT",
+    "TXTASKS_DB_CONNECT_TIMEOUT",
+)
+
+
 def shown_commands() -> list[str]:
     """The `txtasks ...` lines of the console blocks, without the prompt."""
     lines = []
@@ -119,6 +143,9 @@ def test_shown_command_parses(line: str, monkeypatch: pytest.MonkeyPatch) -> Non
     """The subcommand, its options and its arguments are accepted by the real CLI."""
     monkeypatch.delenv("TXTASKS_DATABASE_URL", raising=False)
     monkeypatch.delenv("TXTASKS_CONCURRENCY", raising=False)
+    for variable in SET_BY_FLAGS:  # what a flag of the line stores there is undone after
+        monkeypatch.setenv(variable, "")
+        monkeypatch.delenv(variable)
     args = shlex.split(line)[1:]
     command: click.Command = cli_main
     path = ["txtasks"]
@@ -204,6 +231,19 @@ def test_enqueue_snippet_runs_on_server(
         run_snippet(name, tmp_path, url)
     finally:
         reset(url, tables)
+
+
+@pytest.mark.postgresql
+@pytest.mark.parametrize("name", BEHIND_PGBOUNCER)
+def test_snippet_runs_behind_pgbouncer(
+    name: str, postgres_url: str, pgbouncer_url: str, tmp_path: Path
+) -> None:
+    tables = snippet_tables(name)
+    reset(postgres_url, tables)  # straight to PostgreSQL: the snippet is what goes through
+    try:
+        run_snippet(name, tmp_path, pgbouncer_url)
+    finally:
+        reset(postgres_url, tables)
 
 
 def test_enqueue_flavours_run_on_servers() -> None:

@@ -22,21 +22,19 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
-    create_engine,
     insert,
     select,
     text,
 )
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from tests.waiting import until
-from txtasks import App
+from txtasks import App, create_async_engine, create_engine
 from txtasks.app import Task
 from txtasks.clock import utcnow
 from txtasks.driver import Driver
-from txtasks.driver.sqlite import sqlite_connection_setup
-from txtasks.driver.urls import backend_name, url_async, url_sync
+from txtasks.driver.urls import backend_name
 from txtasks.keys import KeyLimits
 from txtasks.payload import payload_encode
 from txtasks.retry import Constant
@@ -54,10 +52,9 @@ BACKOFF = 10.0
 
 @contextlib.contextmanager
 def sync_engine(url: str) -> Iterator[Engine]:
-    """A sync engine of the application's own, set up as txtasks documents for SQLite."""
-    engine = create_engine(url_sync(url))
-    if backend_name(url) == "sqlite":
-        sqlite_connection_setup(engine)
+    """A sync engine of the application's own, set up as txtasks documents (`txtasks.
+    create_engine`: SQLite's settings, a transaction pooler's)."""
+    engine = create_engine(url)
     try:
         yield engine
     finally:
@@ -66,10 +63,8 @@ def sync_engine(url: str) -> Iterator[Engine]:
 
 @contextlib.asynccontextmanager
 async def async_engine(url: str) -> AsyncIterator[AsyncEngine]:
-    """An async engine of the application's own."""
-    engine = create_async_engine(url_async(url))
-    if backend_name(url) == "sqlite":
-        sqlite_connection_setup(engine.sync_engine)
+    """An async engine of the application's own (`txtasks.create_async_engine`)."""
+    engine = create_async_engine(url)
     try:
         yield engine
     finally:

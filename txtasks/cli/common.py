@@ -111,6 +111,33 @@ def timeout_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
+def _connections_setting(_ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """A click callback putting --db-connections where every driver reads it: the
+    environment (TXTASKS_DB_CONNECTIONS)."""
+    if value is None:
+        return
+    from txtasks.driver.pooling import ENV_CONNECTIONS, connections_parse
+
+    try:
+        connections_parse(value, "--db-connections")
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc), param=param) from None
+    os.environ[ENV_CONNECTIONS] = value
+
+
+connections_option = click.option(
+    "--db-connections",
+    envvar="TXTASKS_DB_CONNECTIONS",
+    show_envvar=True,
+    expose_value=False,
+    is_eager=True,
+    metavar="N",
+    callback=_connections_setting,
+    help="The most database connections this process holds at once (see docs/connections.md) "
+    "[default: each pool its own size].",
+)
+
+
 def load_app(spec: str) -> App:
     """Import `module:attribute` and check it is a txtasks App."""
     from txtasks.app import App

@@ -18,6 +18,7 @@ from txtasks._version import __version__
 from txtasks.cli.common import (
     Commands,
     broker_url_option,
+    connections_option,
     database_url_option,
     friendly_errors,
     health_host_option,
@@ -133,6 +134,7 @@ def services_off(skipped: tuple[str, ...], publish_deferred: bool) -> dict[str, 
 @click.argument("app_spec", metavar="APP")
 @database_url_option
 @timeout_options
+@connections_option
 @broker_url_option
 @click.option(
     "-q",
@@ -219,7 +221,6 @@ def worker(
     **settings: Any,
 ) -> None:
     """Run the tasks of APP (module:attribute). SIGTERM/SIGINT stop it gracefully."""
-    from txtasks.driver import driver_for_url
     from txtasks.errors import TxtasksError
     from txtasks.metrics import Metrics
     from txtasks.wakeup import notifier_for_url
@@ -234,7 +235,7 @@ def worker(
         services = services_off(settings.pop("skipped"), settings.pop("publish_deferred"))
         config = WorkerConfig(queues=queues or None, services=services, **settings)
         if database_url:  # the flag or TXTASKS_DATABASE_URL; else the app's own setting
-            app.use_driver(driver_for_url(database_url, timeouts=app.timeouts))
+            app.use_driver(app.driver_for(database_url))
         if broker_url:
             app.use_notifier(notifier_for_url(broker_url))
         metrics = None

@@ -82,11 +82,10 @@ def subscribe(app_spec: str, topics: tuple[str, ...], database_url: str | None) 
     """Store the subscriptions APP's tasks declare (of TOPICS only, when given); a worker of
     APP stores those of its queues at its start too. Publishes committed from now on reach
     them."""
-    from txtasks.driver import driver_for_url
     from txtasks.errors import TxtasksError
 
     app = load_app(app_spec)
-    app.use_driver(driver_for_url(resolve_url(database_url, app), timeouts=app.timeouts))
+    app.use_driver(app.driver_for(resolve_url(database_url, app)))
     try:
         subs = run_async(lambda: _subscribe(app, topics or None))
     except TxtasksError as exc:

@@ -19,9 +19,10 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from txtasks.driver.base import Capabilities, WriteResult
-from txtasks.driver.database import CLOSE_WITHIN, SqlDatabase
+from txtasks.driver.database import CLOSE_WITHIN, ENGINE_MIN, SqlDatabase
 from txtasks.driver.dialect import SqlDialect
 from txtasks.driver.insert_plan import CopyRows, Statement, Step
+from txtasks.driver.pooling import POOLED_CONNECT_ARGS, POOLER_PARAM, TRANSACTION
 from txtasks.driver.sql import SqlDriver
 from txtasks.driver.sql_claims import Claim, SqlClaims
 from txtasks.driver.sql_lanes import SqlLanes
@@ -34,6 +35,7 @@ from txtasks.driver.statements.keys import (
 )
 from txtasks.driver.statements.topics import TopicStatements
 from txtasks.driver.timeouts import Watchdog, keepalive_set, socket_of
+from txtasks.errors import ConfigurationError
 from txtasks.keys import HINTS_PER_CLAIM
 from txtasks.schema import migrate as schema_migrate
 from txtasks.schema.tables import READY, TASK_COLUMNS
@@ -594,26 +596,87 @@ class PostgresDialect(SqlDialect):
         return code in TRANSIENT_SQLSTATES
 
 
+#: The session settings of the asyncpg pools, by purpose (`PostgresDatabase.raw_pool`).
+RAW_SETTINGS: dict[str, dict[str, str]] = {
+    # claims: no bitmap or sequential scan either, as in a claim of the keys' lane
+    # (`KEYS_PLANS`): the intake of key hints read every hint of its queues, from stale
+    # statistics, to take a thousand of them, or to find none
+    "claims": {"synchronous_commit": "off", "enable_bitmapscan": "off", "enable_seqscan": "off"},
+    # a plan per batch: a generic plan of the outcome statement walks the lease index (every
+    # claimed-then-deleted row leaves a dead entry there) instead of the ids
+    "writes": {"plan_cache_mode": "force_custom_plan"},
+}
+#: The same, where a statement carries them itself (`PostgresDatabase.raw_local`): no
+#: statement is kept by name there, so each is planned for its own parameters anyway.
+RAW_LOCAL_SETTINGS = {
+    purpose: "; ".join(
+        f"SET LOCAL {name} = '{value}'" for name, value in settings.items()
+        if name != "plan_cache_mode"
+    )
+    for purpose, settings in RAW_SETTINGS.items()
+}  # fmt: skip
+#: The name of the one pool all purposes share under a small budget.
+RAW_SHARED = "shared"
+#: Seconds an asyncpg pool's connection stays open unused.
+RAW_IDLE = 60.0
+
+
 class PostgresDatabase(SqlDatabase):
     """PostgreSQL 12+ through asyncpg (async) and psycopg (sync), and small asyncpg pools of
     its own for the worker's hot path (`raw_fetch`): one autocommit statement each, no
     SQLAlchemy compilation or row processing. Claim sessions run with `synchronous_commit =
     off` (no wait for the WAL flush): a claim lost in a database crash only leaves its task
     pending, to be claimed again. Outcomes and enqueues keep the server's durability
-    setting."""
+    setting.
+
+    Behind a transaction pooler (the URL's `pooler=transaction`, txtasks.driver.pooling), and
+    when a small connection budget gives the asyncpg pools one connection to share
+    (`raw_shared`), no session holds a purpose's settings: a statement whose purpose has
+    some runs in a transaction of its own that sets them first (`SET LOCAL`)."""
 
     dialect_class = PostgresDialect
+    #: One connection for the asyncpg pools, two for the engine.
+    min_connections: ClassVar[int] = 1 + ENGINE_MIN
+    poolable: ClassVar[bool] = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._pools: dict[str, tuple[asyncio.AbstractEventLoop, Any]] = {}
         self._pool_locks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Lock]] = {}
-        #: Per raw pool, the connection of its last statement, kept for the next (`raw_fetch`).
+        #: Per raw pool (by `raw_name`), the connection of its last statement, kept for the
+        #: next (`raw_fetch`).
         self._kept: dict[str, tuple[Any, Any]] = {}
+
+    @property
+    def raw_shared(self) -> bool:
+        """Whether the asyncpg pools are one pool of one connection: under a budget that
+        would leave the engines less than `ENGINE_MIN` each with a pool per purpose."""
+        if self.connections is None:
+            return False
+        engines = 2 if self.sync_shared else 1
+        return self.connections - len(RAW_SETTINGS) < ENGINE_MIN * engines
+
+    @property
+    def raw_local(self) -> bool:
+        """Whether the asyncpg pools' statements carry their purpose's settings themselves
+        (`SET LOCAL` in a transaction of their own) instead of their sessions: behind a
+        transaction pooler, or in the shared pool."""
+        return self.pooler is not None or self.raw_shared
+
+    def engines_budget(self) -> int | None:
+        """The budget less the asyncpg pools' connections (one each, or one shared)."""
+        if self.connections is None:
+            return None
+        return self.connections - (1 if self.raw_shared else len(RAW_SETTINGS))
 
     def server_settings(self) -> dict[str, str]:
         """The server's side of the bounds: it ends a session left idle in a transaction (its
-        client gone) and probes idle clients, so locks of a vanished worker are freed."""
+        client gone) and probes idle clients, so locks of a vanished worker are freed.
+        Behind a transaction pooler, none: they would go in the startup packet, which
+        PgBouncer refuses ("unsupported startup parameter"); its own `idle_transaction_timeout`
+        and keepalives stand in for them."""
+        if self.pooler is not None:
+            return {}
         t = self.timeouts
         settings = {
             "tcp_keepalives_idle": str(int(t.keepalive_idle)),
@@ -626,8 +689,10 @@ class PostgresDatabase(SqlDatabase):
 
     def connect_args(self, sync: bool) -> dict[str, Any]:
         t = self.timeouts
+        pooled = self.pooler is not None
         if not sync:  # asyncpg; keepalives are set on the socket by engine_setup
-            return {"timeout": t.connect, "server_settings": self.server_settings()}
+            args = {"timeout": t.connect, "server_settings": self.server_settings()}
+            return {**args, **(POOLED_CONNECT_ARGS["asyncpg"] if pooled else {})}
         return {  # psycopg: libpq's own parameters
             "connect_timeout": max(1, math.ceil(t.connect)),
             "keepalives": 1,
@@ -635,43 +700,59 @@ class PostgresDatabase(SqlDatabase):
             "keepalives_interval": max(1, int(t.keepalive_interval)),
             "keepalives_count": t.keepalive_count,
             "tcp_user_timeout": int(t.dead_after * 1000),
+            **(POOLED_CONNECT_ARGS["psycopg"] if pooled else {}),
         }
 
+    def connect_refused(self, exc: DBAPIError) -> Exception | None:
+        """PgBouncer refuses the settings txtasks sends when it connects: name the URL
+        parameter that stops them."""
+        detail = str(exc.orig)
+        if self.pooler is None and "unsupported startup parameter" in detail:
+            return ConfigurationError(
+                f"the database refused to connect ({detail}): a PgBouncer in transaction mode? "
+                f"add ?{POOLER_PARAM}={TRANSACTION} to the database URL (docs/connections.md)"
+            )
+        return None
+
     async def raw_pool(self, purpose: str = "claims") -> Any:
-        """asyncpg connections outside SQLAlchemy (one pool per purpose and event loop):
-        "claims" without waiting for the WAL flush, "writes" with the server's setting."""
+        """asyncpg connections outside SQLAlchemy (one pool per purpose and event loop, or
+        one for all under a small budget, `raw_shared`): "claims" without waiting for the
+        WAL flush, "writes" with the server's setting (`RAW_SETTINGS`). A connection idle for
+        `RAW_IDLE` seconds is closed."""
         import asyncpg  # the postgres extra
 
+        name = self.raw_name(purpose)
         loop = asyncio.get_running_loop()
-        held = self._pools.get(purpose)
+        held = self._pools.get(name)
         if held is not None and held[0] is loop:
             return held[1]
-        async with self._pool_lock(purpose, loop):  # callers racing at start share one pool
-            held = self._pools.get(purpose)
+        async with self._pool_lock(name, loop):  # callers racing at start share one pool
+            held = self._pools.get(name)
             if held is not None and held[0] is loop:
                 return held[1]
-            dsn = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
-            # a plan per batch: a generic plan of the outcome statement walks the lease index
-            # (every claimed-then-deleted row leaves a dead entry there) instead of the ids
-            # claims: no bitmap or sequential scan either, as in a claim of the keys' lane
-            # (`KEYS_PLANS`): the intake of key hints read every hint of its queues, from stale
-            # statistics, to take a thousand of them, or to find none
-            settings = (
-                {"synchronous_commit": "off", "enable_bitmapscan": "off", "enable_seqscan": "off"}
-                if purpose == "claims"
-                else {"plan_cache_mode": "force_custom_plan"}
-            )
+            url = self.url.difference_update_query([POOLER_PARAM])
+            dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
+            settings = {} if self.raw_local else RAW_SETTINGS.get(purpose, {})
+            local = self.raw_local
             pool = await asyncpg.create_pool(
                 dsn,
-                min_size=1,
-                max_size=2,
+                min_size=0,
+                max_size=1 if self.connections is not None else 2,
+                max_inactive_connection_lifetime=RAW_IDLE,
                 timeout=self.timeouts.connect,
                 server_settings={**self.server_settings(), **settings},
+                # no statement kept by name in a session another client may get next, nor
+                # one whose plan was made for another purpose's settings
+                **({"statement_cache_size": 0} if local else {}),
                 init=self._raw_init,
                 reset=self._raw_reset,
             )
-            self._pools[purpose] = (loop, pool)
+            self._pools[name] = (loop, pool)
             return pool
+
+    def raw_name(self, purpose: str) -> str:
+        """The name of the asyncpg pool of `purpose`: its own, or the one all share."""
+        return RAW_SHARED if self.raw_shared else purpose
 
     def _pool_lock(self, purpose: str, loop: asyncio.AbstractEventLoop) -> asyncio.Lock:
         """What callers wait on while the pool of `purpose` is made on `loop`."""
@@ -686,9 +767,10 @@ class PostgresDatabase(SqlDatabase):
     @staticmethod
     async def _raw_reset(connection: Any) -> None:
         """Nothing to undo when a raw pool's connection comes back: it ran one autocommit
-        statement, which leaves no session state (no cursor, LISTEN, advisory lock or SET),
-        and asyncpg rolls back a transaction left open by itself. asyncpg's default reset
-        (`RESET ALL`, `UNLISTEN *`, ...) would cost a round trip per claim and per write."""
+        statement (or one in a transaction it ended), which leaves no session state (no
+        cursor, LISTEN, advisory lock or SET), and asyncpg rolls back a transaction left open
+        by itself. asyncpg's default reset (`RESET ALL`, `UNLISTEN *`, ...) would cost a
+        round trip per claim and per write."""
 
     async def raw_fetch(self, purpose: str, sql: str, *params: Any) -> list[Any]:
         """One autocommit statement on a raw pool, bounded by the command timeout. The
@@ -697,7 +779,8 @@ class PostgresDatabase(SqlDatabase):
         a wake-up to the handler. One that failed goes back to the pool, which replaces it
         if it broke."""
         pool = await self.raw_pool(purpose)
-        kept = self._kept.pop(purpose, None)
+        name = self.raw_name(purpose)
+        kept = self._kept.pop(name, None)
         connection = kept[1] if kept is not None and kept[0] is pool else None
         if connection is not None and connection.is_closed():
             await pool.release(connection)
@@ -708,18 +791,18 @@ class PostgresDatabase(SqlDatabase):
         try:
             with watchdog.armed():
                 try:
-                    records = await connection.fetch(sql, *params)
+                    records = await self._raw_run(connection, purpose, sql, params)
                 except BaseException:  # its release may roll a transaction back: bounded too
                     await pool.release(connection)
                     raise
         finally:
             if watchdog.fired:
                 await self.stale_pool()
-        if purpose in self._kept or self._pools.get(purpose, (None, None))[1] is not pool:
+        if name in self._kept or self._pools.get(name, (None, None))[1] is not pool:
             await pool.release(connection)  # another statement kept one meanwhile
         else:
-            self._kept[purpose] = (pool, connection)
-        return records  # type: ignore[no-any-return]
+            self._kept[name] = (pool, connection)
+        return records
 
     async def _kept_release(self) -> None:
         """Hand the kept connections of this loop's pools back (closed if expired)."""
@@ -730,6 +813,26 @@ class PostgresDatabase(SqlDatabase):
                 del self._kept[purpose]
                 with contextlib.suppress(Exception):
                     await pool.release(connection)
+
+    async def _raw_run(
+        self, connection: Any, purpose: str, sql: str, params: Sequence[Any]
+    ) -> list[Any]:
+        """The statement on `connection`: on its own, or, when its purpose's settings are not
+        the session's (`raw_local`), after them in a transaction of its own (`BEGIN` and the
+        settings in one round trip)."""
+        settings = RAW_LOCAL_SETTINGS.get(purpose) if self.raw_local else None
+        if not settings:
+            return await connection.fetch(sql, *params)  # type: ignore[no-any-return]
+        await connection.execute(f"BEGIN; {settings}")
+        try:
+            records = await connection.fetch(sql, *params)
+            await connection.execute("COMMIT")
+        except BaseException:
+            if not connection.is_closed() and connection.is_in_transaction():
+                with contextlib.suppress(Exception):
+                    await connection.execute("ROLLBACK")
+            raise
+        return records  # type: ignore[no-any-return]
 
     async def stale_pool(self) -> None:
         """Also the raw pools' connections: replaced at their next acquire."""

@@ -48,9 +48,14 @@ class SqlDriver:
         engine: AsyncEngine | None = None,
         engine_options: Mapping[str, Any] | None = None,
         timeouts: Timeouts | None = None,
+        connections: int | None = None,
     ) -> None:
         self.db = self.database_class(
-            url, engine=engine, engine_options=engine_options, timeouts=timeouts
+            url,
+            engine=engine,
+            engine_options=engine_options,
+            timeouts=timeouts,
+            connections=connections,
         )
         self.tasks = SqlTasks(self.db)
         self.claims = self.claims_class(self.db)
@@ -79,6 +84,11 @@ class SqlDriver:
     def timeouts(self) -> Timeouts:
         """The bounds of every operation on the database (see txtasks.driver.timeouts)."""
         return self.db.timeouts
+
+    @property
+    def connections(self) -> int | None:
+        """The connection budget of this driver's pools (see txtasks.driver.pooling)."""
+        return self.db.connections
 
     @property
     def url(self) -> URL:

@@ -525,7 +525,7 @@ class SqlClaims:
         """Not bounded by the command timeout as a whole (the handler decides what it does in
         it); each statement still is, by the server's settings."""
         fence = {"fence_worker": worker_id, "fence_expired": None}
-        async with self.db.connect(bounded=False) as conn, conn.begin():
+        async with self.db.attempt_slot(), self.db.connect(bounded=False) as conn, conn.begin():
             if not await plan_run_async(conn, self.attempts_lock_plan([key], fence)):
                 raise lease_lost(key)
             yield conn
@@ -540,7 +540,7 @@ class SqlClaims:
         self, key: TaskKey, *, worker_id: str, finish: AttemptFinish
     ) -> Iterator[Connection]:
         fence = {"fence_worker": worker_id, "fence_expired": None}
-        with self.db.sync_engine.connect() as conn, conn.begin():
+        with self.db.attempt_slot_sync(), self.db.sync_engine.connect() as conn, conn.begin():
             if not plan_run_sync(conn, self.attempts_lock_plan([key], fence)):
                 raise lease_lost(key)
             yield conn

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
+from txtasks.driver.pooling import POOLER_PARAM
 from txtasks.errors import ConfigurationError
 
 #: backend -> (async driver, sync driver)
@@ -38,15 +39,16 @@ def backend_name(url: str | URL) -> str:
 
 
 def url_async(url: str | URL) -> URL:
-    """The URL with the async driver txtasks uses for this backend."""
-    parsed = url_parse(url)
+    """The URL with the async driver txtasks uses for this backend (without txtasks' own
+    `pooler` parameter: see txtasks.driver.pooling)."""
+    parsed = url_parse(url).difference_update_query([POOLER_PARAM])
     backend = parsed.get_backend_name()
     return parsed.set(drivername=f"{backend}+{DRIVERS[backend][0]}")
 
 
 def url_sync(url: str | URL) -> URL:
-    """The URL with the sync driver txtasks uses for this backend."""
-    parsed = url_parse(url)
+    """The URL with the sync driver txtasks uses for this backend (without `pooler`)."""
+    parsed = url_parse(url).difference_update_query([POOLER_PARAM])
     backend = parsed.get_backend_name()
     return parsed.set(drivername=f"{backend}+{DRIVERS[backend][1]}")
 

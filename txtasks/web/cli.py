@@ -66,7 +66,6 @@ def dashboard(
         raise click.ClickException(
             f"the dashboard needs the extra `web`: pip install 'txtasks[web]' ({exc})"
         ) from exc
-    from txtasks.driver import driver_for_url
     from txtasks.errors import TxtasksError
 
     logging_setup(log_level, log_format)
@@ -75,7 +74,7 @@ def dashboard(
         auth = Auth.from_env()
         check_bind(host, auth)
         if database_url:
-            app.use_driver(driver_for_url(database_url, timeouts=app.timeouts))
+            app.use_driver(app.driver_for(database_url))
         asgi = create_app(
             app,
             read_only=read_only,

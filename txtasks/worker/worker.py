@@ -263,6 +263,7 @@ class Worker:
                 await self.health_server.stop()
 
     async def _open(self) -> bool:
+        await self._budget_sync()
         if self.config.burst:
             await self.driver.open()
             return True
@@ -271,6 +272,15 @@ class Worker:
             return await open_when_reachable(self.driver, log, self._stopping)
         finally:
             self._connecting = False
+
+    async def _budget_sync(self) -> None:
+        """A worker with sync handlers runs their transactions and enqueues on the sync
+        engine: under a connection budget, the engines share it (see
+        `SqlDatabase.share_with_sync`)."""
+        served = [t for t in self.app.tasks.values() if t.options.queue in self.queues]
+        share = getattr(getattr(self.driver, "db", None), "share_with_sync", None)
+        if share is not None and any(not t.is_async for t in served):
+            await share()
 
     async def _subscribe(self) -> None:
         """Store the subscriptions of the tasks of the queues it serves (see txtasks.topics):
