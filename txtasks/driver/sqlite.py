@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import sqlite3
 from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -17,13 +19,61 @@ from txtasks.driver.database import SqlDatabase
 from txtasks.driver.dialect import SqlDialect
 from txtasks.driver.insert_plan import Step, task_values
 from txtasks.driver.sql import SqlDriver
+from txtasks.driver.sql_claims import Claim, SqlClaims
 from txtasks.driver.statements.enqueue import EnqueueStatements
-from txtasks.schema.tables import tasks
-from txtasks.types import NewTask
+from txtasks.schema.tables import READY, Timestamp, tasks
+from txtasks.types import CLAIMED_COLUMNS, NewTask, TaskRow
 
 log = logging.getLogger("txtasks.sqlite")
 BUSY_TIMEOUT_MS = 30_000
 T = TypeVar("T")
+
+#: Claim those of the tasks {ids} a claim of the queues {queues} would take, on the event
+#: loop's thread (`SQLiteClaims.named_claim`). Parameters: lease_until, worker_id, now, the
+#: ids, the queues' names, now (times as SQLAlchemy stores them: `_time_processors`).
+NAMED_CLAIM_SQL = f"""UPDATE txtasks_tasks SET state = 'processing', attempt = attempt + 1,
+       lease_expires_at = ?, worker_id = ?, started_at = ?
+ WHERE id IN ({{ids}}) AND queue IN ({{queues}}) AND partition_key IS NULL AND {READY}
+   AND run_at <= ? AND queue NOT IN (SELECT p.queue FROM txtasks_paused_queues AS p)
+RETURNING {", ".join(CLAIMED_COLUMNS)}"""
+
+
+@functools.lru_cache(maxsize=64)
+def _named_claim_sql(ids: int, queues: int) -> str:
+    """`NAMED_CLAIM_SQL` for so many ids and queues, all parameters: one text per count, which
+    sqlite3 compiles once (its statement cache), where the ids written out would compile a
+    statement per claim."""
+    return NAMED_CLAIM_SQL.format(ids=", ".join(["?"] * ids), queues=", ".join(["?"] * queues))
+
+
+#: Where `NAMED_CLAIM_SQL`'s rows hold their times.
+_NAMED_TIMES = tuple(CLAIMED_COLUMNS.index(c) for c in ("run_at", "created_at", "expires_at"))
+
+
+@functools.cache
+def _time_processors() -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+    """How SQLAlchemy writes a `Timestamp` to SQLite, and reads it back: the same text, so
+    that times compare alike whichever way they were written."""
+    from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
+
+    dialect = SQLiteDialect_pysqlite()
+    impl = Timestamp.dialect_impl(dialect)
+    bind = impl.bind_processor(dialect)
+    result = impl.result_processor(dialect, None)
+    assert bind is not None and result is not None
+    return bind, result
+
+
+#: SQLite's primary result code when another connection holds the lock it needs.
+SQLITE_BUSY = 5
+
+
+def _busy(exc: BaseException) -> bool:
+    """SQLite's answer when another connection holds the write lock (SQLITE_BUSY)."""
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return bool(code & 0xFF == SQLITE_BUSY)
+    return isinstance(exc, sqlite3.OperationalError) and "database is locked" in str(exc)
 
 
 def sqlite_connection_setup(engine: Engine) -> None:
@@ -110,12 +160,88 @@ class SQLiteDatabase(SqlDatabase):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._writer: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+        #: The sqlite3 connection kept for the named claims, with its event loop (`kept`).
+        self._kept: tuple[asyncio.AbstractEventLoop, sqlite3.Connection] | None = None
+        #: No kept connection: the database is in memory, not in WAL mode, or the engine's
+        #: driver is not aiosqlite.
+        self._kept_off = False
 
     def _write_lock(self) -> asyncio.Lock:
         loop = asyncio.get_running_loop()
         if self._writer is None or self._writer[0] is not loop:
             self._writer = (loop, asyncio.Lock())
         return self._writer[1]
+
+    def writing(self) -> bool:
+        """A write transaction of this process, on this event loop, is running or waiting."""
+        return self._write_lock().locked()
+
+    def kept(self) -> sqlite3.Connection | None:
+        """A sqlite3 connection for the named claims, used on the event loop's own thread
+        (`SQLiteClaims.named_claim`), opened at its first use; None when there is none (a
+        database in memory, which another connection would not see; one not in WAL mode,
+        where a commit would wait for readers). The pragmas of `sqlite_connection_setup`,
+        but no busy timeout: a write lock held elsewhere is an error at once, never a wait on
+        the event loop; and no checkpoints, which write the database file: the engine's
+        connections run them."""
+        loop = asyncio.get_running_loop()
+        if self._kept is not None:
+            kept_loop, connection = self._kept
+            if kept_loop is loop:
+                return connection
+            self._kept = None
+            with contextlib.suppress(Exception):
+                connection.close()
+        if self._kept_off:
+            return None
+        engine = self.engine
+        args, params = engine.dialect.create_connect_args(engine.url)
+        filename = str(args[0]) if args else ""
+        if (
+            engine.dialect.driver != "aiosqlite"
+            or filename in ("", ":memory:")
+            or "mode=memory" in filename
+        ):
+            self._kept_off = True
+            return None
+        connection = sqlite3.connect(
+            filename,
+            timeout=0,
+            isolation_level=None,
+            check_same_thread=False,
+            uri=bool(params.get("uri", False)),
+        )
+        try:
+            connection.execute("PRAGMA busy_timeout = 0")
+            try:
+                mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            except sqlite3.OperationalError as exc:  # another connection is writing: later
+                if not _busy(exc):
+                    raise
+                connection.close()
+                return None
+            if str(mode).lower() != "wal":
+                self._kept_off = True
+                connection.close()
+                return None
+            connection.execute("PRAGMA synchronous = NORMAL")
+            connection.execute("PRAGMA wal_autocheckpoint = 0")
+        except BaseException:
+            connection.close()
+            raise
+        self._kept = (loop, connection)
+        return connection
+
+    def kept_drop(self) -> None:
+        """Close the kept connection (the next claim opens another)."""
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            with contextlib.suppress(Exception):
+                kept[1].close()
+
+    async def close(self) -> None:
+        self.kept_drop()
+        await super().close()
 
     async def in_transaction(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
         async with self._write_lock():
@@ -130,7 +256,54 @@ class SQLiteDatabase(SqlDatabase):
         the busy timeout."""
 
 
+class SQLiteClaims(SqlClaims):
+    """The tasks a wake-up named, claimed on the event loop's thread (`named_claim`)."""
+
+    db: SQLiteDatabase
+
+    async def named_claim(self, claim: Claim, ids: list[int]) -> list[TaskRow]:
+        """`NAMED_CLAIM_SQL` on the kept connection (`kept`), on the event loop's thread, as
+        a transaction of its own: in WAL mode it takes microseconds, where aiosqlite's thread
+        costs a hop and a turn of the event loop per call (nine of each: BEGIN IMMEDIATE,
+        the statement, its rows, COMMIT, the pool's ROLLBACK, cursors). When the write lock
+        is taken (by a write of this process, another thread's or another process's), the
+        transactional way, which waits for it in aiosqlite's thread."""
+        rows = None if self.db.writing() else self._named_claim_kept(claim, ids)
+        if rows is None:
+            return await super().named_claim(claim, ids)
+        return rows
+
+    def _named_claim_kept(self, claim: Claim, ids: list[int]) -> list[TaskRow] | None:
+        """The rows claimed, or None if the write lock is taken (nothing claimed) or there
+        is no kept connection."""
+        connection = self.db.kept()
+        if connection is None:
+            return None
+        time_text, time_value = _time_processors()
+        now = time_text(claim.now)
+        sql = _named_claim_sql(len(ids), len(claim.queues))
+        params = (time_text(claim.lease_until), claim.worker_id, now, *ids, *claim.queues, now)
+        try:  # one statement, its own transaction: the write lock is taken as it starts
+            found = connection.execute(sql, params).fetchall()
+        except sqlite3.OperationalError as exc:
+            if _busy(exc) and not connection.in_transaction:  # nothing written
+                return None
+            self.db.kept_drop()
+            raise
+        except BaseException:
+            self.db.kept_drop()
+            raise
+        rows = []
+        for values in found:
+            values = list(values)
+            for i in _NAMED_TIMES:
+                values[i] = time_value(values[i])
+            rows.append(TaskRow.from_claim(values, claim.worker_id, claim.lease_until, claim.now))
+        return rows
+
+
 class SQLiteDriver(SqlDriver):
-    """SQLite 3.35+ (`SQLiteDatabase`)."""
+    """SQLite 3.35+ (`SQLiteDatabase`; `SQLiteClaims`)."""
 
     database_class = SQLiteDatabase
+    claims_class = SQLiteClaims
