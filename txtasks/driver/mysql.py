@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import hashlib
 import json
+import logging
 import math
+import time
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -35,11 +38,12 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import Insert
 
+from txtasks._waits import within
 from txtasks.driver.base import Capabilities
-from txtasks.driver.database import SqlDatabase
+from txtasks.driver.database import CLOSE_WITHIN, SqlDatabase
 from txtasks.driver.dialect import SqlDialect
 from txtasks.driver.sql import SqlDriver
-from txtasks.driver.sql_claims import SqlClaims
+from txtasks.driver.sql_claims import Claim, SqlClaims
 from txtasks.driver.sql_lanes import SqlLanes
 from txtasks.driver.statements.claims import ClaimStatements
 from txtasks.driver.statements.control import ControlStatements
@@ -52,9 +56,11 @@ from txtasks.driver.statements.keys import (
 )
 from txtasks.driver.statements.outcomes import OutcomeStatements
 from txtasks.driver.statements.topics import PUBLISH_COLUMNS, TopicStatements
+from txtasks.driver.timeouts import DatabaseTimeout, Watchdog, keepalive_set, socket_of
 from txtasks.errors import SchemaError
 from txtasks.schema import migrate as schema_migrate
 from txtasks.schema.tables import (
+    READY,
     ExactString,
     Timestamp,
     archive,
@@ -63,7 +69,9 @@ from txtasks.schema.tables import (
     subscriptions,
     tasks,
 )
-from txtasks.types import READY_STATES, TaskRow, TaskState
+from txtasks.types import CLAIMED_COLUMNS, READY_STATES, TaskRow, TaskState
+
+log = logging.getLogger("txtasks.mysql")
 
 #: A JSON array of ids, or of [id, attempt] pairs, as a table: joined to the tasks table by
 #: STRAIGHT_JOIN, each row is then found by its primary key (MariaDB 10.6+, MySQL 8).
@@ -106,6 +114,46 @@ GROUP_CONCAT_MAX = 1 << 30
 
 #: Deadlock found; lock wait timeout exceeded.
 TRANSIENT_ERRNOS = frozenset({1213, 1205})
+#: Lock wait timeout exceeded: on the kept connection (`NAMED_CLAIM_SQL`), a row is locked.
+LOCK_WAIT_TIMEOUT = 1205
+
+#: pymysql's client flags: affected rows are the rows found (as SQLAlchemy's connections
+#: count them), and several statements go in one query.
+CLIENT_FOUND_ROWS = 2
+CLIENT_MULTI_STATEMENTS = 1 << 16
+
+#: What the named claim returns of each row: the payload, and the other columns of
+#: `CLAIMED_COLUMNS` as one JSON array (PyMySQL parses each column of a result in Python, at
+#: some microseconds each; `json.loads` the array in C). Names stored as bytes (`ExactString`)
+#: go as text, times as their text.
+_NAMED_JSON = "JSON_ARRAY({})".format(
+    ", ".join(
+        f"CAST({c} AS CHAR CHARACTER SET utf8mb4)"
+        if c in ("queue", "dedup_key", "partition_key")
+        else c
+        for c in CLAIMED_COLUMNS
+        if c != "payload"
+    )
+)
+
+#: Claim those of the tasks {ids} a claim of the queues {queues} would take, in one round trip
+#: on MariaDB's kept connection (`MySQLDatabase.kept`): autocommit, READ COMMITTED, and no lock
+#: waits (`innodb_lock_wait_timeout = 0`). The UPDATE finds each row by its primary key and
+#: notes the ids it changes in a session variable; the SELECT reads those rows back (MariaDB
+#: has no UPDATE ... RETURNING). A row another transaction holds fails the UPDATE at once
+#: (`LOCK_WAIT_TIMEOUT`, nothing changed) instead of waiting for it: the claim then goes the
+#: transactional way, which skips it (`MySQLClaimStatements.stmt_named_rows`). Parameters:
+#: lease_until, worker_id, now, the queues' names (bytes), now.
+NAMED_CLAIM_SQL = f"""SET @txtasks_named = NULL;
+UPDATE txtasks_tasks FORCE INDEX (PRIMARY)
+   SET state = 'processing',
+       attempt = attempt + 1
+                 + 0 * LENGTH(@txtasks_named := CONCAT_WS(',', @txtasks_named, id)),
+       lease_expires_at = %s, worker_id = %s, started_at = %s
+ WHERE id IN ({{ids}}) AND queue IN ({{queues}}) AND partition_key IS NULL AND {READY}
+   AND run_at <= %s AND queue NOT IN (SELECT p.queue FROM txtasks_paused_queues AS p);
+SELECT payload, {_NAMED_JSON} FROM txtasks_tasks FORCE INDEX (PRIMARY)
+ WHERE id IN ({{ids}}) AND FIND_IN_SET(id, @txtasks_named) AND state = 'processing'"""
 
 
 def migration_lock_name(conn: Connection) -> str:
@@ -534,9 +582,140 @@ class MariaDBDialect(MySQLDialect):
 
 class MySQLDatabase(SqlDatabase):
     """MySQL 8 and MariaDB through aiomysql (async) and pymysql (sync); which of the two it
-    talks to, the first connection tells (`SqlDatabase.sql`)."""
+    talks to, the first connection tells (`SqlDatabase.sql`). On MariaDB, one aiomysql
+    connection of its own is kept for the worker's named claims (`kept`)."""
 
     dialect_class: ClassVar[type[SqlDialect]] = MySQLDialect
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: The connection kept for the named claims, its event loop and when it was opened
+        #: (`time.monotonic()`, as `_stale_before`).
+        self._kept: tuple[asyncio.AbstractEventLoop, Any, float] | None = None
+        #: A claim is using the kept connection.
+        self._kept_busy = False
+        #: No kept connection: the server is MySQL, or the engine's driver is not aiomysql.
+        self._kept_off = False
+
+    @contextlib.asynccontextmanager
+    async def kept(self) -> AsyncIterator[Any | None]:
+        """The aiomysql connection kept for MariaDB's named claims (`NAMED_CLAIM_SQL`), or
+        None when there is none to use now (the server is MySQL, another claim is using it):
+        the caller then takes the transactional way. The connection is opened at its first
+        use, within `Timeouts.checkout`; each use is bounded by the command timeout, past
+        which its socket is cut (`DatabaseTimeout`). A use that raised closes it, and the
+        next opens another; so does a cut of the pool's connections (`stale_pool`).
+
+        aiomysql's own pool would cost a task and a turn of the event loop at each acquire
+        and release, on the path from a wake-up to the handler; and the engine's pool a
+        ROLLBACK at each return."""
+        connection = None
+        if not self._kept_off and not self._kept_busy:
+            self._kept_busy = True
+            try:
+                connection = await self._kept_connection()
+            finally:
+                if connection is None:
+                    self._kept_busy = False
+        if connection is None:
+            yield None
+            return
+        watchdog = Watchdog(self.timeouts.command, connection.close)
+        done = False
+        try:
+            with watchdog.armed():
+                yield connection
+            done = True
+        finally:
+            self._kept_busy = False
+            if not done:  # failed, cut or cancelled: its state is unknown
+                self._kept_drop(connection)
+            if watchdog.fired:
+                await self.stale_pool()
+
+    async def _kept_connection(self) -> Any | None:
+        """The kept connection of this event loop, opened if there is none (or it is closed,
+        or older than a cut); None on MySQL."""
+        loop = asyncio.get_running_loop()
+        kept = self._kept
+        if kept is not None:
+            kept_loop, connection, opened_at = kept
+            reader = getattr(connection, "_reader", None)
+            if (
+                kept_loop is loop
+                and not connection.closed
+                and not (reader is not None and reader.at_eof())  # the server closed it
+                and opened_at >= self._stale_before
+            ):
+                return connection
+            self._kept_drop(connection)
+        limit = self.timeouts.checkout
+        deadline = loop.time() + limit
+        try:
+            new = await within(self._kept_open(), limit)
+        except (asyncio.TimeoutError, TimeoutError) as exc:
+            if loop.time() < deadline:  # a timeout of the driver's own: its error stands
+                raise
+            raise DatabaseTimeout(
+                f"no connection from the database within {limit:g}s (the connect timeout "
+                "plus the command timeout): given up"
+            ) from exc
+        if new is not None:
+            self._kept = (loop, new, time.monotonic())
+        return new
+
+    async def _kept_open(self) -> Any | None:
+        """A new connection for the named claims: autocommit, READ COMMITTED (the subquery
+        of paused queues is read without locks), no lock waits; with keepalives. None (and
+        no more tries) if the server is MySQL, whose lock waits last a second at least, or
+        the engine's driver is not aiomysql."""
+        engine = self.engine
+        if engine.dialect.driver != "aiomysql":
+            self._kept_off = True
+            return None
+        import aiomysql
+
+        _args, params = engine.dialect.create_connect_args(engine.url)
+        params.update(self.connect_args(sync=False))
+        params.update(self._engine_options.get("connect_args", {}))
+        flags = params.get("client_flag", 0) | CLIENT_FOUND_ROWS | CLIENT_MULTI_STATEMENTS
+        params.update(client_flag=flags, autocommit=True)
+        params.setdefault("charset", "utf8mb4")
+        connection = await aiomysql.connect(**params)
+        try:
+            if "mariadb" not in str(connection.server_version).lower():
+                self._kept_off = True
+                connection.close()
+                return None
+            keepalive_set(socket_of(connection), self.timeouts)
+            async with connection.cursor() as cursor:
+                await cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                await cursor.execute("SET SESSION innodb_lock_wait_timeout = 0")
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    def _kept_drop(self, connection: Any) -> None:
+        """Close `connection` at once (no goodbye: it may be stalled) and forget it."""
+        if self._kept is not None and self._kept[1] is connection:
+            self._kept = None
+        with contextlib.suppress(Exception):  # closed already, or its event loop is
+            connection.close()
+
+    async def close(self) -> None:
+        """The kept connection too: politely, or dropped after `CLOSE_WITHIN` seconds."""
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            loop, connection, _opened = kept
+            if loop is asyncio.get_running_loop() and not connection.closed:
+                try:
+                    await asyncio.wait_for(connection.ensure_closed(), CLOSE_WITHIN)
+                except Exception:
+                    self._kept_drop(connection)
+            else:
+                self._kept_drop(connection)
+        await super().close()
 
     def engine_options(self) -> dict[str, Any]:
         """READ COMMITTED: the worker's and cleaner's statements lock only the rows they
@@ -591,10 +770,59 @@ class MariaDBDatabase(MySQLDatabase):
     dialect_class = MariaDBDialect
 
 
-class MySQLClaims(SqlClaims):
-    """Claims whose rows are read by primary key (`MySQLLanes`)."""
+#: Where `NAMED_CLAIM_SQL`'s rows hold their times, in `CLAIMED_COLUMNS` order.
+_NAMED_TIMES = tuple(CLAIMED_COLUMNS.index(c) for c in ("run_at", "created_at", "expires_at"))
+_NAMED_PAYLOAD = CLAIMED_COLUMNS.index("payload")
 
+
+class MySQLClaims(SqlClaims):
+    """Claims whose rows are read by primary key (`MySQLLanes`); on MariaDB, the tasks a
+    wake-up named in one round trip (`NAMED_CLAIM_SQL`)."""
+
+    db: MySQLDatabase
     lanes_class = MySQLLanes
+
+    async def named_claim(self, claim: Claim, ids: list[int]) -> list[TaskRow]:
+        """On the kept connection (`MySQLDatabase.kept`); the transactional way when there
+        is none to use now, or one of the rows is locked."""
+        async with self.db.kept() as connection:
+            if connection is not None:
+                rows = await self._named_claim_kept(connection, claim, ids)
+                if rows is not None:
+                    return rows
+        return await super().named_claim(claim, ids)
+
+    @staticmethod
+    async def _named_claim_kept(
+        connection: Any, claim: Claim, ids: list[int]
+    ) -> list[TaskRow] | None:
+        """`NAMED_CLAIM_SQL` on `connection`: the rows claimed, or None if a row was locked
+        (nothing claimed)."""
+        sql = NAMED_CLAIM_SQL.format(
+            ids=", ".join([str(int(i)) for i in ids]),
+            queues=", ".join(["%s"] * len(claim.queues)),
+        )
+        names = [q.encode() for q in claim.queues]
+        params = (claim.lease_until, claim.worker_id, claim.now, *names, claim.now)
+        async with connection.cursor() as cursor:
+            try:
+                await cursor.execute(sql, params)  # SET
+                await cursor.nextset()  # UPDATE
+            except Exception as exc:
+                if getattr(exc, "args", (None,))[:1] == (LOCK_WAIT_TIMEOUT,):
+                    return None
+                raise
+            await cursor.nextset()  # SELECT
+            found = await cursor.fetchall()
+        rows = []
+        for payload, columns in found:
+            values = json.loads(columns)
+            values.insert(_NAMED_PAYLOAD, payload)
+            for i in _NAMED_TIMES:
+                if values[i] is not None:
+                    values[i] = datetime.fromisoformat(values[i])
+            rows.append(TaskRow.from_claim(values, claim.worker_id, claim.lease_until, claim.now))
+        return rows
 
 
 class MySQLDriver(SqlDriver):
