@@ -11,7 +11,7 @@ import logging
 import math
 import time
 import typing
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -137,13 +137,13 @@ _NAMED_JSON = "JSON_ARRAY({})".format(
 )
 
 #: Claim those of the tasks {ids} a claim of the queues {queues} would take, in one round trip
-#: on MariaDB's kept connection (`MySQLDatabase.kept`): autocommit, READ COMMITTED, and no lock
+#: on MariaDB's kept connection (`MySQLDatabase.kept_take`): autocommit, READ COMMITTED, and no lock
 #: waits (`innodb_lock_wait_timeout = 0`). The UPDATE finds each row by its primary key and
 #: notes the ids it changes in a session variable; the SELECT reads those rows back (MariaDB
 #: has no UPDATE ... RETURNING). A row another transaction holds fails the UPDATE at once
 #: (`LOCK_WAIT_TIMEOUT`, nothing changed) instead of waiting for it: the claim then goes the
 #: transactional way, which skips it (`MySQLClaimStatements.stmt_named_rows`). Parameters:
-#: lease_until, worker_id, now, the queues' names (bytes), now.
+#: lease_until, worker_id, now, the ids, the queues' names (bytes), now, the ids.
 NAMED_CLAIM_SQL = f"""SET @txtasks_named = NULL;
 UPDATE txtasks_tasks FORCE INDEX (PRIMARY)
    SET state = 'processing',
@@ -583,7 +583,7 @@ class MariaDBDialect(MySQLDialect):
 class MySQLDatabase(SqlDatabase):
     """MySQL 8 and MariaDB through aiomysql (async) and pymysql (sync); which of the two it
     talks to, the first connection tells (`SqlDatabase.sql`). On MariaDB, one aiomysql
-    connection of its own is kept for the worker's named claims (`kept`)."""
+    connection of its own is kept for the worker's named claims (`kept_take`)."""
 
     dialect_class: ClassVar[type[SqlDialect]] = MySQLDialect
 
@@ -597,62 +597,64 @@ class MySQLDatabase(SqlDatabase):
         #: No kept connection: the server is MySQL, or the engine's driver is not aiomysql.
         self._kept_off = False
 
-    @contextlib.asynccontextmanager
-    async def kept(self) -> AsyncIterator[Any | None]:
-        """The aiomysql connection kept for MariaDB's named claims (`NAMED_CLAIM_SQL`), or
-        None when there is none to use now (the server is MySQL, another claim is using it):
-        the caller then takes the transactional way. The connection is opened at its first
-        use, within `Timeouts.checkout`; each use is bounded by the command timeout, past
-        which its socket is cut (`DatabaseTimeout`). A use that raised closes it, and the
-        next opens another; so does a cut of the pool's connections (`stale_pool`).
+    def kept_take(self) -> Any | None:
+        """The connection kept for MariaDB's named claims (`NAMED_CLAIM_SQL`), taken for a
+        claim (`kept_give` gives it back), if one is open and free on this event loop; else
+        None, and `kept_open` may open one.
 
-        aiomysql's own pool would cost a task and a turn of the event loop at each acquire
-        and release, on the path from a wake-up to the handler; and the engine's pool a
-        ROLLBACK at each return."""
-        connection = None
-        if not self._kept_off and not self._kept_busy:
-            self._kept_busy = True
-            try:
-                connection = await self._kept_connection()
-            finally:
-                if connection is None:
-                    self._kept_busy = False
-        if connection is None:
-            yield None
-            return
-        watchdog = Watchdog(self.timeouts.command, connection.close)
-        done = False
+        Held outside any pool: aiomysql's own would cost a task and a turn of the event loop
+        at each acquire and release, on the path from a wake-up to the handler; the engine's
+        a ROLLBACK at each return. Each use is bounded by the command timeout, past which its
+        socket is cut (`DatabaseTimeout`): see `MySQLClaims.named_claim`."""
+        kept = self._kept
+        if kept is None or self._kept_busy:
+            return None
+        loop, connection, opened_at = kept
+        reader = connection._reader
+        if (
+            loop is not asyncio.get_running_loop()
+            or reader is None
+            or reader.at_eof()  # the server closed it (its idle timeout, a restart)
+            or opened_at < self._stale_before  # opened before a cut: likely stalled too
+        ):
+            self._kept_drop(connection)
+            return None
+        self._kept_busy = True
+        return connection
+
+    async def kept_open(self) -> Any | None:
+        """A new kept connection, taken as `kept_take` takes it, opened within
+        `Timeouts.checkout`; None when another claim holds the kept connection, or there is
+        none to have (the server is MySQL, the engine's driver not aiomysql): the caller
+        then takes the transactional way."""
+        if self._kept_off or self._kept_busy:
+            return None
+        self._kept_busy = True
         try:
-            with watchdog.armed():
-                yield connection
-            done = True
-        finally:
+            connection = await self._kept_connection()
+        except BaseException:
             self._kept_busy = False
-            if not done:  # failed, cut or cancelled: its state is unknown
-                self._kept_drop(connection)
-            if watchdog.fired:
-                await self.stale_pool()
+            raise
+        if connection is None:
+            self._kept_busy = False
+        return connection
+
+    def kept_give(self, connection: Any, ok: bool) -> None:
+        """Give back a connection `kept_take` or `kept_open` took; one whose use failed, was
+        cut or cancelled (`ok` False) is closed: its state is unknown."""
+        self._kept_busy = False
+        if not ok:
+            self._kept_drop(connection)
 
     async def _kept_connection(self) -> Any | None:
-        """The kept connection of this event loop, opened if there is none (or it is closed,
-        or older than a cut); None on MySQL."""
+        """A new kept connection for this event loop, replacing any other; None on MySQL."""
         loop = asyncio.get_running_loop()
-        kept = self._kept
-        if kept is not None:
-            kept_loop, connection, opened_at = kept
-            reader = getattr(connection, "_reader", None)
-            if (
-                kept_loop is loop
-                and not connection.closed
-                and not (reader is not None and reader.at_eof())  # the server closed it
-                and opened_at >= self._stale_before
-            ):
-                return connection
-            self._kept_drop(connection)
+        if self._kept is not None:
+            self._kept_drop(self._kept[1])
         limit = self.timeouts.checkout
         deadline = loop.time() + limit
         try:
-            new = await within(self._kept_open(), limit)
+            new = await within(self._kept_connect(), limit)
         except (asyncio.TimeoutError, TimeoutError) as exc:
             if loop.time() < deadline:  # a timeout of the driver's own: its error stands
                 raise
@@ -664,7 +666,7 @@ class MySQLDatabase(SqlDatabase):
             self._kept = (loop, new, time.monotonic())
         return new
 
-    async def _kept_open(self) -> Any | None:
+    async def _kept_connect(self) -> Any | None:
         """A new connection for the named claims: autocommit, READ COMMITTED (the subquery
         of paused queues is read without locks), no lock waits; with keepalives. None (and
         no more tries) if the server is MySQL, whose lock waits last a second at least, or
@@ -770,6 +772,13 @@ class MariaDBDatabase(MySQLDatabase):
     dialect_class = MariaDBDialect
 
 
+@functools.lru_cache(maxsize=64)
+def _named_claim_sql(ids: int, queues: int) -> str:
+    """`NAMED_CLAIM_SQL` for so many ids and queues, every value a `%s` (escaped by the
+    caller: aiomysql sends a query's text, values written in)."""
+    return NAMED_CLAIM_SQL.format(ids=", ".join(["%s"] * ids), queues=", ".join(["%s"] * queues))
+
+
 #: Where `NAMED_CLAIM_SQL`'s rows hold their times, in `CLAIMED_COLUMNS` order.
 _NAMED_TIMES = tuple(CLAIMED_COLUMNS.index(c) for c in ("run_at", "created_at", "expires_at"))
 _NAMED_PAYLOAD = CLAIMED_COLUMNS.index("payload")
@@ -783,39 +792,55 @@ class MySQLClaims(SqlClaims):
     lanes_class = MySQLLanes
 
     async def named_claim(self, claim: Claim, ids: list[int]) -> list[TaskRow]:
-        """On the kept connection (`MySQLDatabase.kept`); the transactional way when there
-        is none to use now, or one of the rows is locked."""
-        async with self.db.kept() as connection:
-            if connection is not None:
+        """On the kept connection (`MySQLDatabase.kept_take`), bounded by the command
+        timeout; the transactional way when there is none to use now, or one of the rows is
+        locked."""
+        db = self.db
+        connection = db.kept_take() or await db.kept_open()
+        if connection is None:
+            return await super().named_claim(claim, ids)
+        watchdog = Watchdog(db.timeouts.command, connection.close)
+        ok = False
+        try:
+            with watchdog.armed():
                 rows = await self._named_claim_kept(connection, claim, ids)
-                if rows is not None:
-                    return rows
-        return await super().named_claim(claim, ids)
+            ok = True
+        finally:
+            db.kept_give(connection, ok)
+            if watchdog.fired:
+                await db.stale_pool()
+        if rows is None:
+            return await super().named_claim(claim, ids)
+        return rows
 
     @staticmethod
     async def _named_claim_kept(
         connection: Any, claim: Claim, ids: list[int]
     ) -> list[TaskRow] | None:
-        """`NAMED_CLAIM_SQL` on `connection`: the rows claimed, or None if a row was locked
-        (nothing claimed)."""
-        sql = NAMED_CLAIM_SQL.format(
-            ids=", ".join([str(int(i)) for i in ids]),
-            queues=", ".join(["%s"] * len(claim.queues)),
+        """`NAMED_CLAIM_SQL` on `connection`, through aiomysql's connection itself (its
+        cursors cost as much again, on this path): the rows claimed, or None if a row was
+        locked (nothing claimed)."""
+        escape = connection.escape
+        now = escape(claim.now)
+        sql = _named_claim_sql(len(ids), len(claim.queues)) % (
+            escape(claim.lease_until),
+            escape(claim.worker_id),
+            now,
+            *[str(int(i)) for i in ids],
+            *[escape(q.encode()) for q in claim.queues],
+            now,
+            *[str(int(i)) for i in ids],
         )
-        names = [q.encode() for q in claim.queues]
-        params = (claim.lease_until, claim.worker_id, claim.now, *names, claim.now)
-        async with connection.cursor() as cursor:
-            try:
-                await cursor.execute(sql, params)  # SET
-                await cursor.nextset()  # UPDATE
-            except Exception as exc:
-                if getattr(exc, "args", (None,))[:1] == (LOCK_WAIT_TIMEOUT,):
-                    return None
-                raise
-            await cursor.nextset()  # SELECT
-            found = await cursor.fetchall()
+        try:
+            await connection.query(sql)  # SET
+            await connection.next_result()  # UPDATE
+        except Exception as exc:
+            if getattr(exc, "args", (None,))[:1] == (LOCK_WAIT_TIMEOUT,):
+                return None
+            raise
+        await connection.next_result()  # SELECT
         rows = []
-        for payload, columns in found:
+        for payload, columns in connection._result.rows or ():
             values = json.loads(columns)
             values.insert(_NAMED_PAYLOAD, payload)
             for i in _NAMED_TIMES:
