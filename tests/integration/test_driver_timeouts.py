@@ -193,3 +193,57 @@ def assert_keepalive(sock: Any) -> None:
     assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 10
     assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3
     assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 25_000
+
+
+@pytest.fixture
+async def proxied_mysql(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    """A MariaDB driver through a TCP proxy, and the proxy (`proxied`, MariaDB only)."""
+    url = server_url(request, "mysql", tmp_path)
+    reset_schema(url)
+    proxy = await TcpProxy.start(*target_of(url))
+    driver = driver_for_url(proxy.url_for(url), timeouts=Timeouts(connect=5, command=COMMAND))
+    try:
+        yield driver, proxy
+    finally:
+        await driver.close()
+        await proxy.close()
+
+
+async def claim_named(driver: SqlDriver, ids: list[int]) -> int:
+    now = driver_now()
+    rows = await driver.claims.task_claim_ids(
+        ["q"], ids, now=now, lease_until=now + timedelta(seconds=30), worker_id="w"
+    )
+    return len(rows)
+
+
+@pytest.mark.mysql
+async def test_mariadb_kept_connection_is_bounded_cut_and_replaced(proxied_mysql: Any) -> None:
+    """The connection MariaDB keeps for named claims: keepalives; a frozen one is cut within
+    the command timeout and the next claim opens another; one that stalls as it opens is
+    given up within the bounds; a driver whose kept connection stalled still closes."""
+    driver, proxy = proxied_mysql
+    async with asyncio.timeout(BOUND):
+        ids = await driver.tasks.task_insert_many([new_task(n) for n in range(3)])
+        assert await claim_named(driver, ids[:1]) == 1
+        kept = driver.db._kept[1]
+        assert_keepalive(socket_of(kept))
+        assert proxy.freeze() > 0
+        with pytest.raises(DatabaseTimeout, match=f"within {COMMAND:g}s"):
+            await claim_named(driver, ids[1:2])
+        assert driver.db._kept is None
+        claimed = 0
+        while claimed == 0:  # the engine's stalled connections are cut in turn
+            with contextlib.suppress(DatabaseTimeout):
+                claimed = await claim_named(driver, ids[1:2])
+        assert claimed == 1 and driver.db._kept[1] is not kept
+    proxy.blackhole(include_new=True)
+    driver.db._kept_drop(driver.db._kept[1])
+    async with asyncio.timeout(BOUND):
+        with pytest.raises((DatabaseTimeout, TimeoutError, OSError, DBAPIError)):
+            await claim_named(driver, ids[2:])
+    proxy.restore()
+    async with asyncio.timeout(BOUND):
+        assert await claim_named(driver, ids[2:]) == 1
+        assert proxy.freeze() > 0
+        await driver.close()
