@@ -7,7 +7,6 @@ import contextlib
 import functools
 import hashlib
 import json
-import logging
 import math
 import time
 import typing
@@ -70,8 +69,6 @@ from txtasks.schema.tables import (
     tasks,
 )
 from txtasks.types import CLAIMED_COLUMNS, READY_STATES, TaskRow, TaskState
-
-log = logging.getLogger("txtasks.mysql")
 
 #: A JSON array of ids, or of [id, attempt] pairs, as a table: joined to the tasks table by
 #: STRAIGHT_JOIN, each row is then found by its primary key (MariaDB 10.6+, MySQL 8).
@@ -137,8 +134,8 @@ _NAMED_JSON = "JSON_ARRAY({})".format(
 )
 
 #: Claim those of the tasks {ids} a claim of the queues {queues} would take, in one round trip
-#: on MariaDB's kept connection (`MySQLDatabase.kept_take`): autocommit, READ COMMITTED, and no lock
-#: waits (`innodb_lock_wait_timeout = 0`). The UPDATE finds each row by its primary key and
+#: on MariaDB's kept connection (`MySQLDatabase.kept_take`): autocommit, READ COMMITTED, and no
+#: lock waits (`innodb_lock_wait_timeout = 0`). The UPDATE finds each row by its primary key and
 #: notes the ids it changes in a session variable; the SELECT reads those rows back (MariaDB
 #: has no UPDATE ... RETURNING). A row another transaction holds fails the UPDATE at once
 #: (`LOCK_WAIT_TIMEOUT`, nothing changed) instead of waiting for it: the claim then goes the
