@@ -819,14 +819,15 @@ class MySQLClaims(SqlClaims):
         locked (nothing claimed)."""
         escape = connection.escape
         now = escape(claim.now)
+        listed = [str(int(i)) for i in ids]
         sql = _named_claim_sql(len(ids), len(claim.queues)) % (
             escape(claim.lease_until),
             escape(claim.worker_id),
             now,
-            *[str(int(i)) for i in ids],
+            *listed,
             *[escape(q.encode()) for q in claim.queues],
             now,
-            *[str(int(i)) for i in ids],
+            *listed,
         )
         try:
             await connection.query(sql)  # SET
