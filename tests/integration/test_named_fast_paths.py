@@ -262,3 +262,17 @@ async def test_sqlite_in_memory_has_no_kept_connection() -> None:
         assert driver.db.kept() is None
     finally:
         await driver.close()
+
+
+@pytest.mark.mysql
+async def test_mariadb_keeps_no_connection_beyond_a_budget(mysql_url: str) -> None:
+    """Under a connection budget every connection is the pools': the named claim takes the
+    transactional way, and the process holds no more than the budget."""
+    reset_schema(mysql_url)
+    driver = driver_for_url(mysql_url, connections=3)
+    try:
+        ids = await driver.tasks.task_insert_many([new(i) for i in range(3)])
+        assert [r.id for r in await claim_named(driver, ids)] == ids
+        assert not fast_path_used(driver)
+    finally:
+        await driver.close()

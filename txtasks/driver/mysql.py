@@ -579,8 +579,9 @@ class MariaDBDialect(MySQLDialect):
 
 class MySQLDatabase(SqlDatabase):
     """MySQL 8 and MariaDB through aiomysql (async) and pymysql (sync); which of the two it
-    talks to, the first connection tells (`SqlDatabase.sql`). On MariaDB, one aiomysql
-    connection of its own is kept for the worker's named claims (`kept_take`)."""
+    talks to, the first connection tells (`SqlDatabase.sql`). On MariaDB without a
+    connection budget, one aiomysql connection of its own is kept for the worker's named
+    claims (`kept_take`)."""
 
     dialect_class: ClassVar[type[SqlDialect]] = MySQLDialect
 
@@ -591,8 +592,9 @@ class MySQLDatabase(SqlDatabase):
         self._kept: tuple[asyncio.AbstractEventLoop, Any, float] | None = None
         #: A claim is using the kept connection.
         self._kept_busy = False
-        #: No kept connection: the server is MySQL, or the engine's driver is not aiomysql.
-        self._kept_off = False
+        #: No kept connection: the server is MySQL, the engine's driver is not aiomysql, or
+        #: a connection budget is set (every connection is then the pools', within it).
+        self._kept_off = self.connections is not None
 
     def kept_take(self) -> Any | None:
         """The connection kept for MariaDB's named claims (`NAMED_CLAIM_SQL`), taken for a
@@ -622,7 +624,7 @@ class MySQLDatabase(SqlDatabase):
     async def kept_open(self) -> Any | None:
         """A new kept connection, taken as `kept_take` takes it, opened within
         `Timeouts.checkout`; None when another claim holds the kept connection, or there is
-        none to have (the server is MySQL, the engine's driver not aiomysql): the caller
+        none to have (the server is MySQL, the engine's driver not aiomysql, a budget set): the caller
         then takes the transactional way."""
         if self._kept_off or self._kept_busy:
             return None
