@@ -141,6 +141,8 @@ async def test_the_dashboard_in_chromium(
     # re-drive a dead letter from a selection, and see a worker run it
     await page.goto(served + "/dead")
     await page.check(f'tr[data-task="{seeded.dead}"] input[name=id]')
+    listed = await page.inner_text(f'tr[data-task="{seeded.dead}"] td.error')
+    assert listed == "RuntimeError: report 7 failed: disk full"  # the exception, not the attempt
     await shot(page, "dead")
     BROKEN["disk"] = False
     worker = Worker(app, WorkerConfig(queues=("reports",), poll_interval=0.05))

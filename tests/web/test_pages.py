@@ -15,6 +15,7 @@ from txtasks import App, ConfigurationError, MemoryDriver
 from txtasks.driver import sql_dashboard
 from txtasks.testing import run_until_empty
 from txtasks.web import create_app
+from txtasks.web.app import error_summary
 
 
 async def test_queues_page_shows_depths_paused_and_chart(
@@ -59,6 +60,25 @@ async def test_tasks_filters_and_pages(
     assert "No task matches" in none.text
     retrying = await client.get("/tasks", params={"state": "retryable", "task": "flaky"})
     assert f'data-task="{seeded.retrying}"' in retrying.text
+
+
+async def test_lists_show_the_exception_of_a_task_out_of_retries(
+    client: httpx.AsyncClient, seeded: Seeded
+) -> None:
+    for path in ("/dead", "/tasks?state=dead"):
+        page = await client.get(path)
+        row = page.text.split(f'<tr data-task="{seeded.dead}">')[1].split("</tr>")[0]
+        error = row.split('<td class="error">')[1].split("</td>")[0]
+        assert error == "RuntimeError: report 7 failed: disk full", path
+
+
+def test_error_summary_names_the_exception_of_any_stored_text() -> None:
+    ours = "ValueError: bad\n  at shop.f line 3: x()\ncaused by: KeyError: 'a'\n(attempt 2 of 2)"
+    assert error_summary(ours) == "ValueError: bad"
+    python = "Traceback (most recent call last):\n  File x, line 1\nOSError: gone\n(attempt 2 of 2)"
+    assert error_summary(python) == "OSError: gone"
+    assert error_summary("lease expired\n(deadline 2026-01-01 passed)") == "lease expired"
+    assert error_summary(None) == error_summary("  ") == ""
 
 
 async def test_task_detail_shows_error_payload_and_result(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -92,6 +93,7 @@ class Dashboard:
         )
         self.templates.filters["age"] = _age
         self.templates.filters["when"] = _when
+        self.templates.filters["error_summary"] = error_summary
         self.templates.globals.update(cap=COUNT_CAP, search_window=SEARCH_WINDOW)
         routes = [
             Route("/", self.page_queues),
@@ -350,3 +352,22 @@ def _since(now: datetime | None, then: datetime | None) -> Any:
 
 def _when(value: datetime | None) -> str:
     return "" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+#: Lines the retry policy appends to an error text, which say nothing about the exception.
+_POLICY_SUFFIX = re.compile(r"^\((attempt \d+ of \d+|deadline .* passed)\)$")
+
+
+def error_summary(text: str | None) -> str:
+    """The line of a stored error that names the exception: its first line (txtasks stores the
+    exception before its traceback), or for a Python traceback its last line that is neither a
+    frame nor what the retry policy appended."""
+    lines = [line for line in (text or "").strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    if not lines[0].startswith("Traceback (most recent call last)"):
+        return lines[0]
+    for line in reversed(lines):
+        if not line[:1].isspace() and not _POLICY_SUFFIX.match(line):
+            return line
+    return lines[0]
