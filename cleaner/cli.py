@@ -20,6 +20,7 @@ from txtasks.cli.common import (
     connections_option,
     database_url_option,
     friendly_errors,
+    from_command_line,
     health_host_option,
     health_port_option,
     json_default,
@@ -93,6 +94,8 @@ def cleaner(
     if log_level != "debug":  # APScheduler logs every job run at INFO
         logging.getLogger("apscheduler").setLevel(logging.WARNING)
     app = load_app(app_spec)
+    database_url = from_command_line("database_url", database_url)
+    broker_url = from_command_line("broker_url", broker_url)
     config = config_from(config_spec, assignments, only, skip)
     if health_port is not None:
         config = dataclasses.replace(config, health_port=health_port)

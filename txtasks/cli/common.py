@@ -54,7 +54,8 @@ database_url_option = click.option(
     "--database-url",
     envvar=ENV_DATABASE_URL,
     show_envvar=True,
-    help="postgresql://..., mysql://... or sqlite:///path (overrides the app's setting).",
+    help="postgresql://..., mysql://... or sqlite:///path (beats the app's setting, "
+    "which beats the variable).",
 )
 
 
@@ -62,7 +63,8 @@ broker_url_option = click.option(
     "--broker-url",
     envvar=ENV_BROKER_URL,
     show_envvar=True,
-    help="amqp://... RabbitMQ for wake-ups (overrides the app's setting); none: polling only.",
+    help="amqp://... RabbitMQ for wake-ups (beats the app's setting, which beats the "
+    "variable); none: polling only.",
 )
 
 
@@ -138,6 +140,16 @@ connections_option = click.option(
 )
 
 
+def from_command_line(name: str, value: str | None) -> str | None:
+    """`value` when the command line gave it; None when it came from the environment, which
+    an app's own setting beats (App.resolve_database_url)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or value is None:
+        return value
+    source = ctx.get_parameter_source(name)
+    return None if source is click.core.ParameterSource.ENVIRONMENT else value
+
+
 def load_app(spec: str) -> App:
     """Import `module:attribute` and check it is a txtasks App."""
     from txtasks.app import App
@@ -166,7 +178,8 @@ def load_object(spec: str) -> Any:
 
 
 def resolve_url(url: str | None, app: App | None = None) -> str:
-    """The flag/env URL, else the app's own setting; an error when neither is set."""
+    """The flag (or, without an app, the environment's) URL, else the app's own setting, else
+    the environment; an error when none is set."""
     resolved = url or (app.resolve_database_url() if app is not None else None)
     if not resolved:
         raise ConfigurationError(

@@ -21,6 +21,7 @@ from txtasks.cli.common import (
     connections_option,
     database_url_option,
     friendly_errors,
+    from_command_line,
     health_host_option,
     health_port_option,
     json_default,
@@ -229,12 +230,14 @@ def worker(
     logging_setup(log_level, log_format)
     event_loop = loop_choice(loop)
     app = load_app(app_spec)
+    database_url = from_command_line("database_url", database_url)
+    broker_url = from_command_line("broker_url", broker_url)
     try:
         if health_host is not None:
             settings["health_host"] = health_host
         services = services_off(settings.pop("skipped"), settings.pop("publish_deferred"))
         config = WorkerConfig(queues=queues or None, services=services, **settings)
-        if database_url:  # the flag or TXTASKS_DATABASE_URL; else the app's own setting
+        if database_url:  # the flag; else the app's own setting, else TXTASKS_DATABASE_URL
             app.use_driver(app.driver_for(database_url))
         if broker_url:
             app.use_notifier(notifier_for_url(broker_url))
@@ -525,6 +528,8 @@ def enqueue(
 ) -> None:
     """Enqueue TASK of APP with a JSON PAYLOAD (default null)."""
     app = load_app(app_spec)
+    database_url = from_command_line("database_url", database_url)
+    broker_url = from_command_line("broker_url", broker_url)
     try:
         value = json.loads(payload)
     except ValueError as exc:

@@ -6,6 +6,7 @@ import click
 
 from txtasks.cli.common import (
     database_url_option,
+    from_command_line,
     load_app,
     log_format_option,
     log_level_option,
@@ -70,6 +71,7 @@ def dashboard(
 
     logging_setup(log_level, log_format)
     app = load_app(app_spec)
+    database_url = from_command_line("database_url", database_url)
     try:
         auth = Auth.from_env()
         check_bind(host, auth)
