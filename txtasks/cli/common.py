@@ -19,7 +19,7 @@ import click
 
 from txtasks._checks import check_number
 from txtasks.env import ENV_BROKER_URL, ENV_DATABASE_URL
-from txtasks.errors import ConfigurationError, PayloadError, TxtasksError
+from txtasks.errors import ConfigurationError, PayloadError, TxtasksError, missing_extra
 from txtasks.payload import headers_decode, payload_decode
 from txtasks.types import JSON_CONTENT_TYPE, TaskRow
 
@@ -237,19 +237,6 @@ loop_option = click.option(
 )
 
 
-#: Optional modules -> the extra that installs them.
-EXTRAS = {
-    "asyncpg": "postgres",
-    "psycopg": "postgres",
-    "aiomysql": "mysql",
-    "pymysql": "mysql",
-    "aio_pika": "rabbitmq",
-    "aiormq": "rabbitmq",
-    "uvloop": "fast",
-    "opentelemetry": "otel",
-    "pyspark": "spark",
-    "pyarrow": "spark",
-}
 #: A database error about a table that is not there: the table's name in group 1.
 MISSING_TABLE = re.compile(
     r"""relation "(\w+)" does not exist|Table '(?:\w+\.)?(\w+)' doesn't exist|no such table: (\w+)"""
@@ -261,9 +248,9 @@ def error_message(exc: BaseException, url: str | URL | None = None) -> str | Non
     With the database `url`, a connection error names it (its password hidden)."""
     if isinstance(exc, TxtasksError):
         return str(exc)
-    if isinstance(exc, ImportError) and (exc.name or "").partition(".")[0] in EXTRAS:
-        module = (exc.name or "").partition(".")[0]
-        return f'{module} is not installed: pip install "txtasks[{EXTRAS[module]}]"'
+    missing = missing_extra(exc) if isinstance(exc, ImportError) else None
+    if missing is not None:
+        return str(missing)
     if isinstance(exc, database_errors()):
         return database_message(exc, url)
     if isinstance(exc, OSError):

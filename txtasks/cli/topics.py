@@ -11,6 +11,7 @@ from txtasks.cli.common import (
     broker_url_option,
     database_url_option,
     friendly_errors,
+    from_command_line,
     json_default,
     load_app,
     resolve_url,
@@ -51,6 +52,8 @@ def publish(
     from txtasks.errors import TxtasksError
 
     app = load_app(app_spec)
+    database_url = from_command_line("database_url", database_url)
+    broker_url = from_command_line("broker_url", broker_url)
     try:  # bad input fails before anything is opened
         publish = app.topics.new_publish(
             topic, _payload(payload), **{k: v for k, v in options.items() if v is not None}
@@ -82,12 +85,15 @@ def subscribe(app_spec: str, topics: tuple[str, ...], database_url: str | None) 
     """Store the subscriptions APP's tasks declare (of TOPICS only, when given); a worker of
     APP stores those of its queues at its start too. Publishes committed from now on reach
     them."""
-    from txtasks.errors import TxtasksError
+    from txtasks.errors import MissingExtraError, TxtasksError
 
     app = load_app(app_spec)
+    database_url = from_command_line("database_url", database_url)
     app.use_driver(app.driver_for(resolve_url(database_url, app)))
     try:
         subs = run_async(lambda: _subscribe(app, topics or None))
+    except MissingExtraError:
+        raise
     except TxtasksError as exc:
         raise click.BadParameter(str(exc)) from None
     if not subs:

@@ -35,7 +35,7 @@ from txtasks.driver.statements.keys import (
 )
 from txtasks.driver.statements.topics import TopicStatements
 from txtasks.driver.timeouts import Watchdog, keepalive_set, socket_of
-from txtasks.errors import ConfigurationError
+from txtasks.errors import ConfigurationError, extras_needed
 from txtasks.keys import HINTS_PER_CLAIM
 from txtasks.schema import migrate as schema_migrate
 from txtasks.schema.tables import READY, TASK_COLUMNS
@@ -722,7 +722,8 @@ class PostgresDatabase(SqlDatabase):
         one for all under a small budget, `raw_shared`): "claims" without waiting for the
         WAL flush, "writes" with the server's setting (`RAW_SETTINGS`). A connection idle for
         `RAW_IDLE` seconds is closed."""
-        import asyncpg  # the postgres extra
+        with extras_needed():
+            import asyncpg  # the postgres extra
 
         name = self.raw_name(purpose)
         loop = asyncio.get_running_loop()

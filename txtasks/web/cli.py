@@ -58,16 +58,13 @@ def dashboard(
 ) -> None:
     """Serve the web dashboard of APP (module:attribute): queues, tasks, dead letters,
     periodic schedules and workers, with actions on them (needs the extra `web`)."""
-    try:
+    from txtasks.errors import TxtasksError, extras_needed
+
+    with extras_needed():  # one line naming the extra `web` when it is not installed
         import uvicorn
 
         from txtasks.web import create_app
         from txtasks.web.security import LOOPBACK_HOSTS, Auth, check_bind
-    except ImportError as exc:  # pragma: no cover - depends on the installed extras
-        raise click.ClickException(
-            f"the dashboard needs the extra `web`: pip install 'txtasks[web]' ({exc})"
-        ) from exc
-    from txtasks.errors import TxtasksError
 
     logging_setup(log_level, log_format)
     app = load_app(app_spec)
