@@ -263,9 +263,7 @@ def tasks(
     as_json: bool,
 ) -> None:
     """List tasks: live ones newest first, then finished ones last finished first."""
-    from rich.console import Console
-    from rich.table import Table
-
+    from txtasks.cli.tables import Grid, grids_print
     from txtasks.control import TaskFilter
 
     where = TaskFilter(_queue_name(queue, "--queue"), task_name, key)
@@ -276,12 +274,10 @@ def tasks(
     if as_json:
         click.echo(json.dumps([task_json(r) for r in rows], default=json_default, indent=2))
         return
-    table = Table(title=f"tasks ({len(rows)})")
-    for column in ("id", "state", "queue", "task", "key", "attempts", "run at", "error"):
-        table.add_column(column)
+    lines = []
     for r in rows:
         error = (r.last_error or "").strip().splitlines()
-        table.add_row(
+        lines.append([
             str(r.id),
             r.state.value
             + (" (cancel asked)" if r.cancel_requested_at and r.state.is_live else ""),
@@ -291,8 +287,10 @@ def tasks(
             f"{r.attempt}/{r.max_attempts}",
             f"{r.run_at:%Y-%m-%d %H:%M:%S}",
             error[0] if error else "",
-        )
-    Console().print(table)
+        ])  # fmt: skip
+    headers = ["id", "state", "queue", "task", "key", "attempts", "run at", "error"]
+    text = frozenset({"state", "queue", "task", "key", "error"})
+    grids_print([Grid(f"tasks ({len(rows)})", headers, lines, text=text)])
 
 
 COMMANDS = (cancel, pause, resume, inspect, tasks)

@@ -291,8 +291,7 @@ def dlq() -> None:
 @click.option("--json", "as_json", is_flag=True)
 def dlq_list(database_url: str | None, queue: str | None, limit: int, as_json: bool) -> None:
     """Dead-lettered tasks, newest first."""
-    from rich.console import Console
-    from rich.table import Table
+    from txtasks.cli.tables import Grid, grids_print
 
     rows = with_driver(
         database_url, lambda driver: driver.admin.dead_list(queue=queue, limit=limit)
@@ -300,20 +299,20 @@ def dlq_list(database_url: str | None, queue: str | None, limit: int, as_json: b
     if as_json:
         click.echo(json.dumps([task_json(r) for r in rows], default=json_default, indent=2))
         return
-    table = Table(title=f"dead letters ({len(rows)})")
-    for column in ("id", "queue", "task", "attempts", "finished", "error"):
-        table.add_column(column)
+    lines = []
     for r in rows:
         error = (r.last_error or "").strip().splitlines()
-        table.add_row(
+        lines.append([
             str(r.id),
             r.queue,
             r.task_name,
             f"{r.attempt}/{r.max_attempts}",
             str(r.finished_at),
             error[0] if error else "",
-        )
-    Console().print(table)
+        ])  # fmt: skip
+    headers = ["id", "queue", "task", "attempts", "finished", "error"]
+    text = frozenset({"queue", "task", "error"})
+    grids_print([Grid(f"dead letters ({len(rows)})", headers, lines, text=text)])
 
 
 def _selection(ids: tuple[int, ...], queue: str | None, all_: bool) -> list[int] | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -26,6 +25,7 @@ from txtasks.cli.common import (
     resolve_url,
     with_driver,
 )
+from txtasks.cli.tables import Grid, console_for, grids_print
 from txtasks.clock import utcnow
 from txtasks.services import StatusSection, age_text, status_sections
 from txtasks.types import KeyStats, QueueRates, QueueStats, TaskState
@@ -109,48 +109,6 @@ async def snapshot_take(driver: Driver, keys: int) -> Snapshot:
 # -- tables ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Grid:
-    """A table to show: a title, headers (the first one names the row, and folds), rows."""
-
-    title: str
-    headers: list[str]
-    rows: list[list[str]]
-
-    def width_needed(self, name_width: int = 12) -> int:
-        """Columns for every value on one line with names folded to `name_width`."""
-        widths = [
-            max([len(h), *(len(r[i]) for r in self.rows)]) for i, h in enumerate(self.headers)
-        ]
-        return name_width + sum(widths[1:]) + 3 * len(self.headers) + 1
-
-    def render(self, width: int) -> Any:
-        """A table when every value fits on one line at `width` columns; else one block per
-        row, each value on its own line (folding only the names)."""
-        from rich.console import Group
-        from rich.table import Table
-
-        if width >= self.width_needed():
-            table = Table(title=self.title)
-            for i, header in enumerate(self.headers):
-                if i == 0 or header == "key":
-                    table.add_column(header, overflow="fold", min_width=5)
-                else:
-                    table.add_column(header, justify="right", no_wrap=True)
-            for row in self.rows:
-                table.add_row(*row)
-            return table
-        blocks: list[Any] = [f"[bold]{self.title}[/bold]"]
-        for row in self.rows:
-            block = Table.grid(padding=(0, 1))
-            block.add_column(no_wrap=True, style="bold")
-            block.add_column(overflow="fold")
-            for header, value in zip(self.headers, row, strict=True):
-                block.add_row(header, value)
-            blocks.extend(["", block])
-        return Group(*blocks)
-
-
 def snapshot_grids(snapshot: Snapshot) -> list[Grid]:
     """The queue table, and the busiest keys' when there are any. States with no task in any
     queue get no column (`--json` has every count)."""
@@ -171,8 +129,8 @@ def snapshot_grids(snapshot: Snapshot) -> list[Grid]:
             until = k.rate_limited_until
             limited = "" if until is None else f"{until:%H:%M:%S.%f}"[:-3]
             keys.append([k.queue, k.key, str(k.waiting), str(k.processing), limited])
-        columns = ["queue", "key", "waiting", "processing", "rate-limited until"]
-        grids.append(Grid("busiest keys", columns, keys))
+        columns = ["queue", "key", "waiting", "processing", "limited until"]
+        grids.append(Grid("busiest keys", columns, keys, text=frozenset({"key"})))
     for section in snapshot.sections:
         if section.rows:
             rows = [list(row) for row in section.rows]
@@ -182,23 +140,7 @@ def snapshot_grids(snapshot: Snapshot) -> list[Grid]:
 
 def snapshot_print(snapshot: Snapshot, console: Console | None = None) -> Console:
     """Print the snapshot's tables at the console's width (see `console_for`)."""
-    grids = snapshot_grids(snapshot)
-    console = console or console_for(grids)
-    for grid in grids:
-        console.print(grid.render(console.width))
-    return console
-
-
-def console_for(grids: list[Grid]) -> Console:
-    """The terminal's width on a terminal (or COLUMNS when set); else as wide as the tables
-    need, so that output piped to a file or a pager is never cut at 80 columns."""
-    from rich.console import Console
-
-    console = Console()
-    if console.is_terminal or os.environ.get("COLUMNS"):
-        return console
-    widest = max(g.width_needed(max(len(r[0]) for r in g.rows or [[""]])) for g in grids)
-    return Console(width=max(widest, 80))
+    return grids_print(snapshot_grids(snapshot), console)
 
 
 # -- the command -------------------------------------------------------------------------------
@@ -305,7 +247,7 @@ class Screen:
             snapshot_print(snapshot, console)
             console.file.flush()
             return
-        group = Group(*(g.render(console.width) for g in grids))
+        group = Group(*(table for g in grids for table in g.render(console.width)))
         if self.live is None:
             self.live = Live(group, console=console, auto_refresh=False)
             self.live.start()

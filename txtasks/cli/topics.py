@@ -135,26 +135,23 @@ def unsubscribe(database_url: str | None, topic: str, groups: tuple[str, ...]) -
 def topics(database_url: str | None, as_json: bool) -> None:
     """Topics, their groups (task, queue, live tasks by state) and the publishes dropped for
     want of a subscriber (kept for the cleaner's retention.topic_drops)."""
-    from rich.console import Console
-    from rich.table import Table
+    from txtasks.cli.tables import Grid, grids_print
 
     stats = with_driver(database_url, lambda driver: driver.topics.topic_stats())
     if as_json:
         click.echo(json.dumps([_topic_json(s) for s in stats], indent=2, default=json_default))
         return
-    table = Table(title="txtasks topics")
-    for column in ("topic", "group", "task", "queue", "pending", "processing", "retryable"):
-        table.add_column(column, justify="right" if column[0] in "pr" else "left")
-    table.add_column("dropped", justify="right")
+    rows = []
     for s in stats:
         dropped = str(s.dropped) if s.dropped else ""
         if not s.groups:
-            table.add_row(s.topic, "-", "", "", "", "", "", dropped)
+            rows.append([s.topic, "-", "", "", "", "", "", dropped])
         for n, (sub, counts) in enumerate(s.groups):
             states = [str(counts.get(k, 0)) for k in ("pending", "processing", "retryable")]
             topic, drop = (s.topic, dropped) if n == 0 else ("", "")
-            table.add_row(topic, sub.group, sub.task_name, sub.queue, *states, drop)
-    Console().print(table)
+            rows.append([topic, sub.group, sub.task_name, sub.queue, *states, drop])
+    headers = ["topic", "group", "task", "queue", "pending", "processing", "retryable", "dropped"]
+    grids_print([Grid("txtasks topics", headers, rows, text=frozenset(headers[1:4]))])
 
 
 def _topic_json(s: Any) -> dict[str, Any]:
