@@ -176,3 +176,33 @@ def test_importing_the_dashboard_names_the_web_extra(monkeypatch: pytest.MonkeyP
         MissingExtraError, match=re.escape('jinja2 is not installed: pip install "txtasks[web]"')
     ):
         import txtasks.web  # noqa: F401
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status"],
+        ["status", "--json"],
+        ["dlq", "list"],
+        ["dlq", "requeue", "1"],
+        ["keys", "list"],
+        ["topics"],
+        ["inspect", "1"],
+        ["tasks"],
+        ["cancel", "1"],
+        ["pause", "q"],
+        ["dashboard", APP],
+    ],
+    ids=" ".join,
+)
+def test_a_mistyped_sqlite_path_is_refused_and_nothing_created(
+    tmp_path: Path, args: list[str]
+) -> None:
+    typo = tmp_path / "shop.sqlit3"
+    url = f"sqlite:///{typo}"
+    line = one_line_error(*args, "--database-url", url)
+    assert line == (
+        f"Error: database_url: no SQLite database at {typo} ({url}); check the path, "
+        f"or create it with: txtasks migrate --database-url {url}"
+    )
+    assert list(tmp_path.iterdir()) == []

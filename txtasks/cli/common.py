@@ -188,11 +188,26 @@ def resolve_url(url: str | None, app: App | None = None) -> str:
     return resolved
 
 
+def existing_database(url: str) -> str:
+    """`url`, unless it names a SQLite file that does not exist: commands that read or change
+    tasks refuse it rather than create an empty database (only `migrate` creates one)."""
+    from txtasks.driver.urls import sqlite_file_missing, url_safe
+
+    missing = sqlite_file_missing(url)
+    if missing is not None:
+        raise ConfigurationError(
+            f"database_url: no SQLite database at {missing} ({url_safe(url)}); check the path, "
+            f"or create it with: txtasks migrate --database-url {url_safe(url)}"
+        )
+    return url
+
+
 def with_driver(url: str | None, call: Callable[[Driver], Awaitable[T]]) -> T:
-    """Open a driver for the URL, run one call with it, close it."""
+    """Open a driver for the URL (an existing database: `existing_database`), run one call
+    with it, close it."""
     from txtasks.driver import driver_for_url
 
-    resolved = resolve_url(url)
+    resolved = existing_database(resolve_url(url))
     driver = driver_for_url(resolved)
 
     async def go() -> T:

@@ -6,6 +6,7 @@ import click
 
 from txtasks.cli.common import (
     database_url_option,
+    existing_database,
     from_command_line,
     load_app,
     log_format_option,
@@ -72,6 +73,9 @@ def dashboard(
     try:
         auth = Auth.from_env()
         check_bind(host, auth)
+        url = app.resolve_database_url(database_url)
+        if url:
+            existing_database(url)  # the dashboard creates no database
         if database_url:
             app.use_driver(app.driver_for(database_url))
         asgi = create_app(
