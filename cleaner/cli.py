@@ -48,7 +48,7 @@ log = logging.getLogger("cleaner")
     "--config",
     "config_spec",
     metavar="MODULE:ATTR",
-    help="A cleaner.CleanerConfig to start from (default: every sweep with its defaults).",
+    help="A txtasks.cleaner.CleanerConfig to start from (default: every sweep with its defaults).",
 )
 @click.option(
     "--set",
