@@ -212,8 +212,8 @@ def inspect_text(data: dict[str, Any]) -> str:
         value = data.get(field)
         if field == "attempt":
             value = f"{data['attempt']} of {data['max_attempts']}"
-        elif field in ("headers", "payload") and value is not None:
-            value = json.dumps(value, default=json_default)
+        elif field in ("headers", "payload", "result", "progress") and value is not None:
+            value = json.dumps(value, default=json_default)  # as `--json` shows them
         text = "-" if value is None else str(value)
         if "\n" in text:
             text = "\n  " + text.replace("\n", "\n  ")
