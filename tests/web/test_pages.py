@@ -351,3 +351,48 @@ async def wait_for_rows(app: App, count: int) -> None:
         return len(await app.driver.processes.process_list()) == count
 
     await until(there, f"{count} heartbeat rows")
+
+
+async def test_pages_say_when_no_cleaner_is_alive_and_a_fire_is_overdue(
+    client: httpx.AsyncClient, dashboard_app: App
+) -> None:
+    """A schedule whose next fire passed with no cleaner alive says so, and so does the queue
+    view; a cleaner's heartbeat row running the periodic sweep takes the warning away."""
+    from datetime import timedelta
+
+    from txtasks.types import ProcessRow
+
+    app = dashboard_app
+    now = app.clock()
+    await app.driver.sweeps.periodic_advance(
+        "nightly",
+        schedule=app.schedules["nightly"].spec,
+        expected=None,
+        next_fire_at=now - timedelta(hours=2),
+        fires=[],
+        now=now - timedelta(hours=3),
+    )
+    periodic = (await client.get("/periodic")).text
+    assert 'id="no-cleaner"' in periodic and "these schedules do not fire" in periodic
+    row = periodic.split('data-schedule="nightly"')[1].split("</tr>")[0]
+    assert '<span class="overdue">overdue by 2.0h</span>' in row
+    assert 'id="no-cleaner"' in (await client.get("/")).text
+
+    def cleaner(runs: str, beat: timedelta) -> ProcessRow:
+        return ProcessRow(
+            f"cleaner:{runs}", "cleaner", "h", 1, runs, None, now - beat, now - beat,
+            now - beat + timedelta(seconds=15),
+        )  # fmt: skip
+
+    forget = now - timedelta(hours=1)
+    await app.driver.processes.process_beat(
+        cleaner("periodic", timedelta(minutes=5)), forget_before=forget
+    )
+    assert 'id="no-cleaner"' in (await client.get("/periodic")).text  # stopped beating
+    await app.driver.processes.process_beat(cleaner("archiver", timedelta(0)), forget_before=forget)
+    assert 'id="no-cleaner"' not in (await client.get("/")).text
+    assert 'id="no-cleaner"' in (await client.get("/periodic")).text  # fires none
+    await app.driver.processes.process_beat(
+        cleaner("rescuer,periodic", timedelta(0)), forget_before=forget
+    )
+    assert 'id="no-cleaner"' not in (await client.get("/periodic")).text
