@@ -36,6 +36,7 @@ from txtasks.driver.statements.keys import (
 from txtasks.driver.statements.topics import TopicStatements
 from txtasks.driver.timeouts import Watchdog, keepalive_set, socket_of
 from txtasks.errors import ConfigurationError, extras_needed
+from txtasks.faults import one_line_records
 from txtasks.keys import HINTS_PER_CLAIM
 from txtasks.schema import migrate as schema_migrate
 from txtasks.schema.tables import READY, TASK_COLUMNS
@@ -724,7 +725,7 @@ class PostgresDatabase(SqlDatabase):
         `RAW_IDLE` seconds is closed."""
         with extras_needed():
             import asyncpg  # the postgres extra
-
+        one_line_records("asyncpg.pool")  # a fault is a line, never a library's traceback
         name = self.raw_name(purpose)
         loop = asyncio.get_running_loop()
         held = self._pools.get(name)
@@ -740,6 +741,8 @@ class PostgresDatabase(SqlDatabase):
             local = self.raw_local
             pool = await asyncpg.create_pool(
                 dsn,
+                # no floor of connections kept: asyncpg would reconnect it in the background
+                # during an outage, logging each failed attempt (claims reconnect on demand)
                 min_size=0,
                 max_size=1 if self.connections is not None else 2,
                 max_inactive_connection_lifetime=RAW_IDLE,
