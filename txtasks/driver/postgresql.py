@@ -622,6 +622,20 @@ RAW_SHARED = "shared"
 RAW_IDLE = 60.0
 
 
+async def _kept_lost(pool: Any, connection: Any) -> bool:
+    """Whether a kept connection is gone: closed (it goes back to its pool), or already
+    handed back by asyncpg, which takes back a connection the server or the network ended."""
+    import asyncpg
+
+    try:
+        closed = connection.is_closed()
+    except asyncpg.InterfaceError:  # released back to the pool when it was lost
+        return True
+    if closed:
+        await pool.release(connection)
+    return bool(closed)
+
+
 class PostgresDatabase(SqlDatabase):
     """PostgreSQL 12+ through asyncpg (async) and psycopg (sync), and small asyncpg pools of
     its own for the worker's hot path (`raw_fetch`): one autocommit statement each, no
@@ -789,8 +803,7 @@ class PostgresDatabase(SqlDatabase):
         name = self.raw_name(purpose)
         kept = self._kept.pop(name, None)
         connection = kept[1] if kept is not None and kept[0] is pool else None
-        if connection is not None and connection.is_closed():
-            await pool.release(connection)
+        if connection is not None and await _kept_lost(pool, connection):
             connection = None
         if connection is None:
             self._acquiring[name] = self._acquiring.get(name, 0) + 1
