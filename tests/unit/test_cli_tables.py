@@ -4,6 +4,7 @@ when piped."""
 from __future__ import annotations
 
 import io
+import json
 import sqlite3
 from datetime import datetime
 from pathlib import Path
@@ -50,7 +51,7 @@ def busy_snapshot() -> Snapshot:
         name: QueueRates(name, 60.0, enqueued=1234, finished={"completed": 999}) for name in QUEUES
     }
     keys = [KeyStats(QUEUES[n], f"customer-{n:06d}-eu-west", 12, 3, NOW) for n in range(10)]
-    return Snapshot(NOW, queues, rates, keys)
+    return Snapshot(NOW, queues, rates, keys, cleaners_alive=1)
 
 
 def printed(snapshot: Snapshot, console: Console) -> list[str]:
@@ -111,3 +112,18 @@ def test_topics_piped_shows_every_name_whole(
     row = result.output.splitlines()[3].split()
     assert row[:4] == list(values.values()), result.output
     assert "…" not in result.output
+
+
+def test_status_says_when_no_cleaner_is_alive(tmp_path: Path) -> None:
+    quiet = Snapshot(NOW, [QueueStats("mail", {"pending": 1})], {}, [], cleaners_alive=0)
+    console = Console(file=io.StringIO(), width=80, force_terminal=True, color_system=None)
+    lines = [line.rstrip() for line in printed(quiet, console)]
+    assert " ".join(lines[-3:]).endswith("start one: txtasks cleaner APP")
+    console = Console(file=io.StringIO(), width=80, force_terminal=True, color_system=None)
+    assert "no cleaner" not in "\n".join(printed(busy_snapshot(), console))
+    url = f"sqlite:///{tmp_path / 'db.sqlite3'}"
+    assert CliRunner().invoke(main, ["migrate", "--database-url", url]).exit_code == 0
+    result = CliRunner().invoke(main, ["status", "--json", "--database-url", url])
+    assert json.loads(result.output)["cleaners_alive"] == 0
+    result = CliRunner().invoke(main, ["status", "--database-url", url])
+    assert "no cleaner is alive (no heartbeat row)" in result.output

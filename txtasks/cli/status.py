@@ -52,6 +52,8 @@ class Snapshot:
     keys: list[KeyStats]
     #: What the installed services report (the backlog of deferred Spark writes, `deferred`).
     sections: list[StatusSection] = field(default_factory=list)
+    #: Cleaners whose heartbeat row is alive (txtasks.processes).
+    cleaners_alive: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -60,6 +62,7 @@ class Snapshot:
             "window_seconds": WINDOW,
             "queues": [self._queue_json(q) for q in self.queues],
             "keys": [_key_json(k) for k in self.keys],
+            "cleaners_alive": self.cleaners_alive,
             **{section.key: dict(section.document) for section in self.sections},
         }
 
@@ -103,7 +106,10 @@ async def snapshot_take(driver: Driver, keys: int) -> Snapshot:
         queues.append(QueueStats(queue))
     busiest = await driver.admin.key_stats(now=now, limit=keys) if keys else []
     sections = await status_sections(driver, now)
-    return Snapshot(now, sorted(queues, key=lambda q: q.queue), rates, busiest, sections)
+    processes = await driver.processes.process_list()
+    cleaners = sum(1 for p in processes if p.kind == "cleaner" and p.alive(now))
+    ordered = sorted(queues, key=lambda q: q.queue)
+    return Snapshot(now, ordered, rates, busiest, sections, cleaners)
 
 
 # -- tables ------------------------------------------------------------------------------------
@@ -138,9 +144,20 @@ def snapshot_grids(snapshot: Snapshot) -> list[Grid]:
     return grids
 
 
+#: What `status` says when no cleaner is alive.
+NO_CLEANER = (
+    "no cleaner is alive (no heartbeat row): the tasks of a worker that dies stay processing "
+    "and periodic schedules do not fire; start one: txtasks cleaner APP"
+)
+
+
 def snapshot_print(snapshot: Snapshot, console: Console | None = None) -> Console:
-    """Print the snapshot's tables at the console's width (see `console_for`)."""
-    return grids_print(snapshot_grids(snapshot), console)
+    """Print the snapshot's tables at the console's width (see `console_for`), and a line
+    when no cleaner is alive."""
+    console = grids_print(snapshot_grids(snapshot), console)
+    if not snapshot.cleaners_alive:
+        console.print(NO_CLEANER, style="bold", soft_wrap=True, markup=False)
+    return console
 
 
 # -- the command -------------------------------------------------------------------------------
@@ -240,6 +257,7 @@ class Screen:
             return
         from rich.console import Group
         from rich.live import Live
+        from rich.text import Text
 
         grids = snapshot_grids(snapshot)
         console = console_for(grids)
@@ -248,6 +266,8 @@ class Screen:
             console.file.flush()
             return
         group = Group(*(table for g in grids for table in g.render(console.width)))
+        if not snapshot.cleaners_alive:
+            group.renderables.append(Text(NO_CLEANER, style="bold"))
         if self.live is None:
             self.live = Live(group, console=console, auto_refresh=False)
             self.live.start()
