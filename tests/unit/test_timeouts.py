@@ -29,7 +29,8 @@ def test_given_timeouts_win_over_the_url_and_the_environment_over_both(
     assert (timeouts.connect, timeouts.command, timeouts.keepalive_idle) == (7, 12.5, 10.0)
     # never silently: one line names the variable that changed what the code set
     assert [r.getMessage() for r in caplog.records] == [
-        "timeouts: TXTASKS_DB_COMMAND_TIMEOUT=12.5 used, over the Timeouts given in code"
+        "timeouts: TXTASKS_DB_COMMAND_TIMEOUT=12.5 used, over the Timeouts given in code "
+        "(unset it to use the code's)"
     ]
     assert Timeouts.resolve(URL, env={"TXTASKS_DB_COMMAND_TIMEOUT": "off"})[0].command is None
 

@@ -127,7 +127,10 @@ class Timeouts:
                 f"{v}={env[v]}" for v, f in ENV_VARS.items() if env.get(v)
                 and getattr(timeouts, f) != getattr(given, f)
             ]  # fmt: skip
-            log.info("timeouts: %s used, over the Timeouts given in code", ", ".join(changed))
+            log.info(
+                "timeouts: %s used, over the Timeouts given in code (unset it to use the code's)",
+                ", ".join(changed),
+            )
         return timeouts, url.difference_update_query(URL_PARAMS)
 
 
