@@ -13,9 +13,9 @@ from starlette.routing import Mount
 from tests.web.conftest import CSRF, Seeded, act, client_for, csrf_of
 from txtasks import App, ConfigurationError, MemoryDriver
 from txtasks.driver import sql_dashboard
+from txtasks.policy import error_summary
 from txtasks.testing import run_until_empty
 from txtasks.web import create_app
-from txtasks.web.app import error_summary
 
 
 async def test_queues_page_shows_depths_paused_and_chart(

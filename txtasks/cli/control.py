@@ -265,6 +265,7 @@ def tasks(
     """List tasks: live ones newest first, then finished ones last finished first."""
     from txtasks.cli.tables import Grid, grids_print
     from txtasks.control import TaskFilter
+    from txtasks.policy import error_summary
 
     where = TaskFilter(_queue_name(queue, "--queue"), task_name, key)
     chosen = [TaskState(s) for s in states] or None
@@ -276,7 +277,6 @@ def tasks(
         return
     lines = []
     for r in rows:
-        error = (r.last_error or "").strip().splitlines()
         lines.append([
             str(r.id),
             r.state.value
@@ -286,7 +286,7 @@ def tasks(
             r.partition_key or "",
             f"{r.attempt}/{r.max_attempts}",
             f"{r.run_at:%Y-%m-%d %H:%M:%S}",
-            error[0] if error else "",
+            error_summary(r.last_error),
         ])  # fmt: skip
     headers = ["id", "state", "queue", "task", "key", "attempts", "run at", "error"]
     text = frozenset({"state", "queue", "task", "key", "error"})

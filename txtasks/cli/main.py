@@ -292,6 +292,7 @@ def dlq() -> None:
 def dlq_list(database_url: str | None, queue: str | None, limit: int, as_json: bool) -> None:
     """Dead-lettered tasks, newest first."""
     from txtasks.cli.tables import Grid, grids_print
+    from txtasks.policy import error_summary
 
     rows = with_driver(
         database_url, lambda driver: driver.admin.dead_list(queue=queue, limit=limit)
@@ -301,14 +302,13 @@ def dlq_list(database_url: str | None, queue: str | None, limit: int, as_json: b
         return
     lines = []
     for r in rows:
-        error = (r.last_error or "").strip().splitlines()
         lines.append([
             str(r.id),
             r.queue,
             r.task_name,
             f"{r.attempt}/{r.max_attempts}",
             str(r.finished_at),
-            error[0] if error else "",
+            error_summary(r.last_error),
         ])  # fmt: skip
     headers = ["id", "queue", "task", "attempts", "finished", "error"]
     text = frozenset({"queue", "task", "error"})

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from txtasks.driver.base import (
     check_cursor,
 )
 from txtasks.errors import ConfigurationError, TxtasksError
+from txtasks.policy import error_summary
 from txtasks.types import TaskRow
 from txtasks.web.actions import ACTIONS, Target, field_of, match_of
 from txtasks.web.charts import sparkline
@@ -380,21 +380,3 @@ def _when(value: datetime | None) -> str:
 #: Seconds past its next fire time after which a schedule is shown as overdue (a cleaner
 #: running the periodic sweep fires it within about a second).
 OVERDUE_AFTER = 30.0
-
-#: Lines the retry policy appends to an error text, which say nothing about the exception.
-_POLICY_SUFFIX = re.compile(r"^\((attempt \d+ of \d+|deadline .* passed)\)$")
-
-
-def error_summary(text: str | None) -> str:
-    """The line of a stored error that names the exception: its first line (txtasks stores the
-    exception before its traceback), or for a Python traceback its last line that is neither a
-    frame nor what the retry policy appended."""
-    lines = [line for line in (text or "").strip().splitlines() if line.strip()]
-    if not lines:
-        return ""
-    if not lines[0].startswith("Traceback (most recent call last)"):
-        return lines[0]
-    for line in reversed(lines):
-        if not line[:1].isspace() and not _POLICY_SUFFIX.match(line):
-            return line
-    return lines[0]
