@@ -19,6 +19,7 @@ from txtasks.cli.common import (
     broker_url_option,
     connections_option,
     database_url_option,
+    existing_app_database,
     friendly_errors,
     from_command_line,
     health_host_option,
@@ -101,6 +102,7 @@ def cleaner(
         config = dataclasses.replace(config, health_port=health_port)
     if health_host is not None:
         config = dataclasses.replace(config, health_host=health_host)
+    existing_app_database(app, database_url)
     if database_url:
         app.use_driver(app.driver_for(database_url))
     if broker_url:

@@ -192,6 +192,11 @@ def test_importing_the_dashboard_names_the_web_extra(monkeypatch: pytest.MonkeyP
         ["cancel", "1"],
         ["pause", "q"],
         ["dashboard", APP],
+        ["worker", APP, "--burst"],
+        ["cleaner", APP, "--once"],
+        ["enqueue", APP, "acc.record"],
+        ["publish", APP, "orders.created"],
+        ["subscribe", APP],
     ],
     ids=" ".join,
 )

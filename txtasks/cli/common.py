@@ -202,6 +202,14 @@ def existing_database(url: str) -> str:
     return url
 
 
+def existing_app_database(app: App, url: str | None) -> None:
+    """Refuse the database `app` would use (the flag's `url`, else its own) when it names a
+    SQLite file that does not exist (`existing_database`)."""
+    resolved = app.resolve_database_url(url)
+    if resolved:
+        existing_database(resolved)
+
+
 def with_driver(url: str | None, call: Callable[[Driver], Awaitable[T]]) -> T:
     """Open a driver for the URL (an existing database: `existing_database`), run one call
     with it, close it."""

@@ -20,6 +20,8 @@ from txtasks.cli.common import (
     broker_url_option,
     connections_option,
     database_url_option,
+    existing_app_database,
+    existing_database,
     friendly_errors,
     from_command_line,
     health_host_option,
@@ -237,6 +239,7 @@ def worker(
             settings["health_host"] = health_host
         services = services_off(settings.pop("skipped"), settings.pop("publish_deferred"))
         config = WorkerConfig(queues=queues or None, services=services, **settings)
+        existing_app_database(app, database_url)
         if database_url:  # the flag; else the app's own setting, else TXTASKS_DATABASE_URL
             app.use_driver(app.driver_for(database_url))
         if broker_url:
@@ -535,7 +538,7 @@ def enqueue(
         raise click.BadParameter(f"not JSON: {exc}", param_hint="PAYLOAD") from exc
     except RecursionError as exc:
         raise click.BadParameter("nested too deeply to decode", param_hint="PAYLOAD") from exc
-    url = resolve_url(database_url, app)
+    url = existing_database(resolve_url(database_url, app))
     from txtasks.engines import create_engine
     from txtasks.wakeup import notifier_for_url
 

@@ -10,6 +10,7 @@ import click
 from txtasks.cli.common import (
     broker_url_option,
     database_url_option,
+    existing_database,
     friendly_errors,
     from_command_line,
     json_default,
@@ -60,7 +61,7 @@ def publish(
         )
     except TxtasksError as exc:
         raise click.BadParameter(str(exc)) from None
-    url = resolve_url(database_url, app)
+    url = existing_database(resolve_url(database_url, app))
     from txtasks.engines import create_engine
     from txtasks.wakeup import notifier_for_url
 
@@ -89,7 +90,7 @@ def subscribe(app_spec: str, topics: tuple[str, ...], database_url: str | None) 
 
     app = load_app(app_spec)
     database_url = from_command_line("database_url", database_url)
-    app.use_driver(app.driver_for(resolve_url(database_url, app)))
+    app.use_driver(app.driver_for(existing_database(resolve_url(database_url, app))))
     try:
         subs = run_async(lambda: _subscribe(app, topics or None))
     except MissingExtraError:

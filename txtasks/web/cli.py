@@ -6,7 +6,7 @@ import click
 
 from txtasks.cli.common import (
     database_url_option,
-    existing_database,
+    existing_app_database,
     from_command_line,
     load_app,
     log_format_option,
@@ -73,9 +73,7 @@ def dashboard(
     try:
         auth = Auth.from_env()
         check_bind(host, auth)
-        url = app.resolve_database_url(database_url)
-        if url:
-            existing_database(url)  # the dashboard creates no database
+        existing_app_database(app, database_url)  # the dashboard creates no database
         if database_url:
             app.use_driver(app.driver_for(database_url))
         asgi = create_app(
