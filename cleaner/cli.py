@@ -19,7 +19,9 @@ from txtasks.cli.common import (
     broker_url_option,
     connections_option,
     database_url_option,
+    existing_app_database,
     friendly_errors,
+    from_command_line,
     health_host_option,
     health_port_option,
     json_default,
@@ -47,7 +49,7 @@ log = logging.getLogger("cleaner")
     "--config",
     "config_spec",
     metavar="MODULE:ATTR",
-    help="A cleaner.CleanerConfig to start from (default: every sweep with its defaults).",
+    help="A txtasks.cleaner.CleanerConfig to start from (default: every sweep with its defaults).",
 )
 @click.option(
     "--set",
@@ -93,11 +95,14 @@ def cleaner(
     if log_level != "debug":  # APScheduler logs every job run at INFO
         logging.getLogger("apscheduler").setLevel(logging.WARNING)
     app = load_app(app_spec)
+    database_url = from_command_line("database_url", database_url)
+    broker_url = from_command_line("broker_url", broker_url)
     config = config_from(config_spec, assignments, only, skip)
     if health_port is not None:
         config = dataclasses.replace(config, health_port=health_port)
     if health_host is not None:
         config = dataclasses.replace(config, health_host=health_host)
+    existing_app_database(app, database_url)
     if database_url:
         app.use_driver(app.driver_for(database_url))
     if broker_url:

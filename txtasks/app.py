@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
@@ -16,7 +15,7 @@ from txtasks.driver import Driver, driver_for_url
 from txtasks.driver.pooling import connections_check
 from txtasks.driver.timeouts import Timeouts
 from txtasks.enqueue import Enqueuer, TaskWrite
-from txtasks.env import ENV_BROKER_URL, ENV_DATABASE_URL
+from txtasks.env import ENV_BROKER_URL, ENV_DATABASE_URL, code_or_env
 from txtasks.errors import (
     ConfigurationError,
     UnknownTaskError,
@@ -88,8 +87,9 @@ class _Moved:
 class App:
     """Holds the task registry and where tasks are stored.
 
-    `database_url` is the lowest-precedence setting: the CLI's flags and the
-    TXTASKS_DATABASE_URL environment variable override it.
+    `database_url` and `broker_url` beat the TXTASKS_DATABASE_URL and TXTASKS_BROKER_URL
+    environment variables (one line logged when both are set and differ); the CLI's flags
+    beat both.
     """
 
     def __init__(
@@ -427,8 +427,8 @@ class App:
     # -- storage ------------------------------------------------------------------------------
 
     def resolve_database_url(self, override: str | None = None) -> str | None:
-        """Flag, then TXTASKS_DATABASE_URL, then the app's own setting."""
-        return override or os.environ.get(ENV_DATABASE_URL) or self.database_url
+        """Flag, then the app's own setting, then TXTASKS_DATABASE_URL."""
+        return override or code_or_env("database_url", self.database_url, ENV_DATABASE_URL)
 
     @property
     def driver(self) -> Driver:
@@ -448,8 +448,8 @@ class App:
         return driver_for_url(url, timeouts=self.timeouts, connections=self.db_connections)
 
     def resolve_broker_url(self, override: str | None = None) -> str | None:
-        """Flag, then TXTASKS_BROKER_URL, then the app's own setting; None: polling only."""
-        return override or os.environ.get(ENV_BROKER_URL) or self.broker_url
+        """Flag, then the app's own setting, then TXTASKS_BROKER_URL; None: polling only."""
+        return override or code_or_env("broker_url", self.broker_url, ENV_BROKER_URL)
 
     @property
     def notifier(self) -> Notifier:

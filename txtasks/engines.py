@@ -17,7 +17,7 @@ from sqlalchemy.engine import URL
 
 from txtasks.driver.pooling import POOLED_CONNECT_ARGS, TRANSACTION, pooler_of
 from txtasks.driver.urls import DRIVERS, url_async, url_parse, url_sync
-from txtasks.errors import ConfigurationError
+from txtasks.errors import ConfigurationError, extras_needed
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine
@@ -38,7 +38,8 @@ def create_engine(url: str | URL, **kwargs: Any) -> Engine:
     """
     import sqlalchemy
 
-    engine = sqlalchemy.create_engine(url_sync(url), **_pooled(url, kwargs, sync=True))
+    with extras_needed():
+        engine = sqlalchemy.create_engine(url_sync(url), **_pooled(url, kwargs, sync=True))
     _connection_setup(engine)
     return engine
 
@@ -53,7 +54,8 @@ def create_async_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
     from sqlalchemy.ext.asyncio import create_async_engine as sqlalchemy_create_async_engine
 
     options = _pooled(url, kwargs, sync=False)
-    engine = sqlalchemy_create_async_engine(url_async(url), **options)
+    with extras_needed():
+        engine = sqlalchemy_create_async_engine(url_async(url), **options)
     _connection_setup(engine.sync_engine)
     return engine
 

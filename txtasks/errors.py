@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 
@@ -20,6 +22,55 @@ def cannot_listen(
     """The error of a server that cannot listen: it names the port and the setting."""
     reason = os.strerror(exc.errno) if exc.errno else str(exc) or type(exc).__name__
     return ConfigurationError(f"{setting} {port}: cannot serve {what} on {host}:{port}: {reason}")
+
+
+#: Optional modules -> the extra that installs them.
+EXTRAS = {
+    "asyncpg": "postgres",
+    "psycopg": "postgres",
+    "aiomysql": "mysql",
+    "pymysql": "mysql",
+    "aio_pika": "rabbitmq",
+    "aiormq": "rabbitmq",
+    "uvloop": "fast",
+    "opentelemetry": "otel",
+    "pyspark": "spark",
+    "pyarrow": "spark",
+    "starlette": "web",
+    "uvicorn": "web",
+    "jinja2": "web",
+    "multipart": "web",
+    "python_multipart": "web",
+}
+
+
+class MissingExtraError(TxtasksError, ImportError):
+    """An optional dependency is not installed; the message names the extra to install."""
+
+
+def missing_extra(exc: ImportError) -> MissingExtraError | None:
+    """The error naming the extra that installs the module `exc` did not find, None when no
+    extra does."""
+    if isinstance(exc, MissingExtraError):
+        return exc
+    module = (exc.name or "").partition(".")[0]
+    extra = EXTRAS.get(module)
+    if extra is None:
+        return None
+    text = f'{module} is not installed: pip install "txtasks[{extra}]"'
+    return MissingExtraError(text, name=exc.name)
+
+
+@contextmanager
+def extras_needed() -> Iterator[None]:
+    """Turn the ImportError of an optional dependency into a `MissingExtraError`."""
+    try:
+        yield
+    except ImportError as exc:
+        missing = missing_extra(exc)
+        if missing is None or missing is exc:
+            raise
+        raise missing from None
 
 
 class PayloadError(TxtasksError, ValueError):

@@ -161,3 +161,24 @@ def describe(exc: BaseException) -> str:
     if not text:
         return name
     return text if len(text) <= 300 else text[:300] + "..."
+
+
+class OneLine(logging.Filter):
+    """Keeps a library's record of a fault to one line: the message, then the exception's
+    type and text instead of its traceback (asyncpg's pool logs one for every failed attempt
+    to reconnect its floor of connections; txtasks logs the fault itself, once)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None:
+            record.msg = f"{record.getMessage()}: {type(exc).__name__}: {exc}"
+            record.args = None
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def one_line_records(logger_name: str) -> None:
+    """Log the records of `logger_name` that carry an exception on one line (`OneLine`)."""
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, OneLine) for f in logger.filters):
+        logger.addFilter(OneLine())

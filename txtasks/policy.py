@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import linecache
+import re
 import traceback
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -102,6 +103,25 @@ def _frame_line(frame: FrameType, line: int) -> str:
     module = frame.f_globals.get("__name__", "?")
     source = linecache.getline(frame.f_code.co_filename, line, frame.f_globals).strip()
     return f"\n  at {module}.{frame.f_code.co_name} line {line}{': ' if source else ''}{source}"
+
+
+#: Lines the retry policy appends to an error text, which say nothing about the exception.
+_POLICY_SUFFIX = re.compile(r"^\((attempt \d+ of \d+|deadline .* passed)\)$")
+
+
+def error_summary(text: str | None) -> str:
+    """The line of a stored error that names the exception: its first line (txtasks stores the
+    exception before its traceback), or for a Python traceback its last line that is neither a
+    frame nor what the retry policy appended."""
+    lines = [line for line in (text or "").strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    if not lines[0].startswith("Traceback (most recent call last)"):
+        return lines[0]
+    for line in reversed(lines):
+        if not line[:1].isspace() and not _POLICY_SUFFIX.match(line):
+            return line
+    return lines[0]
 
 
 def outcome_after_failure(

@@ -5,8 +5,8 @@ import os
 import tempfile
 from datetime import datetime, timedelta
 
-from cleaner import Cleaner, CleanerConfig, Keep, RescuerConfig, RetentionConfig
 from txtasks import App
+from txtasks.cleaner import Cleaner, CleanerConfig, Keep, RescuerConfig, RetentionConfig
 from txtasks.testing import run_until_empty
 
 # `txtasks cleaner APP --config operations_cleaner_config:config` starts from this.

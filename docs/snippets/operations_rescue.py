@@ -5,8 +5,8 @@ import os
 import tempfile
 from datetime import datetime, timedelta
 
-from cleaner import Cleaner, CleanerConfig
 from txtasks import App, TaskState
+from txtasks.cleaner import Cleaner, CleanerConfig
 from txtasks.testing import run_until_empty
 
 DATABASE_URL = os.environ.get(

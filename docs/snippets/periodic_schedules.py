@@ -5,8 +5,8 @@ import os
 import tempfile
 from datetime import datetime, timedelta
 
-from cleaner import Periodic, PeriodicConfig
 from txtasks import App, TaskContext
+from txtasks.cleaner import Periodic, PeriodicConfig
 from txtasks.testing import run_until_empty
 
 DATABASE_URL = os.environ.get(

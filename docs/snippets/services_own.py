@@ -7,8 +7,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import ClassVar
 
-from cleaner import Cleaner, CleanerConfig
 from txtasks import App
+from txtasks.cleaner import Cleaner, CleanerConfig
 from txtasks.services import ServiceConfig, ServiceHost, ServiceResult
 from txtasks.testing import run_until_empty
 

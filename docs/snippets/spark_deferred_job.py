@@ -8,8 +8,8 @@ import tempfile
 
 from pyspark.sql import SparkSession
 
-from cleaner import ServiceSweep
 from txtasks import App
+from txtasks.cleaner import ServiceSweep
 from txtasks.spark import DeferredPublisher, register
 from txtasks.testing import run_until_empty
 

@@ -362,6 +362,9 @@ ONE_LINE = {
 def bad_input_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Result]:
     """Every bad command, run at once (each on its own empty SQLite file if it needs one)."""
     directory = tmp_path_factory.mktemp("bad-input")
+    for n, (_args, url, _message) in enumerate(BAD_INPUT.values()):
+        if url == EMPTY_SQLITE:  # a file with no table (a missing one is refused before)
+            (directory / f"{n}.sqlite3").touch()
     commands = [
         (args, f"sqlite:///{directory / f'{n}.sqlite3'}" if url == EMPTY_SQLITE else url)
         for n, (args, url, _) in enumerate(BAD_INPUT.values())

@@ -58,7 +58,16 @@ def test_postgresql_crash_and_restart_loses_nothing(chaos: Callable[..., Chaos])
             f"settled {settled}; alive before SIGTERM {alive}; stop {took}"
         )
         h.engine.dispose()
+        logs = {f"{p.name} {p.pid}": p.stderr for p in [*workers, cleaner]}
     h.expect(len(alive) == WORKERS + 1, f"only {alive} lived through the restart")
+    for name, log in logs.items():  # one line per fault: no traceback from any library
+        told = [line for line in log.splitlines() if " WARNING " in line or " ERROR " in line]
+        print(f"{name}: {len(told)} warning/error lines\n" + "\n".join(told[:40]))
+        h.expect("Traceback" not in log, f"{name} logged a traceback:\n{log[-6000:]}")
+        # asyncpg keeps no floor of connections to reconnect (and log) while the server is away
+        h.expect("connection floor" not in log, f"{name}: asyncpg reconnected its floor")
+        # a kept connection the server ended is replaced, not reported as a misuse
+        h.expect("released back to the pool" not in log, f"{name} used a lost connection")
     # the application's transactions during the outage fail, as they must; the orders table
     # holds the ones that committed
     h.check(report, max_reruns=in_flight, allow_failures=True)

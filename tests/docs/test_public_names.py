@@ -41,7 +41,8 @@ PUBLIC: dict[str, set[str]] = {
     "txtasks.spark": module_all("txtasks.spark"),
     "txtasks.web": module_all("txtasks.web"),  # the dashboard (extra `web`)
     "txtasks.services": module_all("txtasks.services"),  # to write a service of one's own
-    "cleaner": module_all("cleaner"),  # the cleaner's configuration and sweeps
+    # the cleaner's configuration and sweeps (not the top-level `cleaner`, a name others use)
+    "txtasks.cleaner": module_all("txtasks.cleaner"),
     # A notifier of your own, for another reconnect policy (docs/wakeups.md).
     "txtasks.wakeup.amqp": {"AmqpNotifier"},
 }
@@ -100,6 +101,7 @@ def violations(source: str) -> list[str]:
         "from txtasks import url_sync",
         "from txtasks.testing import Worker",
         "from cleaner.rescuer import Rescuer",
+        "from cleaner import CleanerConfig, Keep",
         "from txtasks.wakeup.amqp import RECONNECT_BACKOFF",
         "import txtasks\ntxtasks.driver.urls.url_sync('sqlite://')",
         "import txtasks as t\nt.schema",
@@ -116,7 +118,7 @@ def test_the_checker_finds_an_internal_name(source: str) -> None:
         "from txtasks import App, create_engine, migrate",
         "from txtasks.testing import run_until_empty",
         "from txtasks.spark import register",
-        "from cleaner import CleanerConfig, Keep",
+        "from txtasks.cleaner import CleanerConfig, Keep",
         "from txtasks.wakeup.amqp import AmqpNotifier",
         "import txtasks\ntxtasks.create_async_engine(url)\ntxtasks.testing.enqueued(app)",
         "import txtasks.testing as t\nt.run_until_empty(app)",

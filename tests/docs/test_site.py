@@ -80,7 +80,7 @@ def test_key_pages(site: Path) -> None:
     assert "txtasks" in index
     assert "Usage: txtasks worker [OPTIONS] APP" in (site / "cli" / "index.html").read_text()
     api = (site / "api" / "index.html").read_text()
-    for name in ("txtasks.App", "txtasks.Worker", "txtasks.testing", "cleaner.Cleaner"):
+    for name in ("txtasks.App", "txtasks.Worker", "txtasks.testing", "txtasks.cleaner.Cleaner"):
         assert f'id="{name}"' in api, f"the API reference has no entry for {name}"
     assert (site / "search" / "search_index.json").is_file()
 

@@ -44,3 +44,27 @@ async def test_statements_racing_for_a_pool_of_one_never_wait_on_a_kept_connecti
         assert len(driver.db._pools) == 1
     finally:
         await driver.close()
+
+
+async def test_a_kept_connection_the_server_closed_is_replaced_not_an_error(
+    postgres_url: str,
+) -> None:
+    """A connection kept for the next statement that the server ends (a restart, an idle
+    timeout) is handed back by asyncpg itself: the next statement takes another one, instead
+    of failing with "connection has been released back to the pool"."""
+    reset_schema(postgres_url)
+    driver = driver_for_url(postgres_url)
+    assert isinstance(driver, PostgresDriver)
+    try:
+        [[pid]] = await driver.db.raw_fetch("claims", "SELECT pg_backend_pid()")
+        assert "claims" in driver.db._kept
+        await driver.db.raw_fetch("writes", "SELECT pg_terminate_backend($1)", pid)
+        kept = driver.db._kept["claims"][1]
+        for _ in range(200):  # the client sees the end of its connection
+            if kept._con is None:
+                break
+            await asyncio.sleep(0.01)
+        [[other]] = await driver.db.raw_fetch("claims", "SELECT pg_backend_pid()")
+        assert other != pid
+    finally:
+        await driver.close()

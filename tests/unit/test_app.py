@@ -1,3 +1,4 @@
+import logging
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -113,12 +114,23 @@ def test_oversized_payload_is_refused_with_the_limit() -> None:
     assert app.driver.store.live == {}  # type: ignore[attr-defined]
 
 
-def test_database_url_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
-    app = App(database_url="sqlite:///app.db")
+def test_database_url_precedence(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The flag, then the code, then the environment; one line when code and environment
+    name different databases, never a silent switch."""
+    app = App(database_url="postgresql://app:secret@db/app")
     monkeypatch.delenv("TXTASKS_DATABASE_URL", raising=False)
-    assert app.resolve_database_url() == "sqlite:///app.db"
+    assert app.resolve_database_url() == "postgresql://app:secret@db/app"
     monkeypatch.setenv("TXTASKS_DATABASE_URL", "sqlite:///env.db")
-    assert app.resolve_database_url() == "sqlite:///env.db"
+    with caplog.at_level(logging.WARNING, "txtasks"):
+        assert app.resolve_database_url() == "postgresql://app:secret@db/app"
+        assert app.resolve_database_url() == "postgresql://app:secret@db/app"
+    told = [r.getMessage() for r in caplog.records]
+    assert len(told) == 1, told  # once, not at every use
+    assert "postgresql://app:***@db/app given in code is used" in told[0]
+    assert "TXTASKS_DATABASE_URL=sqlite:///env.db" in told[0] and "secret" not in told[0]
+    assert App().resolve_database_url() == "sqlite:///env.db"
     assert app.resolve_database_url("sqlite:///flag.db") == "sqlite:///flag.db"
 
 

@@ -132,9 +132,19 @@ def test_inspect_shows_the_progress_reported_and_the_result_kept(url: str) -> No
     assert running["progress"] == {
         "done": 3, "total": 4, "fraction": 0.75, "note": "pages", "attempt": 1
     }  # fmt: skip
+    assert shown(run(url, "inspect", str(task_id)).output, "progress") == running["progress"]
     asyncio.run(finish(driver_for_url(url), key))
     finished = json.loads(run(url, "inspect", str(task_id), "--json").output)
     assert (finished["state"], finished["result"]) == ("completed", {"pages": 4})
+    text = run(url, "inspect", str(task_id)).output
+    assert shown(text, "result") == {"pages": 4}  # JSON, as payload and headers are
+    assert shown(text, "payload") == {"n": 0} and shown(text, "headers") == {"trace": "t"}
+
+
+def shown(text: str, label: str) -> Any:
+    """The value `txtasks inspect` prints on the line of `label`, read as JSON."""
+    [line] = [line for line in text.splitlines() if line.startswith(f"{label}:")]
+    return json.loads(line.split(":", 1)[1])
 
 
 def _read_config(payload: Any) -> None:

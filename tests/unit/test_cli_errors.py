@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import re
 import socket
 import sys
 from collections.abc import Iterator
@@ -43,6 +45,58 @@ def test_a_missing_extra_names_the_pip_command(
         monkeypatch.delitem(sys.modules, name)
     line = one_line_error(*args)
     assert line == f'Error: {module} is not installed: pip install "txtasks[{extra}]"'
+
+
+def not_installed(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
+    """Make `module` look uninstalled (and every module that imported it re-import)."""
+    monkeypatch.setitem(sys.modules, module, None)
+    for name in [m for m in sys.modules if m.startswith(f"{module}.")]:
+        monkeypatch.delitem(sys.modules, name)
+    for name in [m for m in sys.modules if m.startswith("txtasks.web")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+#: Every command that reaches a database, with the arguments it needs to get there.
+DATABASE_COMMANDS = [
+    ["migrate"],
+    ["worker", APP, "--burst"],
+    ["cleaner", APP, "--once"],
+    ["enqueue", APP, "acc.record"],
+    ["status"],
+    ["dlq", "list"],
+    ["dlq", "requeue", "1"],
+    ["dlq", "purge", "1", "--yes"],
+    ["keys", "set", "k", "--concurrency", "1"],
+    ["keys", "clear", "k"],
+    ["keys", "list"],
+    ["keys", "queue-rate", "q"],
+    ["publish", APP, "orders.created"],
+    ["subscribe", APP],
+    ["unsubscribe", "orders.created", "billing"],
+    ["topics"],
+    ["cancel", "1"],
+    ["pause", "q"],
+    ["resume", "q"],
+    ["inspect", "1"],
+    ["tasks"],
+]
+
+
+@pytest.mark.parametrize("args", DATABASE_COMMANDS, ids=" ".join)
+def test_every_command_names_the_extra_of_a_missing_driver(
+    monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    not_installed(monkeypatch, "asyncpg")
+    not_installed(monkeypatch, "psycopg")
+    line = one_line_error(*args, "--database-url", PG)
+    assert line.endswith('is not installed: pip install "txtasks[postgres]"'), line
+
+
+@pytest.mark.parametrize("module", ["jinja2", "starlette", "uvicorn"])
+def test_the_dashboard_names_the_web_extra(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
+    not_installed(monkeypatch, module)
+    line = one_line_error("dashboard", APP, "--database-url", "sqlite:///unused.sqlite3")
+    assert line == f'Error: {module} is not installed: pip install "txtasks[web]"'
 
 
 @pytest.fixture
@@ -91,3 +145,69 @@ def test_demo_shares_refuse_nan(flag: str) -> None:
     assert result.exit_code == 2
     name = flag.removeprefix("--")
     assert f"Invalid value for '{flag}': {name} must be a finite number" in result.output
+
+
+@pytest.mark.parametrize("module", ["asyncpg", "psycopg"])
+async def test_the_python_api_names_the_extra_of_a_missing_driver(
+    monkeypatch: pytest.MonkeyPatch, module: str
+) -> None:
+    from txtasks import App, MissingExtraError, create_async_engine, create_engine
+
+    not_installed(monkeypatch, module)
+    app = App(database_url=PG)
+    app.task(name="t")(lambda payload: None)
+    expected = f'{module} is not installed: pip install "txtasks[postgres]"'
+    with pytest.raises(MissingExtraError) as info:
+        if module == "psycopg":
+            await asyncio.to_thread(app.enqueue, "t", 1)
+        else:
+            await app.aenqueue("t", 1)
+    assert str(info.value) == expected
+    with pytest.raises(MissingExtraError, match="txtasks\\[postgres\\]"):
+        (create_engine if module == "psycopg" else create_async_engine)(PG)
+    await app.aclose()
+
+
+def test_importing_the_dashboard_names_the_web_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from txtasks import MissingExtraError
+
+    not_installed(monkeypatch, "jinja2")
+    with pytest.raises(
+        MissingExtraError, match=re.escape('jinja2 is not installed: pip install "txtasks[web]"')
+    ):
+        import txtasks.web  # noqa: F401
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status"],
+        ["status", "--json"],
+        ["dlq", "list"],
+        ["dlq", "requeue", "1"],
+        ["keys", "list"],
+        ["topics"],
+        ["inspect", "1"],
+        ["tasks"],
+        ["cancel", "1"],
+        ["pause", "q"],
+        ["dashboard", APP],
+        ["worker", APP, "--burst"],
+        ["cleaner", APP, "--once"],
+        ["enqueue", APP, "acc.record"],
+        ["publish", APP, "orders.created"],
+        ["subscribe", APP],
+    ],
+    ids=" ".join,
+)
+def test_a_mistyped_sqlite_path_is_refused_and_nothing_created(
+    tmp_path: Path, args: list[str]
+) -> None:
+    typo = tmp_path / "shop.sqlit3"
+    url = f"sqlite:///{typo}"
+    line = one_line_error(*args, "--database-url", url)
+    assert line == (
+        f"Error: database_url: no SQLite database at {typo} ({url}); check the path, "
+        f"or create it with: txtasks migrate --database-url {url}"
+    )
+    assert list(tmp_path.iterdir()) == []

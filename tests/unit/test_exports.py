@@ -38,3 +38,21 @@ def test_package_is_typed() -> None:
     from importlib import resources
 
     assert resources.files("txtasks").joinpath("py.typed").is_file()
+
+
+def test_applications_import_the_cleaner_from_txtasks() -> None:
+    """`txtasks.cleaner` names the sidecar's classes (the top-level `cleaner` is a name other
+    projects use), and the core never imports it."""
+    import cleaner
+    import txtasks.cleaner
+
+    assert txtasks.cleaner.__all__ == sorted(txtasks.cleaner.__all__) == sorted(cleaner.__all__)
+    for name in txtasks.cleaner.__all__:
+        assert getattr(txtasks.cleaner, name) is getattr(cleaner, name), name
+    code = (
+        "import sys, txtasks, txtasks.worker, txtasks.testing, txtasks.cli.main\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'cleaner'"
+        " or m == 'txtasks.cleaner'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -170,3 +170,31 @@ async def test_a_stopping_worker_gives_up_on_an_absent_database_within_its_bound
     ]
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1  # the outage, once
+
+
+async def test_a_library_record_of_a_connection_failure_is_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What asyncpg's pool logs with a traceback (its floor reconnect) is one line: the
+    message and the real connection error."""
+    import asyncio
+    import logging
+
+    from txtasks.faults import one_line_records
+
+    one_line_records("asyncpg.pool")
+    one_line_records("asyncpg.pool")  # once, however many pools
+    assert len(logging.getLogger("asyncpg.pool").filters) == 1
+    try:
+        await asyncio.open_connection("127.0.0.1", 1)  # nothing listens on port 1
+    except OSError:
+        with caplog.at_level(logging.WARNING, "asyncpg.pool"):
+            logging.getLogger("asyncpg.pool").warning(
+                "Failed to restore the pool connection floor; retrying", exc_info=True
+            )
+    [record] = caplog.records
+    assert record.exc_info is None and record.exc_text is None
+    assert record.getMessage().startswith(
+        "Failed to restore the pool connection floor; retrying: ConnectionRefusedError: "
+    )
+    assert "\n" not in caplog.text.strip()

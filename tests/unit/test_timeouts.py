@@ -18,12 +18,20 @@ def test_url_parameters_are_read_and_taken_out_of_the_url() -> None:
     assert dict(url.query) == {"sslmode": "require"}  # the drivers never see txtasks' own
 
 
-def test_given_timeouts_win_over_the_url_and_the_environment_over_both() -> None:
+def test_given_timeouts_win_over_the_url_and_the_environment_over_both(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     given = Timeouts(connect=7, command=None)
     assert Timeouts.resolve(URL, given, env={})[0] == given
-    env = {"TXTASKS_DB_COMMAND_TIMEOUT": "12.5", "TXTASKS_DB_KEEPALIVE_IDLE": "4"}
-    timeouts = Timeouts.resolve(URL, given, env=env)[0]
-    assert (timeouts.connect, timeouts.command, timeouts.keepalive_idle) == (7, 12.5, 4.0)
+    env = {"TXTASKS_DB_COMMAND_TIMEOUT": "12.5", "TXTASKS_DB_KEEPALIVE_IDLE": "10"}
+    with caplog.at_level("INFO", "txtasks"):
+        timeouts = Timeouts.resolve(URL, given, env=env)[0]
+    assert (timeouts.connect, timeouts.command, timeouts.keepalive_idle) == (7, 12.5, 10.0)
+    # never silently: one line names the variable that changed what the code set
+    assert [r.getMessage() for r in caplog.records] == [
+        "timeouts: TXTASKS_DB_COMMAND_TIMEOUT=12.5 used, over the Timeouts given in code "
+        "(unset it to use the code's)"
+    ]
     assert Timeouts.resolve(URL, env={"TXTASKS_DB_COMMAND_TIMEOUT": "off"})[0].command is None
 
 

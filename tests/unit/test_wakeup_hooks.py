@@ -506,11 +506,12 @@ async def test_app_broker_url_setting_and_environment(
     try:
         assert isinstance(configured.notifier, AmqpNotifier)
         assert configured.notifier.url == "amqp://app:app@127.0.0.1:1/"
-        # the environment wins over the application's setting
+        # the environment applies when the application sets none; the code's setting beats it
         monkeypatch.setenv("TXTASKS_BROKER_URL", "amqp://env:env@127.0.0.1:2/")
         assert isinstance(from_env.notifier, AmqpNotifier)
         assert from_env.notifier.url == "amqp://env:env@127.0.0.1:2/"
-        assert overridden.notifier.url == "amqp://env:env@127.0.0.1:2/"  # type: ignore[attr-defined]
+        overridden.broker_url = "amqp://code:code@127.0.0.1:3/"
+        assert overridden.notifier.url == "amqp://code:code@127.0.0.1:3/"  # type: ignore[attr-defined]
         # nothing connects before the first hint: building the notifier is free
         assert configured.notifier.stats == WakeupStats()
     finally:

@@ -141,6 +141,8 @@ async def test_the_dashboard_in_chromium(
     # re-drive a dead letter from a selection, and see a worker run it
     await page.goto(served + "/dead")
     await page.check(f'tr[data-task="{seeded.dead}"] input[name=id]')
+    listed = await page.inner_text(f'tr[data-task="{seeded.dead}"] td.error')
+    assert listed == "RuntimeError: report 7 failed: disk full"  # the exception, not the attempt
     await shot(page, "dead")
     BROKEN["disk"] = False
     worker = Worker(app, WorkerConfig(queues=("reports",), poll_interval=0.05))
@@ -170,6 +172,8 @@ async def test_the_dashboard_in_chromium(
     assert await state_of(app, held) == "completed"
 
     await page.goto(f"{served}/periodic")
+    # no cleaner alive: the page says the schedules do not fire, and what to start
+    assert "txtasks cleaner APP" in await page.inner_text("#no-cleaner")
     await shot(page, "periodic")
 
     # the workers view: a cleaner and a worker alive, from their heartbeat rows
@@ -183,6 +187,12 @@ async def test_the_dashboard_in_chromium(
         await page.wait_for_selector('tr[data-process="worker"].alive', timeout=10_000)
         assert "archiver, retention" in await page.inner_text('tr[data-process="cleaner"]')
         await shot(page, "workers")
+        # a cleaner is alive: the queue view no longer warns; this one fires no schedule
+        await page.goto(served + "/")
+        await page.wait_for_selector('tr[data-queue="mail"]')
+        assert await page.locator("#no-cleaner").count() == 0
+        await page.goto(f"{served}/periodic")
+        assert "periodic" in await page.inner_text("#no-cleaner")
     finally:
         worker.stop()
         await asyncio.wait_for(running, 10)

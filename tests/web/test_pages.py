@@ -13,6 +13,7 @@ from starlette.routing import Mount
 from tests.web.conftest import CSRF, Seeded, act, client_for, csrf_of
 from txtasks import App, ConfigurationError, MemoryDriver
 from txtasks.driver import sql_dashboard
+from txtasks.policy import error_summary
 from txtasks.testing import run_until_empty
 from txtasks.web import create_app
 
@@ -59,6 +60,25 @@ async def test_tasks_filters_and_pages(
     assert "No task matches" in none.text
     retrying = await client.get("/tasks", params={"state": "retryable", "task": "flaky"})
     assert f'data-task="{seeded.retrying}"' in retrying.text
+
+
+async def test_lists_show_the_exception_of_a_task_out_of_retries(
+    client: httpx.AsyncClient, seeded: Seeded
+) -> None:
+    for path in ("/dead", "/tasks?state=dead"):
+        page = await client.get(path)
+        row = page.text.split(f'<tr data-task="{seeded.dead}">')[1].split("</tr>")[0]
+        error = row.split('<td class="error">')[1].split("</td>")[0]
+        assert error == "RuntimeError: report 7 failed: disk full", path
+
+
+def test_error_summary_names_the_exception_of_any_stored_text() -> None:
+    ours = "ValueError: bad\n  at shop.f line 3: x()\ncaused by: KeyError: 'a'\n(attempt 2 of 2)"
+    assert error_summary(ours) == "ValueError: bad"
+    python = "Traceback (most recent call last):\n  File x, line 1\nOSError: gone\n(attempt 2 of 2)"
+    assert error_summary(python) == "OSError: gone"
+    assert error_summary("lease expired\n(deadline 2026-01-01 passed)") == "lease expired"
+    assert error_summary(None) == error_summary("  ") == ""
 
 
 async def test_task_detail_shows_error_payload_and_result(
@@ -331,3 +351,48 @@ async def wait_for_rows(app: App, count: int) -> None:
         return len(await app.driver.processes.process_list()) == count
 
     await until(there, f"{count} heartbeat rows")
+
+
+async def test_pages_say_when_no_cleaner_is_alive_and_a_fire_is_overdue(
+    client: httpx.AsyncClient, dashboard_app: App
+) -> None:
+    """A schedule whose next fire passed with no cleaner alive says so, and so does the queue
+    view; a cleaner's heartbeat row running the periodic sweep takes the warning away."""
+    from datetime import timedelta
+
+    from txtasks.types import ProcessRow
+
+    app = dashboard_app
+    now = app.clock()
+    await app.driver.sweeps.periodic_advance(
+        "nightly",
+        schedule=app.schedules["nightly"].spec,
+        expected=None,
+        next_fire_at=now - timedelta(hours=2),
+        fires=[],
+        now=now - timedelta(hours=3),
+    )
+    periodic = (await client.get("/periodic")).text
+    assert 'id="no-cleaner"' in periodic and "these schedules do not fire" in periodic
+    row = periodic.split('data-schedule="nightly"')[1].split("</tr>")[0]
+    assert '<span class="overdue">overdue by 2.0h</span>' in row
+    assert 'id="no-cleaner"' in (await client.get("/")).text
+
+    def cleaner(runs: str, beat: timedelta) -> ProcessRow:
+        return ProcessRow(
+            f"cleaner:{runs}", "cleaner", "h", 1, runs, None, now - beat, now - beat,
+            now - beat + timedelta(seconds=15),
+        )  # fmt: skip
+
+    forget = now - timedelta(hours=1)
+    await app.driver.processes.process_beat(
+        cleaner("periodic", timedelta(minutes=5)), forget_before=forget
+    )
+    assert 'id="no-cleaner"' in (await client.get("/periodic")).text  # stopped beating
+    await app.driver.processes.process_beat(cleaner("archiver", timedelta(0)), forget_before=forget)
+    assert 'id="no-cleaner"' not in (await client.get("/")).text
+    assert 'id="no-cleaner"' in (await client.get("/periodic")).text  # fires none
+    await app.driver.processes.process_beat(
+        cleaner("rescuer,periodic", timedelta(0)), forget_before=forget
+    )
+    assert 'id="no-cleaner"' not in (await client.get("/periodic")).text

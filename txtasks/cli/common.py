@@ -19,7 +19,7 @@ import click
 
 from txtasks._checks import check_number
 from txtasks.env import ENV_BROKER_URL, ENV_DATABASE_URL
-from txtasks.errors import ConfigurationError, PayloadError, TxtasksError
+from txtasks.errors import ConfigurationError, PayloadError, TxtasksError, missing_extra
 from txtasks.payload import headers_decode, payload_decode
 from txtasks.types import JSON_CONTENT_TYPE, TaskRow
 
@@ -54,7 +54,8 @@ database_url_option = click.option(
     "--database-url",
     envvar=ENV_DATABASE_URL,
     show_envvar=True,
-    help="postgresql://..., mysql://... or sqlite:///path (overrides the app's setting).",
+    help="postgresql://..., mysql://... or sqlite:///path (beats the app's setting, "
+    "which beats the variable).",
 )
 
 
@@ -62,7 +63,8 @@ broker_url_option = click.option(
     "--broker-url",
     envvar=ENV_BROKER_URL,
     show_envvar=True,
-    help="amqp://... RabbitMQ for wake-ups (overrides the app's setting); none: polling only.",
+    help="amqp://... RabbitMQ for wake-ups (beats the app's setting, which beats the "
+    "variable); none: polling only.",
 )
 
 
@@ -138,6 +140,16 @@ connections_option = click.option(
 )
 
 
+def from_command_line(name: str, value: str | None) -> str | None:
+    """`value` when the command line gave it; None when it came from the environment, which
+    an app's own setting beats (App.resolve_database_url)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or value is None:
+        return value
+    source = ctx.get_parameter_source(name)
+    return None if source is click.core.ParameterSource.ENVIRONMENT else value
+
+
 def load_app(spec: str) -> App:
     """Import `module:attribute` and check it is a txtasks App."""
     from txtasks.app import App
@@ -166,7 +178,8 @@ def load_object(spec: str) -> Any:
 
 
 def resolve_url(url: str | None, app: App | None = None) -> str:
-    """The flag/env URL, else the app's own setting; an error when neither is set."""
+    """The flag (or, without an app, the environment's) URL, else the app's own setting, else
+    the environment; an error when none is set."""
     resolved = url or (app.resolve_database_url() if app is not None else None)
     if not resolved:
         raise ConfigurationError(
@@ -175,11 +188,34 @@ def resolve_url(url: str | None, app: App | None = None) -> str:
     return resolved
 
 
+def existing_database(url: str) -> str:
+    """`url`, unless it names a SQLite file that does not exist: commands that read or change
+    tasks refuse it rather than create an empty database (only `migrate` creates one)."""
+    from txtasks.driver.urls import sqlite_file_missing, url_safe
+
+    missing = sqlite_file_missing(url)
+    if missing is not None:
+        raise ConfigurationError(
+            f"database_url: no SQLite database at {missing} ({url_safe(url)}); check the path, "
+            f"or create it with: txtasks migrate --database-url {url_safe(url)}"
+        )
+    return url
+
+
+def existing_app_database(app: App, url: str | None) -> None:
+    """Refuse the database `app` would use (the flag's `url`, else its own) when it names a
+    SQLite file that does not exist (`existing_database`)."""
+    resolved = app.resolve_database_url(url)
+    if resolved:
+        existing_database(resolved)
+
+
 def with_driver(url: str | None, call: Callable[[Driver], Awaitable[T]]) -> T:
-    """Open a driver for the URL, run one call with it, close it."""
+    """Open a driver for the URL (an existing database: `existing_database`), run one call
+    with it, close it."""
     from txtasks.driver import driver_for_url
 
-    resolved = resolve_url(url)
+    resolved = existing_database(resolve_url(url))
     driver = driver_for_url(resolved)
 
     async def go() -> T:
@@ -224,19 +260,6 @@ loop_option = click.option(
 )
 
 
-#: Optional modules -> the extra that installs them.
-EXTRAS = {
-    "asyncpg": "postgres",
-    "psycopg": "postgres",
-    "aiomysql": "mysql",
-    "pymysql": "mysql",
-    "aio_pika": "rabbitmq",
-    "aiormq": "rabbitmq",
-    "uvloop": "fast",
-    "opentelemetry": "otel",
-    "pyspark": "spark",
-    "pyarrow": "spark",
-}
 #: A database error about a table that is not there: the table's name in group 1.
 MISSING_TABLE = re.compile(
     r"""relation "(\w+)" does not exist|Table '(?:\w+\.)?(\w+)' doesn't exist|no such table: (\w+)"""
@@ -248,9 +271,9 @@ def error_message(exc: BaseException, url: str | URL | None = None) -> str | Non
     With the database `url`, a connection error names it (its password hidden)."""
     if isinstance(exc, TxtasksError):
         return str(exc)
-    if isinstance(exc, ImportError) and (exc.name or "").partition(".")[0] in EXTRAS:
-        module = (exc.name or "").partition(".")[0]
-        return f'{module} is not installed: pip install "txtasks[{EXTRAS[module]}]"'
+    missing = missing_extra(exc) if isinstance(exc, ImportError) else None
+    if missing is not None:
+        return str(missing)
     if isinstance(exc, database_errors()):
         return database_message(exc, url)
     if isinstance(exc, OSError):

@@ -212,8 +212,8 @@ def inspect_text(data: dict[str, Any]) -> str:
         value = data.get(field)
         if field == "attempt":
             value = f"{data['attempt']} of {data['max_attempts']}"
-        elif field in ("headers", "payload") and value is not None:
-            value = json.dumps(value, default=json_default)
+        elif field in ("headers", "payload", "result", "progress") and value is not None:
+            value = json.dumps(value, default=json_default)  # as `--json` shows them
         text = "-" if value is None else str(value)
         if "\n" in text:
             text = "\n  " + text.replace("\n", "\n  ")
@@ -263,10 +263,9 @@ def tasks(
     as_json: bool,
 ) -> None:
     """List tasks: live ones newest first, then finished ones last finished first."""
-    from rich.console import Console
-    from rich.table import Table
-
+    from txtasks.cli.tables import Grid, grids_print
     from txtasks.control import TaskFilter
+    from txtasks.policy import error_summary
 
     where = TaskFilter(_queue_name(queue, "--queue"), task_name, key)
     chosen = [TaskState(s) for s in states] or None
@@ -276,12 +275,9 @@ def tasks(
     if as_json:
         click.echo(json.dumps([task_json(r) for r in rows], default=json_default, indent=2))
         return
-    table = Table(title=f"tasks ({len(rows)})")
-    for column in ("id", "state", "queue", "task", "key", "attempts", "run at", "error"):
-        table.add_column(column)
+    lines = []
     for r in rows:
-        error = (r.last_error or "").strip().splitlines()
-        table.add_row(
+        lines.append([
             str(r.id),
             r.state.value
             + (" (cancel asked)" if r.cancel_requested_at and r.state.is_live else ""),
@@ -290,9 +286,11 @@ def tasks(
             r.partition_key or "",
             f"{r.attempt}/{r.max_attempts}",
             f"{r.run_at:%Y-%m-%d %H:%M:%S}",
-            error[0] if error else "",
-        )
-    Console().print(table)
+            error_summary(r.last_error),
+        ])  # fmt: skip
+    headers = ["id", "state", "queue", "task", "key", "attempts", "run at", "error"]
+    text = frozenset({"state", "queue", "task", "key", "error"})
+    grids_print([Grid(f"tasks ({len(rows)})", headers, lines, text=text)])
 
 
 COMMANDS = (cancel, pause, resume, inspect, tasks)

@@ -20,7 +20,10 @@ from txtasks.cli.common import (
     broker_url_option,
     connections_option,
     database_url_option,
+    existing_app_database,
+    existing_database,
     friendly_errors,
+    from_command_line,
     health_host_option,
     health_port_option,
     json_default,
@@ -229,12 +232,15 @@ def worker(
     logging_setup(log_level, log_format)
     event_loop = loop_choice(loop)
     app = load_app(app_spec)
+    database_url = from_command_line("database_url", database_url)
+    broker_url = from_command_line("broker_url", broker_url)
     try:
         if health_host is not None:
             settings["health_host"] = health_host
         services = services_off(settings.pop("skipped"), settings.pop("publish_deferred"))
         config = WorkerConfig(queues=queues or None, services=services, **settings)
-        if database_url:  # the flag or TXTASKS_DATABASE_URL; else the app's own setting
+        existing_app_database(app, database_url)
+        if database_url:  # the flag; else the app's own setting, else TXTASKS_DATABASE_URL
             app.use_driver(app.driver_for(database_url))
         if broker_url:
             app.use_notifier(notifier_for_url(broker_url))
@@ -288,8 +294,8 @@ def dlq() -> None:
 @click.option("--json", "as_json", is_flag=True)
 def dlq_list(database_url: str | None, queue: str | None, limit: int, as_json: bool) -> None:
     """Dead-lettered tasks, newest first."""
-    from rich.console import Console
-    from rich.table import Table
+    from txtasks.cli.tables import Grid, grids_print
+    from txtasks.policy import error_summary
 
     rows = with_driver(
         database_url, lambda driver: driver.admin.dead_list(queue=queue, limit=limit)
@@ -297,20 +303,19 @@ def dlq_list(database_url: str | None, queue: str | None, limit: int, as_json: b
     if as_json:
         click.echo(json.dumps([task_json(r) for r in rows], default=json_default, indent=2))
         return
-    table = Table(title=f"dead letters ({len(rows)})")
-    for column in ("id", "queue", "task", "attempts", "finished", "error"):
-        table.add_column(column)
+    lines = []
     for r in rows:
-        error = (r.last_error or "").strip().splitlines()
-        table.add_row(
+        lines.append([
             str(r.id),
             r.queue,
             r.task_name,
             f"{r.attempt}/{r.max_attempts}",
             str(r.finished_at),
-            error[0] if error else "",
-        )
-    Console().print(table)
+            error_summary(r.last_error),
+        ])  # fmt: skip
+    headers = ["id", "queue", "task", "attempts", "finished", "error"]
+    text = frozenset({"queue", "task", "error"})
+    grids_print([Grid(f"dead letters ({len(rows)})", headers, lines, text=text)])
 
 
 def _selection(ids: tuple[int, ...], queue: str | None, all_: bool) -> list[int] | None:
@@ -525,13 +530,15 @@ def enqueue(
 ) -> None:
     """Enqueue TASK of APP with a JSON PAYLOAD (default null)."""
     app = load_app(app_spec)
+    database_url = from_command_line("database_url", database_url)
+    broker_url = from_command_line("broker_url", broker_url)
     try:
         value = json.loads(payload)
     except ValueError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="PAYLOAD") from exc
     except RecursionError as exc:
         raise click.BadParameter("nested too deeply to decode", param_hint="PAYLOAD") from exc
-    url = resolve_url(database_url, app)
+    url = existing_database(resolve_url(database_url, app))
     from txtasks.engines import create_engine
     from txtasks.wakeup import notifier_for_url
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -26,6 +25,7 @@ from txtasks.cli.common import (
     resolve_url,
     with_driver,
 )
+from txtasks.cli.tables import Grid, console_for, grids_print
 from txtasks.clock import utcnow
 from txtasks.services import StatusSection, age_text, status_sections
 from txtasks.types import KeyStats, QueueRates, QueueStats, TaskState
@@ -52,6 +52,8 @@ class Snapshot:
     keys: list[KeyStats]
     #: What the installed services report (the backlog of deferred Spark writes, `deferred`).
     sections: list[StatusSection] = field(default_factory=list)
+    #: Cleaners whose heartbeat row is alive (txtasks.processes).
+    cleaners_alive: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -60,6 +62,7 @@ class Snapshot:
             "window_seconds": WINDOW,
             "queues": [self._queue_json(q) for q in self.queues],
             "keys": [_key_json(k) for k in self.keys],
+            "cleaners_alive": self.cleaners_alive,
             **{section.key: dict(section.document) for section in self.sections},
         }
 
@@ -103,52 +106,13 @@ async def snapshot_take(driver: Driver, keys: int) -> Snapshot:
         queues.append(QueueStats(queue))
     busiest = await driver.admin.key_stats(now=now, limit=keys) if keys else []
     sections = await status_sections(driver, now)
-    return Snapshot(now, sorted(queues, key=lambda q: q.queue), rates, busiest, sections)
+    processes = await driver.processes.process_list()
+    cleaners = sum(1 for p in processes if p.kind == "cleaner" and p.alive(now))
+    ordered = sorted(queues, key=lambda q: q.queue)
+    return Snapshot(now, ordered, rates, busiest, sections, cleaners)
 
 
 # -- tables ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Grid:
-    """A table to show: a title, headers (the first one names the row, and folds), rows."""
-
-    title: str
-    headers: list[str]
-    rows: list[list[str]]
-
-    def width_needed(self, name_width: int = 12) -> int:
-        """Columns for every value on one line with names folded to `name_width`."""
-        widths = [
-            max([len(h), *(len(r[i]) for r in self.rows)]) for i, h in enumerate(self.headers)
-        ]
-        return name_width + sum(widths[1:]) + 3 * len(self.headers) + 1
-
-    def render(self, width: int) -> Any:
-        """A table when every value fits on one line at `width` columns; else one block per
-        row, each value on its own line (folding only the names)."""
-        from rich.console import Group
-        from rich.table import Table
-
-        if width >= self.width_needed():
-            table = Table(title=self.title)
-            for i, header in enumerate(self.headers):
-                if i == 0 or header == "key":
-                    table.add_column(header, overflow="fold", min_width=5)
-                else:
-                    table.add_column(header, justify="right", no_wrap=True)
-            for row in self.rows:
-                table.add_row(*row)
-            return table
-        blocks: list[Any] = [f"[bold]{self.title}[/bold]"]
-        for row in self.rows:
-            block = Table.grid(padding=(0, 1))
-            block.add_column(no_wrap=True, style="bold")
-            block.add_column(overflow="fold")
-            for header, value in zip(self.headers, row, strict=True):
-                block.add_row(header, value)
-            blocks.extend(["", block])
-        return Group(*blocks)
 
 
 def snapshot_grids(snapshot: Snapshot) -> list[Grid]:
@@ -171,8 +135,8 @@ def snapshot_grids(snapshot: Snapshot) -> list[Grid]:
             until = k.rate_limited_until
             limited = "" if until is None else f"{until:%H:%M:%S.%f}"[:-3]
             keys.append([k.queue, k.key, str(k.waiting), str(k.processing), limited])
-        columns = ["queue", "key", "waiting", "processing", "rate-limited until"]
-        grids.append(Grid("busiest keys", columns, keys))
+        columns = ["queue", "key", "waiting", "processing", "limited until"]
+        grids.append(Grid("busiest keys", columns, keys, text=frozenset({"key"})))
     for section in snapshot.sections:
         if section.rows:
             rows = [list(row) for row in section.rows]
@@ -180,25 +144,20 @@ def snapshot_grids(snapshot: Snapshot) -> list[Grid]:
     return grids
 
 
+#: What `status` says when no cleaner is alive.
+NO_CLEANER = (
+    "no cleaner is alive (no heartbeat row): the tasks of a worker that dies stay processing "
+    "and periodic schedules do not fire; start one: txtasks cleaner APP"
+)
+
+
 def snapshot_print(snapshot: Snapshot, console: Console | None = None) -> Console:
-    """Print the snapshot's tables at the console's width (see `console_for`)."""
-    grids = snapshot_grids(snapshot)
-    console = console or console_for(grids)
-    for grid in grids:
-        console.print(grid.render(console.width))
+    """Print the snapshot's tables at the console's width (see `console_for`), and a line
+    when no cleaner is alive."""
+    console = grids_print(snapshot_grids(snapshot), console)
+    if not snapshot.cleaners_alive:
+        console.print(NO_CLEANER, style="bold", soft_wrap=True, markup=False)
     return console
-
-
-def console_for(grids: list[Grid]) -> Console:
-    """The terminal's width on a terminal (or COLUMNS when set); else as wide as the tables
-    need, so that output piped to a file or a pager is never cut at 80 columns."""
-    from rich.console import Console
-
-    console = Console()
-    if console.is_terminal or os.environ.get("COLUMNS"):
-        return console
-    widest = max(g.width_needed(max(len(r[0]) for r in g.rows or [[""]])) for g in grids)
-    return Console(width=max(widest, 80))
 
 
 # -- the command -------------------------------------------------------------------------------
@@ -298,6 +257,7 @@ class Screen:
             return
         from rich.console import Group
         from rich.live import Live
+        from rich.text import Text
 
         grids = snapshot_grids(snapshot)
         console = console_for(grids)
@@ -305,7 +265,9 @@ class Screen:
             snapshot_print(snapshot, console)
             console.file.flush()
             return
-        group = Group(*(g.render(console.width) for g in grids))
+        group = Group(*(table for g in grids for table in g.render(console.width)))
+        if not snapshot.cleaners_alive:
+            group.renderables.append(Text(NO_CLEANER, style="bold"))
         if self.live is None:
             self.live = Live(group, console=console, auto_refresh=False)
             self.live.start()

@@ -10,7 +10,9 @@ import click
 from txtasks.cli.common import (
     broker_url_option,
     database_url_option,
+    existing_database,
     friendly_errors,
+    from_command_line,
     json_default,
     load_app,
     resolve_url,
@@ -51,13 +53,15 @@ def publish(
     from txtasks.errors import TxtasksError
 
     app = load_app(app_spec)
+    database_url = from_command_line("database_url", database_url)
+    broker_url = from_command_line("broker_url", broker_url)
     try:  # bad input fails before anything is opened
         publish = app.topics.new_publish(
             topic, _payload(payload), **{k: v for k, v in options.items() if v is not None}
         )
     except TxtasksError as exc:
         raise click.BadParameter(str(exc)) from None
-    url = resolve_url(database_url, app)
+    url = existing_database(resolve_url(database_url, app))
     from txtasks.engines import create_engine
     from txtasks.wakeup import notifier_for_url
 
@@ -82,12 +86,15 @@ def subscribe(app_spec: str, topics: tuple[str, ...], database_url: str | None) 
     """Store the subscriptions APP's tasks declare (of TOPICS only, when given); a worker of
     APP stores those of its queues at its start too. Publishes committed from now on reach
     them."""
-    from txtasks.errors import TxtasksError
+    from txtasks.errors import MissingExtraError, TxtasksError
 
     app = load_app(app_spec)
-    app.use_driver(app.driver_for(resolve_url(database_url, app)))
+    database_url = from_command_line("database_url", database_url)
+    app.use_driver(app.driver_for(existing_database(resolve_url(database_url, app))))
     try:
         subs = run_async(lambda: _subscribe(app, topics or None))
+    except MissingExtraError:
+        raise
     except TxtasksError as exc:
         raise click.BadParameter(str(exc)) from None
     if not subs:
@@ -129,26 +136,23 @@ def unsubscribe(database_url: str | None, topic: str, groups: tuple[str, ...]) -
 def topics(database_url: str | None, as_json: bool) -> None:
     """Topics, their groups (task, queue, live tasks by state) and the publishes dropped for
     want of a subscriber (kept for the cleaner's retention.topic_drops)."""
-    from rich.console import Console
-    from rich.table import Table
+    from txtasks.cli.tables import Grid, grids_print
 
     stats = with_driver(database_url, lambda driver: driver.topics.topic_stats())
     if as_json:
         click.echo(json.dumps([_topic_json(s) for s in stats], indent=2, default=json_default))
         return
-    table = Table(title="txtasks topics")
-    for column in ("topic", "group", "task", "queue", "pending", "processing", "retryable"):
-        table.add_column(column, justify="right" if column[0] in "pr" else "left")
-    table.add_column("dropped", justify="right")
+    rows = []
     for s in stats:
         dropped = str(s.dropped) if s.dropped else ""
         if not s.groups:
-            table.add_row(s.topic, "-", "", "", "", "", "", dropped)
+            rows.append([s.topic, "-", "", "", "", "", "", dropped])
         for n, (sub, counts) in enumerate(s.groups):
             states = [str(counts.get(k, 0)) for k in ("pending", "processing", "retryable")]
             topic, drop = (s.topic, dropped) if n == 0 else ("", "")
-            table.add_row(topic, sub.group, sub.task_name, sub.queue, *states, drop)
-    Console().print(table)
+            rows.append([topic, sub.group, sub.task_name, sub.queue, *states, drop])
+    headers = ["topic", "group", "task", "queue", "pending", "processing", "retryable", "dropped"]
+    grids_print([Grid("txtasks topics", headers, rows, text=frozenset(headers[1:4]))])
 
 
 def _topic_json(s: Any) -> dict[str, Any]:

@@ -53,7 +53,7 @@ from txtasks.driver.timeouts import (
     socket_of,
 )
 from txtasks.driver.urls import url_async, url_parse, url_sync
-from txtasks.errors import ConfigurationError
+from txtasks.errors import ConfigurationError, extras_needed
 from txtasks.types import (
     NewTask,
 )
@@ -256,14 +256,18 @@ class SqlDatabase:
     @property
     def engine(self) -> AsyncEngine:
         if self._engine is None:
-            self._engine = create_async_engine(url_async(self.url), **self._options(sync=False))
+            with extras_needed():
+                engine = create_async_engine(url_async(self.url), **self._options(sync=False))
+            self._engine = engine
             self.engine_setup(self._engine.sync_engine)
         return self._engine
 
     @property
     def sync_engine(self) -> Engine:
         if self._sync_engine is None:
-            self._sync_engine = create_engine(url_sync(self.url), **self._options(sync=True))
+            with extras_needed():
+                sync_engine = create_engine(url_sync(self.url), **self._options(sync=True))
+            self._sync_engine = sync_engine
             self.engine_setup(self._sync_engine)
         return self._sync_engine
 

@@ -35,7 +35,8 @@ from txtasks.driver.statements.keys import (
 )
 from txtasks.driver.statements.topics import TopicStatements
 from txtasks.driver.timeouts import Watchdog, keepalive_set, socket_of
-from txtasks.errors import ConfigurationError
+from txtasks.errors import ConfigurationError, extras_needed
+from txtasks.faults import one_line_records
 from txtasks.keys import HINTS_PER_CLAIM
 from txtasks.schema import migrate as schema_migrate
 from txtasks.schema.tables import READY, TASK_COLUMNS
@@ -621,6 +622,20 @@ RAW_SHARED = "shared"
 RAW_IDLE = 60.0
 
 
+async def _kept_lost(pool: Any, connection: Any) -> bool:
+    """Whether a kept connection is gone: closed (it goes back to its pool), or already
+    handed back by asyncpg, which takes back a connection the server or the network ended."""
+    import asyncpg
+
+    try:
+        closed = connection.is_closed()
+    except asyncpg.InterfaceError:  # released back to the pool when it was lost
+        return True
+    if closed:
+        await pool.release(connection)
+    return bool(closed)
+
+
 class PostgresDatabase(SqlDatabase):
     """PostgreSQL 12+ through asyncpg (async) and psycopg (sync), and small asyncpg pools of
     its own for the worker's hot path (`raw_fetch`): one autocommit statement each, no
@@ -722,8 +737,9 @@ class PostgresDatabase(SqlDatabase):
         one for all under a small budget, `raw_shared`): "claims" without waiting for the
         WAL flush, "writes" with the server's setting (`RAW_SETTINGS`). A connection idle for
         `RAW_IDLE` seconds is closed."""
-        import asyncpg  # the postgres extra
-
+        with extras_needed():
+            import asyncpg  # the postgres extra
+        one_line_records("asyncpg.pool")  # a fault is a line, never a library's traceback
         name = self.raw_name(purpose)
         loop = asyncio.get_running_loop()
         held = self._pools.get(name)
@@ -739,6 +755,8 @@ class PostgresDatabase(SqlDatabase):
             local = self.raw_local
             pool = await asyncpg.create_pool(
                 dsn,
+                # no floor of connections kept: asyncpg would reconnect it in the background
+                # during an outage, logging each failed attempt (claims reconnect on demand)
                 min_size=0,
                 max_size=1 if self.connections is not None else 2,
                 max_inactive_connection_lifetime=RAW_IDLE,
@@ -785,8 +803,7 @@ class PostgresDatabase(SqlDatabase):
         name = self.raw_name(purpose)
         kept = self._kept.pop(name, None)
         connection = kept[1] if kept is not None and kept[0] is pool else None
-        if connection is not None and connection.is_closed():
-            await pool.release(connection)
+        if connection is not None and await _kept_lost(pool, connection):
             connection = None
         if connection is None:
             self._acquiring[name] = self._acquiring.get(name, 0) + 1

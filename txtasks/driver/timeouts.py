@@ -23,7 +23,7 @@ or a driver's ``timeouts=``), with query parameters of the database URL
 (``?connect_timeout=5&command_timeout=60``), or with the environment variables
 ``TXTASKS_DB_CONNECT_TIMEOUT``, ``TXTASKS_DB_COMMAND_TIMEOUT`` and ``TXTASKS_DB_KEEPALIVE_IDLE``
 (the CLI's ``--db-connect-timeout`` / ``--db-command-timeout`` set these). The environment
-overrides the others; the URL's parameters apply when no `Timeouts` is given. ``command_timeout=0`` (or ``none``) turns the command bound off.
+overrides the others (one line logged when it changes a `Timeouts` given in code); the URL's parameters apply when no `Timeouts` is given. ``command_timeout=0`` (or ``none``) turns the command bound off.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import math
 import os
 import socket
@@ -51,6 +52,7 @@ URL_PARAMS = {
     "keepalives_interval": "keepalive_interval",
     "keepalives_count": "keepalive_count",
 }
+log = logging.getLogger("txtasks")
 #: Environment variable -> Timeouts field.
 ENV_VARS = {
     "TXTASKS_DB_CONNECT_TIMEOUT": "connect",
@@ -111,13 +113,24 @@ class Timeouts:
     def resolve(
         cls, url: URL, given: Timeouts | None = None, env: Mapping[str, str] | None = None
     ) -> tuple[Timeouts, URL]:
-        """`given`, else the defaults with the URL's query parameters; then the environment.
-        And the URL without txtasks' parameters."""
+        """`given`, else the defaults with the URL's query parameters; then the environment
+        (one line logged when it changes what `given` set). And the URL without txtasks'
+        parameters."""
+        explicit = given is not None
         if given is None:
             query = {URL_PARAMS[k]: str(v) for k, v in url.query.items() if k in URL_PARAMS}
             given = cls().replace(query)
         env = os.environ if env is None else env
         timeouts = given.replace({f: env[v] for v, f in ENV_VARS.items() if env.get(v)})
+        if explicit and timeouts != given:
+            changed = [
+                f"{v}={env[v]}" for v, f in ENV_VARS.items() if env.get(v)
+                and getattr(timeouts, f) != getattr(given, f)
+            ]  # fmt: skip
+            log.info(
+                "timeouts: %s used, over the Timeouts given in code (unset it to use the code's)",
+                ", ".join(changed),
+            )
         return timeouts, url.difference_update_query(URL_PARAMS)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -56,3 +58,15 @@ def url_sync(url: str | URL) -> URL:
 def url_safe(url: str | URL) -> str:
     """For logs and errors: the URL with the password hidden."""
     return make_url(url).render_as_string(hide_password=True)
+
+
+def sqlite_file_missing(url: str | URL) -> str | None:
+    """The path of a SQLite database file that does not exist, None when the URL names
+    another database, an in-memory one, or a file that exists."""
+    parsed = url_parse(url)
+    if parsed.get_backend_name() != "sqlite":
+        return None
+    path = parsed.database or ""
+    if path in ("", ":memory:") or path.startswith("file:"):
+        return None
+    return None if os.path.exists(path) else path

@@ -33,6 +33,7 @@ from txtasks.driver.base import (
     check_cursor,
 )
 from txtasks.errors import ConfigurationError, TxtasksError
+from txtasks.policy import error_summary
 from txtasks.types import TaskRow
 from txtasks.web.actions import ACTIONS, Target, field_of, match_of
 from txtasks.web.charts import sparkline
@@ -92,6 +93,7 @@ class Dashboard:
         )
         self.templates.filters["age"] = _age
         self.templates.filters["when"] = _when
+        self.templates.filters["error_summary"] = error_summary
         self.templates.globals.update(cap=COUNT_CAP, search_window=SEARCH_WINDOW)
         routes = [
             Route("/", self.page_queues),
@@ -186,8 +188,14 @@ class Dashboard:
             )
         keys = await reads.busy_keys(now=now)
         subscriptions = await self.app.driver.topics.subscription_list()
+        cleaners = await self.cleaners_alive(now)
         return self.render(
-            request, "queues.html", queues=queues, keys=keys, subscriptions=subscriptions
+            request,
+            "queues.html",
+            queues=queues,
+            keys=keys,
+            subscriptions=subscriptions,
+            cleaners=cleaners,
         )
 
     async def page_tasks(self, request: Request) -> Response:
@@ -231,13 +239,30 @@ class Dashboard:
         return self.render(request, "task.html", task=self.shown(row))
 
     async def page_periodic(self, request: Request) -> Response:
+        now = self.app.clock()
         stored = await self.app.driver.sweeps.periodic_list()
         schedules = []
         for name, schedule in sorted(self.app.schedules.items()):
             row = stored.get(name)
-            schedules.append({"schedule": schedule, "row": row})
+            late = None if row is None else _since(now, row.next_fire_at)
+            overdue = late if late is not None and late.total_seconds() > OVERDUE_AFTER else None
+            schedules.append({"schedule": schedule, "row": row, "overdue": overdue})
         others = [row for name, row in sorted(stored.items()) if name not in self.app.schedules]
-        return self.render(request, "periodic.html", schedules=schedules, others=others)
+        firing = await self.cleaners_alive(now, sweep="periodic")
+        return self.render(
+            request, "periodic.html", schedules=schedules, others=others, firing=firing
+        )
+
+    async def cleaners_alive(self, now: datetime, sweep: str | None = None) -> int:
+        """How many cleaners (running `sweep`, when given) have a heartbeat row alive."""
+        processes = await self.app.driver.processes.process_list()
+        return sum(
+            1
+            for p in processes
+            if p.kind == "cleaner"
+            and p.alive(now)
+            and (sweep is None or sweep in p.runs.split(","))
+        )
 
     async def page_workers(self, request: Request) -> Response:
         processes = await self.app.driver.processes.process_list()
@@ -350,3 +375,8 @@ def _since(now: datetime | None, then: datetime | None) -> Any:
 
 def _when(value: datetime | None) -> str:
     return "" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+#: Seconds past its next fire time after which a schedule is shown as overdue (a cleaner
+#: running the periodic sweep fires it within about a second).
+OVERDUE_AFTER = 30.0

@@ -6,6 +6,8 @@ import click
 
 from txtasks.cli.common import (
     database_url_option,
+    existing_app_database,
+    from_command_line,
     load_app,
     log_format_option,
     log_level_option,
@@ -57,22 +59,21 @@ def dashboard(
 ) -> None:
     """Serve the web dashboard of APP (module:attribute): queues, tasks, dead letters,
     periodic schedules and workers, with actions on them (needs the extra `web`)."""
-    try:
+    from txtasks.errors import TxtasksError, extras_needed
+
+    with extras_needed():  # one line naming the extra `web` when it is not installed
         import uvicorn
 
         from txtasks.web import create_app
         from txtasks.web.security import LOOPBACK_HOSTS, Auth, check_bind
-    except ImportError as exc:  # pragma: no cover - depends on the installed extras
-        raise click.ClickException(
-            f"the dashboard needs the extra `web`: pip install 'txtasks[web]' ({exc})"
-        ) from exc
-    from txtasks.errors import TxtasksError
 
     logging_setup(log_level, log_format)
     app = load_app(app_spec)
+    database_url = from_command_line("database_url", database_url)
     try:
         auth = Auth.from_env()
         check_bind(host, auth)
+        existing_app_database(app, database_url)  # the dashboard creates no database
         if database_url:
             app.use_driver(app.driver_for(database_url))
         asgi = create_app(
