@@ -18,9 +18,10 @@ from txtasks.worker.worker import Worker, WorkerConfig, WorkerStats
 
 
 async def run_until_empty(
-    app: App, *, queues: list[str] | None = None, concurrency: int = 10, **config: Any
+    app: App, *, queues: list[str] | None = None, concurrency: int | None = 10, **config: Any
 ) -> WorkerStats:
-    """Run a worker in burst mode until no task is due: what `txtasks worker --burst` does."""
+    """Run a worker in burst mode until no task is due: what `txtasks worker --burst` does
+    (`concurrency=None`: the worker's default, which grows while a backlog lasts)."""
     settings = {"poll_interval": 0.01, "flush_interval": 0.001, "burst_horizon": 0.0, **config}
     worker_config = WorkerConfig(
         queues=tuple(queues) if queues else None, concurrency=concurrency, burst=True, **settings

@@ -11,6 +11,13 @@ from txtasks.errors import ConfigurationError
 from txtasks.services import Service
 from txtasks.types import Outcome, TaskKey
 
+#: How many tasks at once a worker runs when `WorkerConfig.concurrency` is not given: at
+#: first, and always when some of its handlers are sync (they run in threads).
+CONCURRENCY_START = 10
+#: The most tasks at once a worker whose `concurrency` is not given, and whose handlers are
+#: all async, grows to while its claims find a backlog (`txtasks.worker.worker.Slots`).
+CONCURRENCY_AUTO_MAX = 200
+
 
 @dataclass(frozen=True)
 class WorkerConfig:
@@ -18,8 +25,10 @@ class WorkerConfig:
 
     #: Queues to take tasks from; None means every queue a registered task uses.
     queues: tuple[str, ...] | None = None
-    #: Tasks run at once by this worker (async handlers as tasks, sync ones in threads).
-    concurrency: int = 10
+    #: Tasks run at once by this worker (async handlers as tasks, sync ones in threads). None
+    #: (the default): `CONCURRENCY_START`, and for a worker whose handlers are all async up to
+    #: `CONCURRENCY_AUTO_MAX` while a backlog lasts (see `txtasks.worker.worker.Slots`).
+    concurrency: int | None = None
     #: Seconds a claim holds a task before the cleaner may rescue it.
     lease: float = 30.0
     #: Seconds between lease extensions; default a third of the lease.
@@ -60,7 +69,8 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.publish_deferred is not None:
             self._publish_deferred_fold()
-        check_number("concurrency", self.concurrency, minimum=1, maximum=None, integer=True)
+        if self.concurrency is not None:
+            check_number("concurrency", self.concurrency, minimum=1, maximum=None, integer=True)
         check_number("flush_batch", self.flush_batch, minimum=1, maximum=None, integer=True)
         for name in ("lease", "poll_interval", "flush_interval", "progress_interval"):
             check_number(name, getattr(self, name), above=0)
@@ -103,6 +113,9 @@ class WorkerStats:
     """What a worker did; returned by `run()`."""
 
     claimed: int = 0
+    #: The most tasks it allowed itself to run at once (`Slots`: its `concurrency`, or what
+    #: an adaptive worker grew to).
+    concurrency_peak: int = 0
     #: Of `claimed`, the tasks taken by the ids their wake-ups named (`Worker.wake`).
     claimed_named: int = 0
     started: int = 0

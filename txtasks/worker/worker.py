@@ -33,7 +33,12 @@ from txtasks.services import ServiceHost, services_for
 from txtasks.types import Outcome, OutcomeKind, TaskKey, TaskRow
 from txtasks.wakeup import Notifier
 from txtasks.wakeup.base import MAX_IDS
-from txtasks.worker.config import WorkerConfig, WorkerStats
+from txtasks.worker.config import (
+    CONCURRENCY_AUTO_MAX,
+    CONCURRENCY_START,
+    WorkerConfig,
+    WorkerStats,
+)
 from txtasks.worker.outcomes import OutcomeBuffer, event_wait
 from txtasks.worker.progress import ProgressWriter
 from txtasks.worker.runner import Runner, first_line
@@ -102,6 +107,42 @@ class Named:
         return self.look or bool(self.ids)
 
 
+class Slots:
+    """How many tasks the worker runs at once (`limit`). A worker given its concurrency runs
+    that many. Without one (`WorkerConfig.concurrency` None) it starts at
+    `CONCURRENCY_START`; if its handlers are all async, each claim of its queues that fills
+    every free slot (a backlog: more may be ready) doubles the limit, up to
+    `CONCURRENCY_AUTO_MAX`, and each that comes back short halves it, down to the start. So
+    a claim carries up to that many tasks per round trip while a backlog lasts, and at a low
+    load, where claims come back short, the worker claims and spreads tasks among workers as
+    with the start's fixed concurrency. Sync handlers run in threads, as many as the start:
+    a worker with any of them keeps it."""
+
+    def __init__(self, config: WorkerConfig, stats: WorkerStats) -> None:
+        given = config.concurrency
+        self.start = given if given is not None else CONCURRENCY_START
+        self.adaptive = given is None
+        self.most = self.limit = self.start
+        self.stats = stats
+        stats.concurrency_peak = self.start
+
+    def settle(self, all_async: bool) -> None:
+        """Whether it may grow: an adaptive worker whose handlers are all async."""
+        if self.adaptive and all_async:
+            self.most = max(self.start, CONCURRENCY_AUTO_MAX)
+
+    def claimed(self, got: int, asked: int) -> None:
+        """A claim of the queues asked for `asked` tasks (its free slots) and got `got`."""
+        if self.most == self.start:
+            return
+        if got >= asked:
+            self.limit = min(self.most, self.limit * 2)
+            if self.limit > self.stats.concurrency_peak:
+                self.stats.concurrency_peak = self.limit
+        else:
+            self.limit = max(self.start, self.limit // 2)
+
+
 def default_worker_id() -> str:
     """host:pid:random, within the 128 characters the column holds."""
     return f"{socket.gethostname()[:100]}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -130,6 +171,8 @@ class Worker:
         if not self.queues:
             raise ConfigurationError("worker: no queues to serve (register a task or pass queues)")
         self.stats = WorkerStats()
+        #: How many tasks it runs at once.
+        self._slots = Slots(self.config, self.stats)
         #: Its heartbeat row (txtasks.processes): its queues and how many tasks it runs.
         self._beacon = Beacon(
             self.driver,
@@ -192,7 +235,7 @@ class Worker:
         self._runner = Runner(
             app,
             worker_id=self.worker_id,
-            concurrency=self.config.concurrency,
+            concurrency=self._slots.most,
             stats=self.stats,
             outcomes=self._outcomes,
             held=self._held,
@@ -263,7 +306,7 @@ class Worker:
                 await self.health_server.stop()
 
     async def _open(self) -> bool:
-        await self._budget_sync()
+        await self._handlers_settle()
         if self.config.burst:
             await self.driver.open()
             return True
@@ -273,13 +316,17 @@ class Worker:
         finally:
             self._connecting = False
 
-    async def _budget_sync(self) -> None:
-        """A worker with sync handlers runs their transactions and enqueues on the sync
-        engine: under a connection budget, the engines share it (see
-        `SqlDatabase.share_with_sync`)."""
+    async def _handlers_settle(self) -> None:
+        """What its handlers being sync or async decide. A worker whose handlers are all
+        async may grow its concurrency (`Slots`). One with sync handlers runs their
+        transactions and enqueues on the sync engine: under a connection budget, the
+        engines share it (see `SqlDatabase.share_with_sync`)."""
         served = [t for t in self.app.tasks.values() if t.options.queue in self.queues]
+        all_async = all(t.is_async for t in served)
+        self._slots.settle(all_async)
+        self._runner.concurrency = self._slots.most
         share = getattr(getattr(self.driver, "db", None), "share_with_sync", None)
-        if share is not None and any(not t.is_async for t in served):
+        if share is not None and not all_async:
             await share()
 
     async def _subscribe(self) -> None:
@@ -330,7 +377,7 @@ class Worker:
         pulse = self._pulses["claimer"]
         while not self._stopping.is_set():
             pulse.beat()
-            free = self.config.concurrency - len(self._held)
+            free = self._slots.limit - len(self._held)
             if free <= 0:
                 self._named.look = True  # tasks pile up meanwhile: the next claim looks
                 self._slot_free.clear()
@@ -424,6 +471,7 @@ class Worker:
             )
             if rows:  # more may be ready: the next claim looks again, as long as it finds some
                 self._named.look = True
+            self._slots.claimed(len(rows), limit)
         self.stats.claimed += len(rows)
         return rows
 
