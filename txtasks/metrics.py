@@ -87,6 +87,12 @@ class Metrics:
             ["queue", "task", "outcome"],
             registry=r,
         )
+        self.concurrency = Gauge(
+            "txtasks_worker_concurrency",
+            "Tasks the worker allows itself to run at once now (its given concurrency, or what "
+            "an adaptive worker has grown to with the backlog)",
+            registry=r,
+        )
         self.duration = Histogram(
             "txtasks_handler_seconds",
             "Handler run time",

@@ -476,7 +476,7 @@ class Settings:
     gap: float
     poll_interval: float
     wakeup_poll_interval: float
-    concurrency: int
+    concurrency: int | None
     handler: str
     timeout: float
     worker_log_level: str
@@ -564,11 +564,11 @@ class Bench:
             argv += ["--broker-url", str(s.amqp_url)]
         interval = s.wakeup_poll_interval if rabbitmq else s.poll_interval
         concurrency = s.load_concurrency if case.load else s.concurrency
+        if concurrency is not None:  # else the worker's default
+            argv += ["--concurrency", str(concurrency)]
         argv += [
             "--poll-interval",
             f"{interval:g}",
-            "--concurrency",
-            str(concurrency),
             "--log-level",
             s.worker_log_level,
             "--loop",
@@ -1288,7 +1288,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=30.0,
         help="worker poll interval in the RabbitMQ mode (long, so only wake-ups count)",
     )
-    how.add_argument("--concurrency", type=int, default=10, help="txtasks worker --concurrency")
+    how.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="txtasks worker --concurrency (default: none given, the worker's own default)",
+    )
     how.add_argument(
         "--load-rate",
         type=float,
@@ -1495,7 +1500,13 @@ async def amain(
             else ""
         )
         + ".",
-        f"txtasks worker: `--concurrency {settings.concurrency}`, {settings.handler} handler, "
+        "txtasks worker: "
+        + (
+            f"`--concurrency {settings.concurrency}`"
+            if settings.concurrency is not None
+            else "no `--concurrency` (its default)"
+        )
+        + f", {settings.handler} handler, "
         f"{settings.worker_loop} event loop; enqueue with "
         "`await task.aenqueue_tx(conn, None)` in `engine.connect()` + `conn.begin()` "
         "(SQLAlchemy AsyncEngine).",

@@ -10,6 +10,7 @@ import pytest
 
 from tests.waiting import until
 from txtasks import App, MemoryDriver, Worker, WorkerConfig
+from txtasks.metrics import Metrics
 from txtasks.testing import run_until_empty
 from txtasks.worker.config import CONCURRENCY_AUTO_MAX, CONCURRENCY_START, WorkerStats
 from txtasks.worker.worker import Slots
@@ -107,3 +108,22 @@ def test_a_given_concurrency_never_moves() -> None:
     slots.settle(all_async=True)
     slots.claimed(7, 7)
     assert (slots.limit, slots.most) == (7, 7)
+
+
+async def test_the_concurrency_gauge_follows_the_worker() -> None:
+    """`txtasks_worker_concurrency` shows what the worker allows itself now: read by the
+    handlers while the backlog lasts, it reaches the ceiling."""
+    metrics = Metrics()
+    seen: list[float] = []
+    app = App(driver=MemoryDriver())
+
+    @app.task(name="job", queue="q")
+    async def job(payload: int) -> None:
+        seen.append(metrics.registry.get_sample_value("txtasks_worker_concurrency") or 0.0)
+        await asyncio.sleep(0)
+
+    await app.aenqueue_many([job.new(i) for i in range(2_000)])
+    config = WorkerConfig(burst=True, burst_horizon=0, poll_interval=0.01, flush_interval=0.001)
+    stats = await Worker(app, config, metrics=metrics).run()
+    assert min(seen) >= CONCURRENCY_START
+    assert max(seen) == CONCURRENCY_AUTO_MAX == stats.concurrency_peak

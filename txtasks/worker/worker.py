@@ -325,6 +325,8 @@ class Worker:
         all_async = all(t.is_async for t in served)
         self._slots.settle(all_async)
         self._runner.concurrency = self._slots.most
+        if self.metrics is not None:
+            self.metrics.concurrency.set(self._slots.limit)
         share = getattr(getattr(self.driver, "db", None), "share_with_sync", None)
         if share is not None and not all_async:
             await share()
@@ -472,6 +474,8 @@ class Worker:
             if rows:  # more may be ready: the next claim looks again, as long as it finds some
                 self._named.look = True
             self._slots.claimed(len(rows), limit)
+            if self.metrics is not None:
+                self.metrics.concurrency.set(self._slots.limit)
         self.stats.claimed += len(rows)
         return rows
 
