@@ -156,7 +156,7 @@ def snapshot_print(snapshot: Snapshot, console: Console | None = None) -> Consol
     when no cleaner is alive."""
     console = grids_print(snapshot_grids(snapshot), console)
     if not snapshot.cleaners_alive:
-        console.print(NO_CLEANER, style="bold", soft_wrap=True, markup=False)
+        console.print(NO_CLEANER, style="bold", markup=False)
     return console
 
 

@@ -68,20 +68,20 @@ class Grid:
         return parts
 
     def render(self, width: int) -> list[Any]:
-        """The rich tables that show this grid at `width` columns."""
+        """What shows this grid at `width` columns: each table after its title, a line of its
+        own (a table's own title would wrap at the table's width, not the terminal's)."""
         from rich import box
         from rich.table import Table
+        from rich.text import Text
 
         widths = self.widths()
         tables = []
         for n, columns in enumerate(self.parts(width)):
             title = self.title if n == 0 else f"{self.title} (continued)"
             table = Table(
-                title=title,
                 box=box.SIMPLE_HEAD,
                 show_edge=False,
                 pad_edge=False,
-                title_justify="left",
             )
             for i in columns:
                 if self.is_text(i):
@@ -92,7 +92,7 @@ class Grid:
                     table.add_column(self.headers[i], justify="right", no_wrap=True)
             for row in self.rows:
                 table.add_row(*(row[i] for i in columns))
-            tables.append(table)
+            tables.extend([Text(title, style="bold"), table])
         return tables
 
 
