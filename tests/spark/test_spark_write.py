@@ -403,6 +403,8 @@ def test_bad_options_fail_before_anything_is_written(spark: Any, database_url: s
         ({"queue": "no spaces"}, "queue"),
         ({"publish": "later"}, "option 'publish' must be 'atomic' or 'deferred', got 'later'"),
         ({"local_infile": "yes"}, "option 'local_infile' must be 'true' or 'false', got 'yes'"),
+        ({"lock_wait_timeout": "0"}, "option 'lock_wait_timeout' must be seconds > 0"),
+        ({"lock_wait_timeout": "soon"}, "option 'lock_wait_timeout' must be seconds > 0"),
     ]
     if backend_name(database_url) != "mysql":
         cases.append(({"local_infile": "true"}, "'local_infile' applies to MariaDB/MySQL only"))

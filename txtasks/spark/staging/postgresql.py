@@ -10,17 +10,28 @@ by Arrow, and the joined rows' data buffer is the COPY body.
 from __future__ import annotations
 
 import array
+import contextlib
 import functools
+import math
 import sys
+from collections.abc import Iterator
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, text
+from sqlalchemy.exc import DBAPIError
 
-from txtasks.spark.staging import SqlStaging
+from txtasks.spark.staging import LOCK_WAIT_TIMEOUT, SqlStaging
 
 #: Memory for the sorts of an atomic commit (its rows in staging or dedup key order), in its
 #: transaction only: the default (4MB) sorts the rows of a 200,000-row write on disk.
 COMMIT_WORK_MEM = "64MB"
+#: The SQLSTATE of a lock wait that reached lock_timeout.
+LOCK_NOT_AVAILABLE = "55P03"
+#: The lock wait of the probes that look for the dedup key a commit waited for.
+PROBE_LOCK_TIMEOUT = "20ms"
+#: The session's lock_timeout, as set (to put it back) and in milliseconds (0: none).
+LOCK_TIMEOUT_SETTING = "SELECT current_setting('lock_timeout'), setting::bigint FROM pg_settings WHERE name = 'lock_timeout'"
+SET_LOCK_TIMEOUT = text("SELECT set_config('lock_timeout', :value, :local)")
 #: Staged rows go in with COPY (of the batch's columns): no per-row work in Python.
 COPY_STAGED = "COPY txtasks_staged ({}) FROM STDIN (FORMAT binary)"
 #: Binary COPY's signature, flags and header extension length; and its end-of-data marker.
@@ -113,6 +124,30 @@ class PostgresStaging(SqlStaging):
                 return
             with cursor.copy(COPY_STAGED.format(", ".join(batch.column_names))) as copy:
                 copy.write(staged_binary(batch))
+
+    @contextlib.contextmanager
+    def lock_waits(self, conn: Connection, seconds: float | None) -> Iterator[float | None]:
+        """The session's `lock_timeout` set to the bound (`seconds`, or `LOCK_WAIT_TIMEOUT`, or
+        the session's own setting when it is longer), put back after the block."""
+        shown, own_ms = conn.exec_driver_sql(LOCK_TIMEOUT_SETTING).one()
+        bound = seconds if seconds else max(float(LOCK_WAIT_TIMEOUT), int(own_ms) / 1000)
+        conn.execute(SET_LOCK_TIMEOUT, {"value": f"{math.ceil(bound * 1000)}ms", "local": False})
+        conn.commit()
+        try:
+            yield bound
+        finally:
+            with contextlib.suppress(DBAPIError):
+                conn.execute(SET_LOCK_TIMEOUT, {"value": shown, "local": False})
+                conn.commit()
+
+    def lock_timed_out(self, exc: DBAPIError) -> bool:
+        orig = exc.orig
+        return (getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)) == (
+            LOCK_NOT_AVAILABLE
+        )
+
+    def lock_probe(self, conn: Connection) -> None:
+        conn.execute(SET_LOCK_TIMEOUT, {"value": PROBE_LOCK_TIMEOUT, "local": True})
 
     def prepare_publish(self, conn: Connection) -> None:
         conn.exec_driver_sql(f"SET LOCAL work_mem = '{COMMIT_WORK_MEM}'")
