@@ -690,7 +690,10 @@ def publish_batch(
     staging: SqlStaging, conn: Connection, limit: int, now: datetime
 ) -> Published | None:
     """Publish up to `limit` staged rows of one deferred attempt in `conn`'s transaction; None
-    when no attempt waits that another publisher has not locked."""
+    when no attempt waits that another publisher has not locked, or when the first one that
+    waits has task keys and so has an earlier one that another publisher is publishing: a
+    key's tasks are published write after write, so that they run in that order (the other
+    publisher goes on with it)."""
     pick = (
         select(deferred.c.stage, deferred.c.target)
         .order_by(deferred.c.stage)  # the primary key: the lock stops at the row it returns
@@ -700,18 +703,28 @@ def publish_batch(
     found = conn.execute(pick).first()
     if found is None:
         return None
+    target = target_from_json(found.target)
+    if target.keyed and _keyed_before(conn, found.stage):
+        return None
     stage = staged.c.stage == found.stage
     first = select(staged.c.n).where(stage).order_by(staged.c.n).limit(limit).subquery()
     top, rows = conn.execute(select(func.max(first.c.n), func.count())).one()
     tasks: dict[str, int] = {}
     if rows:
         batch = and_(stage, staged.c.n <= top)
-        tasks = staging.publish_rows(conn, batch, target_from_json(found.target), now)
+        tasks = staging.publish_rows(conn, batch, target, now)
         conn.execute(delete(staged).where(batch))
     if rows < limit:  # the attempt's last batch
         conn.execute(delete(deferred).where(deferred.c.stage == found.stage))
         conn.execute(delete(attempts).where(attempts.c.id == found.stage))
     return Published(rows=int(rows), tasks=tasks)
+
+
+def _keyed_before(conn: Connection, stage: int) -> bool:
+    """Whether a deferred attempt before `stage` (one that other publishers hold: the pick
+    skipped it) has task keys."""
+    earlier = select(deferred.c.target).where(deferred.c.stage < stage)
+    return any(target_from_json(t).keyed for t in conn.execute(earlier).scalars())
 
 
 def numbered(batch: Any, number: int, start: int) -> Any:
