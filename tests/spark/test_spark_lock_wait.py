@@ -134,7 +134,7 @@ def test_a_commit_waits_for_an_application_holding_a_key_longer_than_its_session
 def test_a_commit_that_waits_longer_than_its_option_fails_naming_the_key_and_the_option(
     database_url: str,
 ) -> None:
-    from txtasks.spark.staging import LockWaitTimeout
+    from txtasks.spark import LockWaitTimeout
 
     writer = keyed_writer(database_url, lock_wait_timeout="1")
     message = writer.write(rows(6))
