@@ -444,6 +444,8 @@ class SqlStaging:
         ):
             try:
                 with conn.begin():
+                    if bound is not None:
+                        self.lock_wait_local(conn, bound)
                     yield conn
             except DBAPIError as exc:
                 if bound is not None and self.lock_timed_out(exc):
@@ -457,6 +459,11 @@ class SqlStaging:
         longer; yields the bound set. Dialects override it; here (SQLite, whose writers wait
         for its one lock as the driver sets it) nothing is set and it yields None."""
         yield None
+
+    def lock_wait_local(self, conn: Connection, seconds: float) -> None:
+        """Bound the lock waits of `conn`'s transaction, which has just begun, to `seconds` (the
+        bound `lock_waits` yielded), where the database sets it per transaction; here
+        nothing."""
 
     def lock_timed_out(self, exc: DBAPIError) -> bool:
         """Whether `exc` is a lock wait that reached the bound `lock_waits` set."""

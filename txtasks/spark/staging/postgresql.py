@@ -29,9 +29,10 @@ COMMIT_WORK_MEM = "64MB"
 LOCK_NOT_AVAILABLE = "55P03"
 #: The lock wait of the probes that look for the dedup key a commit waited for.
 PROBE_LOCK_TIMEOUT = "20ms"
-#: The session's lock_timeout, as set (to put it back) and in milliseconds (0: none).
-LOCK_TIMEOUT_SETTING = "SELECT current_setting('lock_timeout'), setting::bigint FROM pg_settings WHERE name = 'lock_timeout'"
-SET_LOCK_TIMEOUT = text("SELECT set_config('lock_timeout', :value, :local)")
+#: The session's lock_timeout in milliseconds (0: none).
+LOCK_TIMEOUT_MS = "SELECT setting::bigint FROM pg_settings WHERE name = 'lock_timeout'"
+#: lock_timeout for the rest of the transaction.
+SET_LOCK_TIMEOUT = text("SELECT set_config('lock_timeout', :value, true)")
 #: Staged rows go in with COPY (of the batch's columns): no per-row work in Python.
 COPY_STAGED = "COPY txtasks_staged ({}) FROM STDIN (FORMAT binary)"
 #: Binary COPY's signature, flags and header extension length; and its end-of-data marker.
@@ -127,18 +128,15 @@ class PostgresStaging(SqlStaging):
 
     @contextlib.contextmanager
     def lock_waits(self, conn: Connection, seconds: float | None) -> Iterator[float | None]:
-        """The session's `lock_timeout` set to the bound (`seconds`, or `LOCK_WAIT_TIMEOUT`, or
-        the session's own setting when it is longer), put back after the block."""
-        shown, own_ms = conn.exec_driver_sql(LOCK_TIMEOUT_SETTING).one()
-        bound = seconds if seconds else max(float(LOCK_WAIT_TIMEOUT), int(own_ms) / 1000)
-        conn.execute(SET_LOCK_TIMEOUT, {"value": f"{math.ceil(bound * 1000)}ms", "local": False})
-        conn.commit()
-        try:
-            yield bound
-        finally:
-            with contextlib.suppress(DBAPIError):
-                conn.execute(SET_LOCK_TIMEOUT, {"value": shown, "local": False})
-                conn.commit()
+        """The bound: `seconds`, or `LOCK_WAIT_TIMEOUT`, or the session's own `lock_timeout`
+        when it is longer; set in each of the block's transactions (`lock_wait_local`: a
+        transaction pooler gives a session setting to other clients)."""
+        own_ms = conn.exec_driver_sql(LOCK_TIMEOUT_MS).scalar_one()
+        conn.rollback()
+        yield seconds if seconds else max(float(LOCK_WAIT_TIMEOUT), int(own_ms) / 1000)
+
+    def lock_wait_local(self, conn: Connection, seconds: float) -> None:
+        conn.execute(SET_LOCK_TIMEOUT, {"value": f"{math.ceil(seconds * 1000)}ms"})
 
     def lock_timed_out(self, exc: DBAPIError) -> bool:
         orig = exc.orig
@@ -147,7 +145,7 @@ class PostgresStaging(SqlStaging):
         )
 
     def lock_probe(self, conn: Connection) -> None:
-        conn.execute(SET_LOCK_TIMEOUT, {"value": PROBE_LOCK_TIMEOUT, "local": True})
+        conn.execute(SET_LOCK_TIMEOUT, {"value": PROBE_LOCK_TIMEOUT})
 
     def prepare_publish(self, conn: Connection) -> None:
         conn.exec_driver_sql(f"SET LOCAL work_mem = '{COMMIT_WORK_MEM}'")
