@@ -155,3 +155,57 @@ def test_a_commit_that_waits_longer_than_its_option_fails_naming_the_key_and_the
     assert "waited 1 s" in error and "nothing was published" in error
     assert commit.ended is not None and commit.ended - started >= 1
     assert state_counts(database_url) == {"pending": 1}  # the application's task only
+
+
+def test_the_default_bound_is_ten_minutes_or_the_databases_own_when_longer(
+    database_url: str,
+) -> None:
+    """Without the option the bound is `LOCK_WAIT_TIMEOUT`, or the database's own when longer
+    (here a database default of PostgreSQL's lock_timeout); the session is left as it was."""
+    from txtasks.driver import driver_for_url
+    from txtasks.spark.staging import LOCK_WAIT_TIMEOUT, staging_for
+
+    url, backend = with_command_timeout(database_url, SESSION_WAIT), backend_name(database_url)
+    engine = create_engine(url_sync(database_url))
+    name = make_url(database_url).database
+    session = {
+        "postgresql": "SELECT setting::bigint FROM pg_settings WHERE name = 'lock_timeout'",
+        "mysql": "SELECT @@SESSION.innodb_lock_wait_timeout",
+    }[backend]
+
+    def bounds() -> tuple[float | None, float | None, int, int]:
+        driver = driver_for_url(url)
+        staging = staging_for(driver)
+        try:
+            with driver.db.sync_engine.connect() as conn:
+                before = conn.exec_driver_sql(session).scalar_one()
+                with staging.lock_waits(conn, None) as default:
+                    pass
+                with staging.lock_waits(conn, 5) as given:
+                    pass
+                after = conn.exec_driver_sql(session).scalar_one()
+                return default, given, int(before), int(after)
+        finally:
+            driver.db.sync_engine.dispose()
+
+    try:
+        default, given, before, after = bounds()
+        assert given == 5 and before == after
+        if backend == "mysql":
+            with engine.connect() as conn:
+                server = conn.exec_driver_sql("SELECT @@GLOBAL.innodb_lock_wait_timeout")
+                assert default == max(LOCK_WAIT_TIMEOUT, int(server.scalar_one()))
+            assert before == SESSION_WAIT  # the command timeout's, put back
+            return
+        assert default == LOCK_WAIT_TIMEOUT
+        with engine.connect() as conn:
+            conn.exec_driver_sql(f"ALTER DATABASE \"{name}\" SET lock_timeout = '700s'")
+            conn.commit()
+        default, given, before, after = bounds()
+        assert (default, before, after) == (700, 700_000, 700_000)
+    finally:
+        if backend == "postgresql":
+            with engine.connect() as conn:
+                conn.exec_driver_sql(f'ALTER DATABASE "{name}" RESET lock_timeout')
+                conn.commit()
+        engine.dispose()
