@@ -403,6 +403,8 @@ def test_bad_options_fail_before_anything_is_written(spark: Any, database_url: s
         ({"queue": "no spaces"}, "queue"),
         ({"publish": "later"}, "option 'publish' must be 'atomic' or 'deferred', got 'later'"),
         ({"local_infile": "yes"}, "option 'local_infile' must be 'true' or 'false', got 'yes'"),
+        ({"lock_wait_timeout": "0"}, "option 'lock_wait_timeout' must be seconds > 0"),
+        ({"lock_wait_timeout": "soon"}, "option 'lock_wait_timeout' must be seconds > 0"),
     ]
     if backend_name(database_url) != "mysql":
         cases.append(({"local_infile": "true"}, "'local_infile' applies to MariaDB/MySQL only"))
@@ -544,6 +546,76 @@ def test_a_keyed_commit_hints_only_the_keys_of_the_tasks_it_publishes(database_u
     finally:
         engine.dispose()
     assert sorted(hinted) == [("default", "a"), ("default", "z")]
+
+
+def keyed_write(url: str, mode: str, rows: list[tuple[int, str]]) -> None:
+    """A write of rows (n, key) with option `key`, committed in `mode` (not published)."""
+    import pyarrow as pa
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from txtasks.spark import WriteOptions
+    from txtasks.spark.datasource import TxtasksWriter
+
+    schema = StructType([StructField("n", LongType()), StructField("customer", StringType())])
+    given = {"url": url, "task": "spark.order", "queue": "orders", "key": "customer"}
+    writer = TxtasksWriter(WriteOptions.parse({**given, "publish": mode}, schema))
+    batch = pa.RecordBatch.from_pylist([{"n": n, "customer": c} for n, c in rows])
+    writer.commit([writer.write(iter([batch]))])
+
+
+@pytest.mark.parametrize(
+    "limits", [KeyLimits(ordered=True), KeyLimits(concurrency=1)], ids=["ordered", "one"]
+)
+@pytest.mark.parametrize("database_url", backends("postgresql", "mysql"), indirect=True)
+def test_a_key_keeps_its_order_and_limits_across_two_writes(
+    database_url: str, mode: str, limits: KeyLimits
+) -> None:
+    """The tasks of one key from two writes run one at a time, and for an ordered key in the
+    order of the writes, in both modes; in deferred mode even while one publisher is in the
+    middle of the first write and another one runs (it leaves the second write's keyed rows
+    for later)."""
+    from txtasks.schema.tables import deferred
+
+    keyed_write(database_url, mode, [(0, "c"), (1, "c"), (2, "d")])
+    keyed_write(database_url, mode, [(3, "c"), (4, "c"), (5, "d")])
+    if mode == "deferred":
+        engine = create_engine(url_sync(database_url))
+        try:
+            with engine.begin() as conn:  # a publisher in the middle of the first write
+                first = select(deferred.c.stage).order_by(deferred.c.stage).limit(1)
+                conn.execute(first.with_for_update()).one()
+                publish(database_url, mode)  # another publisher, meanwhile
+                claimed = claim_once(database_url, limits)
+                assert [json.loads(r.payload)["n"] for r in claimed] == []
+        finally:
+            engine.dispose()
+
+    app = App("spark-test", database_url=database_url)
+    started: list[int] = []
+    running: Counter[str] = Counter()
+    most: Counter[str] = Counter()
+
+    @app.task(name="spark.order", queue="orders", key_limits=limits)
+    async def order(payload: dict[str, Any]) -> None:
+        key = payload["customer"]
+        started.append(payload["n"])
+        running[key] += 1
+        most[key] = max(most[key], running[key])
+        await asyncio.sleep(0.01)
+        running[key] -= 1
+
+    async def run() -> Any:
+        try:
+            return await run_until_empty(app, concurrency=6, burst_horizon=1)
+        finally:
+            await app.aclose()
+
+    stats = asyncio.run(run())  # its publisher publishes what waits (deferred)
+    assert stats.outcomes == {"completed": 6}
+    assert most == {"c": 1, "d": 1}  # one at a time
+    if limits.ordered:
+        assert [n for n in started if n in (0, 1, 3, 4)] == [0, 1, 3, 4]  # key c, write by write
+        assert [n for n in started if n in (2, 5)] == [2, 5]  # key d
 
 
 # -- streaming ----------------------------------------------------------------------------------

@@ -29,11 +29,15 @@ if TYPE_CHECKING:
     )
     from txtasks.spark.options import WriteOptions
     from txtasks.spark.services import DeferredPublisher, PublishResult, PurgeResult, StagedPurge
+    from txtasks.spark.staging import LockWaitTimeout, StagedRowsMissing, WriteClosed
 
 #: The public names, by module: loaded (the data source with PySpark) when first used, so that
 #: the services and the staging layer they use import without PySpark.
 LAZY = {
     "DeferredPublisher": "txtasks.spark.services",
+    "LockWaitTimeout": "txtasks.spark.staging",
+    "StagedRowsMissing": "txtasks.spark.staging",
+    "WriteClosed": "txtasks.spark.staging",
     "PublishResult": "txtasks.spark.services",
     "PurgeResult": "txtasks.spark.services",
     "StagedPurge": "txtasks.spark.services",
@@ -55,12 +59,15 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "SOURCE_NAME",
     "DeferredPublisher",
+    "LockWaitTimeout",
     "PublishResult",
     "PurgeResult",
     "StagedPurge",
+    "StagedRowsMissing",
     "TxtasksDataSource",
     "TxtasksStreamWriter",
     "TxtasksWriter",
+    "WriteClosed",
     "WriteOptions",
     "register",
 ]

@@ -139,10 +139,11 @@ def _target(options: WriteOptions) -> StageTarget | TopicTarget:
 def _commit(options: WriteOptions, key: str, commit_id: str, messages: list[Any]) -> None:
     stages = {m.stage_id: m.rows for m in messages if isinstance(m, StagedMessage)}
     target, staging = _target(options), _staging(options.url)
+    wait = options.lock_wait_timeout
     if options.publish == "deferred":  # publishers (workers, the cleaner) wake the queues
-        staging.commit_deferred(commit_id, key, stages, target, now=utcnow())
+        staging.commit_deferred(commit_id, key, stages, target, now=utcnow(), lock_wait=wait)
         return
-    published = staging.commit(commit_id, key, stages, target, now=utcnow())
+    published = staging.commit(commit_id, key, stages, target, now=utcnow(), lock_wait=wait)
     if published and options.broker_url:
         _wake(options.broker_url, published)
 

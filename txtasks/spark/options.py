@@ -90,6 +90,10 @@ class WriteOptions:
     stream_id: str | None = None
     #: "atomic" (the commit publishes every task) or "deferred" (publishers do, after it).
     publish: str = "atomic"
+    #: Seconds the commit waits for a lock at most (option `lock_wait_timeout`); None: the
+    #: default, `txtasks.spark.staging.LOCK_WAIT_TIMEOUT` or the database's own bound when it
+    #: is longer.
+    lock_wait_timeout: float | None = None
     #: column name -> "ntz" for TIMESTAMP_NTZ columns (naive UTC), "ltz" for TIMESTAMP ones.
     timestamps: Mapping[str, str] = field(default_factory=dict)
     #: Every column, in the order of the rows' fields.
@@ -198,6 +202,7 @@ class WriteOptions:
             commit_id=get("commit_id"),
             stream_id=get("stream_id"),
             publish=publish,
+            lock_wait_timeout=_seconds(get("lock_wait_timeout"), "lock_wait_timeout"),
             timestamps={
                 name: "ntz" if isinstance(kind, TimestampNTZType) else "ltz"
                 for name, kind in columns.items()
@@ -238,6 +243,19 @@ def _positive_int(text: str | None, option: str, default: int) -> int:
         value = 0
     if value < 1:
         raise ConfigurationError(f"txtasks write: option '{option}' must be an integer >= 1")
+    return value
+
+
+def _seconds(text: str | None, option: str) -> float | None:
+    """A number of seconds > 0, or None when the option is not given."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise ConfigurationError(f"txtasks write: option '{option}' must be seconds > 0")
     return value
 
 

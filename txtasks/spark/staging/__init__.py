@@ -52,12 +52,13 @@ imports neither PySpark nor (until rows are sent in bulk) PyArrow.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
 import logging
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, overload
@@ -75,7 +76,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from txtasks.clock import utcnow
@@ -101,9 +102,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DROPPED",
+    "LOCK_WAIT_TIMEOUT",
     "STAGED_COLUMNS",
     "STAGED_OPTIONAL",
     "Backlog",
+    "LockWaitTimeout",
     "Published",
     "SqlStaging",
     "StageTarget",
@@ -129,6 +132,13 @@ STAGED_COLUMNS = ("payload", "priority")
 #: maybe None. A batch without one stages NULL: due when published, no dedup key, no key.
 STAGED_OPTIONAL = ("run_at", "dedup_key", "partition_key")
 
+#: Seconds a commit waits, at most, for a lock another transaction holds (an application's
+#: transaction that enqueued one of the write's dedup keys and has not committed yet), unless
+#: the write sets its own bound (option `lock_wait_timeout`) or the database's is longer.
+LOCK_WAIT_TIMEOUT = 600
+#: Dedup keys tried at once when a commit that gave up waiting looks for the key it waited for.
+PROBE_KEYS = 1000
+
 #: Each backend's staging (by `Driver.capabilities.name`), as (module, class name).
 BY_BACKEND: dict[str, tuple[str, str]] = {
     "postgresql": ("txtasks.spark.staging.postgresql", "PostgresStaging"),
@@ -141,6 +151,20 @@ BY_BACKEND: dict[str, tuple[str, str]] = {
 class StagedRowsMissing(TxtasksError):
     """A commit found fewer staged rows than an attempt reported (they were purged as
     abandoned, or the database lost them): nothing is published."""
+
+
+class LockWaitTimeout(TxtasksError):
+    """A commit waited for a lock another transaction holds (one of the write's dedup keys, that
+    an application enqueued and has not committed yet) longer than its bound: nothing was
+    published."""
+
+
+class _LockWait(TxtasksError):
+    """A statement's lock wait reached the transaction's bound (`seconds`)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"lock wait over {seconds:g} s")
+        self.seconds = seconds
 
 
 class WriteClosed(TxtasksError):
@@ -322,6 +346,7 @@ class SqlStaging:
         target: StageTarget | TopicTarget,
         *,
         now: datetime,
+        lock_wait: float | None = None,
     ) -> dict[str, int] | None:
         """Make the rows of the attempts in `stages` (stage id -> rows it staged) claimable,
         once per `commit_id`, and delete the write's other staged rows.
@@ -337,7 +362,7 @@ class SqlStaging:
         self.close(write_key)
         counted = target.dedup  # a dedup publish leaves rows out: count them instead
         try:
-            with self.driver.db.sync_engine.begin() as conn:
+            with self.bounded(lock_wait) as conn:
                 self.prepare_publish(conn)
                 conn.execute(insert(commits).values(commit_id=commit_id, committed_at=now, tasks=0))
                 numbers = _check(conn, write_key, stages, counted=counted)
@@ -353,6 +378,9 @@ class SqlStaging:
         except IntegrityError as exc:
             self._repeated(commit_id, write_key, exc)
             return None
+        except _LockWait as waited:
+            key = self._blocking_key(write_key, stages, target, now) if target.dedup else None
+            raise _lock_wait_error(waited.seconds, key) from None
         except _Short:  # rolled back: say which attempt lost rows
             with self.driver.db.sync_engine.connect() as conn:
                 _check(conn, write_key, stages, counted=True)
@@ -370,17 +398,18 @@ class SqlStaging:
         target: StageTarget | TopicTarget,
         *,
         now: datetime,
+        lock_wait: float | None = None,
     ) -> int | None:
         """Commit the attempts in `stages` (stage id -> rows it staged) in deferred mode, once
         per `commit_id`: count their rows (else raise `StagedRowsMissing`), record each
         attempt with rows in `txtasks_deferred`, for publishers (`publish`) to move its rows
         into the hot table later, and end the write's other attempts; no staged row is
         written. Returns how many staged rows were committed, or None when `commit_id` was
-        committed before."""
+        committed before. Its lock waits are bounded as the atomic commit's (`lock_wait`)."""
         self.close(write_key)
         rows = sum(stages.values())
         try:
-            with self.driver.db.sync_engine.begin() as conn:
+            with self.bounded(lock_wait) as conn:
                 conn.execute(
                     insert(commits).values(commit_id=commit_id, committed_at=now, tasks=rows)
                 )
@@ -402,6 +431,104 @@ class SqlStaging:
         except IntegrityError as exc:
             self._repeated(commit_id, write_key, exc)
             return None
+        except _LockWait as waited:
+            raise _lock_wait_error(waited.seconds, None) from None
+
+    @contextlib.contextmanager
+    def bounded(self, lock_wait: float | None) -> Iterator[Connection]:
+        """A transaction whose lock waits last `lock_wait` seconds at most (see `lock_waits`);
+        a wait that reaches the bound raises `_LockWait` (the transaction rolled back)."""
+        with (
+            self.driver.db.sync_engine.connect() as conn,
+            self.lock_waits(conn, lock_wait) as bound,
+        ):
+            try:
+                with conn.begin():
+                    if bound is not None:
+                        self.lock_wait_local(conn, bound)
+                    yield conn
+            except DBAPIError as exc:
+                if bound is not None and self.lock_timed_out(exc):
+                    raise _LockWait(bound) from exc
+                raise
+
+    @contextlib.contextmanager
+    def lock_waits(self, conn: Connection, seconds: float | None) -> Iterator[float | None]:
+        """Bound the lock waits of `conn` (no transaction begun yet) while the block runs:
+        `seconds`, or None for `LOCK_WAIT_TIMEOUT` or the database's own bound when it is
+        longer; yields the bound set. Dialects override it; here (SQLite, whose writers wait
+        for its one lock as the driver sets it) nothing is set and it yields None."""
+        yield None
+
+    def lock_wait_local(self, conn: Connection, seconds: float) -> None:
+        """Bound the lock waits of `conn`'s transaction, which has just begun, to `seconds` (the
+        bound `lock_waits` yielded), where the database sets it per transaction; here
+        nothing."""
+
+    def lock_timed_out(self, exc: DBAPIError) -> bool:
+        """Whether `exc` is a lock wait that reached the bound `lock_waits` set."""
+        return False
+
+    def lock_probe(self, conn: Connection) -> None:
+        """Make the lock waits of `conn`'s transaction as short as the database allows (the
+        probes of `_blocking_key`; inside `lock_waits`, which restores the session)."""
+
+    def keys_probe(
+        self,
+        conn: Connection,
+        rows_of: Any,
+        keys: Sequence[str],
+        target: StageTarget | TopicTarget,
+        now: datetime,
+    ) -> None:
+        """Take the locks that publishing the staged rows `rows_of` of dedup keys `keys` takes
+        (raising the lock wait error of `lock_probe`'s bound if another transaction holds one):
+        here, by publishing them (roll the transaction back)."""
+        self.publish_rows(conn, and_(rows_of, staged.c.dedup_key.in_(keys)), target, now)
+
+    def _blocking_key(
+        self,
+        write_key: str,
+        stages: Mapping[str, int],
+        target: StageTarget | TopicTarget,
+        now: datetime,
+    ) -> str | None:
+        """The dedup key of a write (as staged) that another transaction holds, found by
+        publishing the write's keys in rolled-back transactions that do not wait, in the
+        commit's order, `PROBE_KEYS` at a time, then halving the set that waited; None when
+        none is held any more (or the search failed: the error only names fewer things)."""
+        try:
+            with self.driver.db.sync_engine.connect() as conn, self.lock_waits(conn, None):
+                with conn.begin():
+                    numbers = _check(conn, write_key, stages, counted=True)
+                    rows = write_rows(_of_attempts(numbers), True, now)
+                    order = publish_order(rows, True, rows.c.dedup_key)
+                    listed = select(rows.c.dedup_key).where(rows.c.dedup_key.is_not(None))
+                    keys = [str(k) for k in conn.execute(listed.order_by(*order)).scalars()]
+
+                def held(chunk: list[str]) -> bool:
+                    tx = conn.begin()
+                    try:
+                        self.lock_probe(conn)
+                        self.keys_probe(conn, _of_attempts(numbers), chunk, target, now)
+                        return False
+                    except DBAPIError as exc:
+                        if self.lock_timed_out(exc):
+                            return True
+                        raise
+                    finally:
+                        tx.rollback()
+
+                for start in range(0, len(keys), PROBE_KEYS):
+                    chunk = keys[start : start + PROBE_KEYS]
+                    if held(chunk):
+                        while len(chunk) > 1:
+                            half = len(chunk) // 2
+                            chunk = chunk[:half] if held(chunk[:half]) else chunk[half:]
+                        return chunk[0]
+        except (DBAPIError, TxtasksError):
+            log.warning("txtasks commit: the dedup key it waited for was not found", exc_info=True)
+        return None
 
     def _repeated(self, commit_id: str, write_key: str, conflict: IntegrityError) -> None:
         """A commit failed on a conflict: if `commit_id` was committed before, end the
@@ -570,7 +697,10 @@ def publish_batch(
     staging: SqlStaging, conn: Connection, limit: int, now: datetime
 ) -> Published | None:
     """Publish up to `limit` staged rows of one deferred attempt in `conn`'s transaction; None
-    when no attempt waits that another publisher has not locked."""
+    when no attempt waits that another publisher has not locked, or when the first one that
+    waits has task keys and so has an earlier one that another publisher is publishing: a
+    key's tasks are published write after write, so that they run in that order (the other
+    publisher goes on with it)."""
     pick = (
         select(deferred.c.stage, deferred.c.target)
         .order_by(deferred.c.stage)  # the primary key: the lock stops at the row it returns
@@ -580,18 +710,28 @@ def publish_batch(
     found = conn.execute(pick).first()
     if found is None:
         return None
+    target = target_from_json(found.target)
+    if target.keyed and _keyed_before(conn, found.stage):
+        return None
     stage = staged.c.stage == found.stage
     first = select(staged.c.n).where(stage).order_by(staged.c.n).limit(limit).subquery()
     top, rows = conn.execute(select(func.max(first.c.n), func.count())).one()
     tasks: dict[str, int] = {}
     if rows:
         batch = and_(stage, staged.c.n <= top)
-        tasks = staging.publish_rows(conn, batch, target_from_json(found.target), now)
+        tasks = staging.publish_rows(conn, batch, target, now)
         conn.execute(delete(staged).where(batch))
     if rows < limit:  # the attempt's last batch
         conn.execute(delete(deferred).where(deferred.c.stage == found.stage))
         conn.execute(delete(attempts).where(attempts.c.id == found.stage))
     return Published(rows=int(rows), tasks=tasks)
+
+
+def _keyed_before(conn: Connection, stage: int) -> bool:
+    """Whether a deferred attempt before `stage` (one that other publishers hold: the pick
+    skipped it) has task keys."""
+    earlier = select(deferred.c.target).where(deferred.c.stage < stage)
+    return any(target_from_json(t).keyed for t in conn.execute(earlier).scalars())
 
 
 def numbered(batch: Any, number: int, start: int) -> Any:
@@ -632,6 +772,17 @@ def _end(conn: Connection, write_key: str) -> int:
     reads and the purge deletes. How many attempts."""
     ended = update(attempts).where(_attempts_of(write_key)).values(write_key=DROPPED)
     return int(conn.execute(ended).rowcount)
+
+
+def _lock_wait_error(seconds: float, key: str | None) -> LockWaitTimeout:
+    """The error of a commit that waited `seconds` for a lock (of dedup key `key`, when known)."""
+    held = f"holding dedup key {key!r} of this write" if key is not None else "holding a lock"
+    return LockWaitTimeout(
+        f"txtasks commit: waited {seconds:g} s for another transaction {held} (an "
+        "application's enqueue that has not committed yet?) and gave up: nothing was "
+        "published; raise the write's option 'lock_wait_timeout' (seconds), or end that "
+        "transaction sooner"
+    )
 
 
 class _Short(TxtasksError):

@@ -4,15 +4,19 @@ LOCAL INFILE` of a file of tab-separated values Arrow writes."""
 
 from __future__ import annotations
 
+import contextlib
+import math
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, exists, insert
+from sqlalchemy import Connection, exists, insert, select
+from sqlalchemy.exc import DBAPIError
 
 from txtasks.errors import TxtasksError
-from txtasks.schema.tables import tasks
-from txtasks.spark.staging import SqlStaging
+from txtasks.schema.tables import subscriptions, tasks
+from txtasks.spark.staging import LOCK_WAIT_TIMEOUT, SqlStaging, StageTarget, TopicTarget
 
 #: Staged rows go in as multi-row INSERTs (of the batch's columns) whose values Arrow writes as
 #: SQL literals.
@@ -21,6 +25,10 @@ INSERT_STAGED = "INSERT INTO txtasks_staged ({}) VALUES "
 STATEMENT_BYTES = 4 * 1024 * 1024
 #: PyMySQL's SERVER_STATUS_NO_BACKSLASH_ESCAPES bit.
 NO_BACKSLASH_ESCAPES = 512
+#: ER_LOCK_WAIT_TIMEOUT: a lock wait reached `innodb_lock_wait_timeout`.
+LOCK_WAIT_TIMEOUT_ERRNO = 1205
+#: The session's and the server's lock wait bounds (seconds).
+LOCK_WAIT_SETTINGS = "SELECT @@SESSION.innodb_lock_wait_timeout, @@GLOBAL.innodb_lock_wait_timeout"
 #: ER_DUP_ENTRY: the one warning of INSERT IGNORE that the commit lets by.
 DUPLICATE_KEY = 1062
 #: Staged rows as tab-separated values in LOAD DATA's default format (its FIELDS and LINES
@@ -102,6 +110,56 @@ class MySQLStaging(SqlStaging):
         with raw.cursor() as cursor:
             for values in staged_values(batch, backslash):
                 cursor.execute(head + values)
+
+    @contextlib.contextmanager
+    def lock_waits(self, conn: Connection, seconds: float | None) -> Iterator[float | None]:
+        """`innodb_lock_wait_timeout` of the session set to the bound (whole seconds: the
+        given ones rounded up, or `LOCK_WAIT_TIMEOUT`, or the server's global setting when it
+        is longer), and the socket's read timeout (PyMySQL's, the command timeout) made as much
+        longer; both put back after the block, when the connection goes back to its pool."""
+        session, server = conn.exec_driver_sql(LOCK_WAIT_SETTINGS).one()
+        bound = max(1, math.ceil(seconds)) if seconds else max(LOCK_WAIT_TIMEOUT, int(server))
+        conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {bound:d}")
+        conn.commit()
+        raw: Any = conn.connection.driver_connection
+        read = getattr(raw, "_read_timeout", None)
+        if read is not None:
+            raw._read_timeout = read + bound
+        try:
+            yield bound
+        finally:
+            if read is not None:
+                raw._read_timeout = read
+            with contextlib.suppress(DBAPIError):
+                conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {int(session):d}")
+                conn.commit()
+
+    def lock_timed_out(self, exc: DBAPIError) -> bool:
+        return getattr(exc.orig, "args", (None,))[:1] == (LOCK_WAIT_TIMEOUT_ERRNO,)
+
+    def lock_probe(self, conn: Connection) -> None:
+        """No wait on MariaDB (0); MySQL takes 0 as its least, one second."""
+        conn.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 0")
+
+    def keys_probe(
+        self,
+        conn: Connection,
+        rows_of: Any,
+        keys: Sequence[str],
+        target: StageTarget | TopicTarget,
+        now: datetime,
+    ) -> None:
+        """A locking read of the hot table's rows of `keys` (a topic's: each group's), along
+        the dedup key's unique index: it waits for a transaction that inserted one of them and
+        has not committed, and for nothing else (the publish itself may read other rows with
+        locks, whose waits would name a key that is not held)."""
+        held = list(keys)
+        if isinstance(target, TopicTarget):
+            s = subscriptions.c
+            groups = conn.execute(select(s.group_name).where(s.topic == target.topic)).scalars()
+            held = [f"{group}/{key}" for group in groups for key in keys]
+        read = select(tasks.c.dedup_key).where(tasks.c.dedup_key.in_(held))
+        conn.execute(read.with_for_update(read=True)).all()
 
     def insert_tasks(self, conn: Connection, columns: Sequence[str], rows: Any, dedup: bool) -> int:
         """With `dedup`, rows whose key a committed task holds are left out by the SELECT, and

@@ -10,17 +10,29 @@ by Arrow, and the joined rows' data buffer is the COPY body.
 from __future__ import annotations
 
 import array
+import contextlib
 import functools
+import math
 import sys
+from collections.abc import Iterator
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, text
+from sqlalchemy.exc import DBAPIError
 
-from txtasks.spark.staging import SqlStaging
+from txtasks.spark.staging import LOCK_WAIT_TIMEOUT, SqlStaging
 
 #: Memory for the sorts of an atomic commit (its rows in staging or dedup key order), in its
 #: transaction only: the default (4MB) sorts the rows of a 200,000-row write on disk.
 COMMIT_WORK_MEM = "64MB"
+#: The SQLSTATE of a lock wait that reached lock_timeout.
+LOCK_NOT_AVAILABLE = "55P03"
+#: The lock wait of the probes that look for the dedup key a commit waited for.
+PROBE_LOCK_TIMEOUT = "20ms"
+#: The session's lock_timeout in milliseconds (0: none).
+LOCK_TIMEOUT_MS = "SELECT setting::bigint FROM pg_settings WHERE name = 'lock_timeout'"
+#: lock_timeout for the rest of the transaction.
+SET_LOCK_TIMEOUT = text("SELECT set_config('lock_timeout', :value, true)")
 #: Staged rows go in with COPY (of the batch's columns): no per-row work in Python.
 COPY_STAGED = "COPY txtasks_staged ({}) FROM STDIN (FORMAT binary)"
 #: Binary COPY's signature, flags and header extension length; and its end-of-data marker.
@@ -113,6 +125,27 @@ class PostgresStaging(SqlStaging):
                 return
             with cursor.copy(COPY_STAGED.format(", ".join(batch.column_names))) as copy:
                 copy.write(staged_binary(batch))
+
+    @contextlib.contextmanager
+    def lock_waits(self, conn: Connection, seconds: float | None) -> Iterator[float | None]:
+        """The bound: `seconds`, or `LOCK_WAIT_TIMEOUT`, or the session's own `lock_timeout`
+        when it is longer; set in each of the block's transactions (`lock_wait_local`: a
+        transaction pooler gives a session setting to other clients)."""
+        own_ms = conn.exec_driver_sql(LOCK_TIMEOUT_MS).scalar_one()
+        conn.rollback()
+        yield seconds if seconds else max(float(LOCK_WAIT_TIMEOUT), int(own_ms) / 1000)
+
+    def lock_wait_local(self, conn: Connection, seconds: float) -> None:
+        conn.execute(SET_LOCK_TIMEOUT, {"value": f"{math.ceil(seconds * 1000)}ms"})
+
+    def lock_timed_out(self, exc: DBAPIError) -> bool:
+        orig = exc.orig
+        return (getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)) == (
+            LOCK_NOT_AVAILABLE
+        )
+
+    def lock_probe(self, conn: Connection) -> None:
+        conn.execute(SET_LOCK_TIMEOUT, {"value": PROBE_LOCK_TIMEOUT})
 
     def prepare_publish(self, conn: Connection) -> None:
         conn.exec_driver_sql(f"SET LOCAL work_mem = '{COMMIT_WORK_MEM}'")

@@ -2,7 +2,9 @@
 
 A write committed in deferred mode (`SqlStaging.commit_deferred`) left one row per attempt in
 `txtasks_deferred`. A publish batch is one transaction: it locks one such row (`FOR UPDATE SKIP
-LOCKED`: concurrent publishers take different attempts; SQLite has one writer at a time), takes
+LOCKED`: concurrent publishers take different attempts, except that an attempt with task keys
+waits while an earlier one with task keys is being published, so that a key's tasks become live
+write after write; SQLite has one writer at a time), takes
 the attempt's first `limit` staged rows (a range of its row numbers, along the primary key),
 publishes them as the atomic commit would (`SqlStaging.publish_rows`, in `publish_batch`: task name and queue, or a
 topic's groups subscribed now; key hints; dedup evaluated now, so a live task with the same
