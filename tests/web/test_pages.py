@@ -396,3 +396,45 @@ async def test_pages_say_when_no_cleaner_is_alive_and_a_fire_is_overdue(
         cleaner("rescuer,periodic", timedelta(0)), forget_before=forget
     )
     assert 'id="no-cleaner"' not in (await client.get("/periodic")).text
+
+
+async def test_busy_page_shows_what_each_worker_runs(
+    client: httpx.AsyncClient, dashboard_app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live worker's tasks (the first it started, at most a page's worth, and how many
+    more), an idle one, and tasks held by a worker without a heartbeat row."""
+    from datetime import timedelta
+
+    from txtasks.types import ProcessRow
+    from txtasks.web import app as web_app
+
+    monkeypatch.setattr(web_app, "BUSY_PER_WORKER", 2)
+    app = dashboard_app
+    now = app.clock()
+    forget = now - timedelta(hours=1)
+    for worker in ("w-busy", "w-idle"):
+        row = ProcessRow(
+            worker, "worker", "host-1", 7, "mail,reports", 0, now, now, now + timedelta(minutes=1)
+        )
+        await app.driver.processes.process_beat(row, forget_before=forget)
+    past = now - timedelta(minutes=5)
+    ids = [await app.aenqueue("send", {"n": n}, run_at=past) for n in range(4)]
+    claims = app.driver.claims
+    for n, worker in enumerate(("w-busy", "w-busy", "w-busy", "w-lost")):
+        at = now - timedelta(seconds=60 - n)
+        await claims.task_claim_many(
+            ["mail"], 1, now=at, lease_until=at + timedelta(minutes=5), worker_id=worker
+        )
+    page = await client.get("/busy")
+    assert page.status_code == 200 and 'href="/busy" class="here"' in page.text
+    busy = page.text.split('data-worker="w-busy"')[1].split("</section>")[0]
+    assert "on host-1, pid 7" in busy and "3 running" in busy
+    assert [i for i in ids if f'data-task="{i}"' in busy] == ids[:2]  # started first
+    assert "and 1 more running" in busy and 'class="running-for">1m</td>' in busy
+    assert 'data-action="cancel"' in busy
+    idle = page.text.split('data-worker="w-idle"')[1].split("</section>")[0]
+    assert "idle: running no task" in idle
+    lost = page.text.split('data-worker="w-lost"')[1].split("</section>")[0]
+    assert "no heartbeat row" in lost and f'data-task="{ids[3]}"' in lost
+    async with client_for(create_app(app, read_only=True, refresh=0)) as http:
+        assert 'action="/action"' not in (await http.get("/busy")).text

@@ -148,6 +148,7 @@ async def visit_every_page(http: httpx.AsyncClient) -> None:
         ("/dead", {}),
         ("/dead", {"queue": "q0"}),
         ("/periodic", {}),
+        ("/busy", {}),
         ("/workers", {}),
         ("/tasks/1000", {}),
         ("/tasks/2000010", {}),

@@ -28,6 +28,7 @@ from txtasks.types import (
     ProcessRow,
     QueueRates,
     QueueStats,
+    RunningTask,
     Subscription,
     TaskKey,
     TaskRow,
@@ -143,6 +144,15 @@ class TaskPage:
 
     rows: list[TaskRow]
     next_cursor: str | None
+
+
+@dataclass(frozen=True)
+class WorkerBusy:
+    """The tasks one worker runs: the first few by start, and how many in all."""
+
+    worker_id: str
+    tasks: list[RunningTask]
+    total: int
 
 
 @dataclass(frozen=True)
@@ -580,6 +590,11 @@ class Dashboard(Protocol):
         first, finished ones last finished first. Text in the error is looked for among the
         next `SEARCH_WINDOW` tasks matching the rest (case-insensitive): a page may then hold
         fewer tasks than `limit` and still have a next one."""
+
+    async def running_by_worker(self, *, per_worker: int) -> dict[str, WorkerBusy]:
+        """The processing tasks by worker id: the first `per_worker` each worker started (in
+        the order it started them) and how many it runs; along the lease index, which holds
+        the tasks running now (as many as the workers' slots), not the table."""
 
 
 class Driver(Protocol):

@@ -101,6 +101,7 @@ class Dashboard:
             Route("/tasks/{task_id:int}", self.page_task),
             Route("/dead", self.page_dead),
             Route("/periodic", self.page_periodic),
+            Route("/busy", self.page_busy),
             Route("/workers", self.page_workers),
             Route("/action", self.action, methods=["POST"]),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
@@ -268,6 +269,24 @@ class Dashboard:
         processes = await self.app.driver.processes.process_list()
         return self.render(request, "workers.html", processes=processes, now=self.app.clock())
 
+    async def page_busy(self, request: Request) -> Response:
+        """What each worker runs now: its heartbeat row, and the first `BUSY_PER_WORKER` tasks
+        it started (with how many it runs); tasks of a worker without a row come last."""
+        now = self.app.clock()
+        processes = await self.app.driver.processes.process_list()
+        running = await self.app.driver.dashboard.running_by_worker(per_worker=BUSY_PER_WORKER)
+        workers = [
+            {"process": p, "busy": running.pop(p.id, None)} for p in processes if p.kind == "worker"
+        ]
+        return self.render(
+            request,
+            "busy.html",
+            workers=workers,
+            unknown=[running[w] for w in sorted(running)],
+            now=now,
+            per_worker=BUSY_PER_WORKER,
+        )
+
     # -- actions ------------------------------------------------------------------------------
 
     async def action(self, request: Request) -> Response:
@@ -376,6 +395,9 @@ def _since(now: datetime | None, then: datetime | None) -> Any:
 def _when(value: datetime | None) -> str:
     return "" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
 
+
+#: Tasks of each worker the busy view lists (the page says how many others it runs).
+BUSY_PER_WORKER = 20
 
 #: Seconds past its next fire time after which a schedule is shown as overdue (a cleaner
 #: running the periodic sweep fires it within about a second).
