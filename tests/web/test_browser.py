@@ -201,3 +201,44 @@ async def test_the_dashboard_in_chromium(
 
 async def _is(app: App, task_id: int, state: str) -> bool:
     return await state_of(app, task_id) == state
+
+
+async def test_bulk_actions_in_chromium(
+    browser: Any, served: str, dashboard_app: App, seeded: Seeded
+) -> None:
+    """Select tasks on the task list (one by one, or every one on the page), act on them with
+    a confirmation step, and read how many changed."""
+    app = dashboard_app
+    page = await browser.new_page(viewport={"width": 1280, "height": 800})
+    later = await app.aenqueue("send", {"to": "later"}, delay=3600)
+
+    async def selected(action: str, *ids: int, path: str = "/tasks") -> str:
+        await page.goto(served + path)
+        for task_id in ids:
+            await page.check(f'tr[data-task="{task_id}"] input[name=id]')
+        await page.click(f"#{action}-selected")
+        await confirm(page)
+        return str(await page.inner_text("#done"))
+
+    # every live task on the page: the waiting ones become due now
+    await page.goto(served + "/tasks")
+    await page.check("#select-all")
+    assert await page.locator("input[name=id]:checked").count() == 3
+    await shot(page, "tasks-selected")
+    await page.click("#run_now-selected")
+    await page.wait_for_selector("#describe")
+    assert "run now tasks" in await page.inner_text("#describe")
+    await confirm(page)
+    assert "3 of 3 made due now" in await page.inner_text("#done")
+
+    # cancel one, retry a dead letter, delete a finished task
+    assert "cancelled (was pending)" in await selected("cancel", later)
+    assert await state_of(app, later) == "cancelled"
+    said = await selected("retry", seeded.dead, path="/tasks?state=dead")
+    assert "1 of 1 run again" in said and await state_of(app, seeded.dead) == "pending"
+    [done] = await app.control.atask_list(states=["completed"])
+    said = await selected("delete", done.id, path="/tasks?state=completed")
+    assert "1 of 1 deleted" in said and await state_of(app, done.id) is None
+    # live tasks are not deleted: cancel them first
+    said = await selected("delete", seeded.waiting, seeded.retrying)
+    assert "0 of 2 deleted" in said and await state_of(app, seeded.waiting) == "pending"

@@ -484,17 +484,27 @@ class Admin(Protocol):
         """Dead-lettered tasks, newest first."""
 
     async def dead_requeue(
-        self, ids: Sequence[int] | None = None, *, queue: str | None = None, now: datetime
+        self,
+        ids: Sequence[int] | None = None,
+        *,
+        queue: str | None = None,
+        now: datetime,
+        states: Sequence[TaskState] = (TaskState.DEAD,),
     ) -> list[int]:
-        """Move dead-lettered tasks back to pending with a fresh attempt budget.
+        """Move dead-lettered tasks (or finished tasks in one of `states`) back to pending
+        with a fresh attempt budget, in one transaction.
 
         A task whose dedup key is live again stays dead; see `requeue_choice`.
         """
 
     async def dead_purge(
-        self, ids: Sequence[int] | None = None, *, queue: str | None = None
+        self,
+        ids: Sequence[int] | None = None,
+        *,
+        queue: str | None = None,
+        states: Sequence[TaskState] = (TaskState.DEAD,),
     ) -> int:
-        """Delete dead-lettered tasks for good."""
+        """Delete dead-lettered tasks (or finished tasks in one of `states`) for good."""
 
 
 class Sweeps(Protocol):
