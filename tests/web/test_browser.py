@@ -242,3 +242,24 @@ async def test_bulk_actions_in_chromium(
     # live tasks are not deleted: cancel them first
     said = await selected("delete", seeded.waiting, seeded.retrying)
     assert "0 of 2 deleted" in said and await state_of(app, seeded.waiting) == "pending"
+
+
+async def test_a_long_payload_opens_on_a_click(
+    browser: Any, served: str, dashboard_app: App, seeded: Seeded
+) -> None:
+    long = await dashboard_app.aenqueue("send", {"lines": [f"line {n}" for n in range(40)]})
+    page = await browser.new_page(viewport={"width": 1280, "height": 800})
+    await page.goto(f"{served}/tasks/{long}")
+    assert not await page.is_visible("#payload")  # collapsed: its size only
+    assert "lines: show" in await page.inner_text("#payload-details summary")
+    assert "UTC" in await page.inner_text("#task-fields")
+    await page.click("#payload-details summary")
+    await page.wait_for_selector("#payload", state="visible")
+    assert "line 39" in await page.inner_text("#payload")
+    # the page refreshes itself (every 0.3 s here) and the payload stays open
+    before = await page.evaluate("document.getElementById('live').dataset.updated || '0'")
+    await page.wait_for_function(
+        f"(document.getElementById('live').dataset.updated || '0') !== '{before}'"
+    )
+    assert await page.is_visible("#payload")
+    await shot(page, "task-long-payload")

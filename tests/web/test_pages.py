@@ -534,3 +534,23 @@ async def test_bulk_actions_need_csrf_and_a_writable_dashboard(
             assert (await http.post("/action", data=data)).status_code == 403, action
     assert (await dashboard_app.control.ainspect(seeded.dead)).state.value == "dead"  # type: ignore[union-attr]
     assert (await dashboard_app.control.ainspect(seeded.waiting)).state.value == "pending"  # type: ignore[union-attr]
+
+
+async def test_long_payloads_are_collapsed_and_times_say_their_zone(
+    client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
+) -> None:
+    long = await dashboard_app.aenqueue("send", {"lines": [f"line {n}" for n in range(40)]})
+    page = (await client.get(f"/tasks/{long}")).text
+    collapsed = page.split('<details class="long" id="payload-details">')[1].split("</details>")[0]
+    assert "characters, 44 lines: show</summary>" in collapsed and "line 39" in collapsed
+    short = (await client.get(f"/tasks/{seeded.waiting}")).text
+    assert "<details" not in short and 'id="payload"' in short
+    created = short.split("<dt>created</dt><dd>")[1].split("</dd>")[0]
+    row = await dashboard_app.control.ainspect(seeded.waiting)
+    assert row is not None
+    stamp = row.created_at.strftime("%Y-%m-%d %H:%M:%S")
+    assert created == (
+        f'<time datetime="{row.created_at:%Y-%m-%dT%H:%M:%S}Z" title="UTC">{stamp} UTC</time>'
+    )
+    listed = (await client.get("/tasks")).text
+    assert " UTC</time></td>" in listed
