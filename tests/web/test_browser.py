@@ -263,3 +263,35 @@ async def test_a_long_payload_opens_on_a_click(
     )
     assert await page.is_visible("#payload")
     await shot(page, "task-long-payload")
+
+
+async def test_the_busy_view_shows_a_running_task(
+    browser: Any, served: str, dashboard_app: App, seeded: Seeded
+) -> None:
+    """A worker in this process runs a task that waits: the busy view lists it under the
+    worker, with its attempt and when it started."""
+    app = dashboard_app
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @app.task(name="export", queue="exports")
+    async def export(payload: Any) -> None:
+        started.set()
+        await release.wait()
+
+    task_id = await app.aenqueue("export", {"month": "2026-10"})
+    worker = Worker(app, WorkerConfig(queues=("exports",), poll_interval=0.05))
+    running = asyncio.create_task(worker.run())
+    page = await browser.new_page(viewport={"width": 1280, "height": 800})
+    try:
+        await asyncio.wait_for(started.wait(), 10)
+        await page.goto(f"{served}/busy")
+        row = f'section[data-worker="{worker.worker_id}"] tr[data-task="{task_id}"]'
+        await page.wait_for_selector(row, timeout=10_000)
+        text = await page.inner_text(row)
+        assert "export" in text and "exports" in text and "1/" in text and "UTC" in text
+        assert "1 running" in await page.inner_text(f'section[data-worker="{worker.worker_id}"]')
+        await shot(page, "busy")
+    finally:
+        release.set()
+        worker.stop()
+        await asyncio.wait_for(running, 10)
