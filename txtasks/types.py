@@ -454,6 +454,26 @@ class PeriodicRow:
 
 
 @dataclass(frozen=True, slots=True)
+class RunningTask:
+    """A task a worker is running, as the dashboard's busy view shows it."""
+
+    id: int
+    queue: str
+    task_name: str
+    attempt: int
+    max_attempts: int
+    worker_id: str | None
+    started_at: datetime | None
+    lease_expires_at: datetime | None
+    partition_key: str | None = None
+    cancel_requested_at: datetime | None = None
+
+    @classmethod
+    def from_row(cls, row: Any) -> RunningTask:
+        return cls(**{name: row[name] for name in cls.__slots__})
+
+
+@dataclass(frozen=True, slots=True)
 class ProcessRow:
     """A worker or cleaner as its heartbeat row shows it."""
 

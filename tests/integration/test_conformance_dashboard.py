@@ -211,3 +211,26 @@ async def test_run_now_makes_a_waiting_task_due_and_its_key_looked_at(
     assert await driver.control.task_run_now(999_999, now=NOW) is None
     depths = await driver.dashboard.depths(now=NOW)
     assert (depths["b"].ready, depths["b"].scheduled, depths["b"].oldest_ready) == (1, 0, NOW)
+
+
+async def test_running_tasks_by_worker(driver: Driver, seeded: Seeded) -> None:
+    """b1 is running on worker w1 (claimed at T0 + 20 s); two more claimed by w2 a second
+    apart: each worker's tasks in the order it started them, up to `per_worker`, and how many
+    it runs."""
+    later = [
+        await driver.tasks.task_insert_many([made(new(queue="d", key=k), created=at(0))])
+        for k in (None, "k9")
+    ]
+    [first] = await claim(driver, ["d"], 1, now=at(30), worker="w2")
+    [second] = await claim(driver, ["d"], 1, now=at(31), worker="w2")
+    assert [first.id, second.id] == [i for [i] in later]
+    busy = await driver.dashboard.running_by_worker(per_worker=10)
+    assert sorted(busy) == ["w1", "w2"]
+    [b1] = busy["w1"].tasks
+    assert (b1.id, b1.queue, b1.attempt, b1.started_at) == (seeded["b1"], "b", 1, at(20))
+    assert busy["w1"].total == 1
+    assert b1.lease_expires_at is not None and b1.worker_id == "w1"
+    assert [t.id for t in busy["w2"].tasks] == [first.id, second.id]
+    assert busy["w2"].tasks[1].partition_key == "k9"
+    one = await driver.dashboard.running_by_worker(per_worker=1)
+    assert [t.id for t in one["w2"].tasks] == [first.id] and one["w2"].total == 2

@@ -683,3 +683,27 @@ async def test_dead_requeue_takes_one_of_several_dead_tasks_sharing_a_dedup_key(
     [still_dead] = await driver.admin.dead_list()
     assert still_dead.id in {first, second} - set(requeued)
     assert await driver.admin.dead_requeue([first, second], now=at(4)) == []  # the key is live
+
+
+async def test_requeue_and_purge_finished_tasks_of_the_states_given(driver: Driver) -> None:
+    """With `states`, a re-drive takes failed tasks too and a purge any finished one; the
+    others of the ids given are left as they were (the default stays dead letters only)."""
+    ids = await driver.tasks.task_insert_many([new(n, queue="f") for n in range(4)])
+    claimed = {r.id: r.key for r in await claim(driver, ["f"], now=at(1))}
+    kinds = (OutcomeKind.FAIL, OutcomeKind.DEAD, OutcomeKind.COMPLETE)
+    outcomes = [Outcome(claimed[i], kind, error="e") for i, kind in zip(ids, kinds, strict=False)]
+    await write(driver, *outcomes, now=at(2))
+    failed, dead, completed, running = ids
+    assert await driver.admin.dead_requeue([failed], now=at(3)) == []
+    both = (TaskState.FAILED, TaskState.DEAD)
+    chosen = [failed, dead, completed, running]
+    assert sorted(await driver.admin.dead_requeue(chosen, now=at(3), states=both)) == [
+        failed,
+        dead,
+    ]
+    assert (await get(driver, failed)).state is TaskState.PENDING
+    assert await driver.admin.dead_purge([completed, failed]) == 0
+    finished = (TaskState.COMPLETED, TaskState.DEAD, TaskState.FAILED)
+    assert await driver.admin.dead_purge(chosen, states=finished) == 1  # the completed one
+    assert await driver.tasks.task_get(completed) is None
+    assert (await get(driver, running)).state is TaskState.PROCESSING

@@ -201,3 +201,97 @@ async def test_the_dashboard_in_chromium(
 
 async def _is(app: App, task_id: int, state: str) -> bool:
     return await state_of(app, task_id) == state
+
+
+async def test_bulk_actions_in_chromium(
+    browser: Any, served: str, dashboard_app: App, seeded: Seeded
+) -> None:
+    """Select tasks on the task list (one by one, or every one on the page), act on them with
+    a confirmation step, and read how many changed."""
+    app = dashboard_app
+    page = await browser.new_page(viewport={"width": 1280, "height": 800})
+    later = await app.aenqueue("send", {"to": "later"}, delay=3600)
+
+    async def selected(action: str, *ids: int, path: str = "/tasks") -> str:
+        await page.goto(served + path)
+        for task_id in ids:
+            await page.check(f'tr[data-task="{task_id}"] input[name=id]')
+        await page.click(f"#{action}-selected")
+        await confirm(page)
+        return str(await page.inner_text("#done"))
+
+    # every live task on the page: the waiting ones become due now
+    await page.goto(served + "/tasks")
+    await page.check("#select-all")
+    assert await page.locator("input[name=id]:checked").count() == 3
+    await shot(page, "tasks-selected")
+    await page.click("#run_now-selected")
+    await page.wait_for_selector("#describe")
+    assert "run now tasks" in await page.inner_text("#describe")
+    await confirm(page)
+    assert "3 of 3 made due now" in await page.inner_text("#done")
+
+    # cancel one, retry a dead letter, delete a finished task
+    assert "cancelled (was pending)" in await selected("cancel", later)
+    assert await state_of(app, later) == "cancelled"
+    said = await selected("retry", seeded.dead, path="/tasks?state=dead")
+    assert "1 of 1 run again" in said and await state_of(app, seeded.dead) == "pending"
+    [done] = await app.control.atask_list(states=["completed"])
+    said = await selected("delete", done.id, path="/tasks?state=completed")
+    assert "1 of 1 deleted" in said and await state_of(app, done.id) is None
+    # live tasks are not deleted: cancel them first
+    said = await selected("delete", seeded.waiting, seeded.retrying)
+    assert "0 of 2 deleted" in said and await state_of(app, seeded.waiting) == "pending"
+
+
+async def test_a_long_payload_opens_on_a_click(
+    browser: Any, served: str, dashboard_app: App, seeded: Seeded
+) -> None:
+    long = await dashboard_app.aenqueue("send", {"lines": [f"line {n}" for n in range(40)]})
+    page = await browser.new_page(viewport={"width": 1280, "height": 800})
+    await page.goto(f"{served}/tasks/{long}")
+    assert not await page.is_visible("#payload")  # collapsed: its size only
+    assert "lines: show" in await page.inner_text("#payload-details summary")
+    assert "UTC" in await page.inner_text("#task-fields")
+    await page.click("#payload-details summary")
+    await page.wait_for_selector("#payload", state="visible")
+    assert "line 39" in await page.inner_text("#payload")
+    # the page refreshes itself (every 0.3 s here) and the payload stays open
+    before = await page.evaluate("document.getElementById('live').dataset.updated || '0'")
+    await page.wait_for_function(
+        f"(document.getElementById('live').dataset.updated || '0') !== '{before}'"
+    )
+    assert await page.is_visible("#payload")
+    await shot(page, "task-long-payload")
+
+
+async def test_the_busy_view_shows_a_running_task(
+    browser: Any, served: str, dashboard_app: App, seeded: Seeded
+) -> None:
+    """A worker in this process runs a task that waits: the busy view lists it under the
+    worker, with its attempt and when it started."""
+    app = dashboard_app
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @app.task(name="export", queue="exports")
+    async def export(payload: Any) -> None:
+        started.set()
+        await release.wait()
+
+    task_id = await app.aenqueue("export", {"month": "2026-10"})
+    worker = Worker(app, WorkerConfig(queues=("exports",), poll_interval=0.05))
+    running = asyncio.create_task(worker.run())
+    page = await browser.new_page(viewport={"width": 1280, "height": 800})
+    try:
+        await asyncio.wait_for(started.wait(), 10)
+        await page.goto(f"{served}/busy")
+        row = f'section[data-worker="{worker.worker_id}"] tr[data-task="{task_id}"]'
+        await page.wait_for_selector(row, timeout=10_000)
+        text = await page.inner_text(row)
+        assert "export" in text and "exports" in text and "1/" in text and "UTC" in text
+        assert "1 running" in await page.inner_text(f'section[data-worker="{worker.worker_id}"]')
+        await shot(page, "busy")
+    finally:
+        release.set()
+        worker.stop()
+        await asyncio.wait_for(running, 10)

@@ -396,3 +396,161 @@ async def test_pages_say_when_no_cleaner_is_alive_and_a_fire_is_overdue(
         cleaner("rescuer,periodic", timedelta(0)), forget_before=forget
     )
     assert 'id="no-cleaner"' not in (await client.get("/periodic")).text
+
+
+async def test_busy_page_shows_what_each_worker_runs(
+    client: httpx.AsyncClient, dashboard_app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live worker's tasks (the first it started, at most a page's worth, and how many
+    more), an idle one, and tasks held by a worker without a heartbeat row."""
+    from datetime import timedelta
+
+    from txtasks.types import ProcessRow
+    from txtasks.web import app as web_app
+
+    monkeypatch.setattr(web_app, "BUSY_PER_WORKER", 2)
+    app = dashboard_app
+    now = app.clock()
+    forget = now - timedelta(hours=1)
+    for worker in ("w-busy", "w-idle"):
+        row = ProcessRow(
+            worker, "worker", "host-1", 7, "mail,reports", 0, now, now, now + timedelta(minutes=1)
+        )
+        await app.driver.processes.process_beat(row, forget_before=forget)
+    past = now - timedelta(minutes=5)
+    ids = [await app.aenqueue("send", {"n": n}, run_at=past) for n in range(4)]
+    claims = app.driver.claims
+    for n, worker in enumerate(("w-busy", "w-busy", "w-busy", "w-lost")):
+        at = now - timedelta(seconds=60 - n)
+        await claims.task_claim_many(
+            ["mail"], 1, now=at, lease_until=at + timedelta(minutes=5), worker_id=worker
+        )
+    page = await client.get("/busy")
+    assert page.status_code == 200 and 'href="/busy" class="here"' in page.text
+    busy = page.text.split('data-worker="w-busy"')[1].split("</section>")[0]
+    assert "on host-1, pid 7" in busy and "3 running" in busy
+    assert [i for i in ids if f'data-task="{i}"' in busy] == ids[:2]  # started first
+    assert "and 1 more running" in busy and 'class="running-for">1m</td>' in busy
+    assert 'data-action="cancel"' in busy
+    idle = page.text.split('data-worker="w-idle"')[1].split("</section>")[0]
+    assert "idle: running no task" in idle
+    lost = page.text.split('data-worker="w-lost"')[1].split("</section>")[0]
+    assert "no heartbeat row" in lost and f'data-task="{ids[3]}"' in lost
+    async with client_for(create_app(app, read_only=True, refresh=0)) as http:
+        assert 'action="/action"' not in (await http.get("/busy")).text
+
+
+async def fail_for_good(app: App, payload: int) -> int:
+    """A task of queue `reports` in state failed (as an ack policy failing it leaves it)."""
+    from datetime import timedelta
+
+    from txtasks.types import Outcome, OutcomeKind, TaskKey
+
+    task_id = await app.aenqueue("flaky", payload, run_at=app.clock() - timedelta(seconds=1))
+    now = app.clock()
+    [row] = await app.driver.claims.task_claim_many(
+        ["reports"], 1, now=now, lease_until=now + timedelta(minutes=5), worker_id="w"
+    )
+    key = TaskKey(row.id, row.attempt)
+    await app.driver.claims.outcome_write_many(
+        [Outcome(key, OutcomeKind.FAIL, error="bad row")], now=now, archive_completed=True
+    )
+    return task_id
+
+
+async def test_bulk_actions_change_only_the_eligible_tasks(
+    client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
+) -> None:
+    """Each action on a selection of tasks in mixed states changes those it applies to, and
+    the page it lands on says how many."""
+    from datetime import timedelta
+
+    app = dashboard_app
+
+    async def state(task_id: int) -> str | None:
+        row = await app.control.ainspect(task_id)
+        return None if row is None else row.state.value
+
+    failed = await fail_for_good(app, 2)
+    [completed] = [t.id for t in await app.control.atask_list(states=["completed"])]
+    now = app.clock()
+    running = await app.aenqueue("send", {"to": "r"}, run_at=now - timedelta(seconds=1))
+    await app.driver.claims.task_claim_many(
+        ["mail"], 1, now=now, lease_until=now + timedelta(minutes=5), worker_id="w"
+    )
+    assert await state(running) == "processing" and await state(failed) == "failed"
+    page = await client.get("/tasks")
+    assert 'id="select-all"' in page.text and 'id="delete-selected"' in page.text
+    assert f'name="id" value="{seeded.waiting}" form="selection"' in page.text
+
+    async def bulk(action: str, *ids: int) -> str:
+        done = await act(client, action, id=[str(i) for i in ids], back="/tasks")
+        assert done.status_code == 303, done.text
+        landed = await client.get(done.headers["location"])
+        return landed.text.split('id="done">')[1].split("</p>")[0]
+
+    later = await app.aenqueue("send", {"to": "later"}, delay=3600)
+    said = await bulk("run_now", later, seeded.retrying, running, seeded.dead)
+    assert said == "2 of 4 made due now (the others were not waiting)"
+    assert (await app.control.ainspect(later)).run_at <= app.clock()  # type: ignore[union-attr]
+    said = await bulk("retry", seeded.dead, failed, completed, later)
+    assert said.startswith("2 of 4 run again")
+    assert [await state(i) for i in (seeded.dead, failed, completed, later)] == [
+        "pending", "pending", "completed", "pending"
+    ]  # fmt: skip
+    said = await bulk("cancel", later, running, completed)
+    assert said == (
+        "1 of 3 cancelled; 1 running: asked to stop; "
+        "1 left as they were (finished already, or not found)"
+    )
+    assert await state(later) == "cancelled" and await state(running) == "processing"
+    said = await bulk("delete", completed, later, seeded.waiting)
+    assert said.startswith("2 of 3 deleted")
+    assert await state(completed) is None and await state(later) is None
+    assert await state(seeded.waiting) == "pending"
+    too_many = await client.post(
+        "/action",
+        data={"csrf": await csrf_of(client), "action": "delete", "id": list(range(1, 502))},
+    )
+    assert too_many.status_code == 400 and "at most 500" in too_many.text
+
+
+async def test_bulk_actions_need_csrf_and_a_writable_dashboard(
+    client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
+) -> None:
+    await csrf_of(client)
+    ids = [str(seeded.dead), str(seeded.waiting)]
+    for action in ("run_now", "cancel", "retry", "delete"):
+        data = {"action": action, "id": ids, "confirmed": "yes"}
+        for forged in ({}, {"csrf": "forged"}):
+            refused = await client.post("/action", data={**data, **forged})
+            assert refused.status_code == 403 and "CSRF" in refused.text, action
+    async with client_for(create_app(dashboard_app, read_only=True, refresh=0)) as http:
+        page = await http.get("/tasks")
+        assert 'name="id"' not in page.text and 'id="select-all"' not in page.text
+        token = http.cookies["txtasks_csrf"]
+        for action in ("run_now", "cancel", "retry", "delete"):
+            data = {"csrf": token, "action": action, "id": ids, "confirmed": "yes"}
+            assert (await http.post("/action", data=data)).status_code == 403, action
+    assert (await dashboard_app.control.ainspect(seeded.dead)).state.value == "dead"  # type: ignore[union-attr]
+    assert (await dashboard_app.control.ainspect(seeded.waiting)).state.value == "pending"  # type: ignore[union-attr]
+
+
+async def test_long_payloads_are_collapsed_and_times_say_their_zone(
+    client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
+) -> None:
+    long = await dashboard_app.aenqueue("send", {"lines": [f"line {n}" for n in range(40)]})
+    page = (await client.get(f"/tasks/{long}")).text
+    collapsed = page.split('<details class="long" id="payload-details">')[1].split("</details>")[0]
+    assert "characters, 44 lines: show</summary>" in collapsed and "line 39" in collapsed
+    short = (await client.get(f"/tasks/{seeded.waiting}")).text
+    assert "<details" not in short and 'id="payload"' in short
+    created = short.split("<dt>created</dt><dd>")[1].split("</dd>")[0]
+    row = await dashboard_app.control.ainspect(seeded.waiting)
+    assert row is not None
+    stamp = row.created_at.strftime("%Y-%m-%d %H:%M:%S")
+    assert created == (
+        f'<time datetime="{row.created_at:%Y-%m-%dT%H:%M:%S}Z" title="UTC">{stamp} UTC</time>'
+    )
+    listed = (await client.get("/tasks")).text
+    assert " UTC</time></td>" in listed

@@ -148,6 +148,7 @@ async def visit_every_page(http: httpx.AsyncClient) -> None:
         ("/dead", {}),
         ("/dead", {"queue": "q0"}),
         ("/periodic", {}),
+        ("/busy", {}),
         ("/workers", {}),
         ("/tasks/1000", {}),
         ("/tasks/2000010", {}),
@@ -165,6 +166,10 @@ async def act_on_tasks(http: httpx.AsyncClient) -> None:
     for action, fields in [
         ("run_now", {"id": "21"}),
         ("cancel", {"id": "22"}),
+        ("run_now", {"id": ["23", "24", "50"]}),
+        ("cancel", {"id": ["25", "26", "100"]}),
+        ("retry", {"id": ["2000030", "2000031", "27"]}),
+        ("delete", {"id": ["2000040", "2000041", "28"]}),
         ("requeue", {"id": "2000010"}),
         ("purge", {"id": "2000020"}),
         ("requeue", {"match": "yes", "match_queue": "q5", "match_task": "task5"}),

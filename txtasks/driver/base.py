@@ -28,6 +28,7 @@ from txtasks.types import (
     ProcessRow,
     QueueRates,
     QueueStats,
+    RunningTask,
     Subscription,
     TaskKey,
     TaskRow,
@@ -143,6 +144,15 @@ class TaskPage:
 
     rows: list[TaskRow]
     next_cursor: str | None
+
+
+@dataclass(frozen=True)
+class WorkerBusy:
+    """The tasks one worker runs: the first few by start, and how many in all."""
+
+    worker_id: str
+    tasks: list[RunningTask]
+    total: int
 
 
 @dataclass(frozen=True)
@@ -474,17 +484,27 @@ class Admin(Protocol):
         """Dead-lettered tasks, newest first."""
 
     async def dead_requeue(
-        self, ids: Sequence[int] | None = None, *, queue: str | None = None, now: datetime
+        self,
+        ids: Sequence[int] | None = None,
+        *,
+        queue: str | None = None,
+        now: datetime,
+        states: Sequence[TaskState] = (TaskState.DEAD,),
     ) -> list[int]:
-        """Move dead-lettered tasks back to pending with a fresh attempt budget.
+        """Move dead-lettered tasks (or finished tasks in one of `states`) back to pending
+        with a fresh attempt budget, in one transaction.
 
         A task whose dedup key is live again stays dead; see `requeue_choice`.
         """
 
     async def dead_purge(
-        self, ids: Sequence[int] | None = None, *, queue: str | None = None
+        self,
+        ids: Sequence[int] | None = None,
+        *,
+        queue: str | None = None,
+        states: Sequence[TaskState] = (TaskState.DEAD,),
     ) -> int:
-        """Delete dead-lettered tasks for good."""
+        """Delete dead-lettered tasks (or finished tasks in one of `states`) for good."""
 
 
 class Sweeps(Protocol):
@@ -580,6 +600,11 @@ class Dashboard(Protocol):
         first, finished ones last finished first. Text in the error is looked for among the
         next `SEARCH_WINDOW` tasks matching the rest (case-insensitive): a page may then hold
         fewer tasks than `limit` and still have a next one."""
+
+    async def running_by_worker(self, *, per_worker: int) -> dict[str, WorkerBusy]:
+        """The processing tasks by worker id: the first `per_worker` each worker started (in
+        the order it started them) and how many it runs; along the lease index, which holds
+        the tasks running now (as many as the workers' slots), not the table."""
 
 
 class Driver(Protocol):

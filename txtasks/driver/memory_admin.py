@@ -74,11 +74,16 @@ class MemoryAdmin:
                 if w or p
             ]
 
-    def _dead(self, ids: Sequence[int] | None, queue: str | None) -> list[TaskRow]:
+    def _dead(
+        self,
+        ids: Sequence[int] | None,
+        queue: str | None,
+        states: Sequence[TaskState] = (TaskState.DEAD,),
+    ) -> list[TaskRow]:
         return [
             r
             for r in self.store.archived.values()
-            if r.state is TaskState.DEAD
+            if r.state in states
             and (ids is None or r.id in ids)
             and (queue is None or r.queue == queue)
         ]
@@ -90,11 +95,16 @@ class MemoryAdmin:
         return rows[:limit]
 
     async def dead_requeue(
-        self, ids: Sequence[int] | None = None, *, queue: str | None = None, now: datetime
+        self,
+        ids: Sequence[int] | None = None,
+        *,
+        queue: str | None = None,
+        now: datetime,
+        states: Sequence[TaskState] = (TaskState.DEAD,),
     ) -> list[int]:
         with self.store.lock:
             live_keys = {r.dedup_key for r in self.store.live.values() if r.dedup_key}
-            dead = {r.id: r for r in self._dead(ids, queue)}
+            dead = {r.id: r for r in self._dead(ids, queue, states)}
             picked = requeue_choice([(r.id, r.dedup_key) for r in dead.values()], live_keys)
             chosen = [dead[i] for i in picked]
             for row in chosen:
@@ -112,10 +122,14 @@ class MemoryAdmin:
         return sorted(r.id for r in chosen)
 
     async def dead_purge(
-        self, ids: Sequence[int] | None = None, *, queue: str | None = None
+        self,
+        ids: Sequence[int] | None = None,
+        *,
+        queue: str | None = None,
+        states: Sequence[TaskState] = (TaskState.DEAD,),
     ) -> int:
         with self.store.lock:
-            chosen = self._dead(ids, queue)
+            chosen = self._dead(ids, queue, states)
             for row in chosen:
                 del self.store.archived[row.id]
         return len(chosen)

@@ -14,13 +14,21 @@ from txtasks.driver.base import (
     QueueDepth,
     TaskPage,
     TaskQuery,
+    WorkerBusy,
     finished_cursor,
     minute_label,
     minute_slots,
     task_cursor,
 )
 from txtasks.driver.memory_store import MemoryStore, matches
-from txtasks.types import READY_STATES, KeyStats, TaskRow, TaskState, claim_order
+from txtasks.types import (
+    READY_STATES,
+    KeyStats,
+    RunningTask,
+    TaskRow,
+    TaskState,
+    claim_order,
+)
 
 
 class MemoryDashboard:
@@ -161,3 +169,24 @@ class MemoryDashboard:
                 and (bound is None or (r.finished_at, r.id) < bound)
             ]
         return sorted(done, key=lambda r: (r.finished_at, r.id), reverse=True)
+
+    async def running_by_worker(self, *, per_worker: int) -> dict[str, WorkerBusy]:
+        with self.store.lock:
+            running = [
+                r
+                for r in self.store.live.values()
+                if r.state is TaskState.PROCESSING and r.lease_expires_at is not None
+            ]
+        by_worker: dict[str, list[TaskRow]] = {}
+        for row in running:
+            by_worker.setdefault(row.worker_id or "", []).append(row)
+        found = {}
+        for worker in sorted(by_worker):
+            rows = sorted(by_worker[worker], key=lambda r: (r.started_at or r.run_at, r.id))
+            shown = [_running(r) for r in rows[:per_worker]]
+            found[worker] = WorkerBusy(worker, shown, len(rows))
+        return found
+
+
+def _running(row: TaskRow) -> RunningTask:
+    return RunningTask(**{name: getattr(row, name) for name in RunningTask.__slots__})

@@ -159,8 +159,15 @@ class SqlAdmin:
         ]
 
     @staticmethod
-    def _dead_where(ids: Sequence[int] | None, queue: str | None) -> list[Any]:
-        where = [archive.c.state == TaskState.DEAD.value]
+    def _dead_where(
+        ids: Sequence[int] | None,
+        queue: str | None,
+        states: Sequence[TaskState] = (TaskState.DEAD,),
+    ) -> list[Any]:
+        if len(states) == 1:
+            where = [archive.c.state == states[0].value]
+        else:
+            where = [archive.c.state.in_(sorted(s.value for s in states))]
         if ids is not None:
             where.append(archive.c.id.in_(ids))
         if queue is not None:
@@ -179,10 +186,16 @@ class SqlAdmin:
             return [TaskRow.from_row(r) for r in (await conn.execute(stmt)).mappings().all()]
 
     async def dead_requeue(
-        self, ids: Sequence[int] | None = None, *, queue: str | None = None, now: datetime
+        self,
+        ids: Sequence[int] | None = None,
+        *,
+        queue: str | None = None,
+        now: datetime,
+        states: Sequence[TaskState] = (TaskState.DEAD,),
     ) -> list[int]:
         async with self.db.begin() as conn:
-            dead = select(archive.c.id, archive.c.dedup_key).where(*self._dead_where(ids, queue))
+            where = self._dead_where(ids, queue, states)
+            dead = select(archive.c.id, archive.c.dedup_key).where(*where)
             if ids is None:
                 dead = along_archive_state(dead)
             rows = (await conn.execute(dead.with_for_update())).all()
@@ -216,8 +229,13 @@ class SqlAdmin:
         return chosen
 
     async def dead_purge(
-        self, ids: Sequence[int] | None = None, *, queue: str | None = None
+        self,
+        ids: Sequence[int] | None = None,
+        *,
+        queue: str | None = None,
+        states: Sequence[TaskState] = (TaskState.DEAD,),
     ) -> int:
+        where = self._dead_where(ids, queue, states)
         async with self.db.begin() as conn:
-            result = await conn.execute(delete(archive).where(*self._dead_where(ids, queue)))
+            result = await conn.execute(delete(archive).where(*where))
         return int(result.rowcount)

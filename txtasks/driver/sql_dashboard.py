@@ -16,13 +16,14 @@ from txtasks.driver.base import (
     QueueDepth,
     TaskPage,
     TaskQuery,
+    WorkerBusy,
     minute_slots,
     task_cursor,
 )
 from txtasks.driver.database import SqlDatabase
 from txtasks.driver.sql_admin import stmt_newest_before
 from txtasks.driver.statements.dashboard import DashboardStatements
-from txtasks.types import READY_STATES, KeyStats, TaskRow
+from txtasks.types import READY_STATES, KeyStats, RunningTask, TaskRow
 
 #: Arrivals are counted from the newest task enqueued this many minutes before the window.
 ARRIVAL_MARGIN_MINUTES = 5
@@ -192,3 +193,14 @@ class SqlDashboard:
             return TaskPage(rows, task_cursor(found[limit - 1], query.live))
         full = len(window) == SEARCH_WINDOW
         return TaskPage(rows, task_cursor(window[-1], query.live) if full else None)
+
+    async def running_by_worker(self, *, per_worker: int) -> dict[str, WorkerBusy]:
+        params = {"per_worker": per_worker}
+        async with self.db.connect() as conn:
+            rows = (await conn.execute(self.sql.stmt_running(), params)).mappings().all()
+        found: dict[str, WorkerBusy] = {}
+        for row in rows:
+            worker = row["worker_id"] or ""
+            busy = found.setdefault(worker, WorkerBusy(worker, [], int(row["total"])))
+            busy.tasks.append(RunningTask.from_row(row))
+        return found

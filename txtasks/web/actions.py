@@ -3,6 +3,7 @@ schedule), how it says what it will do on the confirmation page, and how it runs
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,7 @@ from txtasks._checks import check_queue_name
 from txtasks.app import App
 from txtasks.driver.base import TaskQuery
 from txtasks.errors import ConfigurationError
+from txtasks.types import FINISHED_STATES, CancelResult, TaskState
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,10 @@ class Target:
         return ", ".join(found) or "no filter"
 
 
+#: Task ids an action takes at most (a page of the listing holds far fewer).
+MAX_IDS = 500
+#: The states a retry takes a task from.
+RETRIABLE = (TaskState.FAILED, TaskState.DEAD)
 #: Dead letters an action on a filter takes at most (the next click takes the next ones).
 MATCH_LIMIT = 10_000
 
@@ -50,6 +56,8 @@ class Action:
     def needs_target(self, target: Target) -> str | None:
         if self.by_schedule:
             return None if target.schedule else "give a schedule"
+        if len(target.ids) > MAX_IDS:
+            return f"give at most {MAX_IDS} task ids at a time"
         given = sum(1 for x in (target.ids, target.queue, target.match) if x)
         if self.by_queue and given > 1:
             return "give task ids, a queue or a filter, not more than one"
@@ -119,7 +127,39 @@ async def _purge(app: App, target: Target) -> str:
 
 async def _cancel(app: App, target: Target) -> str:
     results = await app.control.acancel_many(target.ids)
-    return "; ".join(c.describe() for c in results)
+    if len(results) == 1:
+        return results[0].describe()
+    count = Counter(c.result for c in results)
+    said = [f"{count[CancelResult.CANCELLED]} of {len(results)} cancelled"]
+    running = count[CancelResult.REQUESTED] + count[CancelResult.ALREADY_REQUESTED]
+    if running:
+        said.append(f"{running} running: asked to stop")
+    left = count[CancelResult.FINISHED] + count[CancelResult.NOT_FOUND]
+    if left:
+        said.append(f"{left} left as they were (finished already, or not found)")
+    return "; ".join(said)
+
+
+async def _retry(app: App, target: Target) -> str:
+    """Run failed and dead tasks again (one transaction), each with a fresh attempt budget."""
+    queues = await _matching(app, target)
+    done = await app.driver.admin.dead_requeue(target.ids, now=app.clock(), states=RETRIABLE)
+    for queue in sorted({queues[i] for i in done}):
+        app.notify(queue, [i for i in done if queues[i] == queue])
+    return (
+        f"{len(done)} of {len(target.ids)} run again "
+        "(only failed and dead tasks are; the others were left as they were)"
+    )
+
+
+async def _delete(app: App, target: Target) -> str:
+    """Delete finished tasks for good (one statement); live ones are left alone."""
+    states = sorted(FINISHED_STATES, key=lambda s: s.value)
+    count = await app.driver.admin.dead_purge(target.ids, states=states)
+    return (
+        f"{count} of {len(target.ids)} deleted "
+        "(only finished tasks are: cancel a waiting or running one first)"
+    )
 
 
 async def _run_now(app: App, target: Target) -> str:
@@ -169,6 +209,8 @@ ACTIONS: dict[str, Action] = {
     "requeue": Action("re-drive (run again)", _requeue, by_queue=True),
     "purge": Action("delete for good", _purge, by_queue=True),
     "cancel": Action("cancel", _cancel),
+    "retry": Action("run again (failed and dead ones)", _retry),
+    "delete": Action("delete for good (finished ones)", _delete),
     "run_now": Action("run now", _run_now),
     "pause": _QueueAction("pause", _pause),
     "resume": _QueueAction("resume", _resume),

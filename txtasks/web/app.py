@@ -9,11 +9,12 @@ import logging
 from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
@@ -93,6 +94,7 @@ class Dashboard:
         )
         self.templates.filters["age"] = _age
         self.templates.filters["when"] = _when
+        self.templates.tests["long"] = _long
         self.templates.filters["error_summary"] = error_summary
         self.templates.globals.update(cap=COUNT_CAP, search_window=SEARCH_WINDOW)
         routes = [
@@ -101,6 +103,7 @@ class Dashboard:
             Route("/tasks/{task_id:int}", self.page_task),
             Route("/dead", self.page_dead),
             Route("/periodic", self.page_periodic),
+            Route("/busy", self.page_busy),
             Route("/workers", self.page_workers),
             Route("/action", self.action, methods=["POST"]),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
@@ -268,6 +271,24 @@ class Dashboard:
         processes = await self.app.driver.processes.process_list()
         return self.render(request, "workers.html", processes=processes, now=self.app.clock())
 
+    async def page_busy(self, request: Request) -> Response:
+        """What each worker runs now: its heartbeat row, and the first `BUSY_PER_WORKER` tasks
+        it started (with how many it runs); tasks of a worker without a row come last."""
+        now = self.app.clock()
+        processes = await self.app.driver.processes.process_list()
+        running = await self.app.driver.dashboard.running_by_worker(per_worker=BUSY_PER_WORKER)
+        workers = [
+            {"process": p, "busy": running.pop(p.id, None)} for p in processes if p.kind == "worker"
+        ]
+        return self.render(
+            request,
+            "busy.html",
+            workers=workers,
+            unknown=[running[w] for w in sorted(running)],
+            now=now,
+            per_worker=BUSY_PER_WORKER,
+        )
+
     # -- actions ------------------------------------------------------------------------------
 
     async def action(self, request: Request) -> Response:
@@ -373,9 +394,28 @@ def _since(now: datetime | None, then: datetime | None) -> Any:
     return None if now is None or then is None else now - then
 
 
-def _when(value: datetime | None) -> str:
-    return "" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
+def _when(value: datetime | None) -> Markup | str:
+    """A time as the pages show it, labelled with its zone: the database keeps UTC."""
+    if value is None:
+        return ""
+    if value.tzinfo is not None:
+        value = value.astimezone(timezone.utc).replace(tzinfo=None)
+    stamp = value.strftime("%Y-%m-%dT%H:%M:%SZ")
+    shown = value.strftime("%Y-%m-%d %H:%M:%S")
+    return Markup(f'<time datetime="{stamp}" title="UTC">{shown} UTC</time>')
 
+
+def _long(text: str | None) -> bool:
+    """Whether a payload, result or checkpoint is shown collapsed (the page stays readable)."""
+    return text is not None and (len(text) > LONG_TEXT_CHARS or text.count("\n") >= LONG_TEXT_LINES)
+
+
+#: A payload, result or checkpoint longer than this (characters, or lines) is shown collapsed.
+LONG_TEXT_CHARS = 2000
+LONG_TEXT_LINES = 30
+
+#: Tasks of each worker the busy view lists (the page says how many others it runs).
+BUSY_PER_WORKER = 20
 
 #: Seconds past its next fire time after which a schedule is shown as overdue (a cleaner
 #: running the periodic sweep fires it within about a second).

@@ -1,7 +1,7 @@
 """The dashboard's statements (the `Dashboard` role), each along an index of
 `txtasks.schema.tables` so that a page stays fast on a hot table of millions of rows
 (`tests/web/test_plans.py` checks the plans): counts per queue along the claim, lease and stage
-indexes (where the claim index holds no state, `depths_by_state`: along the index of queue and
+indexes, the tasks each worker runs along the lease index (where the claim index holds no state, `depths_by_state`: along the index of queue and
 state), finished tasks per minute along the archive's index of state and finish time, tasks
 enqueued per minute backwards along the primary key and among those finished, and pages of tasks
 by keyset (the primary key for live tasks, the archive's index for finished ones). Nothing here
@@ -48,6 +48,7 @@ from txtasks.schema.tables import (
     keys,
     tasks,
 )
+from txtasks.types import RunningTask
 
 NOW = bindparam("now", type_=Timestamp)
 QUEUE = bindparam("queue", type_=tasks.c.queue.type)
@@ -215,6 +216,30 @@ class DashboardStatements(Statements):
             select(tasks.c.queue, func.count())
             .where(tasks.c.state == PROCESSING, tasks.c.lease_expires_at.is_not(None))
             .group_by(tasks.c.queue)
+        )
+
+    @staticmethod
+    @functools.cache
+    def stmt_running() -> Executable:
+        """Processing tasks, the first `per_worker` each worker started and how many it runs
+        (`total`): along the lease index, which holds only the tasks running now."""
+        by_worker = tasks.c.worker_id
+        place = func.row_number().over(
+            partition_by=by_worker, order_by=(tasks.c.started_at, tasks.c.id)
+        )
+        running = (
+            select(
+                *[tasks.c[c] for c in RunningTask.__slots__],
+                place.label("place"),
+                func.count().over(partition_by=by_worker).label("total"),
+            )
+            .where(tasks.c.state == PROCESSING, tasks.c.lease_expires_at.is_not(None))
+            .subquery("running")
+        )
+        return (
+            select(running)
+            .where(running.c.place <= bindparam("per_worker", type_=Integer))
+            .order_by(running.c.worker_id, running.c.place)
         )
 
     @staticmethod

@@ -1,5 +1,6 @@
 // Live refresh without reloading: every few seconds, fetch this page again and swap its
-// <main>, unless the user is typing, has selected rows or has turned it off.
+// <main>, unless the user is typing, has selected rows or has turned it off; what the user
+// opened (a collapsed payload) stays open.
 (function () {
   "use strict";
   var main = document.getElementById("live");
@@ -19,7 +20,16 @@
         if (html === null || busy()) { return; }
         var doc = new DOMParser().parseFromString(html, "text/html");
         var fresh = doc.getElementById("live");
-        if (fresh) { main.innerHTML = fresh.innerHTML; main.dataset.updated = Date.now(); }
+        if (!fresh) { return; }
+        // what the user opened stays open (a long payload shown on a click)
+        var open = Array.prototype.map.call(
+          main.querySelectorAll("details[open][id]"), function (d) { return d.id; });
+        main.innerHTML = fresh.innerHTML;
+        open.forEach(function (id) {
+          var again = document.getElementById(id);
+          if (again) { again.open = true; }
+        });
+        main.dataset.updated = Date.now();
       })
       .catch(function () { /* the next tick tries again */ });
   }
