@@ -132,6 +132,23 @@ class KeyStatements(Statements):
     def stmt_hints_delete() -> Executable:
         return delete(key_hints).where(key_hints.c.id.in_(bindparam("ids", expanding=True)))
 
+    @staticmethod
+    @functools.cache
+    def stmt_hints_of_keys() -> Executable:
+        """The ids of the hints of the keys of hints `ids`, up to `limit`, locked, skipping
+        locked ones (along the index of each key's hints): a key armed once stands for all its
+        hints."""
+        seen = key_hints.alias("seen")
+        of_seen = select(seen.c.queue, seen.c.partition_key).where(
+            seen.c.id.in_(bindparam("ids", expanding=True))
+        )
+        return (
+            select(key_hints.c.id)
+            .where(tuple_(key_hints.c.queue, key_hints.c.partition_key).in_(of_seen))
+            .limit(bindparam("limit", type_=Integer))
+            .with_for_update(skip_locked=True, of=key_hints)
+        )
+
     @classmethod
     @functools.cache
     def stmt_hints_arm(cls) -> Executable:
