@@ -368,9 +368,10 @@ async def test_a_key_armed_from_its_hints_takes_every_hint_of_it(
         pytest.skip("key hints: SQL drivers")
     import txtasks.driver.postgresql as postgresql
     import txtasks.driver.sql_lanes as sql_lanes
+    import txtasks.driver.sqlite as sqlite
 
-    monkeypatch.setattr(sql_lanes, "HINTS_PER_CLAIM", 1)  # the intake reads one hint
-    monkeypatch.setattr(postgresql, "HINTS_PER_CLAIM", 1)
+    for module in (sql_lanes, postgresql, sqlite):  # the intake reads one hint
+        monkeypatch.setattr(module, "HINTS_PER_CLAIM", 1)
     limits = {"q": KeyLimits(concurrency=1)}
     for i, key in enumerate(["a", "b", "a", "a"]):  # a hint per transaction
         await driver.tasks.task_insert_many([new(i, key=key)])
