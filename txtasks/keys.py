@@ -29,9 +29,6 @@ from txtasks.errors import ConfigurationError
 
 #: Hints consumed per claim (a hint says a key may have work: an enqueue, a finished attempt).
 HINTS_PER_CLAIM = 1000
-#: Hints of one key a claim takes at most, with the first it read of that key: a key armed once
-#: stands for all of them (see `SqlLanes.hints_take`).
-HINTS_PER_KEY = 100
 
 
 @dataclass(frozen=True)

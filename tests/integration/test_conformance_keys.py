@@ -358,29 +358,6 @@ async def test_an_outcome_arms_only_the_keys_that_have_a_ready_task_left(driver:
     assert sorted(r.id for r in await claim(driver, keys=limits)) == sorted([a2, later])
 
 
-async def test_a_key_armed_from_its_hints_takes_every_hint_of_it(
-    driver: Driver, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A key enqueued to in several transactions has a hint of each: the intake that arms it
-    takes them all, even when it read only one (each left behind would arm the key again, for
-    a claim that finds its slot full)."""
-    if not isinstance(driver, SqlDriver):
-        pytest.skip("key hints: SQL drivers")
-    import txtasks.driver.postgresql as postgresql
-    import txtasks.driver.sql_lanes as sql_lanes
-    import txtasks.driver.sqlite as sqlite
-
-    for module in (sql_lanes, postgresql, sqlite):  # the intake reads one hint
-        monkeypatch.setattr(module, "HINTS_PER_CLAIM", 1)
-    limits = {"q": KeyLimits(concurrency=1)}
-    for i, key in enumerate(["a", "b", "a", "a"]):  # a hint per transaction
-        await driver.tasks.task_insert_many([new(i, key=key)])
-    [first] = await claim(driver, keys=limits)
-    async with driver.db.begin() as conn:
-        left = sorted((await conn.execute(select(key_hints.c.partition_key))).scalars().all())
-    assert left == (["b"] if first.partition_key == "a" else ["a", "a", "a"]), left
-
-
 async def test_the_rows_of_idle_keys_are_forgotten_and_made_again_by_a_new_task(
     driver: Driver,
 ) -> None:

@@ -58,7 +58,6 @@ from txtasks.schema.tables import (
     ExactString,
     Timestamp,
     archive,
-    key_hints,
     keys,
     paused_queues,
     subscriptions,
@@ -237,24 +236,6 @@ class MySQLKeyStatements(KeyStatements):
     @functools.cache
     def stmt_hints_take(cls) -> Executable:
         return _listed(super().stmt_hints_take())
-
-    @staticmethod
-    @functools.cache
-    def stmt_hints_of_keys() -> Executable:
-        """As `SqlDialect.keys.stmt_hints_of_keys`, the hints `ids` found by their primary key
-        and the others along the index of each key's hints."""
-        return _listed(
-            text(
-                "SELECT h.id FROM (SELECT DISTINCT s.queue, s.partition_key FROM "
-                f"{IDS_TABLE} STRAIGHT_JOIN txtasks_key_hints AS s FORCE INDEX (PRIMARY) "
-                "ON s.id = v.id) AS w STRAIGHT_JOIN txtasks_key_hints AS h "
-                "FORCE INDEX (ix_txtasks_key_hints_key) "
-                "ON h.queue = w.queue AND h.partition_key = w.partition_key "
-                "LIMIT :limit FOR UPDATE SKIP LOCKED"
-            )
-            .bindparams(bindparam("ids", type_=JSON), bindparam("limit", type_=Integer))
-            .columns(key_hints.c.id)
-        )
 
     @classmethod
     @functools.cache

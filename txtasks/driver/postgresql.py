@@ -36,7 +36,7 @@ from txtasks.driver.statements.keys import (
 from txtasks.driver.statements.topics import TopicStatements
 from txtasks.driver.timeouts import Watchdog, keepalive_set, socket_of
 from txtasks.errors import ConfigurationError
-from txtasks.keys import HINTS_PER_CLAIM, HINTS_PER_KEY
+from txtasks.keys import HINTS_PER_CLAIM
 from txtasks.schema import migrate as schema_migrate
 from txtasks.schema.tables import READY, TASK_COLUMNS
 from txtasks.types import CLAIMED_COLUMNS, NewPublish, NewTask, Outcome, TaskKey, TaskRow
@@ -101,22 +101,13 @@ RETURNING {", ".join(CLAIMED_COLUMNS)}
 #: hint's task was committed). The others' hints are deleted, their keys armed for the hint's
 #: time, or made. Any hints will do: a key is armed for its hint's time, so which hint comes
 #: first does not change the turns (an `ORDER BY id` read and sorted every hint when the
-#: statistics were stale). Each key of the hints read takes all its hints (up to
-#: `HINTS_PER_KEY`, along the index of each key's hints), not only those read: a key enqueued to
-#: in many transactions has a hint of each, and every hint taken after the key started armed it
-#: again, for a claim that locked it to find its slots full. The hints deleted travel as an
-#: array of ids, so that the delete finds them by the primary key (`IN (SELECT ...)` became a
-#: hash join over a sequential scan of every hint).
-HINTS_TAKE = f"""
-WITH seen AS (
-  SELECT DISTINCT queue, partition_key FROM (
-    SELECT queue, partition_key FROM txtasks_key_hints
-     WHERE queue = ANY($1::varchar[]) LIMIT $2 FOR UPDATE SKIP LOCKED) AS f
-), picked AS (
-  SELECT h.id, h.queue, h.partition_key, h.run_at FROM seen k
-   CROSS JOIN LATERAL (SELECT id, queue, partition_key, run_at FROM txtasks_key_hints
-                        WHERE queue = k.queue AND partition_key = k.partition_key
-                        LIMIT {HINTS_PER_KEY} FOR UPDATE SKIP LOCKED) AS h
+#: statistics were stale). The hints deleted travel as an array of ids, so that the delete
+#: finds them by the primary key (`IN (SELECT ...)` became a hash join over a sequential scan
+#: of every hint).
+HINTS_TAKE = """
+WITH picked AS (
+  SELECT id, queue, partition_key, run_at FROM txtasks_key_hints
+   WHERE queue = ANY($1::varchar[]) LIMIT $2 FOR UPDATE SKIP LOCKED
 ), wanted AS (
   SELECT queue, partition_key, min(run_at) AS run_at FROM picked GROUP BY queue, partition_key
 ), free AS (

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from txtasks.driver.database import SqlDatabase
 from txtasks.driver.insert_plan import plan_run_async
 from txtasks.driver.statements.keys import DUE_FIRST, KeysLook
-from txtasks.keys import HINTS_PER_CLAIM, HINTS_PER_KEY
+from txtasks.keys import HINTS_PER_CLAIM
 from txtasks.types import TaskRow
 
 
@@ -40,17 +40,12 @@ class SqlLanes:
         return [TaskRow.from_row(r) for r in result.mappings().all()]
 
     async def hints_take(self, conn: AsyncConnection, queues: list[str], now: datetime) -> None:
-        """Turn up to HINTS_PER_CLAIM hints of `queues` into armed keys, deleting them, with the
-        other hints of their keys (a key armed once stands for all its hints; each hint taken
-        after the key started would arm it again, for a claim that finds it full): their ids
-        read and locked, the keys armed from them and the hints deleted, in the database."""
+        """Turn up to HINTS_PER_CLAIM hints of `queues` into armed keys, deleting them: their
+        ids read and locked, the keys armed from them and the hints deleted, in the database."""
         params = {"queues": queues, "limit": HINTS_PER_CLAIM}
         ids = self.db.sql.scalars(await conn.execute(self.db.sql.keys.stmt_hints_take(), params))
         if not ids:
             return
-        more = {"ids": ids, "limit": HINTS_PER_KEY * len(ids)}
-        of_keys = await conn.execute(self.db.sql.keys.stmt_hints_of_keys(), more)
-        ids = sorted({*ids, *self.db.sql.scalars(of_keys)})
         await conn.execute(self.db.sql.keys.stmt_hints_arm(), {"ids": ids, "now": now})
         await conn.execute(self.db.sql.keys.stmt_hints_delete(), {"ids": ids})
 

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
-from datetime import datetime
 from typing import Any, ClassVar, TypeVar
 
 from sqlalchemy import Connection, Engine, Result, event, insert
@@ -18,10 +17,7 @@ from txtasks.driver.database import SqlDatabase
 from txtasks.driver.dialect import SqlDialect
 from txtasks.driver.insert_plan import Step, task_values
 from txtasks.driver.sql import SqlDriver
-from txtasks.driver.sql_claims import SqlClaims
-from txtasks.driver.sql_lanes import SqlLanes
 from txtasks.driver.statements.enqueue import EnqueueStatements
-from txtasks.keys import HINTS_PER_CLAIM
 from txtasks.schema.tables import tasks
 from txtasks.types import NewTask
 
@@ -134,29 +130,7 @@ class SQLiteDatabase(SqlDatabase):
         the busy timeout."""
 
 
-class SQLiteLanes(SqlLanes):
-    """A claim's statements on SQLite."""
-
-    async def hints_take(self, conn: AsyncConnection, queues: list[str], now: datetime) -> None:
-        """As `SqlLanes.hints_take`, the keys armed and their hints deleted by the keys of the
-        hints read: SQLite has one writer at a time, so no hint of them can come or go between
-        the statements of this transaction, and no ids travel."""
-        params = {"queues": queues, "limit": HINTS_PER_CLAIM}
-        ids = self.db.sql.scalars(await conn.execute(self.db.sql.keys.stmt_hints_take(), params))
-        if ids:
-            arm = {"ids": ids, "now": now}
-            await conn.execute(self.db.sql.keys.stmt_hints_arm_keys(), arm)
-            await conn.execute(self.db.sql.keys.stmt_hints_delete_keys(), {"ids": ids})
-
-
-class SQLiteClaims(SqlClaims):
-    """Claims on SQLite (`SQLiteLanes`)."""
-
-    lanes_class = SQLiteLanes
-
-
 class SQLiteDriver(SqlDriver):
     """SQLite 3.35+ (`SQLiteDatabase`)."""
 
     database_class = SQLiteDatabase
-    claims_class = SQLiteClaims

@@ -419,10 +419,6 @@ key_hints = Table(
     sqlite_autoincrement=True,
 )
 Index("ix_txtasks_key_hints_queue", key_hints.c.queue, key_hints.c.id)
-#: The hints of each key: the intake that arms a key takes every hint of it at once (schema
-#: version 18), so that hints left by earlier enqueues of a key that is running do not arm it
-#: again, one by one, for claims that find it full.
-Index("ix_txtasks_key_hints_key", key_hints.c.queue, key_hints.c.partition_key)
 
 #: Limits set at run time for a key (`txtasks keys set`), over those the application declares;
 #: queue '*' is the key in every queue. A NULL field keeps the declared value.

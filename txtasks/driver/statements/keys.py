@@ -132,19 +132,6 @@ class KeyStatements(Statements):
     def stmt_hints_delete() -> Executable:
         return delete(key_hints).where(key_hints.c.id.in_(bindparam("ids", expanding=True)))
 
-    @staticmethod
-    @functools.cache
-    def stmt_hints_of_keys() -> Executable:
-        """The ids of the hints of the keys of hints `ids`, up to `limit`, locked, skipping
-        locked ones (along the index of each key's hints): a key armed once stands for all its
-        hints."""
-        return (
-            select(key_hints.c.id)
-            .where(KeyStatements._hints_of_keys_of("ids"))
-            .limit(bindparam("limit", type_=Integer))
-            .with_for_update(skip_locked=True, of=key_hints)
-        )
-
     @classmethod
     @functools.cache
     def stmt_hints_arm(cls) -> Executable:
@@ -163,41 +150,6 @@ class KeyStatements(Statements):
         )
         columns = ["queue", "partition_key", "ready_at", "updated_at"]
         return cls.keys_armed(cls.sql.upsert(keys).from_select(columns, hinted))
-
-    @staticmethod
-    def _hints_of_keys_of(ids: str) -> Any:
-        """The hints of the keys of hints `ids` (a condition on `txtasks_key_hints`)."""
-        seen = key_hints.alias("seen")
-        of_seen = select(seen.c.queue, seen.c.partition_key).where(
-            seen.c.id.in_(bindparam(ids, expanding=True))
-        )
-        return tuple_(key_hints.c.queue, key_hints.c.partition_key).in_(of_seen)
-
-    @classmethod
-    @functools.cache
-    def stmt_hints_arm_keys(cls) -> Executable:
-        """As `stmt_hints_arm`, for every hint of the keys of hints `ids`: for a database with
-        one writer at a time, whose hints cannot change between the statements of a
-        transaction (no ids travel to the worker and back)."""
-        hinted = (
-            select(
-                key_hints.c.queue,
-                key_hints.c.partition_key,
-                func.min(key_hints.c.run_at),
-                bindparam("now", type_=Timestamp),
-            )
-            .where(cls._hints_of_keys_of("ids"))
-            .group_by(key_hints.c.queue, key_hints.c.partition_key)
-            .order_by(key_hints.c.queue, key_hints.c.partition_key)
-        )
-        columns = ["queue", "partition_key", "ready_at", "updated_at"]
-        return cls.keys_armed(cls.sql.upsert(keys).from_select(columns, hinted))
-
-    @classmethod
-    @functools.cache
-    def stmt_hints_delete_keys(cls) -> Executable:
-        """Every hint of the keys of hints `ids` (see `stmt_hints_arm_keys`)."""
-        return delete(key_hints).where(cls._hints_of_keys_of("ids"))
 
     @classmethod
     def keys_wake_plan(
