@@ -35,8 +35,17 @@ class CliCommand(BaseCommand):
     cli_command = ""
     with_app = True
 
-    def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("cli_args", nargs="*", help="options of `txtasks <command>`")
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> Any:
+        """A parser that hands the options it does not know on to `txtasks` (call_command)."""
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+
+        def parse_args(args: Any = None, namespace: Any = None) -> Any:
+            parsed, others = parser.parse_known_args(args, namespace)
+            parsed.cli_args = others  # in their order, values included
+            return parsed
+
+        parser.parse_args = parse_args
+        return parser
 
     def run_from_argv(self, argv: list[str]) -> None:
         """Pass the options on as they are (Django's parser would refuse them)."""
