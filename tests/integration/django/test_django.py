@@ -126,3 +126,26 @@ def settings_override() -> Any:
     yield override
     for name, value in saved.items():
         setattr(settings, name, value)
+
+
+def test_a_command_without_the_app_setting_says_what_to_add(
+    alias: str, settings_override: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings_override(TXTASKS_APP=None)
+    with pytest.raises(SystemExit) as exited:
+        manage("txtasks_worker", "--burst")
+    assert exited.value.code == 1
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith('TXTASKS_APP: not set; add TXTASKS_APP = "yourmodule:app" to the Django settings')
+    )
+
+
+def test_an_unknown_option_is_one_line(alias: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        manage("txtasks_cleaner", "--no-such-option")
+    assert exited.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("CommandError: No such option") and "--no-such-option" in err
+    assert len(err.splitlines()) == 1

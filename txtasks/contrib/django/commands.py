@@ -48,21 +48,28 @@ class CliCommand(BaseCommand):
         return parser
 
     def run_from_argv(self, argv: list[str]) -> None:
-        """Pass the options on as they are (Django's parser would refuse them)."""
-        if any(a in ("-h", "--help") for a in argv[2:]):
-            self.run_cli([*argv[2:]], help_only=True)
-            return
-        self.run_cli(argv[2:])
+        """Pass the options on as they are (Django's parser would refuse them); an error is
+        one line on stderr and exit status 1, as Django's commands do."""
+        help_only = any(a in ("-h", "--help") for a in argv[2:])
+        try:
+            self.run_cli(argv[2:], help_only=help_only)
+        except CommandError as exc:
+            self.stderr.write(f"{type(exc).__name__}: {exc}")
+            sys.exit(exc.returncode)
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.run_cli(list(options.get("cli_args") or []))
 
     def run_cli(self, args: list[str], *, help_only: bool = False) -> None:
+        import click
+
         from txtasks.cli.main import main
 
         line = [self.cli_command, *args] if help_only else None
         try:
             line = line or cli_args(self.cli_command, args, with_app=self.with_app)
+        except click.ClickException as exc:  # a bad option or value: click's one line
+            raise CommandError(exc.format_message()) from exc
         except TxtasksError as exc:
             raise CommandError(str(exc)) from exc
         try:
@@ -70,5 +77,7 @@ class CliCommand(BaseCommand):
         except SystemExit as exc:
             if exc.code not in (0, None):
                 raise
+        except click.ClickException as exc:  # a bad option or value: click's one line
+            raise CommandError(exc.format_message()) from exc
         except TxtasksError as exc:
             raise CommandError(str(exc)) from exc
