@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import URL
 
-from txtasks.dbapi import DbapiTx
+from txtasks.dbapi import DbapiTx, driver_of
 from txtasks.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -92,7 +92,16 @@ def dbapi_tx(using: str | None = None) -> DbapiTx:
     def on_commit(publish: Any) -> None:
         transaction.on_commit(publish, using=alias)
 
-    return DbapiTx(connection.connection, on_commit=on_commit)
+    raw = connection.connection
+    try:
+        driver_of(raw)
+    except ConfigurationError:
+        raise ConfigurationError(
+            f"TXTASKS_DATABASE: database {alias!r} is on a {type(raw).__module__} connection; "
+            "use psycopg (3) for PostgreSQL, PyMySQL (pymysql.install_as_MySQLdb()) for "
+            "MariaDB/MySQL, or sqlite3"
+        ) from None
+    return DbapiTx(raw, on_commit=on_commit)
 
 
 def enqueue(
