@@ -9,6 +9,7 @@ import typing as _typing
 
 if _typing.TYPE_CHECKING:
     from txtasks.app import App, Task, TaskOptions
+    from txtasks.dbapi import DbapiTx
     from txtasks.driver import MemoryDriver, driver_for_url
     from txtasks.driver.timeouts import DatabaseTimeout, Timeouts
     from txtasks.engines import create_async_engine, create_engine, migrate
@@ -47,6 +48,7 @@ __all__ = [
     "Constant",
     "Custom",
     "DatabaseTimeout",
+    "DbapiTx",
     "Drop",
     "Exponential",
     "KeyLimits",
@@ -93,6 +95,7 @@ _SOURCES = {
     "Task": "txtasks.app",
     "TaskOptions": "txtasks.app",
     "TaskSettings": "txtasks.task",
+    "DbapiTx": "txtasks.dbapi",
     "MemoryDriver": "txtasks.driver",
     "driver_for_url": "txtasks.driver",
     "DatabaseTimeout": "txtasks.driver.timeouts",

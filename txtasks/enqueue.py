@@ -7,17 +7,21 @@ fires (which write their tasks with the schedule's move, and use `prepare` and `
 
 In the caller's transaction, any SQLAlchemy flavour: `Connection` and `Session` are
 synchronous; `AsyncConnection` and `AsyncSession` asynchronous. The same plan of statements
-runs on all four: rolled back, the tasks never exist; committed, they will run.
+runs on all four: rolled back, the tasks never exist; committed, they will run. A plain DB-API
+connection wrapped in a `DbapiTx` (txtasks.dbapi) runs it too, through a SQLAlchemy Connection
+that leaves the transaction to the caller.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar
 
 from sqlalchemy import Connection
 
+from txtasks.dbapi import DbapiTx
 from txtasks.driver.dialect import dialect_for
 from txtasks.driver.insert_plan import plan_run_async, plan_run_sync
 from txtasks.errors import ConfigurationError
@@ -35,7 +39,7 @@ if TYPE_CHECKING:
     from txtasks.middleware import Middleware
     from txtasks.wakeup import Notifier
 
-    SyncExecutor: TypeAlias = Connection | Session
+    SyncExecutor: TypeAlias = Connection | Session | DbapiTx
     AsyncExecutor: TypeAlias = AsyncConnection | AsyncSession
 
 
@@ -53,7 +57,7 @@ def _is_async(executor: Any) -> bool:
 
 
 def _is_sync(executor: Any) -> bool:
-    return isinstance(executor, Connection) or _is(executor, "sqlalchemy.orm", "Session")
+    return isinstance(executor, Connection | DbapiTx) or _is(executor, "sqlalchemy.orm", "Session")
 
 
 def executor_dialect(executor: SyncExecutor | AsyncExecutor) -> Dialect:
@@ -66,15 +70,41 @@ def executor_dialect(executor: SyncExecutor | AsyncExecutor) -> Dialect:
         return executor.sync_session.get_bind().dialect  # type: ignore[union-attr]
     if _is(executor, "sqlalchemy.orm", "Session"):
         return executor.get_bind().dialect  # type: ignore[union-attr]
+    if callable(getattr(executor, "cursor", None)) and callable(getattr(executor, "commit", None)):
+        raise ConfigurationError(
+            f"enqueue: {type(executor).__name__} is a DB-API connection; wrap it: "
+            "`enqueue_tx(txtasks.DbapiTx(connection), ...)`, then `after_commit()` once committed"
+        )
     raise ConfigurationError(
         "enqueue: expected a SQLAlchemy Connection, Session, AsyncConnection or AsyncSession, "
         f"got {type(executor).__name__}"
     )
 
 
-def sync_connection(executor: SyncExecutor) -> Connection:
+def sync_connection(executor: Connection | Session) -> Connection:
     """The Connection a sync Connection or Session runs its transaction on."""
     return executor if isinstance(executor, Connection) else executor.connection()
+
+
+@contextlib.contextmanager
+def sql_executor(executor: SyncExecutor) -> Iterator[Connection | Session]:
+    """The SQLAlchemy executor a plan runs on: the executor, or a Connection on a DbapiTx's
+    DB-API connection (for the duration of the plan)."""
+    if isinstance(executor, DbapiTx):
+        with executor.sql_connection() as connection:
+            yield connection
+    else:
+        yield executor
+
+
+def wakeups_after_commit(
+    executor: SyncExecutor, notifier: Notifier, ids_by_queue: Mapping[str, Sequence[int]]
+) -> None:
+    """Hints that go out when the executor's transaction commits, dropped if it rolls back."""
+    if isinstance(executor, DbapiTx):
+        executor.wakeups_add(notifier, ids_by_queue)
+    else:
+        wakeup_after_commit(sync_connection(executor), notifier, ids_by_queue)
 
 
 async def async_sync_connection(executor: AsyncExecutor) -> Connection:
@@ -103,8 +133,9 @@ def insert_many_tx(executor: SyncExecutor, rows: Sequence[NewTask]) -> list[int]
     _check_sync(executor)
     if not rows:
         return []
-    plan = dialect_for(executor_dialect(executor)).enqueue.enqueue_plan(rows)
-    return plan_run_sync(executor, plan)
+    with sql_executor(executor) as sql:
+        plan = dialect_for(executor_dialect(sql)).enqueue.enqueue_plan(rows)
+        return plan_run_sync(sql, plan)
 
 
 async def ainsert_many_tx(executor: AsyncExecutor, rows: Sequence[NewTask]) -> list[int]:
@@ -123,8 +154,9 @@ def publish_many_tx(
     _check_sync(executor)
     if not publishes:
         return []
-    plan = dialect_for(executor_dialect(executor)).topics.publish_plan(publishes)
-    return plan_run_sync(executor, plan)
+    with sql_executor(executor) as sql:
+        plan = dialect_for(executor_dialect(sql)).topics.publish_plan(publishes)
+        return plan_run_sync(sql, plan)
 
 
 async def apublish_many_tx(
@@ -311,8 +343,7 @@ class Enqueuer:
         else:
             found = write.in_tx(executor)
             if wakes:
-                connection = sync_connection(executor)
-                wakeup_after_commit(connection, self.host.notifier, write.wakeups(found))
+                wakeups_after_commit(executor, self.host.notifier, write.wakeups(found))
         return found
 
     async def run(

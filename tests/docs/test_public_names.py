@@ -40,7 +40,10 @@ PUBLIC: dict[str, set[str]] = {
     "txtasks.testing": module_all("txtasks.testing"),
     "txtasks.spark": module_all("txtasks.spark"),
     "txtasks.web": module_all("txtasks.web"),  # the dashboard (extra `web`)
-    "txtasks.services": module_all("txtasks.services"),  # to write a service of one's own
+    "txtasks.services": module_all("txtasks.services"),
+    "txtasks.contrib.django": module_all(
+        "txtasks.contrib.django"
+    ),  # extra `django`  # to write a service of one's own
     # the cleaner's configuration and sweeps (not the top-level `cleaner`, a name others use)
     "txtasks.cleaner": module_all("txtasks.cleaner"),
     # A notifier of your own, for another reconnect policy (docs/wakeups.md).

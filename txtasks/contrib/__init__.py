@@ -1,0 +1,1 @@
+"""Integrations with other frameworks, each behind its extra (`pip install txtasks[django]`)."""
