@@ -155,25 +155,38 @@ def _bulk_values(row: NewTask) -> tuple[Any, ...]:
     )
 
 
-def _bulk_statements(records: list[tuple[Any, ...]], literal: Any) -> list[tuple[str, int]]:
-    """Multi-row `INSERT ... RETURNING id` statements of `records`, in order, each value
-    written by the driver's own escaping (what its executemany does); a column that holds one
-    value in every row is escaped once."""
+def _bulk_statements(
+    records: list[tuple[Any, ...]], literal: Any
+) -> list[tuple[str, tuple[Any, ...], int]]:
+    """Multi-row `INSERT ... RETURNING id` statements of `records` in order, each with its
+    parameters and row count. Every value is written by the driver's own escaping (what its
+    executemany does) and a column that holds one value in every row is escaped once; but
+    the first value of each statement, which is bound as its one parameter: the drivers
+    `%`-format a statement with parameters and, for some calls without, not for others, so
+    each statement has one (and its `%` doubled)."""
     columns = list(zip(*records, strict=True))
     once = [literal(c[0]) if c.count(c[0]) == len(c) else None for c in columns]
-    head = f"INSERT INTO txtasks_tasks ({BULK_COLUMNS}) VALUES "
-    statements: list[tuple[str, int]] = []
+    head = f"INSERT INTO txtasks_tasks ({BULK_COLUMNS}) VALUES (%s"
+    statements: list[tuple[str, tuple[Any, ...], int]] = []
     parts: list[str] = []
     size = 0
-    for record in records:
+    first = 0
+
+    def close() -> None:
+        sql = head + ",".join(parts).replace("%", "%%") + " RETURNING id"
+        statements.append((sql, (records[first][0],), len(parts)))
+
+    for n, record in enumerate(records):
         values = [v if v is not None else literal(x) for v, x in zip(once, record, strict=True)]
-        part = "(" + ",".join(values) + ")"
-        if parts and size + len(part) > BULK_STATEMENT_BYTES:
-            statements.append((head + ",".join(parts) + " RETURNING id", len(parts)))
-            parts, size = [], 0
-        parts.append(part)
-        size += len(part) + 1
-    statements.append((head + ",".join(parts) + " RETURNING id", len(parts)))
+        if parts and size > BULK_STATEMENT_BYTES:
+            close()
+            parts, size, first = [], 0, n
+        if parts:
+            parts.append("(" + ",".join(values) + ")")
+        else:  # after the statement's head: its first value is the parameter
+            parts.append("," + ",".join(values[1:]) + ")")
+        size += len(parts[-1]) + 1
+    close()
     return statements
 
 
@@ -194,15 +207,15 @@ class MySQLEnqueueStatements(EnqueueStatements):
             yield from super()._insert_plain(rows, todo, ids)
             return
         records = [_bulk_values(rows[i]) for i in todo]
-        built: list[tuple[str, int]] = []  # the statements still to send, the next last
+        built: list[tuple[str, tuple[Any, ...], int]] = []  # still to send, the next last
         sent: list[int] = []  # how many rows each statement sent carries
 
-        def build(driver: Any) -> tuple[str, None]:
+        def build(driver: Any) -> tuple[str, tuple[Any, ...]]:
             if not sent:
                 built.extend(reversed(_bulk_statements(records, driver.literal)))
-            sql, count = built.pop()
+            sql, params, count = built.pop()
             sent.append(count)
-            return sql, None
+            return sql, params
 
         done = 0
         while done < len(todo):

@@ -107,7 +107,7 @@ def _stored_time(value: datetime | None) -> str | None:
 
 
 def _bulk_record(row: NewTask) -> tuple[Any, ...]:
-    """A new task as the parameters of `BULK_INSERT`, each as SQLAlchemy would bind it."""
+    """A new task's values in the order of `BULK_COLUMNS`, each as SQLAlchemy would bind it."""
     created = _stored_time(row.created_at)
     return (
         row.queue,
@@ -135,9 +135,9 @@ class SQLiteEnqueueStatements(EnqueueStatements):
     def _insert_plain(
         cls, rows: Sequence[NewTask], todo: list[int], ids: list[int | None]
     ) -> Generator[Step, Result[Any], None]:
-        """Several rows: the driver's executemany of one INSERT, its parameters built here as
-        SQLAlchemy would bind them (its executemany spent more per row on the parameters than
-        SQLite on the insert), then the last id inserted. The table is AUTOINCREMENT and the
+        """Several rows: `INSERT ... SELECT` statements of VALUES lists (`_bulk_sql`), their
+        parameters built here as SQLAlchemy would bind them (its executemany spent more per
+        row on the parameters than SQLite on the insert), then the last id inserted. The table is AUTOINCREMENT and the
         rows of a transaction go in one after another, in order, under its write lock: the ids
         are the consecutive ones ending there."""
         if len(todo) == 1:
