@@ -96,6 +96,11 @@ def _bulk_statements(records: list[tuple[Any, ...]]) -> list[tuple[str, tuple[An
     return statements
 
 
+def _given(sql: str, params: tuple[Any, ...], _driver: Any) -> tuple[str, tuple[Any, ...]]:
+    """A `DriverSql` step's SQL and parameters, built already."""
+    return sql, params
+
+
 def _stored_time(value: datetime | None) -> str | None:
     """A time as SQLAlchemy's DateTime stores it on SQLite (`YYYY-MM-DD HH:MM:SS.ffffff`,
     microseconds always written, an offset dropped)."""
@@ -146,8 +151,8 @@ class SQLiteEnqueueStatements(EnqueueStatements):
         records = [_bulk_record(rows[i]) for i in todo]
         count = 0
         for sql, params in _bulk_statements(records):
-            inserted = yield DriverSql(lambda _driver, sql=sql, params=params: (sql, params))
-            count += inserted.rowcount
+            inserted = yield DriverSql(functools.partial(_given, sql, params))
+            count += inserted.rowcount  # type: ignore[attr-defined]
         if count != len(todo):
             raise RuntimeError(f"enqueue: {len(todo)} rows sent, {count} inserted")
         last = (yield LAST_ID, None).scalar_one()
