@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from sqlalchemy import Table, insert
+from sqlalchemy import Table, delete, insert
 from sqlalchemy.orm import Session
 
 from tests.integration.conformance import (
@@ -41,6 +41,7 @@ from txtasks.driver.urls import backend_name
 from txtasks.payload import payload_decode
 from txtasks.schema.tables import key_hints, tasks
 from txtasks.testing import run_until_empty
+from txtasks.types import NewTask
 from txtasks.worker.context import TaskContext
 
 # ----------------------------------------------------------------------------- one transaction
@@ -308,3 +309,72 @@ async def test_a_key_travels_with_the_transaction(
     assert sorted(h.partition_key for h in hints) == ["customer:1", "vip"]
     stats = await run_until_empty(app)
     assert stats.outcomes == {"completed": 2}
+
+
+def _mixed_rows(n: int) -> list[NewTask]:
+    """New tasks unlike each other in every column a bulk enqueue writes: unicode, quotes,
+    backslashes, `%`, NUL and non-UTF-8 bytes, large payloads, NULLs beside values, times
+    apart, keys and dedup keys (one twice)."""
+    t0 = datetime(2031, 2, 3, 4, 5, 6, 789012)
+    odd = ["ünï 中文 🚀", 'it\'s "quoted" \\ 100% %s %(x)s', "", "a\tb\nc"]
+    rows = []
+    for i in range(n):
+        text = odd[i % len(odd)]
+        payload = (text.encode() + bytes([0, 255, 39, 92, i % 256])) * (1 + (i % 3) * 40)
+        if i % 97 == 5:
+            payload = bytes(range(256)) * 1200  # 300 KiB: statements split by size
+        rows.append(
+            NewTask(
+                queue=f"q-{text}"[:40] if i % 5 == 0 else "bulk",
+                task_name=f"conformance.mixed.{text}"[:60],
+                payload=payload,
+                content_type="application/octet-stream" if i % 2 else "application/json",
+                priority=(i % 4) - 1,
+                run_at=t0 + timedelta(microseconds=i) if i % 3 else t0 - timedelta(days=1),
+                max_attempts=3 + i % 2,
+                created_at=t0,
+                dedup_key=None if i % 50 else f"dédup-{i % 100}",
+                headers=None if i % 4 else json.dumps({"h": text}),
+                expires_at=None if i % 6 else t0 + timedelta(hours=1, microseconds=i),
+                partition_key=None if i % 7 else f"clé:{text}",
+            )
+        )
+    return rows
+
+
+def _stored(url: str, ids: list[int]) -> list[tuple[Any, ...]]:
+    """The tasks `ids` as stored, but their ids, in the order of `ids`."""
+    by_id = {r.id: tuple(r)[1:] for r in table_rows(url, tasks)}
+    return [by_id[i] for i in ids]
+
+
+@pytest.mark.parametrize("flavour", ["connection", "async_connection"])
+async def test_bulk_enqueue_stores_rows_as_one_at_a_time(
+    app: App, database_url: str, flavour: str
+) -> None:
+    """A bulk enqueue (whatever statements it sends) stores each row exactly as an enqueue
+    of that row alone, across any statement or parameter limit, each id its row's."""
+    rows = _mixed_rows(1203)
+    single_ids = []
+    for row in rows:
+        with sync_engine(database_url) as engine, engine.begin() as conn:
+            single_ids += app.enqueue_many_tx(conn, [row])
+    one_by_one = _stored(database_url, single_ids)
+    with sync_engine(database_url) as engine, engine.begin() as conn:
+        conn.execute(delete(tasks))
+        conn.execute(delete(key_hints))
+    [ids] = await run_tx(database_url, flavour, [EnqueueMany(app, rows)])
+    assert _stored(database_url, ids) == one_by_one
+    assert len(table_rows(database_url, tasks)) == len(set(single_ids)) == len(set(ids))
+    assert ids[0] == ids[100] and ids[0] != ids[50]  # a dedup key twice: one task
+
+
+@pytest.mark.parametrize("count", [2, 501, 5000])
+async def test_bulk_enqueue_of_identical_rows(app: App, database_url: str, count: int) -> None:
+    """Rows alike in every column (one payload, one time) each get a task of their own."""
+    task = app.task(name="conformance.same")(Calls())
+    row = task.new({"same": True})
+    with sync_engine(database_url) as engine, engine.begin() as conn:
+        ids = app.enqueue_many_tx(conn, [row] * count)
+    assert len(set(ids)) == count and ids == sorted(ids)
+    assert [r.id for r in table_rows(database_url, tasks)] == ids

@@ -34,7 +34,17 @@ class CopyRows:
     fallback: Callable[[], Statement]
 
 
-Step = Statement | CopyRows
+@dataclass(frozen=True, slots=True)
+class DriverSql:
+    """A step of SQL in the driver's own form, run with `exec_driver_sql` in the caller's
+    transaction: `build` makes the SQL and its parameters (None: none; a list of tuples:
+    executemany) from the DBAPI driver's connection (for its own escaping of values, where
+    the step writes them into the SQL). Its result is the statement's."""
+
+    build: Callable[[Any], tuple[str, Any]]
+
+
+Step = Statement | CopyRows | DriverSql
 #: A generator of steps that receives each step's result and returns the new ids.
 Plan = Generator[Step, Result[Any], list[int]]
 #: What a plan returns (the new ids of an enqueue; the tasks of each publish of a publish).
@@ -45,6 +55,10 @@ def plan_run_sync(executor: Connection | Any, plan: Generator[Step, Result[Any],
     """Run an enqueue (or publish) plan on a sync Connection or Session."""
 
     def perform(step: Step) -> Any:
+        if isinstance(step, DriverSql):
+            connection = executor if isinstance(executor, Connection) else executor.connection()
+            sql, values = step.build(connection.connection.driver_connection)
+            return connection.exec_driver_sql(sql, values)
         stmt, params = step.fallback() if isinstance(step, CopyRows) else step
         return executor.execute(stmt, params)
 
@@ -59,6 +73,8 @@ async def plan_run_async(
     async def perform(step: Step) -> Any:
         if isinstance(step, CopyRows) and await _copy_async(executor, step):
             return None
+        if isinstance(step, DriverSql):
+            return await _driver_sql_async(executor, step)
         stmt, params = step.fallback() if isinstance(step, CopyRows) else step
         return await executor.execute(stmt, params)
 
@@ -77,6 +93,16 @@ async def _copy_async(executor: AsyncConnection | Any, step: CopyRows) -> bool:
         return False
     await copy(step.table, records=step.records, columns=step.columns)
     return True
+
+
+async def _driver_sql_async(executor: AsyncConnection | Any, step: DriverSql) -> Any:
+    """`step` on the connection under `executor`, inside its transaction."""
+    from sqlalchemy.ext.asyncio import AsyncConnection  # loaded: the executor is async
+
+    connection = executor if isinstance(executor, AsyncConnection) else await executor.connection()
+    raw: Any = (await connection.get_raw_connection()).driver_connection
+    sql, values = step.build(raw)
+    return await connection.exec_driver_sql(sql, values)
 
 
 def task_values(row: NewTask) -> dict[str, Any]:

@@ -5,23 +5,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
+import operator
 import sqlite3
 from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
+from datetime import datetime
 from typing import Any, ClassVar, TypeVar
 
-from sqlalchemy import Connection, Engine, Result, event, insert
+from sqlalchemy import Connection, Engine, Result, event, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from txtasks.driver.base import Capabilities
 from txtasks.driver.database import SqlDatabase
 from txtasks.driver.dialect import SqlDialect
-from txtasks.driver.insert_plan import Step, task_values
+from txtasks.driver.insert_plan import DriverSql, Step
 from txtasks.driver.sql import SqlDriver
 from txtasks.driver.sql_claims import Claim, SqlClaims
 from txtasks.driver.statements.enqueue import EnqueueStatements
-from txtasks.schema.tables import READY, Timestamp, tasks
+from txtasks.schema.tables import READY, Timestamp
 from txtasks.types import CLAIMED_COLUMNS, NewTask, TaskRow
 
 log = logging.getLogger("txtasks.sqlite")
@@ -100,6 +103,86 @@ def sqlite_connection_setup(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+#: The columns of a bulk enqueue, in the order of `_bulk_record`.
+BULK_COLUMNS = (
+    "queue, task_name, payload, content_type, state, priority, run_at, attempt, max_attempts, "
+    "created_at, dedup_key, headers, expires_at, stage_id, partition_key"
+)
+#: Rows per statement of a bulk enqueue (at most 15 parameters each: far under SQLite's
+#: 32,766); the fastest measured, from 100 to 5,000.
+BULK_ROWS = 500
+#: The last id this connection inserted (the last row of a bulk enqueue).
+LAST_ID = text("SELECT last_insert_rowid()")
+
+
+@functools.lru_cache(maxsize=256)
+def _bulk_sql(uniform: tuple[bool, ...], count: int) -> str:
+    """`INSERT ... SELECT` of `count` rows from a VALUES list of the columns that differ
+    between rows; each column that holds one value in every row is bound once, in the
+    SELECT list (SQLite binds and steps a statement of VALUES far faster than executemany of
+    one row, and the fewer parameters a row the faster)."""
+    varying = uniform.count(False)
+    names = iter(range(1, varying + 1))
+    select = ", ".join("?" if same else f"column{next(names)}" for same in uniform)
+    values = ", ".join(["(" + ", ".join(["?"] * varying) + ")"] * count)
+    return f"INSERT INTO txtasks_tasks ({BULK_COLUMNS}) SELECT {select} FROM (VALUES {values})"
+
+
+def _bulk_statements(records: list[tuple[Any, ...]]) -> list[tuple[str, tuple[Any, ...]]]:
+    """The statements (and their parameters) that insert `records` in order."""
+    columns = list(zip(*records, strict=True))
+    same = [c.count(c[0]) == len(c) for c in columns]
+    if all(same):  # a VALUES list needs a column
+        same[0] = False
+    uniform = tuple(same)
+    bound = [c[0] for c, s in zip(columns, uniform, strict=True) if s]
+    pick = operator.itemgetter(*(j for j, s in enumerate(uniform) if not s))
+    statements = []
+    for start in range(0, len(records), BULK_ROWS):
+        chunk = records[start : start + BULK_ROWS]
+        picked = map(pick, chunk) if uniform.count(False) > 1 else ((pick(r),) for r in chunk)
+        params = (*bound, *itertools.chain.from_iterable(picked))
+        statements.append((_bulk_sql(uniform, len(chunk)), params))
+    return statements
+
+
+def _given(sql: str, params: tuple[Any, ...], _driver: Any) -> tuple[str, tuple[Any, ...]]:
+    """A `DriverSql` step's SQL and parameters, built already."""
+    return sql, params
+
+
+def _stored_time(value: datetime | None) -> str | None:
+    """A time as SQLAlchemy's DateTime stores it on SQLite (`YYYY-MM-DD HH:MM:SS.ffffff`,
+    microseconds always written, an offset dropped)."""
+    if value is None:
+        return None
+    if value.tzinfo is not None:
+        value = value.replace(tzinfo=None)
+    return value.isoformat(" ", "microseconds")
+
+
+def _bulk_record(row: NewTask) -> tuple[Any, ...]:
+    """A new task's values in the order of `BULK_COLUMNS`, each as SQLAlchemy would bind it."""
+    created = _stored_time(row.created_at)
+    return (
+        row.queue,
+        row.task_name,
+        row.payload,
+        row.content_type,
+        row.state.value,
+        row.priority,
+        created if row.run_at is row.created_at else _stored_time(row.run_at),
+        0,
+        row.max_attempts,
+        created,
+        row.dedup_key,
+        row.headers,
+        _stored_time(row.expires_at),
+        row.stage_id,
+        row.partition_key,
+    )
+
+
 class SQLiteEnqueueStatements(EnqueueStatements):
     """SQLite's enqueue statements."""
 
@@ -107,15 +190,23 @@ class SQLiteEnqueueStatements(EnqueueStatements):
     def _insert_plain(
         cls, rows: Sequence[NewTask], todo: list[int], ids: list[int | None]
     ) -> Generator[Step, Result[Any], None]:
-        """Several rows: multi-row INSERTs, each `RETURNING id`. Asking SQLAlchemy for the ids
-        in parameter order would send one row per statement here; instead, as the table is
-        AUTOINCREMENT and the rows of a transaction go in one after another, in order, under
-        its write lock, the returned ids sorted are in parameter order."""
+        """Several rows: `INSERT ... SELECT` statements of VALUES lists (`_bulk_sql`), their
+        parameters built here as SQLAlchemy would bind them (its executemany spent more per
+        row on the parameters than SQLite on the insert), then the last id inserted. The table is AUTOINCREMENT and the
+        rows of a transaction go in one after another, in order, under its write lock: the ids
+        are the consecutive ones ending there."""
         if len(todo) == 1:
             yield from super()._insert_plain(rows, todo, ids)
             return
-        result = yield insert(tasks).returning(tasks.c.id), [task_values(rows[i]) for i in todo]
-        for i, new_id in zip(todo, sorted(result.scalars().all()), strict=True):
+        records = [_bulk_record(rows[i]) for i in todo]
+        count = 0
+        for sql, params in _bulk_statements(records):
+            inserted = yield DriverSql(functools.partial(_given, sql, params))
+            count += inserted.rowcount  # type: ignore[attr-defined]
+        if count != len(todo):
+            raise RuntimeError(f"enqueue: {len(todo)} rows sent, {count} inserted")
+        last = (yield LAST_ID, None).scalar_one()
+        for i, new_id in zip(todo, range(last - len(todo) + 1, last + 1), strict=True):
             ids[i] = new_id
 
 
