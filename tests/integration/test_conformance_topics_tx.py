@@ -6,7 +6,7 @@ group's handler run once, an undeployed handler dead-lettered with a reason nami
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,6 +23,7 @@ from tests.integration.conformance import (
     sync_engine,
     table_rows,
 )
+from tests.recording import Recording
 from txtasks import App
 from txtasks.driver.dialect import dialect_for
 from txtasks.driver.insert_plan import plan_run_sync
@@ -31,7 +32,6 @@ from txtasks.driver.urls import backend_name
 from txtasks.schema.tables import key_hints, tasks, topic_drops
 from txtasks.testing import run_until_empty
 from txtasks.types import Subscription
-from txtasks.wakeup.base import WakeupStats
 
 TOPIC = "order.created"
 
@@ -145,26 +145,6 @@ async def test_keyed_publishes_leave_a_hint_per_group_queue(
         ("shipping", "customer:7"),
         ("shipping", "customer:7"),
     ]  # fmt: skip (one per publish and queue, as one keyed enqueue per task leaves)
-
-
-class Recording:
-    """A notifier that records the wake-ups it is asked to send."""
-
-    def __init__(self) -> None:
-        self.stats = WakeupStats()
-        self.calls: list[tuple[str, list[int]]] = []
-
-    def notify(self, queue: str, ids: Sequence[int] = ()) -> None:
-        self.calls.append((queue, list(ids)))
-
-    async def subscribe(self, queues: Sequence[str], on_wakeup: Any) -> None:
-        return None
-
-    async def unsubscribe(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)

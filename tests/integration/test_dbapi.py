@@ -6,7 +6,7 @@ go out only after the caller says its transaction committed.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -14,30 +14,10 @@ from sqlalchemy import Table, select
 
 from tests.integration.conformance import table_rows
 from tests.integration.dbapi_connect import dbapi_connect
+from tests.recording import Recording
 from txtasks import App, ConfigurationError, DbapiTx, create_engine
 from txtasks.schema.tables import key_hints, tasks
 from txtasks.types import NewTask
-from txtasks.wakeup.base import WakeupStats
-
-
-class Recording:
-    """A notifier that records the wake-ups it is asked to send."""
-
-    def __init__(self) -> None:
-        self.stats = WakeupStats()
-        self.calls: list[tuple[str, list[int]]] = []
-
-    def notify(self, queue: str, ids: Sequence[int] = ()) -> None:
-        self.calls.append((queue, list(ids)))
-
-    async def subscribe(self, queues: Sequence[str], on_wakeup: Any) -> None:
-        return None
-
-    async def unsubscribe(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
 
 
 @pytest.fixture
