@@ -15,7 +15,7 @@ class Recording:
         self.stats = WakeupStats()
         self.calls: list[tuple[str, list[int]]] = []
 
-    def notify(self, queue: str, ids: Sequence[int] = ()) -> None:
+    def notify(self, queue: str, ids: Sequence[int] = (), *, cancel: bool = False) -> None:
         self.calls.append((queue, list(ids)))
 
     async def subscribe(self, queues: Sequence[str], on_wakeup: Any) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -42,13 +41,13 @@ from tests.integration.conformance import (
     new,
 )
 from tests.integration.conftest import another
+from tests.recording import Recording
 from txtasks import App
 from txtasks.driver import Driver
 from txtasks.options import EnqueueOptions
 from txtasks.publishes import new_publish
 from txtasks.spark import StagedPurge
 from txtasks.types import NewTask, Outcome, OutcomeKind, TaskRow, TaskState
-from txtasks.wakeup import WakeupStats
 
 
 async def claim_one(driver: Driver, task_id: int, *, now: datetime, worker: str) -> TaskRow:
@@ -62,28 +61,8 @@ async def claim_one(driver: Driver, task_id: int, *, now: datetime, worker: str)
 # -- re-announcer -------------------------------------------------------------------------------
 
 
-class Doorbell:
-    """A notifier that records the wake-ups it is asked to send."""
-
-    def __init__(self) -> None:
-        self.stats = WakeupStats()
-        self.calls: list[tuple[str, list[int]]] = []
-
-    def notify(self, queue: str, ids: Sequence[int] = (), *, cancel: bool = False) -> None:
-        self.calls.append((queue, list(ids)))
-
-    async def subscribe(self, queues: Sequence[str], on_wakeup: Any) -> None:
-        return None
-
-    async def unsubscribe(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-
 async def test_reannouncer_skips_a_paused_queue_until_it_is_resumed(driver: Driver) -> None:
-    clock, doorbell = ManualClock(T0), Doorbell()
+    clock, doorbell = ManualClock(T0), Recording()
     app = App("cleaner-test", driver=driver, clock=clock, notifier=doorbell, default_queue="q")
     app.task(name="conformance.task")(lambda payload: None)
     app.task(name="other.task", queue="other")(lambda payload: None)

@@ -64,3 +64,17 @@ def test_a_bulk_record_holds_the_task_values_in_bulk_column_order() -> None:
     values = task_values(row)
     assert ("id", *values) == BULK_COLUMNS
     assert _bulk_record(7, row) == (7, *values.values())
+
+
+def test_the_task_columns_are_the_task_values_in_order() -> None:
+    """MariaDB's and SQLite's bulk statements list `TASK_COLUMNS`; their records follow
+    `task_values`' order."""
+    from txtasks.driver.insert_plan import TASK_COLUMNS, task_values
+    from txtasks.types import NewTask
+
+    t0 = datetime(2026, 1, 2, 3, 4, 5, 6)
+    row = NewTask(
+        queue="q", task_name="send", payload=b"{}", content_type="application/json",
+        priority=0, run_at=t0, max_attempts=3, created_at=t0,
+    )  # fmt: skip
+    assert tuple(task_values(row)) == TASK_COLUMNS

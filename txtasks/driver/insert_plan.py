@@ -105,6 +105,27 @@ async def _driver_sql_async(executor: AsyncConnection | Any, step: DriverSql) ->
     return await connection.exec_driver_sql(sql, values)
 
 
+#: The columns a new task's row is written with, in the order `task_values` gives them (a
+#: bulk enqueue's statements list them in this order: `BULK_COLUMNS` of MariaDB and SQLite).
+TASK_COLUMNS = (
+    "queue",
+    "task_name",
+    "payload",
+    "content_type",
+    "state",
+    "priority",
+    "run_at",
+    "attempt",
+    "max_attempts",
+    "created_at",
+    "dedup_key",
+    "headers",
+    "expires_at",
+    "stage_id",
+    "partition_key",
+)
+
+
 def task_values(row: NewTask) -> dict[str, Any]:
     """Column values of a new task."""
     return {

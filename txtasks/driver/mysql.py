@@ -41,7 +41,7 @@ from txtasks._waits import within
 from txtasks.driver.base import Capabilities
 from txtasks.driver.database import CLOSE_WITHIN, SqlDatabase
 from txtasks.driver.dialect import SqlDialect
-from txtasks.driver.insert_plan import DriverSql, Step
+from txtasks.driver.insert_plan import TASK_COLUMNS, DriverSql, Step
 from txtasks.driver.sql import SqlDriver
 from txtasks.driver.sql_claims import Claim, SqlClaims
 from txtasks.driver.sql_lanes import SqlLanes
@@ -110,10 +110,18 @@ def _delete_by_ids(name: str) -> Executable:
 #: `max_allowed_packet` (which then bounds it).
 GROUP_CONCAT_MAX = 1 << 30
 
-#: Deadlock found; lock wait timeout exceeded.
-TRANSIENT_ERRNOS = frozenset({1213, 1205})
-#: Lock wait timeout exceeded: on the kept connection (`NAMED_CLAIM_SQL`), a row is locked.
+#: Lock wait timeout exceeded (ER_LOCK_WAIT_TIMEOUT): a lock wait reached
+#: `innodb_lock_wait_timeout`; on the kept connection (`NAMED_CLAIM_SQL`), a row is locked.
 LOCK_WAIT_TIMEOUT = 1205
+#: Deadlock found; lock wait timeout exceeded.
+TRANSIENT_ERRNOS = frozenset({1213, LOCK_WAIT_TIMEOUT})
+
+
+def lock_wait_timed_out(error: BaseException | None) -> bool:
+    """Whether `error` (PyMySQL's, as aiomysql raises it or a SQLAlchemy error's `orig`) is
+    MariaDB/MySQL's lock wait timeout."""
+    return getattr(error, "args", (None,))[:1] == (LOCK_WAIT_TIMEOUT,)
+
 
 #: pymysql's client flags: affected rows are the rows found (as SQLAlchemy's connections
 #: count them), and several statements go in one query.
@@ -166,10 +174,7 @@ def migration_lock_name(conn: Connection) -> str:
 
 
 #: The columns of a bulk enqueue on MariaDB, in the order of `_bulk_values`.
-BULK_COLUMNS = (
-    "queue, task_name, payload, content_type, state, priority, run_at, attempt, max_attempts, "
-    "created_at, dedup_key, headers, expires_at, stage_id, partition_key"
-)
+BULK_COLUMNS = ", ".join(TASK_COLUMNS)
 #: The most SQL one bulk statement carries (as PyMySQL's executemany; a longer row goes alone).
 BULK_STATEMENT_BYTES = 1_024_000
 
@@ -941,7 +946,7 @@ class MySQLClaims(SqlClaims):
             await connection.query(sql)  # SET
             await connection.next_result()  # UPDATE
         except Exception as exc:
-            if getattr(exc, "args", (None,))[:1] == (LOCK_WAIT_TIMEOUT,):
+            if lock_wait_timed_out(exc):
                 return None
             raise
         await connection.next_result()  # SELECT

@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from txtasks.driver.base import Capabilities
 from txtasks.driver.database import SqlDatabase
 from txtasks.driver.dialect import SqlDialect
-from txtasks.driver.insert_plan import DriverSql, Step
+from txtasks.driver.insert_plan import TASK_COLUMNS, DriverSql, Step
 from txtasks.driver.sql import SqlDriver
 from txtasks.driver.sql_claims import Claim, SqlClaims
 from txtasks.driver.statements.enqueue import EnqueueStatements
@@ -104,10 +104,7 @@ def sqlite_connection_setup(engine: Engine) -> None:
 
 
 #: The columns of a bulk enqueue, in the order of `_bulk_record`.
-BULK_COLUMNS = (
-    "queue, task_name, payload, content_type, state, priority, run_at, attempt, max_attempts, "
-    "created_at, dedup_key, headers, expires_at, stage_id, partition_key"
-)
+BULK_COLUMNS = ", ".join(TASK_COLUMNS)
 #: Rows per statement of a bulk enqueue (at most 15 parameters each: far under SQLite's
 #: 32,766); the fastest measured, from 100 to 5,000.
 BULK_ROWS = 500

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import Connection, exists, insert, select
 from sqlalchemy.exc import DBAPIError
 
+from txtasks.driver.mysql import lock_wait_timed_out
 from txtasks.errors import TxtasksError
 from txtasks.schema.tables import subscriptions, tasks
 from txtasks.spark.staging import LOCK_WAIT_TIMEOUT, SqlStaging, StageTarget, TopicTarget
@@ -25,8 +26,6 @@ INSERT_STAGED = "INSERT INTO txtasks_staged ({}) VALUES "
 STATEMENT_BYTES = 4 * 1024 * 1024
 #: PyMySQL's SERVER_STATUS_NO_BACKSLASH_ESCAPES bit.
 NO_BACKSLASH_ESCAPES = 512
-#: ER_LOCK_WAIT_TIMEOUT: a lock wait reached `innodb_lock_wait_timeout`.
-LOCK_WAIT_TIMEOUT_ERRNO = 1205
 #: The session's and the server's lock wait bounds (seconds).
 LOCK_WAIT_SETTINGS = "SELECT @@SESSION.innodb_lock_wait_timeout, @@GLOBAL.innodb_lock_wait_timeout"
 #: ER_DUP_ENTRY: the one warning of INSERT IGNORE that the commit lets by.
@@ -135,7 +134,7 @@ class MySQLStaging(SqlStaging):
                 conn.commit()
 
     def lock_timed_out(self, exc: DBAPIError) -> bool:
-        return getattr(exc.orig, "args", (None,))[:1] == (LOCK_WAIT_TIMEOUT_ERRNO,)
+        return lock_wait_timed_out(exc.orig)
 
     def lock_probe(self, conn: Connection) -> None:
         """No wait on MariaDB (0); MySQL takes 0 as its least, one second."""
