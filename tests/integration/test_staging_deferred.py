@@ -370,9 +370,9 @@ async def test_a_publish_waits_for_nothing_on_the_in_memory_driver() -> None:
 async def test_the_cleaners_publisher_publishes_and_wakes_the_queues(
     sql: SqlDriver, staging: SqlStaging
 ) -> None:
-    from tests.integration.test_cleaner_sweeps import Doorbell
+    from tests.recording import Recording
 
-    doorbell = Doorbell()
+    doorbell = Recording()
     app = App("publish-test", driver=sql, clock=lambda: at(5), notifier=doorbell)
     stage_two(staging)
     staging.commit_deferred("c", "w", {"w.a": 5, "w.b": 2}, TARGET, now=T0)
