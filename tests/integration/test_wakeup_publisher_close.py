@@ -34,3 +34,29 @@ async def test_a_hint_published_right_before_close_arrives(amqp_url: str) -> Non
         assert subscriber.stats.received == 1
     finally:
         await subscriber.close()
+
+
+def test_closing_the_publisher_ends_every_task_left_on_its_loop() -> None:
+    # a connection lost to a broker that hung up leaves the AMQP library's own close running
+    # on the publisher's loop: ended before the loop closes, never collected later as a
+    # coroutine of a closed loop (an unraisable error in whatever runs then)
+    publisher = AmqpPublisher("amqp://app:app@127.0.0.1:9/", WakeupStats(), publish_timeout=0.2)
+    publisher.notify("left", [1])
+    loop = publisher.loop
+    assert loop is not None
+    seen: list[str] = []
+
+    async def library_close() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+        finally:
+            seen.append("finished")
+
+    started = threading.Event()
+    loop.call_soon_threadsafe(lambda: (loop.create_task(library_close()), started.set()))
+    assert started.wait(5)
+    publisher.close(5)
+    assert seen == ["cancelled", "finished"]

@@ -274,6 +274,7 @@ class AmqpPublisher:
         try:
             loop.run_until_complete(self._run())
         finally:
+            _end_tasks(loop)
             loop.close()
 
     def _take(self) -> dict[Hint, list[int]]:
@@ -308,3 +309,15 @@ class AmqpPublisher:
         except RuntimeError:
             return
         thread.join(timeout)
+
+
+def _end_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel what is still running on `loop` (the AMQP library's close of a lost connection)
+    and let it finish, as `asyncio.run` does: a coroutine left on a closed loop would end
+    later, at its collection, as an unraisable error in whatever code runs then."""
+    left = asyncio.all_tasks(loop)
+    for task in left:
+        task.cancel()
+    if left:
+        loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())
