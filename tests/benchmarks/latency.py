@@ -1350,10 +1350,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def plan_cases(args: argparse.Namespace, urls: dict[str, str], amqp: str | None) -> list[Case]:
-    if args.profile:
-        if "postgresql" not in urls or not amqp:
-            raise SystemExit("--profile needs PostgreSQL and RabbitMQ (URLs or --start-servers)")
-        return [Case("txtasks", "postgresql", "rabbitmq")]
+    if args.profile:  # the first of --backends with a URL
+        backend = next((b for b in args.backends if b in urls), None)
+        if backend is None or not amqp:
+            raise SystemExit("--profile needs a database and RabbitMQ (URLs or --start-servers)")
+        return [Case("txtasks", backend, "rabbitmq")]
     cases: list[Case] = []
     for backend in args.backends:
         if backend not in urls:
