@@ -647,3 +647,40 @@ async def test_the_cleaner_reannounces_a_task_whose_wakeup_was_lost(
     assert row is not None and row.started_at is not None
     assert row.started_at - row.run_at >= timedelta(seconds=after)  # not before the threshold
     h.runs.assert_each_ran_once([{"lost": 1}])
+
+
+@pytest.mark.parametrize("database_url", backends("sqlite", "postgresql"), indirect=True)
+async def test_a_worker_without_a_free_slot_leaves_wake_ups_to_idle_workers(
+    database_url: str, amqp_url: str, stack: contextlib.AsyncExitStack
+) -> None:
+    # worker A runs a long task in its only slot; every wake-up after that goes to worker B,
+    # none waits on A for a slot (polls are 30 s: only a wake-up starts a task in time)
+    h = await Harness.create(stack, database_url, amqp_url, new_queue("full"))
+    gate, holding = asyncio.Event(), asyncio.Event()
+
+    async def long_task(_payload: object) -> None:
+        holding.set()
+        await gate.wait()
+
+    blocker = h.app.task(name="wakeups.long", queue=h.queue)(long_task)
+    stack.callback(gate.set)  # released before the workers stop
+    to_a = await h.subscriber(amqp_url)
+    a = await h.worker(poll=SLOW_POLL, notifier=to_a, concurrency=1)
+    await idle(a, to_a)
+    await blocker.aenqueue("hold")
+    await asyncio.wait_for(holding.wait(), WAIT)
+    await until(lambda: not to_a.stats.taking, "the full worker stops taking wake-ups")
+    assert to_a.stats.connected  # still connected: cancel wake-ups reach it
+    received = to_a.stats.received
+
+    to_b = await h.subscriber(amqp_url)
+    b = await h.worker(poll=SLOW_POLL, notifier=to_b, concurrency=5)
+    await idle(b, to_b)
+    for n in range(6):
+        await h.enqueue(n)
+        await h.runs.wait_started(n)
+    assert (a.stats.claimed, b.stats.claimed) == (1, 6)
+    assert to_a.stats.received == received
+
+    gate.set()  # A's slot frees: it takes wake-ups again
+    await until(lambda: to_a.stats.taking, "the worker takes wake-ups again")

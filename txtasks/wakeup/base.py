@@ -53,6 +53,9 @@ class WakeupStats:
     malformed: int = 0
     #: The worker side: consuming wake-ups now.
     connected: bool = False
+    #: The worker side: taking the shared queues' wake-ups now (not while its worker has no
+    #: free slot: the broker gives them to other workers meanwhile).
+    taking: bool = False
 
 
 class Notifier(Protocol):

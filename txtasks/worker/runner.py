@@ -15,7 +15,7 @@ import inspect
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -93,6 +93,7 @@ class Runner:
         stopping: asyncio.Event,
         metrics: Metrics | None,
         progress: ProgressWriter | None = None,
+        freed: Callable[[], None] | None = None,
     ) -> None:
         self.app = app
         self.worker_id = worker_id
@@ -103,6 +104,8 @@ class Runner:
         #: Claimed attempts not finished yet: waiting for a runner, or running.
         self._held = held
         self._slot_free = slot_free
+        #: Called when a slot frees, after `slot_free` is set.
+        self._freed = freed
         self._stopping = stopping
         #: Claimed rows no runner has taken yet, in claim order.
         self.ready: deque[tuple[TaskRow, TaskKey]] = deque()
@@ -297,6 +300,8 @@ class Runner:
         """The slot is free; the outcome is in the buffer (its lease still extended there)."""
         self._held.discard(key)
         self._slot_free.set()
+        if self._freed is not None:
+            self._freed()
 
     async def _attempt(self, row: TaskRow, key: TaskKey) -> Outcome:
         """Run one attempt and decide its outcome. Never raises for a bad row."""

@@ -68,6 +68,10 @@ QUEUE_RATES_EVERY = 5.0
 BURST_LOOK_EVERY = 0.05
 #: Seconds /readyz waits for the database's answer.
 READY_TIMEOUT = 3.0
+#: Seconds a worker's every slot stays taken before it stops taking wake-ups (its notifier's
+#: `accepting(False)`: the broker gives them to other workers until a slot frees). Under a
+#: backlog slots free and fill in less: no consumer changes at every claim.
+FULL_BEFORE_HANDING_OFF = 0.05
 
 __all__ = ["Worker", "WorkerConfig", "WorkerStats"]
 
@@ -193,6 +197,9 @@ class Worker:
         self._wake = asyncio.Event()
         #: What wake-ups named since the last claim (claimed by id while the queues are empty).
         self._named = Named()
+        #: Whether its notifier gives it wake-ups: not while every slot is taken (`_handoff`).
+        self._taking_wakeups = True
+        self._handoff_timer: asyncio.TimerHandle | None = None
         self._queue_rates: Mapping[str, Rate] = app.declared_queue_rates
         self._queue_rates_at: float | None = None  # monotonic time of the last read
         self._slot_free = asyncio.Event()
@@ -240,6 +247,7 @@ class Worker:
             outcomes=self._outcomes,
             held=self._held,
             slot_free=self._slot_free,
+            freed=self._slot_freed,
             stopping=self._stopping,
             metrics=metrics,
             progress=self._progress,
@@ -359,6 +367,8 @@ class Worker:
             await self._claim_loop()
         finally:
             await self.notifier.unsubscribe()  # a stopped worker must not take wake-ups
+            if self._handoff_timer is not None:
+                self._handoff_timer.cancel()
             await self._shutdown()
             self._beat_stop.set()
             self._outcomes.stop()
@@ -407,6 +417,8 @@ class Worker:
             for row in rows:
                 self._start(row)
             self._runner.dispatch()
+            if len(rows) >= free:  # every slot taken: wake-ups may go elsewhere soon
+                self._handoff_arm()
             if rows:
                 await asyncio.sleep(0)  # let the handlers start before the next claim goes out
             if self._named.due:  # it found some (more may be ready), or was asked to look
@@ -420,6 +432,34 @@ class Worker:
             self.idle.clear()
             if not self._wake.is_set():  # the poll: look at the whole queues
                 self._named.look = True
+
+    # -- wake-ups while every slot is taken ---------------------------------------------------
+
+    def _handoff_arm(self) -> None:
+        """Every slot is taken: if they all still are `FULL_BEFORE_HANDING_OFF` seconds from
+        now, stop taking wake-ups (`_handoff`)."""
+        if self._taking_wakeups and self._handoff_timer is None:
+            loop = asyncio.get_running_loop()
+            self._handoff_timer = loop.call_later(FULL_BEFORE_HANDING_OFF, self._handoff)
+
+    def _handoff(self) -> None:
+        self._handoff_timer = None
+        if len(self._held) >= self._slots.limit and not self._stopping.is_set():
+            self._wakeups_taken(False)
+
+    def _slot_freed(self) -> None:
+        """A slot freed (`Runner.finished`): take wake-ups again."""
+        if not self._taking_wakeups:
+            self._wakeups_taken(True)
+
+    def _wakeups_taken(self, yes: bool) -> None:
+        """Tell the notifier whether this worker can claim now: while it cannot, the broker
+        gives the wake-ups of its queues to other workers (a notifier without `accepting`
+        cannot: it is told nothing)."""
+        self._taking_wakeups = yes
+        accepting = getattr(self.notifier, "accepting", None)
+        if accepting is not None:
+            accepting(yes)
 
     def _queue_woken(self, queue: str) -> None:
         """A service gave `queue` tasks: wake its workers, this one at once if it serves it."""

@@ -71,6 +71,11 @@ class AmqpNotifier:
     async def subscribe(self, queues: Sequence[str], on_wakeup: WakeupCallback) -> None:
         await self.subscriber.start(queues, on_wakeup)
 
+    def accepting(self, yes: bool) -> None:
+        """Whether the subscribed worker can claim now: while not, the broker gives the
+        wake-ups of its queues to other workers (see `AmqpSubscriber.accepting`)."""
+        self.subscriber.accepting(yes)
+
     async def unsubscribe(self) -> None:
         await self.subscriber.close()
         self.stats.connected = False

@@ -37,6 +37,10 @@ class AmqpSubscriber:
     until closed. `stats.connected` is True while it consumes. Besides the shared wake-up
     queues (one message wakes one worker), it consumes an exclusive AMQP queue of its own bound
     to the cancel route of each of its queues: a cancel wake-up reaches every worker.
+
+    While its worker has no free slot (`accepting(False)`) it stops consuming the shared
+    queues, so that the broker gives their wake-ups to the workers that can claim now; cancel
+    wake-ups still arrive. `stats.taking` is True while it consumes the shared queues.
     """
 
     def __init__(
@@ -49,10 +53,26 @@ class AmqpSubscriber:
         self._connection: AbstractConnection | None = None
         self._outage = Outage("wake-up subscriber", url, reconnect)
         self._closing = False
+        #: Whether the worker has a free slot: the shared queues are consumed only then.
+        self._accepting = True
+        #: Set when `_accepting` changed: `_follow` consumes or cancels accordingly.
+        self._accepting_changed = asyncio.Event()
+        #: The task running `_follow` for the current connection.
+        self._follower: asyncio.Task[None] | None = None
+
+    def accepting(self, yes: bool) -> None:
+        """Whether the worker can claim now (it has a free slot): when not, the shared
+        queues' consumers are cancelled (the broker gives their messages to other workers),
+        and consumed again when it can. Calls in quick succession cost at most one change
+        of consumers at a time."""
+        if yes != self._accepting:
+            self._accepting = yes
+            self._accepting_changed.set()
 
     async def start(self, queues: Sequence[str], on_wakeup: WakeupCallback) -> None:
         await self.close()  # one subscription at a time: the latest worker's
         self._closing = False
+        self._accepting = True
         if self._task is None:
             wanted = frozenset(queues)
             self._task = asyncio.create_task(self._run(wanted, on_wakeup), name="txtasks-wakeups")
@@ -92,7 +112,7 @@ class AmqpSubscriber:
         except Exception as exc:
             return exc
         finally:
-            self.stats.connected = False
+            self.stats.connected = self.stats.taking = False
             await self._disconnect()
 
     async def _consume(
@@ -119,10 +139,41 @@ class AmqpSubscriber:
         # Consumed on aiormq's channel: its delivery calls the handler in the task it makes
         # for the message, where aio-pika's `Queue.consume` makes a second one.
         underlay = await channel.get_underlay_channel()
-        for amqp_queue in (cancels, *amqp_queues):
-            await underlay.basic_consume(amqp_queue.name, handler, no_ack=True)
+        await underlay.basic_consume(cancels.name, handler, no_ack=True)
+        names = [amqp_queue.name for amqp_queue in amqp_queues]
+        tags: list[str] = []
+        self._accepting_changed.clear()
+        await self._consumers_set(underlay, names, handler, tags)
+        self._follower = asyncio.create_task(self._follow(underlay, names, handler, tags))
+        self._follower.add_done_callback(lambda done: closed(None, _follow_error(done)))
+
+    async def _follow(self, underlay: Any, names: list[str], handler: Any, tags: list[str]) -> None:
+        """Keep the shared queues' consumers (`tags`) as `accepting` asks, until the
+        connection is given up."""
+        while True:
+            await self._accepting_changed.wait()
+            self._accepting_changed.clear()
+            await self._consumers_set(underlay, names, handler, tags)
+
+    async def _consumers_set(
+        self, underlay: Any, names: list[str], handler: Any, tags: list[str]
+    ) -> None:
+        """Consume the shared queues `names` if the worker accepts wake-ups, else cancel
+        their consumers (`tags`, the consumer tags of those consumed now)."""
+        if self._accepting and not tags:
+            for name in names:
+                consumed = await underlay.basic_consume(name, handler, no_ack=True)
+                tags.append(consumed.consumer_tag)
+        elif not self._accepting and tags:
+            while tags:
+                await underlay.basic_cancel(tags.pop())
+        self.stats.taking = bool(tags)
 
     async def _disconnect(self) -> None:
+        follower, self._follower = self._follower, None
+        if follower is not None:
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
         connection, self._connection = self._connection, None
         if connection is not None:
             with contextlib.suppress(Exception):
@@ -136,3 +187,11 @@ class AmqpSubscriber:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+
+
+def _follow_error(done: asyncio.Task[None]) -> Exception:
+    """What ended `_follow`: a failed consume or cancel ends the connection's use."""
+    if done.cancelled():
+        return ConnectionError("closed")
+    error = done.exception()
+    return error if isinstance(error, Exception) else ConnectionError("closed")
