@@ -210,6 +210,71 @@ def minute_label(at: datetime) -> str:
     return at.strftime("%Y-%m-%d %H:%M")
 
 
+#: The first minute of the minute numbers (`minute_number`).
+EPOCH = datetime(1970, 1, 1)
+
+
+def minute_number(at: datetime) -> int:
+    """The minute of a (naive UTC) time as the history numbers it: minutes since 1970."""
+    return int((at - EPOCH).total_seconds() // 60)
+
+
+def minute_at(number: int) -> datetime:
+    """The start of minute `number` (`minute_number`)."""
+    return EPOCH + timedelta(minutes=number)
+
+
+@dataclass(frozen=True)
+class HistoryRow:
+    """The tasks of one queue enqueued and finished in one minute (`minute`: its number,
+    `minute_number`); `failed`: failed, discarded and cancelled."""
+
+    minute: int
+    queue: str
+    enqueued: int = 0
+    completed: int = 0
+    failed: int = 0
+    dead: int = 0
+
+
+#: The series of the history, in the order of a row's counts.
+HISTORY_SERIES = ("enqueued", "completed", "failed", "dead")
+
+
+def history_rows(
+    finished: Iterable[tuple[str, str, str, int]], arrived: Iterable[tuple[str, str, int]]
+) -> list[HistoryRow]:
+    """Rows of the history from counts per (queue, state, minute label) of finished tasks and
+    per (queue, minute label) of enqueued ones (`minute_label`), by minute and queue."""
+    counts: dict[tuple[int, str], list[int]] = {}
+
+    def add(queue: str, label: str, series: int, count: int) -> None:
+        minute = minute_number(datetime.strptime(label, "%Y-%m-%d %H:%M"))
+        counts.setdefault((minute, queue), [0, 0, 0, 0])[series] += int(count)
+
+    for queue, state, label, count in finished:
+        add(queue, label, 1 if state == "completed" else 3 if state == "dead" else 2, count)
+    for queue, label, count in arrived:
+        add(queue, label, 0, count)
+    return [HistoryRow(m, q, *counts[(m, q)]) for m, q in sorted(counts)]
+
+
+def history_series(
+    sums: Iterable[Sequence[Any]], *, first: int, last: int, minutes: int
+) -> dict[str, dict[str, list[int]]]:
+    """Per queue and series (`HISTORY_SERIES`), buckets of `minutes` minutes from minute
+    `first` up to `last`, from sums per (queue, bucket's first minute, *counts)."""
+    size = -(-(last - first) // minutes)
+    found: dict[str, dict[str, list[int]]] = {}
+    for queue, bucket, *counts in sums:
+        slot = (int(bucket) - first) // minutes
+        if 0 <= slot < size:
+            series = found.setdefault(queue, {s: [0] * size for s in HISTORY_SERIES})
+            for name, count in zip(HISTORY_SERIES, counts, strict=True):
+                series[name][slot] += int(count or 0)
+    return found
+
+
 def minute_slots(now: datetime, minutes: int) -> tuple[datetime, dict[str, int]]:
     """The start of the first of the last `minutes` minutes, and each minute's slot by label
     (`minute_label`)."""
@@ -509,7 +574,7 @@ class Admin(Protocol):
 
 class Sweeps(Protocol):
     """The cleaner's sweeps: expired leases, overlooked ready tasks, the archive and
-    retention, periodic schedules."""
+    retention, periodic schedules, the queues' history."""
 
     async def lease_expired_list(self, *, now: datetime, limit: int) -> list[TaskRow]:
         """Processing tasks whose lease ran out before `now`, oldest lease first."""
@@ -536,6 +601,21 @@ class Sweeps(Protocol):
         """Delete up to `limit` rows of keys idle since before `idle_before`: no task of the
         key in the hot table, nothing armed, no rate start after `idle_before`, and no claim
         holding the row. A key that gets a task again is created anew by its hint."""
+
+    async def history_last(self) -> int | None:
+        """The last minute of the history written (its number), None when none is."""
+
+    async def history_count(self, *, since: datetime, until: datetime) -> list[HistoryRow]:
+        """The tasks enqueued and finished per queue in each minute from `since` up to
+        `until` (whole minutes, `until` excluded), as the dashboard's last hour counts them;
+        a (minute, queue) without any is left out."""
+
+    async def history_write(self, rows: Sequence[HistoryRow]) -> None:
+        """Write rows of the history, each only where no row of its minute and queue is (one
+        written by another cleaner, or before, stays as it is)."""
+
+    async def history_purge(self, *, before: int) -> int:
+        """Delete the history's minutes before minute `before`; how many rows."""
 
     async def periodic_list(self) -> dict[str, PeriodicRow]:
         """Every stored periodic schedule by name."""
@@ -600,6 +680,14 @@ class Dashboard(Protocol):
         first, finished ones last finished first. Text in the error is looked for among the
         next `SEARCH_WINDOW` tasks matching the rest (case-insensitive): a page may then hold
         fewer tasks than `limit` and still have a next one."""
+
+    async def history_buckets(
+        self, *, first: int, last: int, minutes: int
+    ) -> dict[str, dict[str, list[int]]]:
+        """Per queue and series (`HISTORY_SERIES`), the history's sums over buckets of
+        `minutes` minutes from minute `first` up to `last` (minute numbers, `last` excluded;
+        `first` a multiple of `minutes`), oldest first; a queue with nothing written is left
+        out."""
 
     async def running_by_worker(self, *, per_worker: int) -> dict[str, WorkerBusy]:
         """The processing tasks by worker id: the first `per_worker` each worker started (in

@@ -16,6 +16,7 @@ from txtasks.driver.base import (
     TaskQuery,
     WorkerBusy,
     finished_cursor,
+    history_series,
     minute_label,
     minute_slots,
     task_cursor,
@@ -169,6 +170,19 @@ class MemoryDashboard:
                 and (bound is None or (r.finished_at, r.id) < bound)
             ]
         return sorted(done, key=lambda r: (r.finished_at, r.id), reverse=True)
+
+    async def history_buckets(
+        self, *, first: int, last: int, minutes: int
+    ) -> dict[str, dict[str, list[int]]]:
+        sums: dict[tuple[str, int], list[int]] = {}
+        with self.store.lock:
+            rows = [r for (m, _q), r in self.store.history.items() if first <= m < last]
+        for r in rows:
+            counts = sums.setdefault((r.queue, r.minute - r.minute % minutes), [0, 0, 0, 0])
+            for i, n in enumerate((r.enqueued, r.completed, r.failed, r.dead)):
+                counts[i] += n
+        found = [(q, b, *counts) for (q, b), counts in sums.items()]
+        return history_series(found, first=first, last=last, minutes=minutes)
 
     async def running_by_worker(self, *, per_worker: int) -> dict[str, WorkerBusy]:
         with self.store.lock:

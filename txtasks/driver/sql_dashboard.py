@@ -17,6 +17,7 @@ from txtasks.driver.base import (
     TaskPage,
     TaskQuery,
     WorkerBusy,
+    history_series,
     minute_slots,
     task_cursor,
 )
@@ -193,6 +194,14 @@ class SqlDashboard:
             return TaskPage(rows, task_cursor(found[limit - 1], query.live))
         full = len(window) == SEARCH_WINDOW
         return TaskPage(rows, task_cursor(window[-1], query.live) if full else None)
+
+    async def history_buckets(
+        self, *, first: int, last: int, minutes: int
+    ) -> dict[str, dict[str, list[int]]]:
+        stmt = self.db.sql.history.stmt_history_buckets(minutes)
+        async with self.db.connect() as conn:
+            rows = (await conn.execute(stmt, {"first": first, "last": last})).all()
+        return history_series(rows, first=first, last=last, minutes=minutes)
 
     async def running_by_worker(self, *, per_worker: int) -> dict[str, WorkerBusy]:
         params = {"per_worker": per_worker}
