@@ -32,6 +32,7 @@ from txtasks.driver.base import (
     QueueDepth,
     TaskQuery,
     check_cursor,
+    minute_number,
 )
 from txtasks.errors import ConfigurationError, TxtasksError
 from txtasks.policy import error_summary
@@ -164,20 +165,18 @@ class Dashboard:
 
     async def page_queues(self, request: Request) -> Response:
         now = self.app.clock()
+        span = RANGES.get(request.query_params.get("range") or "1h")
+        if span is None:
+            return _bad(f"range: one of {', '.join(RANGES)}")
         reads = self.app.driver.dashboard
         depths = await reads.depths(now=now)
         paused = await self.app.driver.control.queue_paused_list()
-        rates = await reads.finished_per_minute(now=now)
-        arrivals = await reads.arrived_per_minute(now=now)
-        for name in [*paused, *rates, *arrivals, *self.app.queues]:
+        counts = await self.counts(span, now)
+        for name in [*paused, *counts, *self.app.queues]:
             depths.setdefault(name, QueueDepth(name))
         queues = []
         for name in sorted(depths):
-            series = rates.get(name, {})
-            completed = series.get("completed", [0] * 60)
-            others = [s for k, s in series.items() if k != "completed"]
-            failed = [sum(v) for v in zip(*others, strict=True)] if others else [0] * 60
-            arrived = arrivals.get(name, [0] * 60)
+            arrived, completed, failed = counts.get(name, ([0] * span.slots,) * 3)
             queues.append(
                 {
                     "depth": depths[name],
@@ -186,7 +185,7 @@ class Dashboard:
                     "in_hour": sum(arrived),
                     "done_hour": sum(completed),
                     "failed_hour": sum(failed),
-                    "chart": sparkline(completed, failed, arrived),
+                    "chart": sparkline(completed, failed, arrived, span=span.title, per=span.per),
                 }
             )
         keys = await reads.busy_keys(now=now)
@@ -199,7 +198,37 @@ class Dashboard:
             keys=keys,
             subscriptions=subscriptions,
             cleaners=cleaners,
+            span=span,
+            ranges=RANGES,
         )
+
+    async def counts(
+        self, span: Span, now: datetime
+    ) -> dict[str, tuple[list[int], list[int], list[int]]]:
+        """Per queue: tasks enqueued, completed, and failed or dead, per slot of `span`: the
+        last hour per minute from the task tables, longer spans from the history."""
+        reads = self.app.driver.dashboard
+        found: dict[str, tuple[list[int], list[int], list[int]]] = {}
+        if span.history is None:
+            rates = await reads.finished_per_minute(now=now)
+            arrivals = await reads.arrived_per_minute(now=now)
+            for name in {*rates, *arrivals}:
+                series = rates.get(name, {})
+                completed = series.get("completed", [0] * 60)
+                others = [s for k, s in series.items() if k != "completed"]
+                failed = [sum(v) for v in zip(*others, strict=True)] if others else [0] * 60
+                found[name] = (arrivals.get(name, [0] * 60), completed, failed)
+            return found
+        size = span.history
+        current = minute_number(now)
+        last = current - current % size + size
+        buckets = await reads.history_buckets(
+            first=last - size * span.slots, last=last, minutes=size
+        )
+        for name, series in buckets.items():
+            failed = [f + d for f, d in zip(series["failed"], series["dead"], strict=True)]
+            found[name] = (series["enqueued"], series["completed"], failed)
+        return found
 
     async def page_tasks(self, request: Request) -> Response:
         return await self._listing(request, "tasks.html", default_state=None)
@@ -409,6 +438,25 @@ def _long(text: str | None) -> bool:
     """Whether a payload, result or checkpoint is shown collapsed (the page stays readable)."""
     return text is not None and (len(text) > LONG_TEXT_CHARS or text.count("\n") >= LONG_TEXT_LINES)
 
+
+@dataclass(frozen=True)
+class Span:
+    """A range of the queue page's chart: its slots, and the minutes of the history each sums
+    (None: the last hour per minute, from the task tables)."""
+
+    label: str
+    title: str
+    slots: int
+    history: int | None
+    per: str
+
+
+#: The ranges of the queue page's chart, by the value of its `range` parameter.
+RANGES = {
+    "1h": Span("1 h", "last hour", 60, None, "min"),
+    "24h": Span("24 h", "last 24 hours", 96, 15, "15 min"),
+    "7d": Span("7 d", "last 7 days", 168, 60, "hour"),
+}
 
 #: A payload, result or checkpoint longer than this (characters, or lines) is shown collapsed.
 LONG_TEXT_CHARS = 2000
