@@ -234,3 +234,21 @@ async def test_running_tasks_by_worker(driver: Driver, seeded: Seeded) -> None:
     assert busy["w2"].tasks[1].partition_key == "k9"
     one = await driver.dashboard.running_by_worker(per_worker=1)
     assert [t.id for t in one["w2"].tasks] == [first.id] and one["w2"].total == 2
+
+
+async def test_finished_times_and_their_percentiles(driver: Driver, seeded: Seeded) -> None:
+    from txtasks.driver.base import TaskTimings, task_timings
+
+    found = await driver.dashboard.finished_times(since=at(0), limit=10)
+    # last finished first: queue c's two dead letters, then b4, b3, b2 (claimed at 20 s)
+    assert [r.state for r in found] == ["dead", "dead", "failed", "dead", "completed"]
+    assert [r.finished_at for r in found][2:] == [at(200), at(130), at(60)]
+    assert {r.started_at for r in found} == {at(20)} and {r.run_at for r in found} == {at(0)}
+    assert task_timings(found) == [
+        TaskTimings("conformance.task", 5, 4, 20.0, 20.0, 180.0, 280.0),
+    ]
+    # at most `limit` of each state; finished since `since` only
+    some = await driver.dashboard.finished_times(since=at(0), limit=1)
+    assert sorted(r.state for r in some) == ["completed", "dead", "failed"]
+    later = await driver.dashboard.finished_times(since=at(100), limit=10)
+    assert [r.state for r in later] == ["dead", "dead", "failed", "dead"]

@@ -38,3 +38,19 @@ async def test_the_queue_chart_covers_a_day_or_a_week_from_the_history(
     assert "last 7 days: 47 enqueued, 46 completed, 1 failed or dead; peak 40/hour" in week.text
     assert week.text.count('data-queue="reports"') == 1  # a queue without history is listed
     assert (await client.get("/", params={"range": "1y"})).status_code == 400
+
+
+async def test_timings_per_task_of_the_last_hour(
+    client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
+) -> None:
+    page = await client.get("/timings")
+    assert page.status_code == 200
+    assert "the last 5,000 completed" in page.text
+    rows = page.text.split('id="timings"')[1]
+    send = rows.split('data-task-name="send"')[1].split("</tr>")[0]
+    broken = rows.split('data-task-name="broken"')[1].split("</tr>")[0]
+    # send: one completed run; broken: one dead letter; flaky waits for its retry
+    assert '<td class="num">1</td><td class="num">0</td>' in send
+    assert '<td class="num">1</td><td class="num">1</td>' in broken
+    assert 'data-task-name="flaky"' not in rows
+    assert "ms</td>" in send  # a wait and a run time of a few milliseconds

@@ -11,6 +11,8 @@ from txtasks.driver.base import (
     FINISHED,
     LIVE,
     SEARCH_WINDOW,
+    TIMED_STATES,
+    FinishedTimes,
     QueueDepth,
     TaskPage,
     TaskQuery,
@@ -170,6 +172,17 @@ class MemoryDashboard:
                 and (bound is None or (r.finished_at, r.id) < bound)
             ]
         return sorted(done, key=lambda r: (r.finished_at, r.id), reverse=True)
+
+    async def finished_times(self, *, since: datetime, limit: int) -> list[FinishedTimes]:
+        found: list[FinishedTimes] = []
+        for state in TIMED_STATES:
+            rows = [r for r in self._finished_since(since) if r.state.value == state]
+            rows.sort(key=lambda r: r.finished_at or since, reverse=True)
+            found += [
+                FinishedTimes(r.task_name, state, r.run_at, r.started_at, r.finished_at or since)
+                for r in rows[:limit]
+            ]
+        return sorted(found, key=lambda r: r.finished_at, reverse=True)
 
     async def history_buckets(
         self, *, first: int, last: int, minutes: int

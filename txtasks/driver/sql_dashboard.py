@@ -13,6 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from txtasks.driver.base import (
     COUNT_CAP,
     SEARCH_WINDOW,
+    TIMED_STATES,
+    FinishedTimes,
     QueueDepth,
     TaskPage,
     TaskQuery,
@@ -194,6 +196,15 @@ class SqlDashboard:
             return TaskPage(rows, task_cursor(found[limit - 1], query.live))
         full = len(window) == SEARCH_WINDOW
         return TaskPage(rows, task_cursor(window[-1], query.live) if full else None)
+
+    async def finished_times(self, *, since: datetime, limit: int) -> list[FinishedTimes]:
+        found: list[FinishedTimes] = []
+        async with self.db.connect() as conn:
+            for state in TIMED_STATES:
+                params = {"state": state, "since": since, "limit": limit}
+                rows = await conn.execute(self.sql.stmt_finished_times(), params)
+                found += [FinishedTimes(*r) for r in rows.all()]
+        return sorted(found, key=lambda r: r.finished_at, reverse=True)
 
     async def history_buckets(
         self, *, first: int, last: int, minutes: int

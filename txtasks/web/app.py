@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from txtasks.driver.base import (
     TaskQuery,
     check_cursor,
     minute_number,
+    task_timings,
 )
 from txtasks.errors import ConfigurationError, TxtasksError
 from txtasks.policy import error_summary
@@ -106,6 +108,7 @@ class Dashboard:
             Route("/periodic", self.page_periodic),
             Route("/busy", self.page_busy),
             Route("/workers", self.page_workers),
+            Route("/timings", self.page_timings),
             Route("/action", self.action, methods=["POST"]),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ]
@@ -300,6 +303,20 @@ class Dashboard:
         processes = await self.app.driver.processes.process_list()
         return self.render(request, "workers.html", processes=processes, now=self.app.clock())
 
+    async def page_timings(self, request: Request) -> Response:
+        """Per task name, the 50th and 95th percentiles of how long the tasks finished in the
+        last hour waited and ran: of the last `TIMING_ROWS` of each final state at most."""
+        since = self.app.clock() - timedelta(hours=1)
+        rows = await self.app.driver.dashboard.finished_times(since=since, limit=TIMING_ROWS)
+        per_state = Counter(r.state for r in rows)
+        return self.render(
+            request,
+            "timings.html",
+            timings=task_timings(rows),
+            rows=TIMING_ROWS,
+            full=any(n >= TIMING_ROWS for n in per_state.values()),
+        )
+
     async def page_busy(self, request: Request) -> Response:
         """What each worker runs now: its heartbeat row, and the first `BUSY_PER_WORKER` tasks
         it started (with how many it runs); tasks of a worker without a row come last."""
@@ -461,6 +478,10 @@ RANGES = {
 #: A payload, result or checkpoint longer than this (characters, or lines) is shown collapsed.
 LONG_TEXT_CHARS = 2000
 LONG_TEXT_LINES = 30
+
+#: The timings page reads the times of at most this many tasks finished in the last hour, of
+#: each final state (completed, failed, dead).
+TIMING_ROWS = 5_000
 
 #: Tasks of each worker the busy view lists (the page says how many others it runs).
 BUSY_PER_WORKER = 20

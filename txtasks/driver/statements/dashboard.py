@@ -319,6 +319,27 @@ class DashboardStatements(Statements):
         return union_all(live, done)
 
     @staticmethod
+    @functools.cache
+    def stmt_finished_times() -> Executable:
+        """The last `limit` tasks finished in state `state` since `since`: their task and
+        times, last finished first, along the archive's index of state and finish time (at
+        most `limit` entries and rows read)."""
+        state = archive.c.state == bindparam("state", type_=archive.c.state.type)
+        stmt = (
+            select(
+                archive.c.task_name,
+                archive.c.state,
+                archive.c.run_at,
+                archive.c.started_at,
+                archive.c.finished_at,
+            )
+            .where(state, archive.c.finished_at >= SINCE)
+            .order_by(archive.c.finished_at.desc())
+            .limit(bindparam("limit", type_=Integer))
+        )
+        return along_archive_state(stmt)  # type: ignore[no-any-return]
+
+    @staticmethod
     def stmt_task_page(
         query: TaskQuery, cursor: str | None, limit: int, *columns: str
     ) -> Executable:
