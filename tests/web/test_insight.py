@@ -1,13 +1,15 @@
-"""The dashboard's longer views over HTTP, on every database: the queues' history over a day
-or a week."""
+"""The dashboard's deeper views and settings over HTTP, on every database: the queues' history
+over a day or a week, timings per task, queue rates and key limits set at run time."""
 
 from __future__ import annotations
 
 import httpx
 
-from tests.web.conftest import Seeded
+from tests.web.conftest import Seeded, act, client_for, csrf_of
 from txtasks import App
 from txtasks.driver.base import HistoryRow, minute_number
+from txtasks.keys import KeyOverride, Rate
+from txtasks.web import create_app
 
 
 async def test_the_queue_chart_covers_a_day_or_a_week_from_the_history(
@@ -54,3 +56,60 @@ async def test_timings_per_task_of_the_last_hour(
     assert '<td class="num">1</td><td class="num">1</td>' in broken
     assert 'data-task-name="flaky"' not in rows
     assert "ms</td>" in send  # a wait and a run time of a few milliseconds
+
+
+async def test_set_and_clear_a_queue_rate_and_a_key_limit(
+    client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
+) -> None:
+    control = dashboard_app.driver.control
+    page = await client.get("/limits")
+    assert page.status_code == 200 and 'data-queue="mail"' in page.text
+
+    done = await act(client, "queue_rate", queue="mail", rate="10/s", burst="5")
+    assert done.status_code == 303 and "rate%2010/1s%20burst%205" in done.headers["location"]
+    assert await control.queue_rates_stored() == {"mail": Rate(10, 1.0, 5)}
+    shown = (await client.get("/limits")).text.split('data-queue="mail"')[1].split("</tr>")[0]
+    assert "rate 10/1s burst 5" in shown
+    done = await act(client, "queue_rate_clear", queue="mail")
+    assert "rate%20cleared" in done.headers["location"]
+    assert await control.queue_rates_stored() == {}
+
+    done = await act(
+        client, "key_limits", key="tenant-1", queue="", concurrency="2", ordered="", rate="5/m"
+    )
+    assert done.status_code == 303, done.text
+    assert await control.key_override_list() == [
+        KeyOverride("tenant-1", None, 2, None, Rate(5, 60.0))
+    ]
+    shown = (await client.get("/limits")).text.split('data-key="tenant-1"')[1].split("</tr>")[0]
+    assert "every queue" in shown and "concurrency 2, rate 5/60s burst 1" in shown
+    await act(client, "key_limits", key="tenant-1", queue="mail", ordered="yes")
+    await act(client, "key_limits_clear", key="tenant-1")
+    assert await control.key_override_list() == [KeyOverride("tenant-1", "mail", ordered=True)]
+
+
+async def test_limits_need_valid_input_csrf_and_a_writable_dashboard(
+    client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
+) -> None:
+    control = dashboard_app.driver.control
+    token = await csrf_of(client, "/limits")
+    for fields, said in [
+        ({"action": "queue_rate", "queue": "mail", "rate": "fast"}, "not COUNT/PERIOD"),
+        ({"action": "queue_rate", "queue": "mail"}, "give a rate"),
+        ({"action": "queue_rate", "rate": "1/s"}, "give a queue"),
+        ({"action": "key_limits", "key": "k"}, "give a concurrency"),
+        ({"action": "key_limits", "concurrency": "2"}, "give a key"),
+        ({"action": "key_limits", "key": "k", "concurrency": "0"}, "at least 1"),
+        ({"action": "key_limits", "key": "k", "burst": "2"}, "goes with a rate"),
+    ]:
+        refused = await client.post("/action", data={"csrf": token, "confirmed": "yes", **fields})
+        assert refused.status_code == 400 and said in refused.text, (fields, refused.text)
+    forged = {"action": "queue_rate", "queue": "mail", "rate": "1/s", "confirmed": "yes"}
+    assert (await client.post("/action", data={**forged, "csrf": "forged"})).status_code == 403
+    async with client_for(create_app(dashboard_app, read_only=True, refresh=0)) as http:
+        page = await http.get("/limits")
+        assert page.status_code == 200 and 'action="/action"' not in page.text
+        token = http.cookies["txtasks_csrf"]
+        refused = await http.post("/action", data={**forged, "csrf": token})
+        assert refused.status_code == 403
+    assert await control.queue_rates_stored() == {}

@@ -39,7 +39,7 @@ from txtasks.driver.base import (
 from txtasks.errors import ConfigurationError, TxtasksError
 from txtasks.policy import error_summary
 from txtasks.types import TaskRow
-from txtasks.web.actions import ACTIONS, Target, field_of, match_of
+from txtasks.web.actions import ACTIONS, Target, field_of, limits_of, match_of, rate_text
 from txtasks.web.charts import sparkline
 from txtasks.web.security import CSRF_COOKIE, CSRF_FIELD, Auth, Guard, csrf_ok, new_csrf_token
 
@@ -99,6 +99,7 @@ class Dashboard:
         self.templates.filters["when"] = _when
         self.templates.tests["long"] = _long
         self.templates.filters["error_summary"] = error_summary
+        self.templates.filters["rate"] = rate_text
         self.templates.globals.update(cap=COUNT_CAP, search_window=SEARCH_WINDOW)
         routes = [
             Route("/", self.page_queues),
@@ -109,6 +110,7 @@ class Dashboard:
             Route("/busy", self.page_busy),
             Route("/workers", self.page_workers),
             Route("/timings", self.page_timings),
+            Route("/limits", self.page_limits),
             Route("/action", self.action, methods=["POST"]),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ]
@@ -317,6 +319,21 @@ class Dashboard:
             full=any(n >= TIMING_ROWS for n in per_state.values()),
         )
 
+    async def page_limits(self, request: Request) -> Response:
+        """Queue rates and key limits: those the application declares, those set at run time
+        (over the declared ones), with forms to set and clear them."""
+        control = self.app.driver.control
+        stored = await control.queue_rates_stored()
+        declared = self.app.declared_queue_rates
+        names = sorted({*self.app.queues, *declared, *stored})
+        return self.render(
+            request,
+            "limits.html",
+            queues=[{"queue": q, "declared": declared.get(q), "set": stored.get(q)} for q in names],
+            declared_keys=sorted(self.app.declared_key_limits.items()),
+            overrides=await control.key_override_list(),
+        )
+
     async def page_busy(self, request: Request) -> Response:
         """What each worker runs now: its heartbeat row, and the first `BUSY_PER_WORKER` tasks
         it started (with how many it runs); tasks of a worker without a row come last."""
@@ -352,7 +369,9 @@ class Dashboard:
             queue = field_of(form, "queue") or None
             if queue is not None:
                 check_queue_name(queue)
-            target = Target(ids, queue, field_of(form, "schedule") or None, match_of(form))
+            target = Target(
+                ids, queue, field_of(form, "schedule") or None, match_of(form), limits_of(form)
+            )
         except ValueError as exc:
             return _bad(f"bad input: {exc}")
         if action.needs_target(target):
