@@ -113,3 +113,26 @@ async def test_limits_need_valid_input_csrf_and_a_writable_dashboard(
         refused = await http.post("/action", data={**forged, "csrf": token})
         assert refused.status_code == 403
     assert await control.queue_rates_stored() == {}
+
+
+async def test_tasks_and_dead_letters_by_text_in_their_payload(
+    client: httpx.AsyncClient, dashboard_app: App, seeded: Seeded
+) -> None:
+    found = await client.get("/tasks", params={"payload": "B@EXAMPLE"})
+    assert f'data-task="{seeded.waiting}"' in found.text
+    assert f'data-task="{seeded.retrying}"' not in found.text
+    assert "Text in the payload is looked for among the next 5000 tasks" in found.text
+    assert 'name="payload" value="B@EXAMPLE"' in found.text
+    dead = await client.get("/dead", params={"payload": "7"})
+    assert f'data-task="{seeded.dead}"' in dead.text
+    assert 'name="match_payload" value="7"' in dead.text  # "every dead letter matching"
+    none = await client.get("/dead", params={"payload": "8"})
+    assert f'data-task="{seeded.dead}"' not in none.text
+    # purge every dead letter with the text: the confirmation names the filter
+    token = await csrf_of(client, "/dead")
+    data = {"csrf": token, "action": "purge", "back": "/dead", "match": "yes", "match_payload": "7"}
+    asked = await client.post("/action", data=data)
+    assert "payload containing &#39;7&#39;" in asked.text
+    done = await client.post("/action", data={**data, "confirmed": "yes"})
+    assert done.status_code == 303 and "1%20purged" in done.headers["location"]
+    assert await dashboard_app.control.ainspect(seeded.dead) is None

@@ -158,13 +158,30 @@ class WorkerBusy:
 @dataclass(frozen=True)
 class TaskQuery:
     """What the task listing shows: live tasks (`state` None or a live state) or finished ones
-    of one state, filtered by queue, task, key and text in the last error."""
+    of one state, filtered by queue, task, key, and text in the last error and in the payload
+    (each looked for among a window of `SEARCH_WINDOW` tasks: `Dashboard.task_page`)."""
 
     state: str | None = None
     queue: str | None = None
     task_name: str | None = None
     key: str | None = None
     error: str | None = None
+    payload: str | None = None
+
+    @property
+    def searching(self) -> bool:
+        """Whether text is looked for (in the error or the payload)."""
+        return bool(self.error or self.payload)
+
+    def found(self, last_error: str | None, payload: bytes | None) -> bool:
+        """Whether a task's error and payload hold the text looked for (case-insensitive;
+        the payload's bytes as UTF-8)."""
+        if self.error and self.error.lower() not in (last_error or "").lower():
+            return False
+        if self.payload:
+            text = (payload or b"").decode("utf-8", "replace").lower()
+            return self.payload.lower() in text
+        return True
 
     @property
     def live(self) -> bool:
@@ -172,7 +189,7 @@ class TaskQuery:
 
     @property
     def where(self) -> TaskFilter:
-        """The filters but the error text, which `Dashboard.task_page` looks for itself."""
+        """The filters but the texts, which `Dashboard.task_page` looks for itself."""
         return TaskFilter(self.queue, self.task_name, self.key)
 
 
@@ -742,9 +759,10 @@ class Dashboard(Protocol):
 
     async def task_page(self, query: TaskQuery, cursor: str | None, limit: int) -> TaskPage:
         """A page of tasks matching `query` after `cursor` (`task_cursor`): live ones newest
-        first, finished ones last finished first. Text in the error is looked for among the
-        next `SEARCH_WINDOW` tasks matching the rest (case-insensitive): a page may then hold
-        fewer tasks than `limit` and still have a next one."""
+        first, finished ones last finished first. Text in the error or the payload is looked
+        for among the next `SEARCH_WINDOW` tasks matching the rest (case-insensitive; the
+        payload's bytes as UTF-8): a page may then hold fewer tasks than `limit` and still have
+        a next one."""
 
     async def finished_times(self, *, since: datetime, limit: int) -> list[FinishedTimes]:
         """The times of the last `limit` tasks finished since `since` in each of the states

@@ -134,20 +134,19 @@ class MemoryDashboard:
 
     async def task_page(self, query: TaskQuery, cursor: str | None, limit: int) -> TaskPage:
         rows = self._listing(query, cursor)
-        if not query.error:
+        if not query.searching:
             more = len(rows) > limit
             rows = rows[:limit]
             return TaskPage(rows, task_cursor(rows[-1], query.live) if more and rows else None)
-        needle = query.error.lower()
         window = rows[:SEARCH_WINDOW]
-        found = [r for r in window if needle in (r.last_error or "").lower()]
+        found = [r for r in window if query.found(r.last_error, r.payload)]
         if len(found) > limit:
             return TaskPage(found[:limit], task_cursor(found[limit - 1], query.live))
         full = len(window) == SEARCH_WINDOW
         return TaskPage(found, task_cursor(window[-1], query.live) if full else None)
 
     def _listing(self, query: TaskQuery, cursor: str | None) -> list[TaskRow]:
-        """Every task matching `query` but its error text after `cursor`, in the order of a
+        """Every task matching `query` but its texts after `cursor`, in the order of a
         page: live ones newest first, finished ones last finished first."""
         where = query.where
         with self.store.lock:

@@ -32,6 +32,18 @@ from txtasks.types import READY_STATES, KeyStats, RunningTask, TaskRow
 ARRIVAL_MARGIN_MINUTES = 5
 
 
+class _Found:
+    """A row of a search's window as `task_cursor` reads it (its id and finish time)."""
+
+    def __init__(self, row: Any) -> None:
+        self.id, self.finished_at = row["id"], row.get("finished_at")
+
+
+def _bytes(value: Any) -> bytes | None:
+    """A payload as the database driver hands it (bytes, memoryview), as bytes."""
+    return None if value is None else bytes(value)
+
+
 def _capped(found: dict[str, QueueDepth], cap: int) -> dict[str, QueueDepth]:
     for depth in found.values():
         depth.capped = depth.ready >= cap or depth.scheduled >= cap or depth.dead >= cap
@@ -169,8 +181,8 @@ class SqlDashboard:
         return found
 
     async def task_page(self, query: TaskQuery, cursor: str | None, limit: int) -> TaskPage:
-        if query.error:
-            return await self._error_page(query, cursor, limit)
+        if query.searching:
+            return await self._search_page(query, cursor, limit)
         async with self.db.connect() as conn:
             result = await conn.execute(self.sql.stmt_task_page(query, cursor, limit + 1))
             rows = [TaskRow.from_row(r) for r in result.mappings().all()]
@@ -178,24 +190,29 @@ class SqlDashboard:
         rows = rows[:limit]
         return TaskPage(rows, task_cursor(rows[-1], query.live) if more and rows else None)
 
-    async def _error_page(self, query: TaskQuery, cursor: str | None, limit: int) -> TaskPage:
-        """The ids and errors of the next `SEARCH_WINDOW` tasks matching the rest of `query`,
-        then the whole rows of those whose error holds the text."""
+    async def _search_page(self, query: TaskQuery, cursor: str | None, limit: int) -> TaskPage:
+        """The ids, errors and payloads (those searched) of the next `SEARCH_WINDOW` tasks
+        matching the rest of `query`, then the whole rows of those that hold the texts."""
         sql = self.sql
-        needle = (query.error or "").lower()
-        columns = ("id", "last_error") if query.live else ("id", "last_error", "finished_at")
+        columns = ["id", *(["last_error"] if query.error else [])]
+        columns += [
+            *(["payload"] if query.payload else []),
+            *([] if query.live else ["finished_at"]),
+        ]
         async with self.db.connect() as conn:
             stmt = sql.stmt_task_page(query, cursor, SEARCH_WINDOW, *columns)
-            window = (await conn.execute(stmt)).all()
-            found = [r for r in window if needle in (r.last_error or "").lower()]
-            ids = [r.id for r in found[:limit]]
+            window = (await conn.execute(stmt)).mappings().all()
+            found = [
+                r for r in window if query.found(r.get("last_error"), _bytes(r.get("payload")))
+            ]
+            ids = [r["id"] for r in found[:limit]]
             by_id = sql.stmt_tasks_by_id(query.live)
             result = await conn.execute(by_id, {"ids": ids}) if ids else None
             rows = [TaskRow.from_row(r) for r in result.mappings().all()] if result else []
         if len(found) > limit:
-            return TaskPage(rows, task_cursor(found[limit - 1], query.live))
+            return TaskPage(rows, task_cursor(_Found(found[limit - 1]), query.live))
         full = len(window) == SEARCH_WINDOW
-        return TaskPage(rows, task_cursor(window[-1], query.live) if full else None)
+        return TaskPage(rows, task_cursor(_Found(window[-1]), query.live) if full else None)
 
     async def finished_times(self, *, since: datetime, limit: int) -> list[FinishedTimes]:
         found: list[FinishedTimes] = []

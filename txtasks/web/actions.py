@@ -56,6 +56,8 @@ class Target:
         ]
         if m.error:
             found.append(f"error containing {m.error!r}")
+        if m.payload:
+            found.append(f"payload containing {m.payload!r}")
         return ", ".join(found) or "no filter"
 
 
@@ -351,6 +353,7 @@ def match_of(form: FormData) -> TaskQuery | None:
         task_name=field_of(form, "match_task") or None,
         key=field_of(form, "match_key") or None,
         error=field_of(form, "match_error") or None,
+        payload=field_of(form, "match_payload") or None,
     )
 
 

@@ -252,6 +252,7 @@ class Dashboard:
             task_name=params.get("task") or None,
             key=params.get("key") or None,
             error=params.get("error") or None,
+            payload=params.get("payload") or None,
         )
         try:
             cursor = check_cursor(params.get("after"), query.live)
