@@ -574,6 +574,12 @@ class MySQLDashboardStatements(DashboardStatements):
         the index of state and finish time (reading every dead letter)."""
         return stmt.with_hint(archive, "FORCE INDEX (ix_txtasks_archive_dead)")
 
+    @staticmethod
+    def along_ids(stmt: Any) -> Any:
+        """Along the primary key, which the planner would pass over for the index of queue and
+        state when a queue is given (then sorting every live task of the queue by id)."""
+        return stmt.with_hint(tasks, "FORCE INDEX (PRIMARY)")
+
 
 class MySQLHistoryStatements(HistoryStatements):
     """MySQL's history writes."""

@@ -201,6 +201,7 @@ class SqlDashboard:
         ]
         async with self.db.connect() as conn:
             stmt = sql.stmt_task_page(query, cursor, SEARCH_WINDOW, *columns)
+            stmt = sql.along_ids(stmt) if query.live else stmt
             window = (await conn.execute(stmt)).mappings().all()
             found = [
                 r for r in window if query.found(r.get("last_error"), _bytes(r.get("payload")))

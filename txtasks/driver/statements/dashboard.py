@@ -102,6 +102,12 @@ class DashboardStatements(Statements):
         return stmt
 
     @staticmethod
+    def along_ids(stmt: Any) -> Any:
+        """`stmt` (a window of live tasks a search reads, newest first) backwards along the
+        primary key: the planner's own choice, but on MariaDB/MySQL (see mysql.py)."""
+        return stmt
+
+    @staticmethod
     @functools.cache
     def stmt_ready_queues(keyed: bool) -> Executable:
         """The queues that may have ready tasks, one index probe each: a loose scan of the
