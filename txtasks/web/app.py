@@ -333,6 +333,7 @@ class Dashboard:
             queues=[{"queue": q, "declared": declared.get(q), "set": stored.get(q)} for q in names],
             declared_keys=sorted(self.app.declared_key_limits.items()),
             overrides=await control.key_override_list(),
+            refresh=0,  # its forms keep what is typed in them
         )
 
     async def page_busy(self, request: Request) -> Response:
