@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from cleaner.sweep import Sweep, SweepConfig, SweepResult
-from txtasks.driver.base import minute_at, minute_number
+from txtasks.driver.history import minute_at, minute_number
 from txtasks.errors import ConfigurationError
 
 #: Keys shown in the metrics: the busiest, so that their labels stay few.

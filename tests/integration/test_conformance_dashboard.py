@@ -237,7 +237,7 @@ async def test_running_tasks_by_worker(driver: Driver, seeded: Seeded) -> None:
 
 
 async def test_finished_times_and_their_percentiles(driver: Driver, seeded: Seeded) -> None:
-    from txtasks.driver.base import TaskTimings, task_timings
+    from txtasks.driver.timings import TaskTimings, task_timings
 
     found = await driver.dashboard.finished_times(since=at(0), limit=10)
     # last finished first: queue c's two dead letters, then b4, b3, b2 (claimed at 20 s)

@@ -10,7 +10,7 @@ from datetime import datetime
 from tests.integration.conformance import at
 from tests.integration.test_conformance_dashboard import Seeded, seeded  # noqa: F401
 from txtasks.driver import Driver
-from txtasks.driver.base import HistoryRow, minute_number
+from txtasks.driver.history import HistoryRow, minute_number
 
 
 def minute(hhmm: str) -> int:

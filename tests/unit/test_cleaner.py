@@ -229,7 +229,7 @@ async def test_run_returns_after_request_stop() -> None:
 
 async def test_the_stats_sweep_writes_each_minute_once_even_with_two_cleaners() -> None:
     from cleaner.stats import Stats, StatsConfig
-    from txtasks.driver.base import minute_number
+    from txtasks.driver.history import minute_number
     from txtasks.testing import run_until_empty
 
     app, clock, driver = make_app()

@@ -302,7 +302,7 @@ async def test_the_queue_chart_over_a_day_and_the_timings_in_chromium(
 ) -> None:
     """The queue page's range: 24 hours from the history the cleaners write; then the
     timings per task of the last hour."""
-    from txtasks.driver.base import HistoryRow, minute_number
+    from txtasks.driver.history import HistoryRow, minute_number
 
     minute = minute_number(dashboard_app.clock())
     row = HistoryRow(minute - 120, "mail", enqueued=7, completed=6, dead=1)

@@ -7,7 +7,7 @@ import httpx
 
 from tests.web.conftest import Seeded, act, client_for, csrf_of
 from txtasks import App
-from txtasks.driver.base import HistoryRow, minute_number
+from txtasks.driver.history import HistoryRow, minute_number
 from txtasks.keys import KeyOverride, Rate
 from txtasks.web import create_app
 

@@ -14,6 +14,8 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from txtasks.control import TaskFilter
+from txtasks.driver.history import HistoryRow
+from txtasks.driver.timings import FinishedTimes
 from txtasks.keys import KeyLimits, KeyOverride, Rate
 from txtasks.types import (
     FINISHED_STATES,
@@ -225,136 +227,6 @@ def check_cursor(cursor: str | None, live: bool) -> str | None:
 def minute_label(at: datetime) -> str:
     """The minute of a time as the per-minute counts label it ('YYYY-MM-DD HH:MM')."""
     return at.strftime("%Y-%m-%d %H:%M")
-
-
-#: The last finished tasks of each of these states whose times `Dashboard.finished_times` reads.
-TIMED_STATES = ("completed", "failed", "dead")
-
-
-@dataclass(frozen=True)
-class FinishedTimes:
-    """When a finished task's last attempt was due, started and finished."""
-
-    task_name: str
-    state: str
-    run_at: datetime
-    started_at: datetime | None
-    finished_at: datetime
-
-
-@dataclass(frozen=True)
-class TaskTimings:
-    """Of one task's finished runs: how many (and how many failed or dead), and the 50th and
-    95th percentiles of how long their last attempt waited once due and ran, in seconds (None:
-    no run had the times)."""
-
-    task_name: str
-    runs: int
-    failed: int
-    wait_p50: float | None
-    wait_p95: float | None
-    run_p50: float | None
-    run_p95: float | None
-
-
-def percentile(values: Sequence[float], fraction: float) -> float | None:
-    """The nearest-rank percentile of `values` (None: no value)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * fraction // 1))
-    return ordered[int(rank) - 1]
-
-
-def task_timings(rows: Iterable[FinishedTimes]) -> list[TaskTimings]:
-    """Per task name (sorted), the percentiles of its runs' waits and run times."""
-    by_name: dict[str, list[FinishedTimes]] = {}
-    for row in rows:
-        by_name.setdefault(row.task_name, []).append(row)
-    found = []
-    for name in sorted(by_name):
-        runs = by_name[name]
-        started = [r for r in runs if r.started_at is not None]
-        waits = [max(0.0, (r.started_at - r.run_at).total_seconds()) for r in started]  # type: ignore[operator]
-        ran = [max(0.0, (r.finished_at - r.started_at).total_seconds()) for r in started]  # type: ignore[operator]
-        failed = sum(1 for r in runs if r.state != "completed")
-        found.append(
-            TaskTimings(
-                name,
-                len(runs),
-                failed,
-                percentile(waits, 0.5),
-                percentile(waits, 0.95),
-                percentile(ran, 0.5),
-                percentile(ran, 0.95),
-            )
-        )
-    return found
-
-
-#: The first minute of the minute numbers (`minute_number`).
-EPOCH = datetime(1970, 1, 1)
-
-
-def minute_number(at: datetime) -> int:
-    """The minute of a (naive UTC) time as the history numbers it: minutes since 1970."""
-    return int((at - EPOCH).total_seconds() // 60)
-
-
-def minute_at(number: int) -> datetime:
-    """The start of minute `number` (`minute_number`)."""
-    return EPOCH + timedelta(minutes=number)
-
-
-@dataclass(frozen=True)
-class HistoryRow:
-    """The tasks of one queue enqueued and finished in one minute (`minute`: its number,
-    `minute_number`); `failed`: failed, discarded and cancelled."""
-
-    minute: int
-    queue: str
-    enqueued: int = 0
-    completed: int = 0
-    failed: int = 0
-    dead: int = 0
-
-
-#: The series of the history, in the order of a row's counts.
-HISTORY_SERIES = ("enqueued", "completed", "failed", "dead")
-
-
-def history_rows(
-    finished: Iterable[tuple[str, str, str, int]], arrived: Iterable[tuple[str, str, int]]
-) -> list[HistoryRow]:
-    """Rows of the history from counts per (queue, state, minute label) of finished tasks and
-    per (queue, minute label) of enqueued ones (`minute_label`), by minute and queue."""
-    counts: dict[tuple[int, str], list[int]] = {}
-
-    def add(queue: str, label: str, series: int, count: int) -> None:
-        minute = minute_number(datetime.strptime(label, "%Y-%m-%d %H:%M"))
-        counts.setdefault((minute, queue), [0, 0, 0, 0])[series] += int(count)
-
-    for queue, state, label, count in finished:
-        add(queue, label, 1 if state == "completed" else 3 if state == "dead" else 2, count)
-    for queue, label, count in arrived:
-        add(queue, label, 0, count)
-    return [HistoryRow(m, q, *counts[(m, q)]) for m, q in sorted(counts)]
-
-
-def history_series(
-    sums: Iterable[Sequence[Any]], *, first: int, last: int, minutes: int
-) -> dict[str, dict[str, list[int]]]:
-    """Per queue and series (`HISTORY_SERIES`), buckets of `minutes` minutes from minute
-    `first` up to `last`, from sums per (queue, bucket's first minute, *counts)."""
-    size = -(-(last - first) // minutes)
-    found: dict[str, dict[str, list[int]]] = {}
-    for queue, bucket, *counts in sums:
-        slot = (int(bucket) - first) // minutes
-        if 0 <= slot < size:
-            series = found.setdefault(queue, {s: [0] * size for s in HISTORY_SERIES})
-            for name, count in zip(HISTORY_SERIES, counts, strict=True):
-                series[name][slot] += int(count or 0)
-    return found
 
 
 def minute_slots(now: datetime, minutes: int) -> tuple[datetime, dict[str, int]]:

@@ -11,19 +11,18 @@ from txtasks.driver.base import (
     FINISHED,
     LIVE,
     SEARCH_WINDOW,
-    TIMED_STATES,
-    FinishedTimes,
     QueueDepth,
     TaskPage,
     TaskQuery,
     WorkerBusy,
     finished_cursor,
-    history_series,
     minute_label,
     minute_slots,
     task_cursor,
 )
+from txtasks.driver.history import history_series
 from txtasks.driver.memory_store import MemoryStore, matches
+from txtasks.driver.timings import TIMED_STATES, FinishedTimes
 from txtasks.types import (
     READY_STATES,
     KeyStats,

@@ -8,7 +8,7 @@ import threading
 from datetime import datetime
 
 from txtasks.control import TaskFilter
-from txtasks.driver.base import HistoryRow
+from txtasks.driver.history import HistoryRow
 from txtasks.keys import KeyOverride, Rate
 from txtasks.types import NewTask, PeriodicRow, ProcessRow, Subscription, TaskRow
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from txtasks.driver.base import FINISHED, HistoryRow, history_rows, minute_label
+from txtasks.driver.base import FINISHED, minute_label
+from txtasks.driver.history import HistoryRow, history_rows
 from txtasks.driver.memory_store import MemoryStore
 from txtasks.types import (
     FINISHED_STATES,

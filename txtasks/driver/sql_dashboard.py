@@ -13,19 +13,18 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from txtasks.driver.base import (
     COUNT_CAP,
     SEARCH_WINDOW,
-    TIMED_STATES,
-    FinishedTimes,
     QueueDepth,
     TaskPage,
     TaskQuery,
     WorkerBusy,
-    history_series,
     minute_slots,
     task_cursor,
 )
 from txtasks.driver.database import SqlDatabase
+from txtasks.driver.history import history_series
 from txtasks.driver.sql_admin import stmt_newest_before
 from txtasks.driver.statements.dashboard import DashboardStatements
+from txtasks.driver.timings import TIMED_STATES, FinishedTimes
 from txtasks.types import READY_STATES, KeyStats, RunningTask, TaskRow
 
 #: Arrivals are counted from the newest task enqueued this many minutes before the window.

@@ -19,8 +19,8 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from txtasks.driver.base import HistoryRow, history_rows
 from txtasks.driver.database import SqlDatabase
+from txtasks.driver.history import HistoryRow, history_rows
 from txtasks.driver.sql_admin import stmt_newest_before
 from txtasks.driver.sql_dashboard import ARRIVAL_MARGIN_MINUTES
 from txtasks.schema.tables import (

@@ -33,9 +33,9 @@ from txtasks.driver.base import (
     QueueDepth,
     TaskQuery,
     check_cursor,
-    minute_number,
-    task_timings,
 )
+from txtasks.driver.history import minute_number
+from txtasks.driver.timings import task_timings
 from txtasks.errors import ConfigurationError, TxtasksError
 from txtasks.policy import error_summary
 from txtasks.types import TaskRow
