@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, text
 
 from cleaner.stats import Stats, StatsConfig
 from tests.conftest import backends
@@ -21,6 +21,7 @@ from tests.web import bulk
 from tests.web.conftest import act, client_for
 from txtasks import App
 from txtasks.clock import utcnow
+from txtasks.driver.history import minute_number
 from txtasks.driver.sql import SqlDriver
 from txtasks.web import create_app
 
@@ -90,10 +91,51 @@ async def test_every_dashboard_statement_uses_an_index(app: App) -> None:
     print(f"loaded in {loaded:.1f}s; {len(statements)} statements explained")
 
 
-async def full_scans(conn: Any, dialect: str, statement: str, params: Any) -> list[str]:
-    """The task tables a statement's plan reads whole: a sequential scan (PostgreSQL), a
-    join type ALL or a page sorted from more than `SORT_ROWS` rows (MariaDB), a SCAN without
-    an index (SQLite)."""
+async def test_the_history_of_a_day_is_read_along_its_primary_key(app: App) -> None:
+    """The queues' history at its largest (a week of minutes of 20 queues): the last minute
+    written, a day of it summed in buckets, the purge of the minutes past a week."""
+    driver = app.driver
+    assert isinstance(driver, SqlDriver)
+    dialect = bulk.dialect_of(driver)
+    last = minute_number(utcnow())
+    async with driver.db.begin(bounded=False) as conn:
+        await conn.execute(text(bulk.history_sql(dialect, WEEK_MINUTES, 20, last)))
+    async with driver.db.connect(bounded=False) as conn:
+        if dialect == "postgresql":
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+        await bulk.analyze(conn, dialect)
+    statements: list[tuple[str, Any]] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, params: Any, *_: Any) -> None:
+        if "txtasks_history" in statement:
+            statements.append((statement, params))
+
+    event.listen(driver.db.engine.sync_engine, "before_cursor_execute", record)
+    assert await driver.sweeps.history_last() == last
+    top = last - last % 15  # the buckets of a day ending at a quarter hour
+    day = await driver.dashboard.history_buckets(first=top - 1440, last=top, minutes=15)
+    assert day["q3"]["enqueued"] == [150] * 96
+    assert await driver.sweeps.history_purge(before=last - WEEK_MINUTES) == 0
+    event.remove(driver.db.engine.sync_engine, "before_cursor_execute", record)
+    async with driver.db.connect() as conn:
+        bad = [
+            (statement, seq)
+            for statement, params in statements
+            if (seq := await full_scans(conn, dialect, statement, params, ("txtasks_history",)))
+        ]
+    assert len(statements) == 3 and not bad, bad
+
+
+#: Minutes in a week: what the history keeps by default.
+WEEK_MINUTES = 7 * 1440
+
+
+async def full_scans(
+    conn: Any, dialect: str, statement: str, params: Any, tables: tuple[str, ...] = TASK_TABLES
+) -> list[str]:
+    """The tables (task tables by default) a statement's plan reads whole: a sequential scan
+    (PostgreSQL), a join type ALL or a page sorted from more than `SORT_ROWS` rows (MariaDB), a
+    SCAN without an index (SQLite)."""
     if dialect == "sqlite":
         # a SCAN of a table alone walks its rowid b-tree: read whole, unless the statement
         # takes its first rows by id (PostgreSQL's backward scan of the primary key)
@@ -102,14 +144,14 @@ async def full_scans(conn: Any, dialect: str, statement: str, params: Any) -> li
         return [
             d[1]
             for d in details
-            if d[:1] == ["SCAN"] and d[1] in TASK_TABLES and len(d) == 2
+            if d[:1] == ["SCAN"] and d[1] in tables and len(d) == 2
             if not re.search(rf"ORDER BY {d[1]}\.id DESC\s+LIMIT", statement)
         ]
     if dialect == "postgresql":
         result = await conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {statement}", params)
         plan = result.scalar_one()[0]["Plan"]
-        return [t for node, t in scans(plan) if node == "Seq Scan" and t in TASK_TABLES]
-    aliases = {a: t for t in TASK_TABLES for a in aliases_of(statement, t)}
+        return [t for node, t in scans(plan) if node == "Seq Scan" and t in tables]
+    aliases = {a: t for t in tables for a in aliases_of(statement, t)}
     result = await conn.exec_driver_sql(f"EXPLAIN {statement}", params)
     rows = [r for r in result.all() if r.table in aliases]
     # a page (ORDER BY ... LIMIT) must follow an index in its order, not sort a whole range

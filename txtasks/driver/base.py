@@ -605,8 +605,9 @@ class Processes(Protocol):
 
 class Dashboard(Protocol):
     """What the dashboard reads, each along an index so that a page stays fast on a table of
-    millions of rows: queue depths, busy keys, tasks finished and enqueued per minute, and
-    pages of tasks by keyset."""
+    millions of rows: queue depths, busy keys, tasks finished and enqueued per minute (and the
+    queues' history over longer ranges), pages of tasks by keyset (and searches of a window of
+    them), the tasks each worker runs, the times of tasks finished lately."""
 
     async def depths(self, *, now: datetime, cap: int = COUNT_CAP) -> dict[str, QueueDepth]:
         """Per queue with ready, processing or dead tasks: ready tasks due at `now` and
