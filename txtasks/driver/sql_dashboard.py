@@ -31,13 +31,6 @@ from txtasks.types import READY_STATES, KeyStats, RunningTask, TaskRow
 ARRIVAL_MARGIN_MINUTES = 5
 
 
-class _Found:
-    """A row of a search's window as `task_cursor` reads it (its id and finish time)."""
-
-    def __init__(self, row: Any) -> None:
-        self.id, self.finished_at = row["id"], row.get("finished_at")
-
-
 def _bytes(value: Any) -> bytes | None:
     """A payload as the database driver hands it (bytes, memoryview), as bytes."""
     return None if value is None else bytes(value)
@@ -201,18 +194,20 @@ class SqlDashboard:
         async with self.db.connect() as conn:
             stmt = sql.stmt_task_page(query, cursor, SEARCH_WINDOW, *columns)
             stmt = sql.along_ids(stmt) if query.live else stmt
-            window = (await conn.execute(stmt)).mappings().all()
+            window = (await conn.execute(stmt)).all()
             found = [
-                r for r in window if query.found(r.get("last_error"), _bytes(r.get("payload")))
+                r
+                for r in window
+                if query.found(getattr(r, "last_error", None), _bytes(getattr(r, "payload", None)))
             ]
-            ids = [r["id"] for r in found[:limit]]
+            ids = [r.id for r in found[:limit]]
             by_id = sql.stmt_tasks_by_id(query.live)
             result = await conn.execute(by_id, {"ids": ids}) if ids else None
             rows = [TaskRow.from_row(r) for r in result.mappings().all()] if result else []
         if len(found) > limit:
-            return TaskPage(rows, task_cursor(_Found(found[limit - 1]), query.live))
+            return TaskPage(rows, task_cursor(found[limit - 1], query.live))
         full = len(window) == SEARCH_WINDOW
-        return TaskPage(rows, task_cursor(_Found(window[-1]), query.live) if full else None)
+        return TaskPage(rows, task_cursor(window[-1], query.live) if full else None)
 
     async def finished_times(self, *, since: datetime, limit: int) -> list[FinishedTimes]:
         found: list[FinishedTimes] = []
