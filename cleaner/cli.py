@@ -134,15 +134,16 @@ def config_from(
     for assignment in assignments:
         config = config_with(config, assignment)
     services = list(cleaner_services(config))
-    unknown = [name for name in (*only, *skip) if name not in (*SWEEPS, *services)]
+    sweeps = (*SWEEPS, "stats")
+    unknown = [name for name in (*only, *skip) if name not in (*sweeps, *services)]
     if unknown:
         raise ConfigurationError(
-            f"--only/--skip: no sweep {unknown[0]!r} (sweeps: {', '.join((*SWEEPS, *services))})"
+            f"--only/--skip: no sweep {unknown[0]!r} (sweeps: {', '.join((*sweeps, *services))})"
         )
-    chosen = set(only or (*SWEEPS, *services)) - set(skip)
+    chosen = set(only or (*sweeps, *services)) - set(skip)
     if not chosen:
         raise ConfigurationError("--only/--skip: no sweep left to run")
-    off: dict[str, Any] = {name: None for name in SWEEPS if name not in chosen}
+    off: dict[str, Any] = {name: None for name in sweeps if name not in chosen}
     stopped = {name: None for name in services if name not in chosen}
     return dataclasses.replace(config, **off, services={**config.services, **stopped})
 

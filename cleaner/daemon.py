@@ -72,7 +72,8 @@ class CleanerConfig:
     periodic: PeriodicConfig | None = field(default_factory=PeriodicConfig)
     #: Deprecated: `services={"publisher": ...}`.
     publisher: Service | None = field(default=UNSET, repr=False)
-    #: Queue gauges for the metrics; runs only when the cleaner serves metrics.
+    #: The queues' history (the dashboard's day and week), and queue gauges for the metrics
+    #: when the cleaner serves them.
     stats: StatsConfig | None = field(default_factory=StatsConfig)
     #: Serve /livez and /readyz on this port (0: any free port); None: no HTTP endpoint.
     health_port: int | None = None
@@ -139,12 +140,12 @@ class Cleaner:
             for name, cls in SWEEPS.items()
             if getattr(self.config, name) is not None
         }
+        if self.config.stats is not None:
+            self.sweeps["stats"] = Stats(app, self.config.stats, metrics=metrics)
         for service in services_for("cleaner", self.config.services):
             if service.name in self.sweeps:
                 raise ConfigurationError(f"services: {service.name!r} is the name of a sweep")
             self.sweeps[service.name] = ServiceSweep(app, service, metrics=metrics)
-        if metrics is not None and self.config.stats is not None:
-            self.sweeps["stats"] = Stats(app, self.config.stats, metrics=metrics)
         self._scheduler: AsyncIOScheduler | None = None
         self.health_server: HealthServer | None = None
         if self.config.health_port is not None:

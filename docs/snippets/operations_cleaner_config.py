@@ -52,8 +52,9 @@ async def main() -> None:
     await run_until_empty(app)  # both complete at 12:00 and move to the archive
 
     cleaner = Cleaner(app, config)
-    # the sweeps that are on, then the services (txtasks.spark's: its publisher and purge)
-    sweeps = ["rescuer", "archiver", "retention", "periodic", "publisher", "staged_purge"]
+    # the sweeps that are on (stats: the queues' history), then the services (txtasks.spark's:
+    # its publisher and purge)
+    sweeps = ["rescuer", "archiver", "retention", "periodic", "stats", "publisher", "staged_purge"]
     assert list(cleaner.sweeps) == sweeps
 
     clock.now += timedelta(days=2)

@@ -56,6 +56,7 @@ SWEEPS = {
     "archiver",
     "retention",
     "periodic",
+    "stats",
     "publisher",
     "staged_purge",
 }

@@ -181,6 +181,7 @@ def test_cli_runs_the_documented_config_and_once(tmp_path: Path) -> None:
         "archiver",
         "retention",
         "periodic",
+        "stats",
         "publisher",
         "staged_purge",
     ]

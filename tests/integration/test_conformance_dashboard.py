@@ -234,3 +234,49 @@ async def test_running_tasks_by_worker(driver: Driver, seeded: Seeded) -> None:
     assert busy["w2"].tasks[1].partition_key == "k9"
     one = await driver.dashboard.running_by_worker(per_worker=1)
     assert [t.id for t in one["w2"].tasks] == [first.id] and one["w2"].total == 2
+
+
+async def test_finished_times_and_their_percentiles(driver: Driver, seeded: Seeded) -> None:
+    from txtasks.driver.timings import TaskTimings, task_timings
+
+    found = await driver.dashboard.finished_times(since=at(0), limit=10)
+    # last finished first: queue c's two dead letters, then b4, b3, b2 (claimed at 20 s)
+    assert [r.state for r in found] == ["dead", "dead", "failed", "dead", "completed"]
+    assert [r.finished_at for r in found][2:] == [at(200), at(130), at(60)]
+    assert {r.started_at for r in found} == {at(20)} and {r.run_at for r in found} == {at(0)}
+    assert task_timings(found) == [
+        TaskTimings("conformance.task", 5, 4, 20.0, 20.0, 180.0, 280.0),
+    ]
+    # at most `limit` of each state; finished since `since` only
+    some = await driver.dashboard.finished_times(since=at(0), limit=1)
+    assert sorted(r.state for r in some) == ["completed", "dead", "failed"]
+    later = await driver.dashboard.finished_times(since=at(100), limit=10)
+    assert [r.state for r in later] == ["dead", "dead", "failed", "dead"]
+
+
+async def test_pages_of_tasks_with_text_in_their_payload(driver: Driver) -> None:
+    ids = await driver.tasks.task_insert_many(
+        [
+            new({"order": "A-17"}, queue="p"),
+            new(b"\xff raw a-17", queue="p"),  # not UTF-8: its bytes are read as UTF-8
+            new({"order": "B-2"}, queue="p"),
+            new({"order": "a-17 again"}, queue="p2"),
+        ]
+    )
+    [claimed] = await claim(driver, ["p2"], now=at(20))
+    await write(driver, Outcome(claimed.key, OutcomeKind.DEAD, error="boom"), now=at(30))
+    by = {
+        TaskQuery(queue="p", payload="A-17"): [ids[1], ids[0]],
+        TaskQuery(payload="b-2"): [ids[2]],
+        TaskQuery(state="dead", payload="a-17"): [ids[3]],
+        TaskQuery(state="dead", payload="a-17", error="BOOM"): [ids[3]],
+        TaskQuery(state="dead", payload="a-17", error="nope"): [],
+        TaskQuery(payload="not there"): [],
+    }
+    for query, expected in by.items():
+        page = await page_of(driver, query, None, 10)
+        assert ([r.id for r in page.rows], page.next_cursor) == (expected, None), query
+    first = await page_of(driver, TaskQuery(payload="a-17"), None, 1)
+    assert [r.id for r in first.rows] == [ids[1]] and first.next_cursor == str(ids[1])
+    second = await page_of(driver, TaskQuery(payload="a-17"), first.next_cursor, 1)
+    assert ([r.id for r in second.rows], second.next_cursor) == ([ids[0]], None)

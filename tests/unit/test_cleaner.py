@@ -222,3 +222,44 @@ async def test_run_returns_after_request_stop() -> None:
     cleaner.request_stop()
     await asyncio.wait_for(runner, 10)
     assert runner.exception() is None
+
+
+# -- the stats sweep: the queues' history --------------------------------------------------------
+
+
+async def test_the_stats_sweep_writes_each_minute_once_even_with_two_cleaners() -> None:
+    from cleaner.stats import Stats, StatsConfig
+    from txtasks.driver.history import minute_number
+    from txtasks.testing import run_until_empty
+
+    app, clock, driver = make_app()
+    clock.now = T0 + timedelta(seconds=5)
+    for n in range(3):
+        await app.aenqueue("a", n)
+    await run_until_empty(app, queues=["qa"])
+    clock.now = T0 + timedelta(seconds=70)
+    await app.aenqueue("b", 1)  # in the minute 00:01, not over yet
+    # the first pass of a cleaner (with no metrics): the minute 00:00 is over
+    config = StatsConfig(history_settle=5)
+    first, second = Stats(app, config), Stats(app, config)
+    result = await first.run_once()
+    assert (result.minutes, result.purged, result.queues) == (1, 0, 0)
+    # a second cleaner at the same time, and the first one again: nothing is counted twice
+    assert [(await s.run_once()).minutes for s in (second, first)] == [0, 0]
+    start = minute_number(T0)
+    week = await driver.dashboard.history_buckets(first=start, last=start + 60, minutes=60)
+    assert week == {"qa": {"enqueued": [3], "completed": [3], "failed": [0], "dead": [0]}}
+    # the next minute once it is over; a week later, both are purged
+    clock.now = T0 + timedelta(seconds=130)
+    assert (await second.run_once()).minutes == 1
+    clock.now = T0 + timedelta(days=7, minutes=5)
+    assert (await first.run_once()).purged == 2
+
+
+def test_every_cleaner_runs_the_stats_sweep() -> None:
+    app, _, _ = make_app()
+    assert "stats" in Cleaner(app, CleanerConfig()).sweeps
+    with pytest.raises(ConfigurationError, match="history_keep"):
+        from cleaner.stats import StatsConfig
+
+        StatsConfig(history_keep=0)

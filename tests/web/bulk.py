@@ -101,6 +101,23 @@ FROM {d["series"].format(n=rows)}
 """
 
 
+def history_sql(dialect: str, minutes: int, queues: int, last: int) -> str:
+    """The queues' history of `minutes` minutes up to minute `last` (its number) for `queues`
+    queues: every row there can be, as a week of the cleaners' passes leaves it."""
+    d = _SQL[dialect]
+    m = (lambda a, b: f"MOD({a}, {b})") if dialect == "mysql" else (lambda a, b: f"({a} % {b})")
+    minute = (
+        f"{last} - ((i - 1) / {queues})"
+        if dialect != "mysql"
+        else f"{last} - ((i - 1) DIV {queues})"
+    )
+    return f"""
+INSERT INTO txtasks_history (minute, queue, enqueued, completed, failed, dead)
+SELECT {minute}, {d["cat"].format(a="'q'", b=m("i", queues))}, 10, 9, 0, 1
+FROM {d["series"].format(n=minutes * queues)}
+"""
+
+
 def dialect_of(driver: Any) -> str:
     """The key of `_SQL` for a SQL driver's database."""
     name = str(driver.db.engine.dialect.name)
@@ -118,7 +135,7 @@ async def load(conn: Any, dialect: str, live: int, archived: int, now: datetime)
 
 async def analyze(conn: Any, dialect: str) -> None:
     """Fresh planner statistics of the task tables (`conn` in autocommit on PostgreSQL)."""
-    for table in ("txtasks_tasks", "txtasks_archive"):
+    for table in ("txtasks_tasks", "txtasks_archive", "txtasks_history"):
         if dialect == "postgresql":
             await conn.execute(text(f"VACUUM ANALYZE {table}"))
         elif dialect == "mysql":

@@ -295,3 +295,96 @@ async def test_the_busy_view_shows_a_running_task(
         release.set()
         worker.stop()
         await asyncio.wait_for(running, 10)
+
+
+async def test_the_queue_chart_over_a_day_and_the_timings_in_chromium(
+    browser: Any, served: str, dashboard_app: App, seeded: Seeded
+) -> None:
+    """The queue page's range: 24 hours from the history the cleaners write; then the
+    timings per task of the last hour."""
+    from txtasks.driver.history import HistoryRow, minute_number
+
+    minute = minute_number(dashboard_app.clock())
+    row = HistoryRow(minute - 120, "mail", enqueued=7, completed=6, dead=1)
+    await dashboard_app.driver.sweeps.history_write([row])
+    page = await browser.new_page(viewport={"width": 1280, "height": 800})
+    await page.goto(served + "/")
+    await page.wait_for_selector('#range strong[data-range="1h"]')
+    await page.click('#range a[data-range="24h"]')
+    await page.wait_for_selector('#range strong[data-range="24h"]')
+    title = await page.locator('tr[data-queue="mail"] svg.chart title').text_content()
+    assert title.startswith("last 24 hours: 7 enqueued, 6 completed, 1 failed or dead")
+    # the page refreshes itself in the range chosen
+    before = await page.evaluate("document.getElementById('live').dataset.updated || '0'")
+    await page.wait_for_function(
+        f"(document.getElementById('live').dataset.updated || '0') !== '{before}'"
+    )
+    assert await page.locator('#range strong[data-range="24h"]').count() == 1
+    await shot(page, "queues-day")
+
+    await page.click('header a[href$="/timings"]')
+    await page.wait_for_selector('#timings tr[data-task-name="send"]')
+    cells = await page.locator('#timings tr[data-task-name="broken"] td').all_inner_texts()
+    assert cells[:3] == ["broken", "1", "1"]  # one run, dead-lettered
+    assert "5,000" in await page.inner_text("#timings-window")
+    await shot(page, "timings")
+
+
+async def test_queue_rates_and_key_limits_set_in_chromium(
+    browser: Any, served: str, dashboard_app: App, seeded: Seeded
+) -> None:
+    """Set a queue's rate and a key's limits from the limits page, each after a confirmation,
+    and clear them again: the stored values are those the CLI and the workers read."""
+    from txtasks.keys import KeyOverride, Rate
+
+    control = dashboard_app.driver.control
+    page = await browser.new_page(viewport={"width": 1280, "height": 800})
+    await page.goto(served + "/limits")
+    mail = 'tr[data-queue="mail"]'
+    await page.fill(f"{mail} input[name=rate]", "10/s")
+    await page.fill(f"{mail} input[name=burst]", "3")
+    await page.click(f'{mail} button[data-action="queue_rate"]')
+    await page.wait_for_selector("#describe")
+    assert "to rate 10/1s burst 3" in await page.inner_text("#describe")
+    await confirm(page)
+    assert "queue mail: rate 10/1s burst 3" in await page.inner_text("#done")
+    assert await control.queue_rates_stored() == {"mail": Rate(10, 1.0, 3)}
+    assert await page.inner_text(f"{mail} td.set") == "rate 10/1s burst 3"
+
+    form = "#key-limits-form"
+    await page.fill(f"{form} input[name=key]", "tenant-1")
+    await page.fill(f"{form} input[name=concurrency]", "2")
+    await page.select_option(f"{form} select[name=ordered]", "yes")
+    await page.click(f'{form} button[data-action="key_limits"]')
+    await confirm(page)
+    assert "key tenant-1 in every queue: concurrency 2, ordered" in await page.inner_text("#done")
+    assert await control.key_override_list() == [KeyOverride("tenant-1", None, 2, True)]
+    await page.wait_for_selector('tr[data-key="tenant-1"]')
+    await shot(page, "limits")
+
+    await page.click(f'{mail} button[data-action="queue_rate_clear"]')
+    await confirm(page)
+    assert "rate cleared" in await page.inner_text("#done")
+    await page.click('tr[data-key="tenant-1"] button[data-action="key_limits_clear"]')
+    await confirm(page)
+    assert "limits cleared" in await page.inner_text("#done")
+    assert await control.queue_rates_stored() == {} and await control.key_override_list() == []
+
+
+async def test_search_by_payload_text_in_chromium(
+    browser: Any, served: str, dashboard_app: App, seeded: Seeded
+) -> None:
+    """Type text of a payload in the filters of the task list and of the dead letters."""
+    page = await browser.new_page(viewport={"width": 1280, "height": 800})
+    await page.goto(served + "/tasks")
+    await page.fill("input[name=payload]", "B@EXAMPLE")
+    await page.click("form#filters button[type=submit]")
+    await page.wait_for_selector(f'tr[data-task="{seeded.waiting}"]')
+    assert await page.locator("#task-rows tr[data-task]").count() == 1
+    assert "looked for among the next 5000" in await page.inner_text("#search-window")
+    await shot(page, "tasks-payload")
+    await page.goto(served + "/dead")
+    await page.fill("input[name=payload]", "7")
+    await page.click("form#filters button[type=submit]")
+    await page.wait_for_selector(f'tr[data-task="{seeded.dead}"]')
+    assert await page.locator("#requeue-matching").count() == 1  # every dead letter matching

@@ -1,8 +1,9 @@
 """Every statement the dashboard runs is served by an index: with a million live tasks and
-millions of finished ones, on PostgreSQL, MariaDB and SQLite, each page and action is rendered while
-the driver's statements are recorded, and the plan of each (EXPLAIN) must read no task table
-whole (no sequential scan on PostgreSQL, no join type ALL on MariaDB, no SCAN without an index
-on SQLite)."""
+millions of finished ones, on PostgreSQL, MariaDB and SQLite, each page and action is rendered
+(and a pass of the cleaner's stats sweep, which writes the queues' history, is run) while the
+driver's statements are recorded, and the plan of each (EXPLAIN) must read no task table whole
+(no sequential scan on PostgreSQL, no join type ALL on MariaDB, no SCAN without an index on
+SQLite)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, text
 
+from cleaner.stats import Stats, StatsConfig
 from tests.conftest import backends
 from tests.web import bulk
 from tests.web.conftest import act, client_for
 from txtasks import App
 from txtasks.clock import utcnow
+from txtasks.driver.history import minute_number
 from txtasks.driver.sql import SqlDriver
 from txtasks.web import create_app
 
@@ -74,6 +77,7 @@ async def test_every_dashboard_statement_uses_an_index(app: App) -> None:
     async with client_for(create_app(app, refresh=0, page_size=50)) as http:
         await visit_every_page(http)
         await act_on_tasks(http)
+    await Stats(app, StatsConfig()).run_once()
     event.remove(driver.db.engine.sync_engine, "before_cursor_execute", record)
 
     bad = []
@@ -87,10 +91,51 @@ async def test_every_dashboard_statement_uses_an_index(app: App) -> None:
     print(f"loaded in {loaded:.1f}s; {len(statements)} statements explained")
 
 
-async def full_scans(conn: Any, dialect: str, statement: str, params: Any) -> list[str]:
-    """The task tables a statement's plan reads whole: a sequential scan (PostgreSQL), a
-    join type ALL or a page sorted from more than `SORT_ROWS` rows (MariaDB), a SCAN without
-    an index (SQLite)."""
+async def test_the_history_of_a_day_is_read_along_its_primary_key(app: App) -> None:
+    """The queues' history at its largest (a week of minutes of 20 queues): the last minute
+    written, a day of it summed in buckets, the purge of the minutes past a week."""
+    driver = app.driver
+    assert isinstance(driver, SqlDriver)
+    dialect = bulk.dialect_of(driver)
+    last = minute_number(utcnow())
+    async with driver.db.begin(bounded=False) as conn:
+        await conn.execute(text(bulk.history_sql(dialect, WEEK_MINUTES, 20, last)))
+    async with driver.db.connect(bounded=False) as conn:
+        if dialect == "postgresql":
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+        await bulk.analyze(conn, dialect)
+    statements: list[tuple[str, Any]] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, params: Any, *_: Any) -> None:
+        if "txtasks_history" in statement:
+            statements.append((statement, params))
+
+    event.listen(driver.db.engine.sync_engine, "before_cursor_execute", record)
+    assert await driver.sweeps.history_last() == last
+    top = last - last % 15  # the buckets of a day ending at a quarter hour
+    day = await driver.dashboard.history_buckets(first=top - 1440, last=top, minutes=15)
+    assert day["q3"]["enqueued"] == [150] * 96
+    assert await driver.sweeps.history_purge(before=last - WEEK_MINUTES) == 0
+    event.remove(driver.db.engine.sync_engine, "before_cursor_execute", record)
+    async with driver.db.connect() as conn:
+        bad = [
+            (statement, seq)
+            for statement, params in statements
+            if (seq := await full_scans(conn, dialect, statement, params, ("txtasks_history",)))
+        ]
+    assert len(statements) == 3 and not bad, bad
+
+
+#: Minutes in a week: what the history keeps by default.
+WEEK_MINUTES = 7 * 1440
+
+
+async def full_scans(
+    conn: Any, dialect: str, statement: str, params: Any, tables: tuple[str, ...] = TASK_TABLES
+) -> list[str]:
+    """The tables (task tables by default) a statement's plan reads whole: a sequential scan
+    (PostgreSQL), a join type ALL or a page sorted from more than `SORT_ROWS` rows (MariaDB), a
+    SCAN without an index (SQLite)."""
     if dialect == "sqlite":
         # a SCAN of a table alone walks its rowid b-tree: read whole, unless the statement
         # takes its first rows by id (PostgreSQL's backward scan of the primary key)
@@ -99,14 +144,14 @@ async def full_scans(conn: Any, dialect: str, statement: str, params: Any) -> li
         return [
             d[1]
             for d in details
-            if d[:1] == ["SCAN"] and d[1] in TASK_TABLES and len(d) == 2
+            if d[:1] == ["SCAN"] and d[1] in tables and len(d) == 2
             if not re.search(rf"ORDER BY {d[1]}\.id DESC\s+LIMIT", statement)
         ]
     if dialect == "postgresql":
         result = await conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {statement}", params)
         plan = result.scalar_one()[0]["Plan"]
-        return [t for node, t in scans(plan) if node == "Seq Scan" and t in TASK_TABLES]
-    aliases = {a: t for t in TASK_TABLES for a in aliases_of(statement, t)}
+        return [t for node, t in scans(plan) if node == "Seq Scan" and t in tables]
+    aliases = {a: t for t in tables for a in aliases_of(statement, t)}
     result = await conn.exec_driver_sql(f"EXPLAIN {statement}", params)
     rows = [r for r in result.all() if r.table in aliases]
     # a page (ORDER BY ... LIMIT) must follow an index in its order, not sort a whole range
@@ -145,6 +190,15 @@ async def visit_every_page(http: httpx.AsyncClient) -> None:
         ("/tasks", {"state": "retryable", "error": "upstream 5 timed"}),
         ("/tasks", {"state": "completed"}),
         ("/tasks", {"state": "dead", "queue": "q4", "error": "bad row"}),
+        ("/tasks", {"payload": '"n": 17'}),
+        ("/tasks", {"state": "retryable", "payload": "7}"}),
+        ("/tasks", {"queue": "q1", "payload": "7}"}),
+        ("/tasks", {"state": "completed", "payload": "null"}),
+        ("/dead", {"queue": "q4", "payload": "null", "error": "bad row"}),
+        ("/", {"range": "24h"}),
+        ("/", {"range": "7d"}),
+        ("/timings", {}),
+        ("/limits", {}),
         ("/dead", {}),
         ("/dead", {"queue": "q0"}),
         ("/periodic", {}),
@@ -178,6 +232,11 @@ async def act_on_tasks(http: httpx.AsyncClient) -> None:
         ("pause", {"queue": "q1"}),
         ("resume", {"queue": "q1"}),
         ("periodic_now", {"schedule": "hourly"}),
+        ("queue_rate", {"queue": "q1", "rate": "10/s", "burst": "3"}),
+        ("queue_rate_clear", {"queue": "q1"}),
+        ("key_limits", {"key": "k3", "queue": "q3", "concurrency": "2", "rate": "5/m"}),
+        ("key_limits_clear", {"key": "k3", "queue": "q3"}),
+        ("purge", {"match": "yes", "match_queue": "q7", "match_payload": "null"}),
     ]:
         done = await act(http, action, **fields)
         assert done.status_code == 303, (action, done.text[:300])

@@ -14,6 +14,8 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from txtasks.control import TaskFilter
+from txtasks.driver.history import HistoryRow
+from txtasks.driver.timings import FinishedTimes
 from txtasks.keys import KeyLimits, KeyOverride, Rate
 from txtasks.types import (
     FINISHED_STATES,
@@ -158,13 +160,30 @@ class WorkerBusy:
 @dataclass(frozen=True)
 class TaskQuery:
     """What the task listing shows: live tasks (`state` None or a live state) or finished ones
-    of one state, filtered by queue, task, key and text in the last error."""
+    of one state, filtered by queue, task, key, and text in the last error and in the payload
+    (each looked for among a window of `SEARCH_WINDOW` tasks: `Dashboard.task_page`)."""
 
     state: str | None = None
     queue: str | None = None
     task_name: str | None = None
     key: str | None = None
     error: str | None = None
+    payload: str | None = None
+
+    @property
+    def searching(self) -> bool:
+        """Whether text is looked for (in the error or the payload)."""
+        return bool(self.error or self.payload)
+
+    def found(self, last_error: str | None, payload: bytes | None) -> bool:
+        """Whether a task's error and payload hold the text looked for (case-insensitive;
+        the payload's bytes as UTF-8)."""
+        if self.error and self.error.lower() not in (last_error or "").lower():
+            return False
+        if self.payload:
+            text = (payload or b"").decode("utf-8", "replace").lower()
+            return self.payload.lower() in text
+        return True
 
     @property
     def live(self) -> bool:
@@ -172,7 +191,7 @@ class TaskQuery:
 
     @property
     def where(self) -> TaskFilter:
-        """The filters but the error text, which `Dashboard.task_page` looks for itself."""
+        """The filters but the texts, which `Dashboard.task_page` looks for itself."""
         return TaskFilter(self.queue, self.task_name, self.key)
 
 
@@ -509,7 +528,7 @@ class Admin(Protocol):
 
 class Sweeps(Protocol):
     """The cleaner's sweeps: expired leases, overlooked ready tasks, the archive and
-    retention, periodic schedules."""
+    retention, periodic schedules, the queues' history."""
 
     async def lease_expired_list(self, *, now: datetime, limit: int) -> list[TaskRow]:
         """Processing tasks whose lease ran out before `now`, oldest lease first."""
@@ -536,6 +555,21 @@ class Sweeps(Protocol):
         """Delete up to `limit` rows of keys idle since before `idle_before`: no task of the
         key in the hot table, nothing armed, no rate start after `idle_before`, and no claim
         holding the row. A key that gets a task again is created anew by its hint."""
+
+    async def history_last(self) -> int | None:
+        """The last minute of the history written (its number), None when none is."""
+
+    async def history_count(self, *, since: datetime, until: datetime) -> list[HistoryRow]:
+        """The tasks enqueued and finished per queue in each minute from `since` up to
+        `until` (whole minutes, `until` excluded), as the dashboard's last hour counts them;
+        a (minute, queue) without any is left out."""
+
+    async def history_write(self, rows: Sequence[HistoryRow]) -> None:
+        """Write rows of the history, each only where no row of its minute and queue is (one
+        written by another cleaner, or before, stays as it is)."""
+
+    async def history_purge(self, *, before: int) -> int:
+        """Delete the history's minutes before minute `before`; how many rows."""
 
     async def periodic_list(self) -> dict[str, PeriodicRow]:
         """Every stored periodic schedule by name."""
@@ -571,8 +605,9 @@ class Processes(Protocol):
 
 class Dashboard(Protocol):
     """What the dashboard reads, each along an index so that a page stays fast on a table of
-    millions of rows: queue depths, busy keys, tasks finished and enqueued per minute, and
-    pages of tasks by keyset."""
+    millions of rows: queue depths, busy keys, tasks finished and enqueued per minute (and the
+    queues' history over longer ranges), pages of tasks by keyset (and searches of a window of
+    them), the tasks each worker runs, the times of tasks finished lately."""
 
     async def depths(self, *, now: datetime, cap: int = COUNT_CAP) -> dict[str, QueueDepth]:
         """Per queue with ready, processing or dead tasks: ready tasks due at `now` and
@@ -597,9 +632,23 @@ class Dashboard(Protocol):
 
     async def task_page(self, query: TaskQuery, cursor: str | None, limit: int) -> TaskPage:
         """A page of tasks matching `query` after `cursor` (`task_cursor`): live ones newest
-        first, finished ones last finished first. Text in the error is looked for among the
-        next `SEARCH_WINDOW` tasks matching the rest (case-insensitive): a page may then hold
-        fewer tasks than `limit` and still have a next one."""
+        first, finished ones last finished first. Text in the error or the payload is looked
+        for among the next `SEARCH_WINDOW` tasks matching the rest (case-insensitive; the
+        payload's bytes as UTF-8): a page may then hold fewer tasks than `limit` and still have
+        a next one."""
+
+    async def finished_times(self, *, since: datetime, limit: int) -> list[FinishedTimes]:
+        """The times of the last `limit` tasks finished since `since` in each of the states
+        `TIMED_STATES` (at most `limit` rows of each read, along the archive's index of state
+        and finish time), last finished first."""
+
+    async def history_buckets(
+        self, *, first: int, last: int, minutes: int
+    ) -> dict[str, dict[str, list[int]]]:
+        """Per queue and series (`HISTORY_SERIES`), the history's sums over buckets of
+        `minutes` minutes from minute `first` up to `last` (minute numbers, `last` excluded;
+        `first` a multiple of `minutes`), oldest first; a queue with nothing written is left
+        out."""
 
     async def running_by_worker(self, *, per_worker: int) -> dict[str, WorkerBusy]:
         """The processing tasks by worker id: the first `per_worker` each worker started (in

@@ -29,6 +29,7 @@ from txtasks.driver.statements.claims import ClaimStatements
 from txtasks.driver.statements.control import ControlStatements
 from txtasks.driver.statements.dashboard import DashboardStatements
 from txtasks.driver.statements.enqueue import EnqueueStatements
+from txtasks.driver.statements.history import HistoryStatements
 from txtasks.driver.statements.keys import KeyStatements
 from txtasks.driver.statements.outcomes import OutcomeStatements
 from txtasks.driver.statements.topics import TopicStatements
@@ -83,6 +84,7 @@ class SqlDialect:
     topics: ClassVar[type[TopicStatements]] = TopicStatements
     control: ClassVar[type[ControlStatements]] = ControlStatements
     dashboard: ClassVar[type[DashboardStatements]] = DashboardStatements
+    history: ClassVar[type[HistoryStatements]] = HistoryStatements
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -124,7 +126,16 @@ class SqlDialect:
 
 
 #: The names of a dialect's statement tables.
-TABLES = ("enqueue", "claims", "keys", "outcomes", "topics", "control", "dashboard")
+TABLES = (
+    "enqueue",
+    "claims",
+    "keys",
+    "outcomes",
+    "topics",
+    "control",
+    "dashboard",
+    "history",
+)
 
 
 def bind_tables(dialect: type[SqlDialect]) -> None:

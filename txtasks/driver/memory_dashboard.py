@@ -20,7 +20,9 @@ from txtasks.driver.base import (
     minute_slots,
     task_cursor,
 )
+from txtasks.driver.history import history_series
 from txtasks.driver.memory_store import MemoryStore, matches
+from txtasks.driver.timings import TIMED_STATES, FinishedTimes
 from txtasks.types import (
     READY_STATES,
     KeyStats,
@@ -131,20 +133,19 @@ class MemoryDashboard:
 
     async def task_page(self, query: TaskQuery, cursor: str | None, limit: int) -> TaskPage:
         rows = self._listing(query, cursor)
-        if not query.error:
+        if not query.searching:
             more = len(rows) > limit
             rows = rows[:limit]
             return TaskPage(rows, task_cursor(rows[-1], query.live) if more and rows else None)
-        needle = query.error.lower()
         window = rows[:SEARCH_WINDOW]
-        found = [r for r in window if needle in (r.last_error or "").lower()]
+        found = [r for r in window if query.found(r.last_error, r.payload)]
         if len(found) > limit:
             return TaskPage(found[:limit], task_cursor(found[limit - 1], query.live))
         full = len(window) == SEARCH_WINDOW
         return TaskPage(found, task_cursor(window[-1], query.live) if full else None)
 
     def _listing(self, query: TaskQuery, cursor: str | None) -> list[TaskRow]:
-        """Every task matching `query` but its error text after `cursor`, in the order of a
+        """Every task matching `query` but its texts after `cursor`, in the order of a
         page: live ones newest first, finished ones last finished first."""
         where = query.where
         with self.store.lock:
@@ -169,6 +170,30 @@ class MemoryDashboard:
                 and (bound is None or (r.finished_at, r.id) < bound)
             ]
         return sorted(done, key=lambda r: (r.finished_at, r.id), reverse=True)
+
+    async def finished_times(self, *, since: datetime, limit: int) -> list[FinishedTimes]:
+        found: list[FinishedTimes] = []
+        for state in TIMED_STATES:
+            rows = [r for r in self._finished_since(since) if r.state.value == state]
+            rows.sort(key=lambda r: r.finished_at or since, reverse=True)
+            found += [
+                FinishedTimes(r.task_name, state, r.run_at, r.started_at, r.finished_at or since)
+                for r in rows[:limit]
+            ]
+        return sorted(found, key=lambda r: r.finished_at, reverse=True)
+
+    async def history_buckets(
+        self, *, first: int, last: int, minutes: int
+    ) -> dict[str, dict[str, list[int]]]:
+        sums: dict[tuple[str, int], list[int]] = {}
+        with self.store.lock:
+            rows = [r for (m, _q), r in self.store.history.items() if first <= m < last]
+        for r in rows:
+            counts = sums.setdefault((r.queue, r.minute - r.minute % minutes), [0, 0, 0, 0])
+            for i, n in enumerate((r.enqueued, r.completed, r.failed, r.dead)):
+                counts[i] += n
+        found = [(q, b, *counts) for (q, b), counts in sums.items()]
+        return history_series(found, first=first, last=last, minutes=minutes)
 
     async def running_by_worker(self, *, per_worker: int) -> dict[str, WorkerBusy]:
         with self.store.lock:

@@ -8,6 +8,7 @@ import threading
 from datetime import datetime
 
 from txtasks.control import TaskFilter
+from txtasks.driver.history import HistoryRow
 from txtasks.keys import KeyOverride, Rate
 from txtasks.types import NewTask, PeriodicRow, ProcessRow, Subscription, TaskRow
 
@@ -23,8 +24,8 @@ def matches(row: TaskRow, where: TaskFilter) -> bool:
 
 class MemoryStore:
     """What the SQL drivers keep in tables: tasks live and archived, periodic schedules,
-    subscriptions and drops, paused queues, heartbeats, the keys' state and the limits set at
-    run time. A role reads and writes it holding `lock`."""
+    subscriptions and drops, paused queues, heartbeats, the keys' state, the limits set at
+    run time and the queues' history. A role reads and writes it holding `lock`."""
 
     def __init__(self) -> None:
         self.live: dict[int, TaskRow] = {}
@@ -51,6 +52,8 @@ class MemoryStore:
         self.paused: dict[str, datetime] = {}
         #: Heartbeat rows of workers and cleaners, by id.
         self.beats: dict[str, ProcessRow] = {}
+        #: The queues' history: its rows by (minute, queue).
+        self.history: dict[tuple[int, str], HistoryRow] = {}
 
     def insert(self, row: NewTask) -> int:
         """Insert a task (the lock held); a dedup hit returns the live task's id."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+from txtasks.driver.base import FINISHED, minute_label
+from txtasks.driver.history import HistoryRow, history_rows
 from txtasks.driver.memory_store import MemoryStore
 from txtasks.types import (
     FINISHED_STATES,
@@ -100,6 +102,44 @@ class MemorySweeps:
                 ):
                     state.pop(pair, None)
         return len(idle)
+
+    async def history_last(self) -> int | None:
+        with self.store.lock:
+            return max((m for m, _q in self.store.history), default=None)
+
+    async def history_count(self, *, since: datetime, until: datetime) -> list[HistoryRow]:
+        with self.store.lock:
+            done = [
+                r
+                for r in self.store.archived.values()
+                if r.state.value in FINISHED and r.finished_at and r.finished_at >= since
+            ]
+            live = list(self.store.live.values())
+        finished: dict[tuple[str, str, str], int] = {}
+        for r in done:
+            if r.finished_at is not None and r.finished_at < until:
+                key = (r.queue, r.state.value, minute_label(r.finished_at))
+                finished[key] = finished.get(key, 0) + 1
+        arrived: dict[tuple[str, str], int] = {}
+        for r in [*live, *done]:
+            if since <= r.created_at < until:
+                key2 = (r.queue, minute_label(r.created_at))
+                arrived[key2] = arrived.get(key2, 0) + 1
+        return history_rows(
+            [(*k, n) for k, n in finished.items()], [(*k, n) for k, n in arrived.items()]
+        )
+
+    async def history_write(self, rows: Sequence[HistoryRow]) -> None:
+        with self.store.lock:
+            for row in rows:
+                self.store.history.setdefault((row.minute, row.queue), row)
+
+    async def history_purge(self, *, before: int) -> int:
+        with self.store.lock:
+            gone = [k for k in self.store.history if k[0] < before]
+            for key in gone:
+                del self.store.history[key]
+        return len(gone)
 
     async def periodic_list(self) -> dict[str, PeriodicRow]:
         with self.store.lock:

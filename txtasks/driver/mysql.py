@@ -49,6 +49,7 @@ from txtasks.driver.statements.claims import ClaimStatements
 from txtasks.driver.statements.control import ControlStatements
 from txtasks.driver.statements.dashboard import DashboardStatements, minute_of
 from txtasks.driver.statements.enqueue import EnqueueStatements
+from txtasks.driver.statements.history import HISTORY_COLUMNS, HistoryStatements
 from txtasks.driver.statements.keys import (
     HeldKey,
     KeyStatements,
@@ -64,6 +65,7 @@ from txtasks.schema.tables import (
     ExactString,
     Timestamp,
     archive,
+    history,
     keys,
     paused_queues,
     subscriptions,
@@ -572,6 +574,23 @@ class MySQLDashboardStatements(DashboardStatements):
         the index of state and finish time (reading every dead letter)."""
         return stmt.with_hint(archive, "FORCE INDEX (ix_txtasks_archive_dead)")
 
+    @staticmethod
+    def along_ids(stmt: Any) -> Any:
+        """Along the primary key, which the planner would pass over for the index of queue and
+        state when a queue is given (then sorting every live task of the queue by id)."""
+        return stmt.with_hint(tasks, "FORCE INDEX (PRIMARY)")
+
+
+class MySQLHistoryStatements(HistoryStatements):
+    """MySQL's history writes."""
+
+    @classmethod
+    @functools.cache
+    def stmt_history_insert(cls) -> Executable:
+        """A row already there keeps its counts (a no-op update)."""
+        stmt = mysql_insert(history).values(**{c: bindparam(c) for c in HISTORY_COLUMNS})
+        return stmt.on_duplicate_key_update(minute=history.c.minute)
+
 
 class MySQLLanes(SqlLanes):
     """A claim's rows read first, then locked or updated by their primary keys."""
@@ -647,6 +666,7 @@ class MySQLDialect(SqlDialect):
     topics = MySQLTopicStatements
     control = MySQLControlStatements
     dashboard = MySQLDashboardStatements
+    history = MySQLHistoryStatements
 
     @staticmethod
     @contextlib.contextmanager

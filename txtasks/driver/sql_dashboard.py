@@ -21,12 +21,19 @@ from txtasks.driver.base import (
     task_cursor,
 )
 from txtasks.driver.database import SqlDatabase
+from txtasks.driver.history import history_series
 from txtasks.driver.sql_admin import stmt_newest_before
 from txtasks.driver.statements.dashboard import DashboardStatements
+from txtasks.driver.timings import TIMED_STATES, FinishedTimes
 from txtasks.types import READY_STATES, KeyStats, RunningTask, TaskRow
 
 #: Arrivals are counted from the newest task enqueued this many minutes before the window.
 ARRIVAL_MARGIN_MINUTES = 5
+
+
+def _bytes(value: Any) -> bytes | None:
+    """A payload as the database driver hands it (bytes, memoryview), as bytes."""
+    return None if value is None else bytes(value)
 
 
 def _capped(found: dict[str, QueueDepth], cap: int) -> dict[str, QueueDepth]:
@@ -166,8 +173,8 @@ class SqlDashboard:
         return found
 
     async def task_page(self, query: TaskQuery, cursor: str | None, limit: int) -> TaskPage:
-        if query.error:
-            return await self._error_page(query, cursor, limit)
+        if query.searching:
+            return await self._search_page(query, cursor, limit)
         async with self.db.connect() as conn:
             result = await conn.execute(self.sql.stmt_task_page(query, cursor, limit + 1))
             rows = [TaskRow.from_row(r) for r in result.mappings().all()]
@@ -175,16 +182,24 @@ class SqlDashboard:
         rows = rows[:limit]
         return TaskPage(rows, task_cursor(rows[-1], query.live) if more and rows else None)
 
-    async def _error_page(self, query: TaskQuery, cursor: str | None, limit: int) -> TaskPage:
-        """The ids and errors of the next `SEARCH_WINDOW` tasks matching the rest of `query`,
-        then the whole rows of those whose error holds the text."""
+    async def _search_page(self, query: TaskQuery, cursor: str | None, limit: int) -> TaskPage:
+        """The ids, errors and payloads (those searched) of the next `SEARCH_WINDOW` tasks
+        matching the rest of `query`, then the whole rows of those that hold the texts."""
         sql = self.sql
-        needle = (query.error or "").lower()
-        columns = ("id", "last_error") if query.live else ("id", "last_error", "finished_at")
+        columns = ["id", *(["last_error"] if query.error else [])]
+        columns += [
+            *(["payload"] if query.payload else []),
+            *([] if query.live else ["finished_at"]),
+        ]
         async with self.db.connect() as conn:
             stmt = sql.stmt_task_page(query, cursor, SEARCH_WINDOW, *columns)
+            stmt = sql.along_ids(stmt) if query.live else stmt
             window = (await conn.execute(stmt)).all()
-            found = [r for r in window if needle in (r.last_error or "").lower()]
+            found = [
+                r
+                for r in window
+                if query.found(getattr(r, "last_error", None), _bytes(getattr(r, "payload", None)))
+            ]
             ids = [r.id for r in found[:limit]]
             by_id = sql.stmt_tasks_by_id(query.live)
             result = await conn.execute(by_id, {"ids": ids}) if ids else None
@@ -193,6 +208,23 @@ class SqlDashboard:
             return TaskPage(rows, task_cursor(found[limit - 1], query.live))
         full = len(window) == SEARCH_WINDOW
         return TaskPage(rows, task_cursor(window[-1], query.live) if full else None)
+
+    async def finished_times(self, *, since: datetime, limit: int) -> list[FinishedTimes]:
+        found: list[FinishedTimes] = []
+        async with self.db.connect() as conn:
+            for state in TIMED_STATES:
+                params = {"state": state, "since": since, "limit": limit}
+                rows = await conn.execute(self.sql.stmt_finished_times(), params)
+                found += [FinishedTimes(*r) for r in rows.all()]
+        return sorted(found, key=lambda r: r.finished_at, reverse=True)
+
+    async def history_buckets(
+        self, *, first: int, last: int, minutes: int
+    ) -> dict[str, dict[str, list[int]]]:
+        stmt = self.db.sql.history.stmt_history_buckets(minutes)
+        async with self.db.connect() as conn:
+            rows = (await conn.execute(stmt, {"first": first, "last": last})).all()
+        return history_series(rows, first=first, last=last, minutes=minutes)
 
     async def running_by_worker(self, *, per_worker: int) -> dict[str, WorkerBusy]:
         params = {"per_worker": per_worker}

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import (
     Sequence,
 )
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import (
     delete,
@@ -18,6 +20,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from txtasks.driver.database import SqlDatabase
+from txtasks.driver.history import HistoryRow, history_rows
+from txtasks.driver.sql_admin import stmt_newest_before
+from txtasks.driver.sql_dashboard import ARRIVAL_MARGIN_MINUTES
 from txtasks.schema.tables import (
     IS_READY,
     PROCESSING,
@@ -37,8 +42,8 @@ from txtasks.types import (
 
 class SqlSweeps:
     """The cleaner's sweeps on a SQL database: expired leases, overlooked ready tasks, the
-    archive and retention, periodic schedules; each one short transaction over a bounded
-    batch."""
+    archive and retention, periodic schedules, the queues' history (its statements:
+    `statements/history.py`); each one short transaction over a bounded batch."""
 
     def __init__(self, db: SqlDatabase) -> None:
         self.db = db
@@ -139,6 +144,41 @@ class SqlSweeps:
             if not ids:
                 return 0
             gone = await conn.execute(delete(keys).where(keys.c.id.in_(ids), *quiet))
+            return int(gone.rowcount)
+
+        return await self.db.in_transaction(work)
+
+    async def history_last(self) -> int | None:
+        async with self.db.connect() as conn:
+            last = (await conn.execute(self.db.sql.history.stmt_history_last())).scalar()
+        return None if last is None else int(last)
+
+    async def history_count(self, *, since: datetime, until: datetime) -> list[HistoryRow]:
+        sql = self.db.sql.history
+        # live tasks from one enqueued a few minutes before `since`: one a little out of id
+        # order (concurrent transactions, clocks) still counts
+        margin = since - timedelta(minutes=ARRIVAL_MARGIN_MINUTES)
+        async with self.db.connect() as conn:
+            params: dict[str, Any] = {"since": since, "until": until}
+            finished = (await conn.execute(sql.stmt_finished_between(), params)).all()
+            after = (await conn.execute(stmt_newest_before(margin))).scalar()
+            params["after"] = -1 if after is None else int(after)
+            arrived = (await conn.execute(sql.stmt_arrived_between(), params)).all()
+        return history_rows(finished, arrived)
+
+    async def history_write(self, rows: Sequence[HistoryRow]) -> None:
+        if not rows:
+            return
+        values = [dataclasses.asdict(r) for r in rows]
+
+        async def work(conn: AsyncConnection) -> None:
+            await conn.execute(self.db.sql.history.stmt_history_insert(), values)
+
+        await self.db.in_transaction(work)
+
+    async def history_purge(self, *, before: int) -> int:
+        async def work(conn: AsyncConnection) -> int:
+            gone = await conn.execute(self.db.sql.history.stmt_history_purge(), {"before": before})
             return int(gone.rowcount)
 
         return await self.db.in_transaction(work)

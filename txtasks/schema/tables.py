@@ -497,6 +497,23 @@ processes = Table(
     mysql_engine="InnoDB",
 )
 
+#: Tasks enqueued and finished per queue and minute (`minute`: minutes since 1970-01-01 UTC),
+#: kept a week: the cleaner's stats sweep writes each minute once it is over, inserting a row
+#: only where none is (a second cleaner, or a rerun, finds it written and counts nothing twice),
+#: and deletes those older than `StatsConfig.history_keep`. The dashboard charts a day or a
+#: week from it (the last hour from the task tables). `failed`: failed, discarded and cancelled.
+history = Table(
+    "txtasks_history",
+    metadata,
+    Column("minute", Integer, primary_key=True, autoincrement=False),
+    Column("queue", ExactString(128), primary_key=True),
+    Column("enqueued", Integer, nullable=False),
+    Column("completed", Integer, nullable=False),
+    Column("failed", Integer, nullable=False),
+    Column("dead", Integer, nullable=False),
+    mysql_engine="InnoDB",
+)
+
 migrations = Table(
     "txtasks_migrations",
     metadata,

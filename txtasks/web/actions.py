@@ -1,5 +1,6 @@
 """The dashboard's actions: what each takes (task ids, a queue, a filter of dead letters, a
-schedule), how it says what it will do on the confirmation page, and how it runs."""
+schedule, a rate or a key's limits), how it says what it will do on the confirmation page, and
+how it runs (through the same API as the CLI: `app.control`, the driver's `control` role)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,31 @@ from typing import Any
 
 from starlette.datastructures import FormData
 
-from txtasks._checks import check_queue_name
+from txtasks._checks import check_key, check_queue_name
 from txtasks.app import App
 from txtasks.driver.base import TaskQuery
 from txtasks.errors import ConfigurationError
+from txtasks.keys import KeyOverride, Rate
 from txtasks.types import FINISHED_STATES, CancelResult, TaskState
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What an action on limits sets: a queue's rate, or a key's limits (fields left None keep
+    the declared ones)."""
+
+    key: str | None = None
+    rate: Rate | None = None
+    concurrency: int | None = None
+    ordered: bool | None = None
+
+    def text(self) -> str:
+        said = [] if self.concurrency is None else [f"concurrency {self.concurrency}"]
+        if self.ordered is not None:
+            said.append("ordered" if self.ordered else "unordered")
+        if self.rate is not None:
+            said.append(rate_text(self.rate))
+        return ", ".join(said)
 
 
 @dataclass(frozen=True)
@@ -24,6 +45,8 @@ class Target:
     schedule: str | None
     #: Every dead letter matching these filters (up to `MATCH_LIMIT` an action).
     match: TaskQuery | None = None
+    #: The limits an action on a queue's rate or a key's limits sets.
+    limits: Limits = Limits()
 
     def match_text(self) -> str:
         m = self.match
@@ -33,6 +56,8 @@ class Target:
         ]
         if m.error:
             found.append(f"error containing {m.error!r}")
+        if m.payload:
+            found.append(f"payload containing {m.payload!r}")
         return ", ".join(found) or "no filter"
 
 
@@ -205,6 +230,65 @@ class _QueueAction(Action):
         return f"{self.what} queue {target.queue}"
 
 
+async def _queue_rate(app: App, target: Target) -> str:
+    assert target.queue is not None and target.limits.rate is not None
+    await app.control.aset_queue_rate(target.queue, target.limits.rate)
+    return f"queue {target.queue}: {rate_text(target.limits.rate)}"
+
+
+async def _queue_rate_clear(app: App, target: Target) -> str:
+    assert target.queue is not None
+    cleared = await app.control.aclear_queue_rate(target.queue)
+    return f"queue {target.queue}: " + ("rate cleared" if cleared else "had no rate set")
+
+
+async def _key_limits(app: App, target: Target) -> str:
+    limits = target.limits
+    assert limits.key is not None
+    override = KeyOverride(
+        limits.key, target.queue, limits.concurrency, limits.ordered, limits.rate
+    )
+    await app.driver.control.key_override_set(override)
+    return f"key {_key_in(target)}: {limits.text()}"
+
+
+async def _key_limits_clear(app: App, target: Target) -> str:
+    assert target.limits.key is not None
+    cleared = await app.driver.control.key_override_clear(target.limits.key, target.queue)
+    return f"key {_key_in(target)}: " + ("limits cleared" if cleared else "had no limits set")
+
+
+def _key_in(target: Target) -> str:
+    where = "every queue" if target.queue is None else f"queue {target.queue}"
+    return f"{target.limits.key} in {where}"
+
+
+class _QueueRateAction(_QueueAction):
+    def needs_target(self, target: Target) -> str | None:
+        if self.run_it is _queue_rate and target.limits.rate is None:
+            return "give a rate, such as 10/s"
+        return super().needs_target(target)
+
+    def describe(self, target: Target) -> str:
+        rate = target.limits.rate
+        to = "" if rate is None else f" to {rate_text(rate)}, over the declared one"
+        return f"{self.what} of queue {target.queue}{to}"
+
+
+class _KeyAction(Action):
+    def needs_target(self, target: Target) -> str | None:
+        limits = target.limits
+        if limits.key is None:
+            return "give a key"
+        if self.run_it is _key_limits and not limits.text():
+            return "give a concurrency, ordered or unordered, or a rate"
+        return None
+
+    def describe(self, target: Target) -> str:
+        said = f" to {target.limits.text()}" if self.run_it is _key_limits else ""
+        return f"{self.what} of key {_key_in(target)}{said}"
+
+
 ACTIONS: dict[str, Action] = {
     "requeue": Action("re-drive (run again)", _requeue, by_queue=True),
     "purge": Action("delete for good", _purge, by_queue=True),
@@ -215,7 +299,45 @@ ACTIONS: dict[str, Action] = {
     "pause": _QueueAction("pause", _pause),
     "resume": _QueueAction("resume", _resume),
     "periodic_now": Action("enqueue one run now of schedule", _periodic_now, by_schedule=True),
+    "queue_rate": _QueueRateAction("set the rate", _queue_rate),
+    "queue_rate_clear": _QueueRateAction(
+        "clear the rate set (the declared one applies again)", _queue_rate_clear
+    ),
+    "key_limits": _KeyAction("set the limits", _key_limits),
+    "key_limits_clear": _KeyAction(
+        "clear the limits set (the declared ones apply again)", _key_limits_clear
+    ),
 }
+
+
+def limits_of(form: FormData) -> Limits:
+    """The limits of an action on a queue's rate or a key's limits (fields key, rate, burst,
+    concurrency, ordered: "yes", "no" or empty); ConfigurationError when one is not valid."""
+    key = field_of(form, "key") or None
+    if key is not None:
+        check_key(key, setting="key")
+    rate_field = (field_of(form, "rate") or "").strip()
+    burst_field = (field_of(form, "burst") or "").strip()
+    rate = Rate.parse(rate_field) if rate_field else None
+    if burst_field:
+        if rate is None:
+            raise ConfigurationError("burst: goes with a rate")
+        rate = Rate(rate.count, rate.per, _whole(burst_field, "burst"))
+    concurrency_field = (field_of(form, "concurrency") or "").strip()
+    concurrency = _whole(concurrency_field, "concurrency") if concurrency_field else None
+    ordered = {"yes": True, "no": False}.get(field_of(form, "ordered") or "")
+    return Limits(key, rate, concurrency, ordered)
+
+
+def _whole(text: str, setting: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigurationError(f"{setting}: a whole number of at least 1, got {text!r}")
+    return int(text)
+
+
+def rate_text(rate: Rate) -> str:
+    """A rate as the pages and the CLI say it."""
+    return f"rate {rate.count}/{rate.per:g}s burst {rate.burst}"
 
 
 def match_of(form: FormData) -> TaskQuery | None:
@@ -231,6 +353,7 @@ def match_of(form: FormData) -> TaskQuery | None:
         task_name=field_of(form, "match_task") or None,
         key=field_of(form, "match_key") or None,
         error=field_of(form, "match_error") or None,
+        payload=field_of(form, "match_payload") or None,
     )
 
 

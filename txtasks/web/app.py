@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +34,12 @@ from txtasks.driver.base import (
     TaskQuery,
     check_cursor,
 )
+from txtasks.driver.history import minute_number
+from txtasks.driver.timings import task_timings
 from txtasks.errors import ConfigurationError, TxtasksError
 from txtasks.policy import error_summary
 from txtasks.types import TaskRow
-from txtasks.web.actions import ACTIONS, Target, field_of, match_of
+from txtasks.web.actions import ACTIONS, Target, field_of, limits_of, match_of, rate_text
 from txtasks.web.charts import sparkline
 from txtasks.web.security import CSRF_COOKIE, CSRF_FIELD, Auth, Guard, csrf_ok, new_csrf_token
 
@@ -96,6 +99,7 @@ class Dashboard:
         self.templates.filters["when"] = _when
         self.templates.tests["long"] = _long
         self.templates.filters["error_summary"] = error_summary
+        self.templates.filters["rate"] = rate_text
         self.templates.globals.update(cap=COUNT_CAP, search_window=SEARCH_WINDOW)
         routes = [
             Route("/", self.page_queues),
@@ -105,6 +109,8 @@ class Dashboard:
             Route("/periodic", self.page_periodic),
             Route("/busy", self.page_busy),
             Route("/workers", self.page_workers),
+            Route("/timings", self.page_timings),
+            Route("/limits", self.page_limits),
             Route("/action", self.action, methods=["POST"]),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ]
@@ -164,20 +170,18 @@ class Dashboard:
 
     async def page_queues(self, request: Request) -> Response:
         now = self.app.clock()
+        span = RANGES.get(request.query_params.get("range") or "1h")
+        if span is None:
+            return _bad(f"range: one of {', '.join(RANGES)}")
         reads = self.app.driver.dashboard
         depths = await reads.depths(now=now)
         paused = await self.app.driver.control.queue_paused_list()
-        rates = await reads.finished_per_minute(now=now)
-        arrivals = await reads.arrived_per_minute(now=now)
-        for name in [*paused, *rates, *arrivals, *self.app.queues]:
+        counts = await self.counts(span, now)
+        for name in [*paused, *counts, *self.app.queues]:
             depths.setdefault(name, QueueDepth(name))
         queues = []
         for name in sorted(depths):
-            series = rates.get(name, {})
-            completed = series.get("completed", [0] * 60)
-            others = [s for k, s in series.items() if k != "completed"]
-            failed = [sum(v) for v in zip(*others, strict=True)] if others else [0] * 60
-            arrived = arrivals.get(name, [0] * 60)
+            arrived, completed, failed = counts.get(name, ([0] * span.slots,) * 3)
             queues.append(
                 {
                     "depth": depths[name],
@@ -186,7 +190,7 @@ class Dashboard:
                     "in_hour": sum(arrived),
                     "done_hour": sum(completed),
                     "failed_hour": sum(failed),
-                    "chart": sparkline(completed, failed, arrived),
+                    "chart": sparkline(completed, failed, arrived, span=span.title, per=span.per),
                 }
             )
         keys = await reads.busy_keys(now=now)
@@ -199,7 +203,37 @@ class Dashboard:
             keys=keys,
             subscriptions=subscriptions,
             cleaners=cleaners,
+            span=span,
+            ranges=RANGES,
         )
+
+    async def counts(
+        self, span: Span, now: datetime
+    ) -> dict[str, tuple[list[int], list[int], list[int]]]:
+        """Per queue: tasks enqueued, completed, and failed or dead, per slot of `span`: the
+        last hour per minute from the task tables, longer spans from the history."""
+        reads = self.app.driver.dashboard
+        found: dict[str, tuple[list[int], list[int], list[int]]] = {}
+        if span.history is None:
+            rates = await reads.finished_per_minute(now=now)
+            arrivals = await reads.arrived_per_minute(now=now)
+            for name in {*rates, *arrivals}:
+                series = rates.get(name, {})
+                completed = series.get("completed", [0] * 60)
+                others = [s for k, s in series.items() if k != "completed"]
+                failed = [sum(v) for v in zip(*others, strict=True)] if others else [0] * 60
+                found[name] = (arrivals.get(name, [0] * 60), completed, failed)
+            return found
+        size = span.history
+        current = minute_number(now)
+        last = current - current % size + size
+        buckets = await reads.history_buckets(
+            first=last - size * span.slots, last=last, minutes=size
+        )
+        for name, series in buckets.items():
+            failed = [f + d for f, d in zip(series["failed"], series["dead"], strict=True)]
+            found[name] = (series["enqueued"], series["completed"], failed)
+        return found
 
     async def page_tasks(self, request: Request) -> Response:
         return await self._listing(request, "tasks.html", default_state=None)
@@ -218,6 +252,7 @@ class Dashboard:
             task_name=params.get("task") or None,
             key=params.get("key") or None,
             error=params.get("error") or None,
+            payload=params.get("payload") or None,
         )
         try:
             cursor = check_cursor(params.get("after"), query.live)
@@ -271,6 +306,36 @@ class Dashboard:
         processes = await self.app.driver.processes.process_list()
         return self.render(request, "workers.html", processes=processes, now=self.app.clock())
 
+    async def page_timings(self, request: Request) -> Response:
+        """Per task name, the 50th and 95th percentiles of how long the tasks finished in the
+        last hour waited and ran: of the last `TIMING_ROWS` of each final state at most."""
+        since = self.app.clock() - timedelta(hours=1)
+        rows = await self.app.driver.dashboard.finished_times(since=since, limit=TIMING_ROWS)
+        per_state = Counter(r.state for r in rows)
+        return self.render(
+            request,
+            "timings.html",
+            timings=task_timings(rows),
+            rows=TIMING_ROWS,
+            full=any(n >= TIMING_ROWS for n in per_state.values()),
+        )
+
+    async def page_limits(self, request: Request) -> Response:
+        """Queue rates and key limits: those the application declares, those set at run time
+        (over the declared ones), with forms to set and clear them."""
+        control = self.app.driver.control
+        stored = await control.queue_rates_stored()
+        declared = self.app.declared_queue_rates
+        names = sorted({*self.app.queues, *declared, *stored})
+        return self.render(
+            request,
+            "limits.html",
+            queues=[{"queue": q, "declared": declared.get(q), "set": stored.get(q)} for q in names],
+            declared_keys=sorted(self.app.declared_key_limits.items()),
+            overrides=await control.key_override_list(),
+            refresh=0,  # its forms keep what is typed in them
+        )
+
     async def page_busy(self, request: Request) -> Response:
         """What each worker runs now: its heartbeat row, and the first `BUSY_PER_WORKER` tasks
         it started (with how many it runs); tasks of a worker without a row come last."""
@@ -306,7 +371,9 @@ class Dashboard:
             queue = field_of(form, "queue") or None
             if queue is not None:
                 check_queue_name(queue)
-            target = Target(ids, queue, field_of(form, "schedule") or None, match_of(form))
+            target = Target(
+                ids, queue, field_of(form, "schedule") or None, match_of(form), limits_of(form)
+            )
         except ValueError as exc:
             return _bad(f"bad input: {exc}")
         if action.needs_target(target):
@@ -410,9 +477,32 @@ def _long(text: str | None) -> bool:
     return text is not None and (len(text) > LONG_TEXT_CHARS or text.count("\n") >= LONG_TEXT_LINES)
 
 
+@dataclass(frozen=True)
+class Span:
+    """A range of the queue page's chart: its slots, and the minutes of the history each sums
+    (None: the last hour per minute, from the task tables)."""
+
+    label: str
+    title: str
+    slots: int
+    history: int | None
+    per: str
+
+
+#: The ranges of the queue page's chart, by the value of its `range` parameter.
+RANGES = {
+    "1h": Span("1 h", "last hour", 60, None, "min"),
+    "24h": Span("24 h", "last 24 hours", 96, 15, "15 min"),
+    "7d": Span("7 d", "last 7 days", 168, 60, "hour"),
+}
+
 #: A payload, result or checkpoint longer than this (characters, or lines) is shown collapsed.
 LONG_TEXT_CHARS = 2000
 LONG_TEXT_LINES = 30
+
+#: The timings page reads the times of at most this many tasks finished in the last hour, of
+#: each final state (completed, failed, dead).
+TIMING_ROWS = 5_000
 
 #: Tasks of each worker the busy view lists (the page says how many others it runs).
 BUSY_PER_WORKER = 20

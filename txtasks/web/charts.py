@@ -1,4 +1,5 @@
-"""A small inline SVG chart: tasks enqueued and finished per minute over the last hour."""
+"""A small inline SVG chart: tasks enqueued and finished per minute over the last hour, or per
+bucket of minutes over a day or a week."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ def sparkline(
     *,
     width: int = 240,
     height: int = 36,
+    span: str = "last hour",
+    per: str = "min",
 ) -> Markup:
-    """Bars per minute, oldest left: completed in green, failed or dead on top in red; the
-    tasks enqueued each minute as a line over them."""
+    """Bars per minute (or per bucket: `per`), oldest left: completed in green, failed or dead
+    on top in red; the tasks enqueued in each as a line over them."""
     count = max(len(done), 1)
     peak = max([d + f for d, f in zip(done, failed, strict=True)] + [*arrived, 1])
     step = width / count
@@ -42,8 +45,8 @@ def sparkline(
         )
         bars.append(f'<polyline class="arrived" points="{points}"/>')
     title = (
-        f"last hour: {sum(arrived)} enqueued, {sum(done)} completed, {sum(failed)} failed or dead;"
-        f" peak {peak}/min"
+        f"{span}: {sum(arrived)} enqueued, {sum(done)} completed, {sum(failed)} failed or dead;"
+        f" peak {peak}/{per}"
     )
     return Markup(
         f'<svg class="chart" width="{width}" height="{height}" role="img" '

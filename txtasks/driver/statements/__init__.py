@@ -3,7 +3,7 @@
 A table is a class of builders that return statements (or plans of them) and never touch a
 connection: `enqueue` (the insert plan), `claims`, `keys` (the keys' lane and key hints),
 `outcomes` (fenced writes of attempts, leases), `topics`, `control`, `dashboard` (the
-dashboard's reads). `SqlDialect` holds one of each (`sql.keys.stmt_keys_arm()`); a database's
+dashboard's reads), `history` (the queues' counts per minute, kept a week). `SqlDialect` holds one of each (`sql.keys.stmt_keys_arm()`); a database's
 dialect overrides the entries its SQL does differently by naming a subclass of that table (see
 mysql.py). Each table is bound to its dialect
 (`Statements.sql`), through which a builder reaches the dialect's settings and other tables.

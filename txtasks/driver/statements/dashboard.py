@@ -102,6 +102,12 @@ class DashboardStatements(Statements):
         return stmt
 
     @staticmethod
+    def along_ids(stmt: Any) -> Any:
+        """`stmt` (a window of live tasks a search reads, newest first) backwards along the
+        primary key: the planner's own choice, but on MariaDB/MySQL (see mysql.py)."""
+        return stmt
+
+    @staticmethod
     @functools.cache
     def stmt_ready_queues(keyed: bool) -> Executable:
         """The queues that may have ready tasks, one index probe each: a loose scan of the
@@ -317,6 +323,27 @@ class DashboardStatements(Statements):
             .group_by(archive.c.queue, done_minute)
         )
         return union_all(live, done)
+
+    @staticmethod
+    @functools.cache
+    def stmt_finished_times() -> Executable:
+        """The last `limit` tasks finished in state `state` since `since`: their task and
+        times, last finished first, along the archive's index of state and finish time (at
+        most `limit` entries and rows read)."""
+        state = archive.c.state == bindparam("state", type_=archive.c.state.type)
+        stmt = (
+            select(
+                archive.c.task_name,
+                archive.c.state,
+                archive.c.run_at,
+                archive.c.started_at,
+                archive.c.finished_at,
+            )
+            .where(state, archive.c.finished_at >= SINCE)
+            .order_by(archive.c.finished_at.desc())
+            .limit(bindparam("limit", type_=Integer))
+        )
+        return along_archive_state(stmt)  # type: ignore[no-any-return]
 
     @staticmethod
     def stmt_task_page(
