@@ -34,8 +34,8 @@ DRIVERS: dict[str, tuple[str, str]] = {
 }
 #: The drivers by the names their users know them by (for the error naming them).
 SUPPORTED = "psycopg (3), psycopg2, PyMySQL, mysqlclient (MySQLdb) or sqlite3"
-#: Dialect options: no hstore type looked up on the caller's connection (psycopg registers
-#: it on the connection; psycopg2's lookup rolls back the transaction it opened on an idle one).
+#: Dialect options: no hstore type looked up on the caller's connection (a query of its own,
+#: and psycopg's registers the type on the connection).
 _OPTIONS: dict[str, dict[str, Any]] = {
     "psycopg": {"use_native_hstore": False},
     "psycopg2": {"use_native_hstore": False},
