@@ -174,13 +174,17 @@ async def test_rows_are_those_a_sqlalchemy_connection_writes(
     assert len(by_dbapi[tasks.name]) == len(rows)
 
 
-async def test_the_connection_is_left_as_it_was(app: App, connection: Any) -> None:
+async def test_the_connection_is_left_as_it_was(
+    app: App, connection: Any, dbapi_driver: tuple[str, str]
+) -> None:
     """No commit, no rollback, no close, no session setting: the transaction is the caller's."""
     tx = DbapiTx(connection)
     app.tasks["send"].enqueue_tx(tx, {"n": 1})
     cursor = connection.cursor()
     cursor.execute("SELECT COUNT(*) FROM txtasks_tasks")
     assert cursor.fetchone()[0] == 1  # still in the open transaction, on the same connection
+    if dbapi_driver[1] == "psycopg2":  # SQLAlchemy's would register UUID's typecaster on it
+        assert connection.string_types == {}
     connection.rollback()
 
 
