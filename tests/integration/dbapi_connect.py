@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from sqlalchemy import make_url
 
+from tests.servers import in_ci
+
 #: (backend, DB-API module) of each driver, with its server's marker; the id is the package's
 #: name (mysqlclient is the `MySQLdb` module).
 DBAPI_DRIVERS = [
@@ -21,11 +23,15 @@ DBAPI_DRIVERS = [
 
 
 def dbapi_module(driver: str) -> Any:
-    """The DB-API module of a driver; skips the test where it is not installed."""
+    """The DB-API module of a driver; skips the test where it is not installed (fails it in CI:
+    the drivers are dev dependencies)."""
     try:
         return importlib.import_module(driver)
-    except ImportError:
-        pytest.skip(f"{driver} is not installed")
+    except ImportError as exc:
+        msg = f"{driver} is not installed ({exc})"
+        if in_ci():
+            pytest.fail(f"{msg}; CI is set: a missing dev dependency is a failure", pytrace=False)
+        pytest.skip(msg)
 
 
 def dbapi_connect(url: str, driver: str) -> Any:
