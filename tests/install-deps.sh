@@ -7,7 +7,9 @@
 #    (mariadbd), RabbitMQ (rabbitmq-server) and Erlang's epmd, from Debian's packages. If any is
 #    missing it runs `apt-get update` and `apt-get install postgresql pgbouncer mariadb-server
 #    rabbitmq-server`, as root or through sudo. The packages' own daemons are not started where there is no systemd
-#    (containers, CI): the test suite starts private servers on its own ports instead.
+#    (containers, CI): the test suite starts private servers on its own ports instead. Also what
+#    some tests and dev dependencies need: Java, JDBC drivers, Chromium, and mysqlclient's build
+#    dependencies (libmariadb-dev, pkg-config, a C compiler).
 # 2. The virtualenv .venv at the repository root with `pip install -e ".[dev]"`. The install is
 #    skipped while pyproject.toml is unchanged since the last successful one.
 #
@@ -31,11 +33,15 @@ if ! command -v java > /dev/null; then missing+=("java (Spark)"); packages+=(def
 # the Spark benchmark (tests/benchmarks/spark_write.py) compares with Spark's JDBC writer
 if [ ! -e /usr/share/java/postgresql.jar ]; then missing+=("PostgreSQL JDBC driver (Spark benchmark)"); packages+=(libpostgresql-jdbc-java); fi
 if [ ! -e /usr/share/java/mariadb-java-client.jar ]; then missing+=("MariaDB JDBC driver (Spark benchmark)"); packages+=(libmariadb-java); fi
+# mysqlclient (a dev dependency: the DB-API and Django tests) builds from source against MariaDB's
+# client library, found by pkg-config, with a C compiler
+if ! pkg-config --exists libmariadb 2> /dev/null; then missing+=("libmariadb-dev, pkg-config (mysqlclient)"); packages+=(libmariadb-dev pkg-config); fi
+if ! command -v cc > /dev/null; then missing+=("cc (mysqlclient)"); packages+=(gcc libc6-dev); fi
 # the dashboard's browser tests (tests/web) drive Debian's Chromium with Playwright
 if [ ! -x /usr/bin/chromium ]; then missing+=("chromium (dashboard tests)"); packages+=(chromium); fi
 
 if [ ${#missing[@]} -eq 0 ]; then
-  say "server binaries present (PostgreSQL, PgBouncer, MariaDB, RabbitMQ, epmd, Java, JDBC drivers, Chromium)"
+  say "server binaries present (PostgreSQL, PgBouncer, MariaDB, RabbitMQ, epmd, Java, JDBC drivers, Chromium, mysqlclient's build dependencies)"
 else
   say "missing: ${missing[*]}"
   if [ "$(id -u)" = 0 ]; then

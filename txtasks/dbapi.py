@@ -1,11 +1,11 @@
 """Enqueue through a plain DB-API (PEP 249) connection, inside the caller's transaction.
 
-`DbapiTx(connection)` wraps a psycopg (3), PyMySQL or sqlite3 connection for `enqueue_tx`,
-`enqueue_many_tx` and `publish_tx`: the rows are written by the same plan of statements as on
-a SQLAlchemy connection, in the caller's transaction, which txtasks never begins, commits, rolls
-back or closes. The wake-ups wait until the caller says the transaction committed
-(`after_commit()`; `after_rollback()` drops them), or go to a hook such as Django's
-`transaction.on_commit` (`DbapiTx(connection, on_commit=...)`).
+`DbapiTx(connection)` wraps a psycopg (3), psycopg2, PyMySQL, mysqlclient (MySQLdb) or sqlite3
+connection for `enqueue_tx`, `enqueue_many_tx` and `publish_tx`: the rows are written by the
+same plan of statements as on a SQLAlchemy connection, in the caller's transaction, which
+txtasks never begins, commits, rolls back or closes. The wake-ups wait until the caller says the
+transaction committed (`after_commit()`; `after_rollback()` drops them), or go to a hook such as
+Django's `transaction.on_commit` (`DbapiTx(connection, on_commit=...)`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,18 @@ from txtasks.wakeup.commit import PendingWakeups
 #: DB-API module -> (SQLAlchemy URL scheme, the dialect class in txtasks.driver.caller_tx).
 DRIVERS: dict[str, tuple[str, str]] = {
     "psycopg": ("postgresql.txtasks_psycopg", "PsycopgCallerTx"),
+    "psycopg2": ("postgresql.txtasks_psycopg2", "Psycopg2CallerTx"),
     "pymysql": ("mysql.txtasks_pymysql", "PyMySQLCallerTx"),
+    "MySQLdb": ("mysql.txtasks_mysqldb", "MySQLdbCallerTx"),
     "sqlite3": ("sqlite.txtasks_sqlite3", "SQLiteCallerTx"),
+}
+#: The drivers by the names their users know them by (for the error naming them).
+SUPPORTED = "psycopg (3), psycopg2, PyMySQL, mysqlclient (MySQLdb) or sqlite3"
+#: Dialect options: no hstore type looked up on the caller's connection (a query of its own,
+#: and psycopg's registers the type on the connection).
+_OPTIONS: dict[str, dict[str, Any]] = {
+    "psycopg": {"use_native_hstore": False},
+    "psycopg2": {"use_native_hstore": False},
 }
 
 #: The caller's connection, while a plan runs on it (the engines' pools hand it out).
@@ -38,14 +48,14 @@ _lock = threading.Lock()
 
 
 def driver_of(connection: Any) -> str:
-    """The DB-API module of a connection (`psycopg`, `pymysql`, `sqlite3`), from its class."""
+    """The DB-API module of a connection (a key of DRIVERS), from its class."""
     for cls in type(connection).__mro__:
         module = cls.__module__.split(".")[0]
         if module in DRIVERS:
             return module
     raise ConfigurationError(
-        f"DbapiTx: {type(connection).__module__}.{type(connection).__name__} is not a psycopg, "
-        "PyMySQL or sqlite3 connection; pass one of those, or a SQLAlchemy Connection"
+        f"DbapiTx: {type(connection).__module__}.{type(connection).__name__} is not a "
+        f"{SUPPORTED} connection; pass one of those, or a SQLAlchemy Connection"
     )
 
 
@@ -53,7 +63,9 @@ def _server(connection: Any, driver: str) -> str:
     """The server's version: a dialect is set up once per driver and server version."""
     if driver == "psycopg":
         return str(connection.info.server_version)
-    if driver == "pymysql":
+    if driver == "psycopg2":
+        return str(connection.server_version)
+    if driver in ("pymysql", "MySQLdb"):
         return str(connection.get_server_info())
     return ""
 
@@ -71,13 +83,12 @@ def engine_for(connection: Any) -> Engine:
         if engine is None:
             name, cls = DRIVERS[driver]
             registry.register(name, "txtasks.driver.caller_tx", cls)
-            options: dict[str, Any] = {"use_native_hstore": False} if driver == "psycopg" else {}
             engine = _engines[key] = create_engine(
                 name.replace(".", "+") + "://",
                 creator=_caller_connection,
                 poolclass=NullPool,
                 pool_reset_on_return=None,
-                **options,
+                **_OPTIONS.get(driver, {}),
             )
     return engine
 

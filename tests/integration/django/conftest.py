@@ -1,15 +1,26 @@
-"""A Django project configured in the test process: one database alias per backend."""
+"""A Django project configured in the test process: one database alias per DB-API driver."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import BACKENDS
+from tests.integration.dbapi_connect import DBAPI_DRIVERS, dbapi_module
 
 pytest.importorskip("django")
+
+#: The database alias and Django ENGINE of each driver: Django's own backends, on psycopg (3)
+#: and mysqlclient; tests/integration/django/backends' copies, on psycopg2 and PyMySQL.
+ALIASES = {
+    "sqlite3": ("default", "django.db.backends.sqlite3"),
+    "psycopg": ("postgresql", "django.db.backends.postgresql"),
+    "psycopg2": ("postgresql_psycopg2", "tests.integration.django.backends.postgresql_psycopg2"),
+    "MySQLdb": ("mysql", "django.db.backends.mysql"),
+    "pymysql": ("mysql_pymysql", "tests.integration.django.backends.mysql_pymysql"),
+}
 
 
 def _server(request: pytest.FixtureRequest, fixture: str) -> str | None:
@@ -19,13 +30,20 @@ def _server(request: pytest.FixtureRequest, fixture: str) -> str | None:
         return None
 
 
-def _django_database(url: str) -> dict[str, Any]:
+def _installed(driver: str) -> bool:
+    try:
+        importlib.import_module(driver)
+    except ImportError:
+        return False
+    return True
+
+
+def _django_database(url: str, engine: str) -> dict[str, Any]:
     from sqlalchemy import make_url
 
     parsed = make_url(url)
-    engine = {"postgresql": "postgresql", "mysql": "mysql"}[parsed.get_backend_name()]
     return {
-        "ENGINE": f"django.db.backends.{engine}",
+        "ENGINE": engine,
         "NAME": parsed.database,
         "USER": parsed.username,
         "PASSWORD": parsed.password or "",
@@ -38,25 +56,24 @@ def _django_database(url: str) -> dict[str, Any]:
 def django_urls(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, str]:
-    """Configure Django once: the alias of each backend whose server runs -> its txtasks URL."""
+    """Configure Django once: the alias of each driver installed whose server runs -> its
+    txtasks URL."""
     import django
     from django.conf import settings
 
     sqlite_file = tmp_path_factory.mktemp("django") / "django.sqlite3"
-    urls = {"sqlite": f"sqlite:///{sqlite_file}"}
+    urls = {"default": f"sqlite:///{sqlite_file}"}
     databases: dict[str, Any] = {
         "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(sqlite_file)}
     }
-    for backend, fixture in (("postgresql", "postgres_url"), ("mysql", "mysql_url")):
-        url = _server(request, fixture)
-        if url is not None:
-            urls[backend] = url
-            databases[backend] = _django_database(url)
-    if "mysql" in databases:  # Django's MySQL backend on PyMySQL
-        import pymysql
-
-        pymysql.version_info = (2, 2, 1, "final", 0)
-        pymysql.install_as_MySQLdb()
+    servers = {"postgresql": "postgres_url", "mysql": "mysql_url"}
+    for param in DBAPI_DRIVERS:
+        backend, driver = param.values[0]
+        url = _server(request, servers[backend]) if backend in servers else None
+        if url is not None and _installed(driver):
+            name, engine = ALIASES[driver]
+            urls[name] = url
+            databases[name] = _django_database(url, engine)
     settings.configure(
         DATABASES=databases,
         INSTALLED_APPS=["txtasks.contrib.django"],
@@ -67,21 +84,25 @@ def django_urls(
     return urls
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=DBAPI_DRIVERS)
 def alias(request: pytest.FixtureRequest, django_urls: dict[str, str], tmp_path: Path) -> Any:
-    """A Django database alias of each backend, its txtasks tables migrated and empty, and
-    TXTASKS_DATABASE set to it."""
+    """The Django database alias of each DB-API driver, its connection on that driver, its
+    txtasks tables migrated and empty, and TXTASKS_DATABASE set to it."""
     from django.conf import settings
     from django.db import connections
 
     from tests.conftest import reset_schema
     from tests.integration.django import tasks
+    from txtasks.dbapi import driver_of
 
-    backend = request.param
-    if backend not in django_urls:
-        pytest.skip(f"no {backend} server")
-    name = "default" if backend == "sqlite" else backend
-    reset_schema(django_urls[backend])
+    _backend, driver = request.param
+    dbapi_module(driver)  # skips (fails in CI) where it is not installed
+    name, _engine = ALIASES[driver]
+    if name not in django_urls:
+        pytest.skip(f"no server for {driver}")
+    reset_schema(django_urls[name])
+    connections[name].ensure_connection()
+    assert driver_of(connections[name].connection) == driver
     settings.TXTASKS_DATABASE = name
     tasks.recording.calls.clear()
     tasks.sent.clear()

@@ -26,12 +26,9 @@ if TYPE_CHECKING:
     from txtasks.app import App, Task
     from txtasks.types import NewTask
 
-#: Django's database backends -> txtasks' backend names.
-BACKENDS = {
-    "django.db.backends.postgresql": "postgresql",
-    "django.db.backends.mysql": "mysql",
-    "django.db.backends.sqlite3": "sqlite",
-}
+#: Django's database vendors (`connection.vendor`: its postgresql, mysql and sqlite3 backends
+#: and those built on them, such as PostGIS) -> txtasks' backend names.
+BACKENDS = {"postgresql": "postgresql", "mysql": "mysql", "sqlite": "sqlite"}
 
 
 def database_alias() -> str:
@@ -47,7 +44,7 @@ def database_url(using: str | None = None) -> str:
 
     alias = using or database_alias()
     conf = connections[alias].settings_dict
-    backend = BACKENDS.get(conf["ENGINE"])
+    backend = BACKENDS.get(connections[alias].vendor)
     if backend is None:
         raise ConfigurationError(
             f"TXTASKS_DATABASE: database {alias!r} uses {conf['ENGINE']}; txtasks supports "
@@ -98,8 +95,8 @@ def dbapi_tx(using: str | None = None) -> DbapiTx:
     except ConfigurationError:
         raise ConfigurationError(
             f"TXTASKS_DATABASE: database {alias!r} is on a {type(raw).__module__} connection; "
-            "use psycopg (3) for PostgreSQL, PyMySQL (pymysql.install_as_MySQLdb()) for "
-            "MariaDB/MySQL, or sqlite3"
+            "use psycopg (3) or psycopg2 for PostgreSQL, mysqlclient or PyMySQL "
+            "(pymysql.install_as_MySQLdb()) for MariaDB/MySQL, or sqlite3"
         ) from None
     return DbapiTx(raw, on_commit=on_commit)
 
