@@ -14,8 +14,9 @@ A writer's time is the Spark job's (stage and commit). For each txtasks mode the
 gives the time from the job's return to every task claimable: 0 for atomic (the commit made
 them claimable), for deferred the time `--publishers` publishers (threads of this process, each
 with its own connections, as workers or cleaners would be) take to publish the write; and the
-time the cleaner's archiver then takes, off the job's path, to delete the staged rows no write
-reads any more (the rows of the attempts the write ended), in its batches.
+time the cleaner's purge (its service `staged_purge`) then takes, off the job's path, to delete the staged rows no write
+reads any more (the rows of the attempts the write ended), in its batches; and the peak resident
+memory of one of Spark's Python workers while the job ran (`WorkerMemory`; the largest of the runs).
 
     python -m tests.benchmarks.spark_write --help
     TXTASKS_BENCH_POSTGRES_URL=postgresql://app:app@127.0.0.1:45432/bench \\
@@ -39,10 +40,12 @@ between the two writers; each run starts from an empty table. See tests/benchmar
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import statistics
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -142,6 +145,60 @@ class DropSource(DataSource):
         return DropWriter()
 
 
+class WorkerMemory:
+    """The peak resident memory (MiB) of Spark's Python workers while a block runs: every
+    Python process whose command line names `pyspark` (the daemon, the workers it forks, the workers
+    that plan and commit a data source's write), sampled from /proc. Each one's high-water mark
+    (`VmHWM`) is reset when the block starts (`clear_refs`), so a reused worker reports its
+    peak in this block only, and read every `interval` seconds until the block ends (a worker
+    that exits meanwhile is counted up to its last sample). The figure is the largest of one
+    process, not a sum."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self.interval = interval
+        self.peak_kib = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> WorkerMemory:
+        for pid in self._workers():
+            with contextlib.suppress(OSError):
+                Path(f"/proc/{pid}/clear_refs").write_text("5")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    @property
+    def peak_mib(self) -> float:
+        return self.peak_kib / 1024
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def _sample(self) -> None:
+        for pid in self._workers():
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        self.peak_kib = max(self.peak_kib, int(line.split()[1]))
+
+    @staticmethod
+    def _workers() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and int(entry.name) != os.getpid():
+                with contextlib.suppress(OSError):
+                    python = "python" in os.readlink(entry / "exe")  # not the JVM
+                    if python and b"pyspark" in (entry / "cmdline").read_bytes():
+                        found.append(int(entry.name))
+        return found
+
+
 @dataclass
 class Case:
     backend: str
@@ -157,6 +214,9 @@ class Case:
     #: Seconds the cleaner's archiver takes, after the write, to delete the staged rows that
     #: no write reads any more (those of ended attempts), per mode.
     purge: dict[str, list[float]] = field(default_factory=dict)
+    #: The peak resident memory (MiB) of one of Spark's Python workers while the job ran, per
+    #: txtasks mode (`WorkerMemory`).
+    rss: dict[str, list[float]] = field(default_factory=dict)
 
     def add(self, table: dict[str, list[float]], writer: str, seconds: float) -> None:
         table.setdefault(writer, []).append(seconds)
@@ -253,27 +313,27 @@ def publish_all(url: str, publishers: int) -> None:
 
 
 def purge_ended(url: str) -> int:
-    """Run the cleaner's purge of staged rows as the archiver does (batches of its default
-    size until one comes back short): the rows deleted."""
+    """Run the purge of staged rows as the cleaner's service `staged_purge` does (batches of its
+    default size until one comes back short): the rows deleted."""
     import asyncio
     from datetime import timedelta
 
-    from cleaner.archiver import ArchiverConfig
     from txtasks.clock import utcnow
     from txtasks.driver import driver_for_url
+    from txtasks.spark.services import StagedPurge
     from txtasks.spark.staging import purge_abandoned
 
-    config = ArchiverConfig()
+    config = StagedPurge()
 
     async def purge() -> int:
         driver = driver_for_url(url)
-        before = utcnow() - timedelta(seconds=config.staged_after)
+        before = utcnow() - timedelta(seconds=config.after)
         done = 0
         try:
             while True:
-                found = await purge_abandoned(driver, before=before, limit=config.staged_batch_size)
+                found = await purge_abandoned(driver, before=before, limit=config.batch_size)
                 done += found
-                if found < config.staged_batch_size:
+                if found < config.batch_size:
                     return done
         finally:
             await driver.close()
@@ -324,7 +384,9 @@ def run_case(spark: Any, df: Any, case: Case, rows: int, runs: int, publishers: 
     for run in range(runs):
         for mode in ("atomic", "deferred"):
             prepare(case.url)
-            case.add(case.seconds, mode, timed(txtasks(mode).save))
+            with WorkerMemory() as memory:
+                case.add(case.seconds, mode, timed(txtasks(mode).save))
+            case.add(case.rss, mode, memory.peak_mib)
             case.add(case.commit, mode, commit_seconds(case.url, time.time()))
             waited = 0.0  # atomic: claimable when the job returns
             if mode == "deferred":
@@ -465,8 +527,8 @@ def report(cases: list[Case], rows: int, partitions: int, runs: int, publishers:
         f"{publishers} publishers",
         "",
         "| database | writer | rows/s | / JDBC plain | / best hand-built atomic | job s | "
-        "commit s | job return to all claimable s | cleaner purge s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "commit s | job return to all claimable s | cleaner purge s | Python worker peak RSS MiB |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     per_run = []
     for case in cases:
@@ -479,6 +541,8 @@ def report(cases: list[Case], rows: int, partitions: int, runs: int, publishers:
             ]
             purged = case.purge.get(writer)
             shown.append(f"{statistics.median(purged):.3f}" if purged else "-")
+            peaks = case.rss.get(writer)
+            shown.append(f"{max(peaks):.0f}" if peaks else "-")
             lines.append(
                 f"| {case.backend} | {NAMES[writer]} | {rows / median[writer]:,.0f} | "
                 f"{median['jdbc'] / median[writer]:.2f}x | {best / median[writer]:.2f}x | "
