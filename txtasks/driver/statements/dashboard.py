@@ -18,8 +18,10 @@ from typing import Any, ClassVar
 
 from sqlalchemy import (
     ColumnElement,
+    CompoundSelect,
     Executable,
     Integer,
+    Select,
     and_,
     bindparam,
     func,
@@ -86,6 +88,51 @@ def _after(cursor: str) -> ColumnElement[bool]:
         archive.c.finished_at < at,
         and_(archive.c.finished_at == at, archive.c.id < task_id),
     )
+
+
+def finished_per_minute(*until: Any) -> Select[Any]:
+    """Tasks finished per queue, state and minute since `since` (and before `until`, a
+    bound parameter, if given): along the archive's index of state and finish time."""
+    minute = minute_of(archive.c.finished_at)
+    return (
+        select(archive.c.queue, archive.c.state, minute, func.count())
+        .where(
+            archive.c.state.in_(FINISHED),
+            archive.c.finished_at >= SINCE,
+            *[archive.c.finished_at < bound for bound in until],
+        )
+        .group_by(archive.c.queue, archive.c.state, minute)
+    )
+
+
+def arrived_per_minute(*until: Any) -> CompoundSelect[Any]:
+    """Tasks enqueued per queue and minute since `since` (and before `until`, a bound
+    parameter, if given), in one statement (one snapshot, so that a task finishing meanwhile
+    counts once): live ones backwards along the primary key from the newest down to id
+    `after` (ids follow enqueue times closely), finished ones among those finished since
+    (along the archive's index of state and finish time)."""
+    live_minute = minute_of(tasks.c.created_at)
+    live = (
+        select(tasks.c.queue, live_minute.label("minute"), func.count().label("n"))
+        .where(
+            tasks.c.id > bindparam("after", type_=Integer),
+            tasks.c.created_at >= SINCE,
+            *[tasks.c.created_at < bound for bound in until],
+        )
+        .group_by(tasks.c.queue, live_minute)
+    )
+    done_minute = minute_of(archive.c.created_at)
+    done = along_archive_state(
+        select(archive.c.queue, done_minute.label("minute"), func.count().label("n"))
+        .where(
+            archive.c.state.in_(FINISHED),
+            archive.c.finished_at >= SINCE,
+            archive.c.created_at >= SINCE,
+            *[archive.c.created_at < bound for bound in until],
+        )
+        .group_by(archive.c.queue, done_minute)
+    )
+    return union_all(live, done)
 
 
 class DashboardStatements(Statements):
@@ -291,38 +338,13 @@ class DashboardStatements(Statements):
     def stmt_finished_per_minute() -> Executable:
         """Tasks finished per queue, state and minute since `since`: along the archive's
         index."""
-        minute = minute_of(archive.c.finished_at)
-        return (
-            select(archive.c.queue, archive.c.state, minute, func.count())
-            .where(archive.c.state.in_(FINISHED), archive.c.finished_at >= SINCE)
-            .group_by(archive.c.queue, archive.c.state, minute)
-        )
+        return finished_per_minute()
 
     @staticmethod
     @functools.cache
     def stmt_arrived_per_minute() -> Executable:
-        """Tasks enqueued per queue and minute since `since`, in one statement (one snapshot,
-        so that a task finishing meanwhile counts once): live ones backwards along the primary
-        key from the newest down to id `after` (ids follow enqueue times closely), finished
-        ones among those finished since (along the archive's index of state and finish
-        time)."""
-        live_minute = minute_of(tasks.c.created_at)
-        live = (
-            select(tasks.c.queue, live_minute.label("minute"), func.count().label("n"))
-            .where(tasks.c.id > bindparam("after", type_=Integer), tasks.c.created_at >= SINCE)
-            .group_by(tasks.c.queue, live_minute)
-        )
-        done_minute = minute_of(archive.c.created_at)
-        done = along_archive_state(
-            select(archive.c.queue, done_minute.label("minute"), func.count().label("n"))
-            .where(
-                archive.c.state.in_(FINISHED),
-                archive.c.finished_at >= SINCE,
-                archive.c.created_at >= SINCE,
-            )
-            .group_by(archive.c.queue, done_minute)
-        )
-        return union_all(live, done)
+        """Tasks enqueued per queue and minute since `since` (`arrived_per_minute`)."""
+        return arrived_per_minute()
 
     @staticmethod
     @functools.cache

@@ -2,7 +2,7 @@
 the tasks enqueued and finished in each minute that is over (as the dashboard's last hour counts
 them, bounded above by the minute's end) and writes a row per minute and queue where none is;
 the dashboard sums them into buckets of a day or a week. Minutes are numbers (minutes since
-1970-01-01 UTC: `txtasks.driver.base.minute_number`), so that a bucket is integer arithmetic on
+1970-01-01 UTC: `txtasks.driver.history.minute_number`), so that a bucket is integer arithmetic on
 every database.
 """
 
@@ -19,15 +19,12 @@ from sqlalchemy import (
     func,
     literal_column,
     select,
-    union_all,
 )
 
-from txtasks.driver.base import FINISHED
 from txtasks.driver.statements import Statements
-from txtasks.driver.statements.dashboard import minute_of
-from txtasks.schema.tables import Timestamp, along_archive_state, archive, history, tasks
+from txtasks.driver.statements.dashboard import arrived_per_minute, finished_per_minute
+from txtasks.schema.tables import Timestamp, history
 
-SINCE = bindparam("since", type_=Timestamp)
 UNTIL = bindparam("until", type_=Timestamp)
 #: The columns of a row of the history, in order.
 HISTORY_COLUMNS = ("minute", "queue", "enqueued", "completed", "failed", "dead")
@@ -45,48 +42,16 @@ class HistoryStatements(Statements):
     @staticmethod
     @functools.cache
     def stmt_finished_between() -> Executable:
-        """Tasks finished per queue, state and minute from `since` to `until`: along the
-        archive's index of state and finish time."""
-        minute = minute_of(archive.c.finished_at)
-        return (
-            select(archive.c.queue, archive.c.state, minute, func.count())
-            .where(
-                archive.c.state.in_(FINISHED),
-                archive.c.finished_at >= SINCE,
-                archive.c.finished_at < UNTIL,
-            )
-            .group_by(archive.c.queue, archive.c.state, minute)
-        )
+        """Tasks finished per queue, state and minute from `since` to `until`, as the
+        dashboard's last hour counts them (`finished_per_minute`)."""
+        return finished_per_minute(UNTIL)
 
     @staticmethod
     @functools.cache
     def stmt_arrived_between() -> Executable:
-        """Tasks enqueued per queue and minute from `since` to `until`, in one statement: live
-        ones backwards along the primary key down to id `after`, finished ones among those
-        finished since `since` (the archive's index of state and finish time); as
-        `DashboardStatements.stmt_arrived_per_minute` counts the last hour."""
-        live_minute = minute_of(tasks.c.created_at)
-        live = (
-            select(tasks.c.queue, live_minute.label("minute"), func.count().label("n"))
-            .where(
-                tasks.c.id > bindparam("after", type_=Integer),
-                tasks.c.created_at >= SINCE,
-                tasks.c.created_at < UNTIL,
-            )
-            .group_by(tasks.c.queue, live_minute)
-        )
-        done_minute = minute_of(archive.c.created_at)
-        done = along_archive_state(
-            select(archive.c.queue, done_minute.label("minute"), func.count().label("n"))
-            .where(
-                archive.c.state.in_(FINISHED),
-                archive.c.finished_at >= SINCE,
-                archive.c.created_at >= SINCE,
-                archive.c.created_at < UNTIL,
-            )
-            .group_by(archive.c.queue, done_minute)
-        )
-        return union_all(live, done)
+        """Tasks enqueued per queue and minute from `since` to `until`, as the dashboard's
+        last hour counts them (`arrived_per_minute`)."""
+        return arrived_per_minute(UNTIL)
 
     @classmethod
     @functools.cache
