@@ -238,7 +238,7 @@ async def test_lease_extension_that_waits_extends_a_row_once_its_holder_lets_go(
 ) -> None:
     """With `wait_locked`, the extension waits in line for a row another transaction holds,
     and extends it when that transaction ends without finishing it (an expired lease too:
-    no rescuer took it meanwhile)."""
+    no rescuer took it meanwhile). A callable `lease_until` is asked once the row is locked."""
     if isinstance(driver, MemoryDriver) or not driver.capabilities.concurrent_claims:
         pytest.skip("no row locks held by another transaction to wait for")
     await driver.tasks.task_insert_many([new()])
@@ -247,15 +247,22 @@ async def test_lease_extension_that_waits_extends_a_row_once_its_holder_lets_go(
     async with sql.db.engine.connect() as conn:
         tx = await conn.begin()
         await conn.execute(select(tasks.c.id).where(tasks.c.id == row.id).with_for_update())
+        asked: list[int] = []
+
+        def lease_until() -> datetime:
+            asked.append(1)
+            return at(500)
+
         extend = asyncio.ensure_future(
             driver.claims.lease_extend_many(
-                [row.key], lease_until=at(500), worker_id="w1", wait_locked=True
+                [row.key], lease_until=lease_until, worker_id="w1", wait_locked=True
             )
         )
         await until(lambda: lock_waiters(sql.db.engine), "the extension to wait for the row's lock")
-        assert not extend.done()
+        assert not extend.done() and not asked
         await tx.rollback()
     assert await asyncio.wait_for(extend, 10) == 1
+    assert asked == [1]
     assert (await get(driver, row.id)).lease_expires_at == at(500)
 
 

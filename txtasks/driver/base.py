@@ -7,7 +7,7 @@ only call these methods. Every method is a few statements at most, batched over 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -332,7 +332,7 @@ class Claims(Protocol):
         self,
         keys: Sequence[TaskKey],
         *,
-        lease_until: datetime,
+        lease_until: datetime | Callable[[], datetime],
         worker_id: str | None = None,
         progress: Mapping[TaskKey, str] | None = None,
         left_out: set[TaskKey] | None = None,
@@ -345,7 +345,9 @@ class Claims(Protocol):
         transaction. `left_out`, when given, receives the keys not extended (left out or
         lost). `wait_locked`: wait for the rows another transaction holds instead (in line
         for their locks, so the extension comes first when that transaction ends without
-        finishing them; an expired lease not taken by then is extended too)."""
+        finishing them; an expired lease not taken by then is extended too). `lease_until`
+        may be a callable, called once the rows are locked (a waiting extension's lease
+        counts from when it gets them)."""
 
     async def cancel_requested_list(self, keys: Sequence[TaskKey]) -> list[TaskKey]:
         """Of the attempts `keys`, those whose cancel was asked for (a read by primary key)."""

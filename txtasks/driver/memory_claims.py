@@ -3,7 +3,7 @@ leases, outcomes fenced on the attempt, cancels asked for), the `Claims` role.""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import datetime
 from typing import Any
@@ -215,21 +215,20 @@ class MemoryClaims:
         self,
         keys: Sequence[TaskKey],
         *,
-        lease_until: datetime,
+        lease_until: datetime | Callable[[], datetime],
         worker_id: str | None = None,
         progress: Mapping[TaskKey, str] | None = None,
         left_out: set[TaskKey] | None = None,
         wait_locked: bool = False,
     ) -> int:
         count = 0  # no row locks here: `wait_locked` changes nothing
+        until = lease_until() if callable(lease_until) else lease_until
         with self.store.lock:
             for key in keys:
                 row = self._current(key, worker_id)
                 if row is not None:
                     report = progress.get(key, row.progress) if progress else row.progress
-                    self.store.live[key.id] = row._replace(
-                        lease_expires_at=lease_until, progress=report
-                    )
+                    self.store.live[key.id] = row._replace(lease_expires_at=until, progress=report)
                     count += 1
                 elif left_out is not None:
                     left_out.add(key)

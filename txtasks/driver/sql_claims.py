@@ -593,7 +593,7 @@ class SqlClaims:
         self,
         keys: Sequence[TaskKey],
         *,
-        lease_until: datetime,
+        lease_until: datetime | Callable[[], datetime],
         worker_id: str | None = None,
         progress: Mapping[TaskKey, str] | None = None,
         left_out: set[TaskKey] | None = None,
@@ -614,8 +614,9 @@ class SqlClaims:
             locked = [TaskKey(row[0], row[1]) for row in rows]
             if locked:
                 ids = [k.id for k in locked]
+                until = lease_until() if callable(lease_until) else lease_until
                 await conn.execute(
-                    self.db.sql.outcomes.stmt_lease_set(), {"ids": ids, "lease_until": lease_until}
+                    self.db.sql.outcomes.stmt_lease_set(), {"ids": ids, "lease_until": until}
                 )
                 reports = [
                     {"b_id": k.id, "b_progress": progress[k]}

@@ -55,8 +55,8 @@ CLAIM_ERROR_BACKOFF_MAX = 5.0
 #: away, a lease is extended within a second of its coming back.
 BEAT_RETRY_FIRST = 0.1
 BEAT_RETRY_MAX = 1.0
-#: Lease extensions waiting in line for locked rows at once (`Worker._leases_await`): each
-#: waits two heartbeat intervals and a beat starts one, so two overlap, three at the turn.
+#: Lease extensions waiting in line for locked rows at once (`Worker._leases_await`), each
+#: for rows none of the others waits for.
 AWAITING_MOST = 3
 #: Seconds between two looks for cancels prompted by cancel wake-ups (the heartbeat looks
 #: anyway).
@@ -210,8 +210,9 @@ class Worker:
         #: Set while the worker waits for a wake-up or its next poll (its last claim was empty).
         self.idle = asyncio.Event()
         self._force = False
-        #: Extensions waiting in line for rows another transaction holds (`_leases_await`).
-        self._awaiting: set[asyncio.Task[None]] = set()
+        #: Extensions waiting in line for rows another transaction holds, and their keys
+        #: (`_leases_await`).
+        self._awaiting: dict[asyncio.Task[None], frozenset[TaskKey]] = {}
         #: When the claim loop and the heartbeat last turned (liveness).
         self._pulses = {"claimer": Pulse(), "heartbeat": Pulse()}
         self._loops: list[asyncio.Task[None]] = []
@@ -697,22 +698,28 @@ class Worker:
         rescuer would take the rows before the next beat or the write's retry, and the task
         would run again. An extension waiting in line for the locks comes first instead.
 
-        Each beat that leaves such rows out puts one more in line, for two intervals: there
-        is always one in line, and the first to get the rows has a lease that started at most
-        two intervals ago."""
-        self._awaiting = {t for t in self._awaiting if not t.done()}
-        waiting = sorted(left_out.intersection(self._outcomes.keys()))
+        The first beat that leaves rows out puts one extension in line for them, and it stays
+        there until it gets them (or the command timeout ends it, and a later beat puts
+        another): the one in line was put there while the lease had time left, however late
+        a loaded machine brings it to the server. Its lease is counted from the moment it
+        gets the rows. Rows left out again while one waits for them add nothing."""
+        self._awaiting = {t: keys for t, keys in self._awaiting.items() if not t.done()}
+        waiting = left_out.intersection(self._outcomes.keys())
+        for keys in self._awaiting.values():
+            waiting -= keys
         if waiting and len(self._awaiting) < AWAITING_MOST:
-            task = asyncio.create_task(self._leases_extend_waiting(waiting))
-            self._awaiting.add(task)
+            task = asyncio.create_task(self._leases_extend_waiting(sorted(waiting)))
+            self._awaiting[task] = frozenset(waiting)
 
     async def _leases_extend_waiting(self, keys: list[TaskKey]) -> None:
-        until = self.app.clock() + timedelta(seconds=self.config.lease)
-        extend = self.driver.claims.lease_extend_many(
-            keys, lease_until=until, worker_id=self.worker_id, wait_locked=True
-        )
+        lease = timedelta(seconds=self.config.lease)
         try:
-            await within(extend, 2 * self.config.heartbeat_interval)
+            await self.driver.claims.lease_extend_many(
+                keys,
+                lease_until=lambda: self.app.clock() + lease,
+                worker_id=self.worker_id,
+                wait_locked=True,
+            )
         except Exception as exc:  # the beats go on, and put another in line while it matters
             log.debug("waiting to extend %d lease(s): %s", len(keys), describe(exc))
 
