@@ -366,7 +366,9 @@ def hand_built(df: Any, url: str, form: str) -> None:
         engine.dispose()
 
 
-def run_case(spark: Any, df: Any, case: Case, rows: int, runs: int, publishers: int) -> None:
+def run_case(
+    spark: Any, df: Any, case: Case, rows: int, runs: int, publishers: int, writers: list[str]
+) -> None:
     def txtasks(mode: str) -> Any:
         return (
             df.write.format("txtasks")
@@ -382,7 +384,7 @@ def run_case(spark: Any, df: Any, case: Case, rows: int, runs: int, publishers: 
     txtasks("atomic").save()  # untimed: Spark's Python workers start
     df.write.format(DropSource.name()).mode("append").save()
     for run in range(runs):
-        for mode in ("atomic", "deferred"):
+        for mode in [m for m in ("atomic", "deferred") if m in writers]:
             prepare(case.url)
             with WorkerMemory() as memory:
                 case.add(case.seconds, mode, timed(txtasks(mode).save))
@@ -395,24 +397,29 @@ def run_case(spark: Any, df: Any, case: Case, rows: int, runs: int, publishers: 
             case.add(case.claimable, mode, waited)
             case.add(case.purge, mode, timed(lambda: purge_ended(case.url)))
             assert count(case.url, "txtasks_staged") == 0
-        prepare(case.url)
-        jdbc = df.write.format("jdbc").options(dbtable=PLAIN, **jdbc_options(case.url))
-        case.add(case.seconds, "jdbc", timed(jdbc.mode("append").save))
-        assert count(case.url, PLAIN) == rows
+        if "jdbc" in writers:
+            prepare(case.url)
+            jdbc = df.write.format("jdbc").options(dbtable=PLAIN, **jdbc_options(case.url))
+            case.add(case.seconds, "jdbc", timed(jdbc.mode("append").save))
+            assert count(case.url, PLAIN) == rows
         for form, table in (
             ("hand", HAND_TASKS),
             ("hand_spark", HAND_TASKS),
             ("hand_plain", HAND_COPY),
         ):
-            prepare(case.url)
-            case.add(case.seconds, form, timed(partial(hand_built, df, case.url, form)))
-            assert count(case.url, table) == rows
+            if form in writers:
+                prepare(case.url)
+                case.add(case.seconds, form, timed(partial(hand_built, df, case.url, form)))
+                assert count(case.url, table) == rows
         for writer, name in (("noop", "noop"), ("noop_python", DropSource.name())):
-            case.add(case.seconds, writer, timed(df.write.format(name).mode("append").save))
+            if writer in writers:
+                save = df.write.format(name).mode("append").save
+                case.add(case.seconds, writer, timed(save))
+        published = case.claimable.get("deferred")
         log(
             f"{case.backend} run {run + 1}: "
-            + ", ".join(f"{w} {rows / case.seconds[w][-1]:,.0f} rows/s" for w in WRITERS)
-            + f", deferred publish {case.claimable['deferred'][-1]:.2f} s"
+            + ", ".join(f"{w} {rows / case.seconds[w][-1]:,.0f} rows/s" for w in writers)
+            + (f", deferred publish {published[-1]:.2f} s" if published else "")
         )
     prepare(case.url)
     drop_bench_tables(case.url)
@@ -521,10 +528,13 @@ def machine() -> str:
     return f"{platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, {versions}"
 
 
-def report(cases: list[Case], rows: int, partitions: int, runs: int, publishers: int) -> str:
+def report(
+    cases: list[Case], rows: int, partitions: int, runs: int, publishers: int, batch: int | None
+) -> str:
+    arrow = f"Arrow batches of {batch:,} rows" if batch else "Arrow batches of Spark's default"
     lines = [
         f"rows {rows:,}, partitions {partitions}, runs {runs} (median), Spark local[2], "
-        f"{publishers} publishers",
+        f"{publishers} publishers, {arrow}",
         "",
         "| database | writer | rows/s | / JDBC plain | / best hand-built atomic | job s | "
         "commit s | job return to all claimable s | cleaner purge s | Python worker peak RSS MiB |",
@@ -532,9 +542,11 @@ def report(cases: list[Case], rows: int, partitions: int, runs: int, publishers:
     ]
     per_run = []
     for case in cases:
-        median = {w: statistics.median(case.seconds[w]) for w in WRITERS}
-        best = min(median[w] for w in HAND_BUILT)
-        for writer in WRITERS:
+        ran = [w for w in WRITERS if w in case.seconds]
+        median = {w: statistics.median(case.seconds[w]) for w in ran}
+        hands = [w for w in HAND_BUILT if w in median]
+        best = min(median[w] for w in hands) if hands else None
+        for writer in ran:
             shown = [
                 f"{statistics.median(found):.2f}" if found else "-"
                 for found in (case.commit.get(writer), case.claimable.get(writer))
@@ -543,22 +555,27 @@ def report(cases: list[Case], rows: int, partitions: int, runs: int, publishers:
             shown.append(f"{statistics.median(purged):.3f}" if purged else "-")
             peaks = case.rss.get(writer)
             shown.append(f"{max(peaks):.0f}" if peaks else "-")
+            to_jdbc = f"{median['jdbc'] / median[writer]:.2f}x" if "jdbc" in median else "-"
+            to_hand = f"{best / median[writer]:.2f}x" if best is not None else "-"
             lines.append(
                 f"| {case.backend} | {NAMES[writer]} | {rows / median[writer]:,.0f} | "
-                f"{median['jdbc'] / median[writer]:.2f}x | {best / median[writer]:.2f}x | "
-                f"{median[writer]:.2f} | {' | '.join(shown)} |"
+                f"{to_jdbc} | {to_hand} | {median[writer]:.2f} | {' | '.join(shown)} |"
             )
-        ratios = [
-            (min(case.seconds[w][run] for w in HAND_BUILT) / case.seconds["atomic"][run],
-             case.seconds["jdbc"][run] / case.seconds["deferred"][run])
-            for run in range(len(case.seconds["atomic"]))
-        ]  # fmt: skip
-        per_run.append(
-            f"{case.backend}, per run: atomic / best hand-built "
-            + ", ".join(f"{a:.2f}x" for a, _ in ratios)
-            + "; deferred / JDBC plain "
-            + ", ".join(f"{d:.2f}x" for _, d in ratios)
-        )
+        runs_done = range(len(case.seconds[ran[0]])) if ran else range(0)
+        found = []
+        if hands and "atomic" in median:
+            atomic = [
+                min(case.seconds[w][run] for w in hands) / case.seconds["atomic"][run]
+                for run in runs_done
+            ]
+            found.append("atomic / best hand-built " + ", ".join(f"{a:.2f}x" for a in atomic))
+        if "jdbc" in median and "deferred" in median:
+            deferred = [
+                case.seconds["jdbc"][run] / case.seconds["deferred"][run] for run in runs_done
+            ]
+            found.append("deferred / JDBC plain " + ", ".join(f"{d:.2f}x" for d in deferred))
+        if found:
+            per_run.append(f"{case.backend}, per run: " + "; ".join(found))
     return "\n".join([*lines, "", *per_run, "", machine()])
 
 
@@ -582,7 +599,22 @@ def main() -> None:
         help="MariaDB/MySQL: txtasks writes with option local_infile (LOAD DATA LOCAL INFILE)",
     )
     parser.add_argument("--sizes", default="100000,1000000", help="rows of each dedup write")
+    parser.add_argument(
+        "--writers",
+        default=",".join(WRITERS),
+        help=f"the writers to run, of {', '.join(WRITERS)} (ratios need jdbc and a hand-built)",
+    )
+    parser.add_argument(
+        "--arrow-batch-rows",
+        type=int,
+        help="rows per Arrow batch Spark hands a Python writer "
+        "(spark.sql.execution.arrow.maxRecordsPerBatch; Spark's default: 10,000)",
+    )
     args = parser.parse_args()
+    writers = args.writers.split(",")
+    unknown = sorted(set(writers) - set(WRITERS))
+    if unknown:
+        parser.error(f"--writers: unknown {', '.join(unknown)} (known: {', '.join(WRITERS)})")
     cases = [
         Case(b, u, local_infile=args.local_infile and b == "mysql")
         for b, u in (("postgresql", args.postgres_url), ("mysql", args.mysql_url))
@@ -596,13 +628,17 @@ def main() -> None:
     from txtasks.spark import register
 
     jars = ",".join(JARS[c.backend] for c in cases)
-    spark = (
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("txtasks-spark-bench")
         .config("spark.ui.enabled", "false")
         .config("spark.jars", jars)
-        .getOrCreate()
     )
+    if args.arrow_batch_rows:
+        builder = builder.config(
+            "spark.sql.execution.arrow.maxRecordsPerBatch", str(args.arrow_batch_rows)
+        )
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     spark.dataSource.register(DropSource)
@@ -631,9 +667,11 @@ def main() -> None:
     df = df.cache()
     df.count()
     for case in cases:
-        run_case(spark, df, case, args.rows, args.runs, args.publishers)
+        run_case(spark, df, case, args.rows, args.runs, args.publishers, writers)
     spark.stop()
-    text_report = report(cases, args.rows, args.partitions, args.runs, args.publishers)
+    text_report = report(
+        cases, args.rows, args.partitions, args.runs, args.publishers, args.arrow_batch_rows
+    )
     print(text_report)
     if args.output:
         args.output.write_text(text_report + "\n")
