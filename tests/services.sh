@@ -37,6 +37,8 @@
 #   SVC_DB=appdb SVC_USER=app SVC_PASSWORD=app   database, user and password (also the broker's)
 #   PG_FAST=1                        1: fsync, synchronous_commit and full_page_writes off (fast,
 #                                    not crash-safe); 0: PostgreSQL's durable defaults (benchmarks)
+#   MY_BUFFER_POOL=64M MY_LOG_FILE=16M  MariaDB's InnoDB buffer pool and redo log (small for tests;
+#                                    benchmarks of millions of rows want a pool that holds them)
 #   PGBIN=/usr/lib/postgresql/NN/bin  default: the newest installed version
 #
 # Limits raised for multi-process tests: PostgreSQL max_connections=400, MariaDB max_connections=600
@@ -56,6 +58,7 @@ RMQ_PORT=${RMQ_PORT:-55672}
 TIMEOUT=${SVC_TIMEOUT:-60}
 DB=${SVC_DB:-appdb}; DBUSER=${SVC_USER:-app}; DBPASS=${SVC_PASSWORD:-app}
 PG_FAST=${PG_FAST:-1}
+MY_BUFFER_POOL=${MY_BUFFER_POOL:-64M}; MY_LOG_FILE=${MY_LOG_FILE:-16M}
 PGBIN=${PGBIN:-$(printf '%s\n' /usr/lib/postgresql/*/bin | sort -V | tail -1)}
 RMQBIN=/usr/lib/rabbitmq/bin          # NOT /usr/sbin/rabbitmq-server (that wrapper su's to rabbitmq)
 PGBOUNCER=${PGBOUNCER:-/usr/sbin/pgbouncer}
@@ -165,14 +168,14 @@ start_mariadb() {
   local user=(); if [ "$(id -u)" = 0 ]; then user=(--user=root); fi   # mariadbd aborts as root without it
   # --no-defaults: ignore /etc/mysql (it points pid/socket files at /run/mysqld)
   local opts=(--no-defaults --datadir="$d/data" "${user[@]}" --skip-name-resolve
-              --innodb-log-file-size=16M --innodb-data-file-path=ibdata1:10M:autoextend)
+              --innodb-log-file-size="$MY_LOG_FILE" --innodb-data-file-path=ibdata1:10M:autoextend)
   if [ ! -d "$d/data/mysql" ]; then
     mariadb-install-db "${opts[@]}" --auth-root-authentication-method=normal --skip-test-db \
       > "$d/install.log" 2>&1 || { cat "$d/install.log" >&2; return 1; }
   fi
   setsid /usr/sbin/mariadbd "${opts[@]}" --port="$MY_PORT" --bind-address=127.0.0.1 \
     --socket="$d/mysqld.sock" --pid-file="$d/mysqld.pid" --log-error="$d/error.log" \
-    --max-connections=600 --innodb-buffer-pool-size=64M \
+    --max-connections=600 --innodb-buffer-pool-size="$MY_BUFFER_POOL" \
     --character-set-server=utf8mb4 --collation-server=utf8mb4_unicode_ci \
     < /dev/null > "$d/stdout.log" 2>&1 &
   echo $! > "$d/pid"
