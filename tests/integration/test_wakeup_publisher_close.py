@@ -56,7 +56,12 @@ def test_closing_the_publisher_ends_every_task_left_on_its_loop() -> None:
             seen.append("finished")
 
     started = threading.Event()
-    loop.call_soon_threadsafe(lambda: (loop.create_task(library_close()), started.set()))
+    # held here, as the library holds its own (a loop keeps only weak references to its tasks:
+    # a task nothing else holds may be collected while pending, before the close)
+    held: list[asyncio.Task[None]] = []
+    loop.call_soon_threadsafe(
+        lambda: (held.append(loop.create_task(library_close())), started.set())
+    )
     assert started.wait(5)
     publisher.close(5)
     assert seen == ["cancelled", "finished"]
