@@ -390,8 +390,11 @@ class Processes:
         return proc
 
     def close(self) -> None:
+        """Kill every process group first, then reap them: a process slow to go cannot leave
+        the ones after it running."""
         for proc in self.started:
             _kill_group(proc.popen)
+        for proc in self.started:
             proc.popen.wait(timeout=30)
 
 
