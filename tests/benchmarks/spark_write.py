@@ -561,17 +561,16 @@ def report(
                 f"| {case.backend} | {NAMES[writer]} | {rows / median[writer]:,.0f} | "
                 f"{to_jdbc} | {to_hand} | {median[writer]:.2f} | {' | '.join(shown)} |"
             )
-        runs_done = range(len(case.seconds[ran[0]])) if ran else range(0)
         found = []
         if hands and "atomic" in median:
             atomic = [
                 min(case.seconds[w][run] for w in hands) / case.seconds["atomic"][run]
-                for run in runs_done
+                for run in range(runs)
             ]
             found.append("atomic / best hand-built " + ", ".join(f"{a:.2f}x" for a in atomic))
         if "jdbc" in median and "deferred" in median:
             deferred = [
-                case.seconds["jdbc"][run] / case.seconds["deferred"][run] for run in runs_done
+                case.seconds["jdbc"][run] / case.seconds["deferred"][run] for run in range(runs)
             ]
             found.append("deferred / JDBC plain " + ", ".join(f"{d:.2f}x" for d in deferred))
         if found:
