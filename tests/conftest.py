@@ -9,13 +9,14 @@ from typing import Any
 import pytest
 from sqlalchemy import MetaData, create_engine
 
+from tests import pace
 from txtasks import App
 from txtasks.cli import demo_app
 from txtasks.driver.urls import url_sync
 from txtasks.schema.migrate import migrate
 from txtasks.schema.tables import metadata
 
-pytest_plugins = ("tests.servers",)
+pytest_plugins = ("tests.servers", "pytester")
 
 BACKENDS = [
     pytest.param("sqlite", id="sqlite"),
@@ -76,7 +77,7 @@ SPARK_GROUP = "spark"
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tests that use the `spark` fixture go to `SPARK_GROUP`, and first: one process
     runs them one after another (several minutes), and a group that started last would end
     last. (Only that group: JVMs that all start at once, on two cores, made a first Spark
@@ -86,3 +87,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
     chosen = set(spark)
     items[:] = spark + [item for item in items if item not in chosen]
+    stretch_timeouts(config, items)
+
+
+def stretch_timeouts(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test's pytest-timeout limit (its marker's, else the configured one) at the pace."""
+    if pace.pace() == 1:
+        return
+    configured = config.getini("timeout")
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        args, kwargs = (marker.args, dict(marker.kwargs)) if marker else ((), {})
+        limit = args[0] if args else kwargs.pop("timeout", configured)
+        if limit:
+            item.add_marker(
+                pytest.mark.timeout(pace.seconds(float(limit)), *args[1:], **kwargs), append=False
+            )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The run's pace (tests/pace.py), measured before pytest-xdist starts its workers."""
+    pace.pace()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"txtasks test pace: {pace.pace():g} (time bounds x{pace.pace():g}; {pace.ENV} sets it)"

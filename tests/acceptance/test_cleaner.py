@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select, update
 
+from tests import pace
 from tests.acceptance.apps import (
     APP_SPEC,
     PERIODIC_APP_SPEC,
@@ -64,7 +65,7 @@ SWEEPS = {
 RESCUER = ("--only", "rescuer", "--set", "rescuer.interval=0.2")
 POLL = ("--poll-interval", "0.05")
 #: Seconds a process may take to exit before the test fails (a hang must not block CI).
-EXIT_TIMEOUT = 30
+EXIT_TIMEOUT = pace.seconds(30)
 #: Seconds a test waits for the work it started to be done (generous: CI machines are slow).
 DONE_TIMEOUT = 60
 

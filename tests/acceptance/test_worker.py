@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
+from tests import pace
 from tests.acceptance.apps import (
     APP_SPEC,
     QUEUE,
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.acceptance
 
 BURST = ("--burst", "--burst-horizon", "1", "--poll-interval", "0.05")
 #: Seconds a worker may take to exit before the test fails (a hang must not block CI).
-EXIT_TIMEOUT = 30
+EXIT_TIMEOUT = pace.seconds(30)
 
 
 # -- several workers ----------------------------------------------------------------------------
@@ -52,7 +53,7 @@ def test_burst_workers_drain_the_queue_running_each_task_once(
     ids = enqueue(db, "acc.record", [{"n": n, "barrier": WORKERS} for n in range(TASKS)])
     workers = [procs.start("worker", APP_SPEC, *BURST, url=database_url) for _ in range(WORKERS)]
 
-    codes = [w.wait(timeout=120) for w in workers]
+    codes = [w.wait(timeout=pace.seconds(120)) for w in workers]
 
     assert codes == [0] * WORKERS, "\n".join(w.stderr for w in workers)
     effects = effects_per_task(db)

@@ -9,6 +9,7 @@ import signal
 import pytest
 from sqlalchemy import Engine
 
+from tests import pace
 from tests.acceptance.apps import (
     APP_SPEC,
     Processes,
@@ -21,7 +22,7 @@ from tests.conftest import backends
 from tests.tcp_proxy import ProxyThread
 
 ADDRESS = re.compile(r"health checks on http://([\d.]+):(\d+)/livez")
-EXIT_TIMEOUT = 30
+EXIT_TIMEOUT = pace.seconds(30)
 
 
 @pytest.mark.parametrize("database_url", backends("postgresql", "mysql"), indirect=True)

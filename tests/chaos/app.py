@@ -43,6 +43,7 @@ from sqlalchemy import (
     update,
 )
 
+from tests import pace
 from txtasks import App, KeyLimits, Rate
 from txtasks.driver.sqlite import sqlite_connection_setup
 from txtasks.driver.urls import backend_name, url_sync
@@ -56,7 +57,7 @@ MAX_ATTEMPTS = 25
 RETRY_DELAY = 0.2
 EFFECTS_URL_VAR = "CHAOS_EFFECTS_URL"
 #: Seconds the enqueuer keeps trying to record a rollback or failure while the database is away.
-NOTE_PATIENCE = 20.0
+NOTE_PATIENCE = pace.seconds(20.0)
 
 metadata = MetaData()
 orders = Table(

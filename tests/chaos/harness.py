@@ -37,6 +37,7 @@ from typing import TypeVar
 
 from sqlalchemy import MetaData, func, select
 
+from tests import pace
 from tests.chaos.app import (
     EFFECTS_URL_VAR,
     TASK,
@@ -356,7 +357,7 @@ class Chaos:
 
     def settle(self, timeout: float, *, enqueuers: Sequence[Proc] = ()) -> bool:
         """Wait until the enqueuers are done and every task finished; False on the deadline."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + pace.seconds(timeout)
         for proc in enqueuers:
             try:
                 proc.popen.wait(max(0.1, deadline - time.monotonic()))
@@ -366,7 +367,8 @@ class Chaos:
             if proc.popen.returncode != 0:
                 self.note_exit(proc)
         workers = [p for p in self.procs if p.name in ("worker", "cleaner") and p.alive]
-        done = self.wait_until(self.settled, max(0.1, deadline - time.monotonic()), watch=workers)
+        left = max(0.1, deadline - time.monotonic()) / pace.pace()  # wait_until stretches it back
+        done = self.wait_until(self.settled, left, watch=workers)
         return bool(done)
 
     def stop_all(self) -> dict[str, float]:
@@ -380,14 +382,15 @@ class Chaos:
         for proc in alive:
             proc.popen.send_signal(signal.SIGTERM)
         t = time.monotonic()
+        bound = pace.seconds(GRACE + STOP_BOUND)
         took: dict[str, float] = {}
         for proc in alive:
             try:
-                proc.popen.wait(max(0.1, t + GRACE + STOP_BOUND - time.monotonic()))
+                proc.popen.wait(max(0.1, t + bound - time.monotonic()))
                 took[f"{proc.name} {proc.pid}"] = round(time.monotonic() - t, 2)
             except subprocess.TimeoutExpired:
                 self.notes.append(
-                    f"{proc.name} pid {proc.pid} still running {GRACE + STOP_BOUND:.0f}s after "
+                    f"{proc.name} pid {proc.pid} still running {bound:.0f}s after "
                     f"SIGTERM:\n{proc.tail()}"
                 )
                 proc.kill_group()

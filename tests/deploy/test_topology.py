@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, MetaData, select
 
+from tests import pace
 from tests.acceptance.apps import (
     REPO,
     Proc,
@@ -41,7 +42,7 @@ pytestmark = pytest.mark.acceptance
 APP = "deploy.example.shop:app"
 WEBAPP = "deploy.example.webapp:api"
 ORDERS = 8
-EXIT_TIMEOUT = 30.0
+EXIT_TIMEOUT = pace.seconds(30.0)
 
 
 @pytest.fixture(

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from tests import pace
 from tests.docs.test_snippets import DOCS
 from tests.servers import in_ci
 
 ROOT = DOCS.parent
-TIMEOUT = 300
+TIMEOUT = pace.seconds(300)
 NEEDED = {
     "mkdocs": "mkdocs",
     "material": "mkdocs-material",

@@ -26,6 +26,7 @@ import click
 import pytest
 from sqlalchemy import MetaData, create_engine
 
+from tests import pace
 from tests.conftest import reset_schema
 from txtasks.cli.main import main as cli_main
 from txtasks.driver.urls import url_sync
@@ -33,7 +34,7 @@ from txtasks.driver.urls import url_sync
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 SNIPPETS = DOCS / "snippets"
-TIMEOUT = 120
+TIMEOUT = pace.seconds(120)
 
 MARKER = re.compile(r"<!-- snippet: (snippets/[\w.-]+\.py) -->")
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)

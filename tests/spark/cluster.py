@@ -24,10 +24,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests import pace
+
 #: Seconds the master and each worker get to start (JVM start, registration).
-START_TIMEOUT = 60.0
+START_TIMEOUT = pace.seconds(60.0)
 #: Seconds a process gets to end after SIGTERM before SIGKILL.
-STOP_TIMEOUT = 10.0
+STOP_TIMEOUT = pace.seconds(10.0)
 
 #: The addresses of the two hosts (the master runs on the first one).
 HOSTS = ("127.0.0.2", "127.0.0.3")

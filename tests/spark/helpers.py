@@ -9,8 +9,10 @@ from pathlib import Path
 
 from pyspark import TaskContext
 
+from tests import pace
+
 #: Seconds a gated row waits for its gate file before failing the partition.
-GATE_PATIENCE = 60.0
+GATE_PATIENCE = pace.seconds(60.0)
 
 
 def gated(value: int, gate: str, gated_value: int) -> int:

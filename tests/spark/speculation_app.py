@@ -20,11 +20,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tests import pace
+
 ROWS = 40
 PARTITIONS = 4
 #: Seconds to wait for the status store to record the write's tasks (listener events are
 #: asynchronous: the save may return before they are processed).
-RECORD_TIMEOUT = 20.0
+RECORD_TIMEOUT = pace.seconds(20.0)
 #: What the answer tells of each task (of the REST API's TaskData).
 KEPT = ("index", "attempt", "host", "status", "speculative")
 

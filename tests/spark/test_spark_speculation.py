@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from tests import pace
 from tests.conftest import backends
 from tests.spark.conftest import IN_CI
 from tests.spark.speculation_app import PARTITIONS, ROWS
@@ -42,7 +43,7 @@ pytestmark = pytest.mark.xdist_group("spark-cluster")
 #: Seconds a write gets (the first one: the application's JVM and executors start).
 WRITE_TIMEOUT = 90.0
 #: Seconds the application gets to stop once its stdin is closed.
-STOP_TIMEOUT = 30.0
+STOP_TIMEOUT = pace.seconds(30.0)
 
 
 @pytest.fixture(scope="module")
@@ -105,12 +106,14 @@ class Application:
     def answer(self, markers: Path) -> dict[str, Any]:
         """The answer to the write of `markers` (skipping those of earlier writes whose test
         failed before reading them)."""
-        deadline = time.monotonic() + WRITE_TIMEOUT
+        deadline = time.monotonic() + pace.seconds(WRITE_TIMEOUT)
         while True:
             try:
                 line = self.answers.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                raise AssertionError(f"no answer in {WRITE_TIMEOUT:g}s: {self.log}") from None
+                raise AssertionError(
+                    f"no answer in {pace.seconds(WRITE_TIMEOUT):g}s: {self.log}"
+                ) from None
             assert line, f"the application ended: {self.log}"
             answer: dict[str, Any] = json.loads(line)
             if answer["markers"] == str(markers):

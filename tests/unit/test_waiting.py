@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import time
+from pathlib import Path
 
 import pytest
 
+from tests import pace
 from tests.waiting import NotWithin, until, until_sync
+
+
+@pytest.fixture(autouse=True)
+def reference_pace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests name exact bounds: the reference machine's pace."""
+    monkeypatch.setenv(pace.ENV, "1")
 
 
 async def test_until_returns_the_first_truthy_value_of_a_plain_or_async_predicate() -> None:
@@ -38,3 +48,64 @@ def test_until_sync_polls_then_fails_naming_what_it_awaited() -> None:
     with pytest.raises(NotWithin, match=r"^not within 0\.05s: the sun$") as failed:
         until_sync(lambda: 0, "the sun", timeout=0.05, interval=0.01)
     assert isinstance(failed.value, AssertionError)
+
+
+def test_a_slow_machine_stretches_the_bound_and_the_failure_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(pace.ENV, "3")
+    t = time.monotonic()
+    with pytest.raises(NotWithin, match=r"^not within 0\.15s \(0\.05s at pace 3\): the stars$"):
+        until_sync(lambda: 0, "the stars", timeout=0.05, interval=0.01)
+    assert time.monotonic() - t >= 0.15
+
+
+def test_the_pace_is_measured_once_never_below_one_and_a_bad_one_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(pace.ENV)
+    measured = pace.pace()
+    assert 1.0 <= measured <= pace.MAX_PACE
+    assert pace.pace() == measured == float(os.environ[pace.ENV])  # handed on, not re-measured
+    assert pace.seconds(2) == 2 * measured
+    for bad in ("fast", "0", "-1"):
+        monkeypatch.setenv(pace.ENV, bad)
+        with pytest.raises(ValueError, match=f"TXTASKS_TEST_PACE='{bad}': expected a number"):
+            pace.pace()
+
+
+STRETCHED_CONFTEST = """
+from tests.conftest import stretch_timeouts
+
+
+def pytest_collection_modifyitems(config, items):
+    stretch_timeouts(config, items)
+"""
+
+SLOW_TESTS = """
+import time
+
+import pytest
+
+
+@pytest.mark.timeout(1)
+def test_marked():
+    time.sleep(1.5)
+
+
+def test_configured():  # the ini's timeout
+    time.sleep(1.5)
+"""
+
+
+@pytest.mark.parametrize(("given", "outcomes"), [("1", {"failed": 2}), ("2", {"passed": 2})])
+def test_each_tests_timeout_stretches_with_the_pace(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, given: str, outcomes: dict[str, int]
+) -> None:
+    monkeypatch.setenv(pace.ENV, given)
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
+    pytester.makeconftest(STRETCHED_CONFTEST)
+    pytester.makepyfile(test_slow=SLOW_TESTS)
+    pytester.makeini("[pytest]\ntimeout = 1\n")
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider")
+    result.assert_outcomes(**outcomes)
