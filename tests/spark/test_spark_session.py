@@ -1,27 +1,44 @@
-"""The Spark tests' shared session (tests/spark/conftest.py): after a test failed, its JVM goes
-and the next test gets a new one that works, so one timeout cannot fail every later test."""
+"""The Spark tests' shared session (tests/spark/conftest.py): a test that failed leaves the next
+one a new JVM. A timeout that fires while the driver waits for the JVM's answer leaves that
+answer unread on the connection, and every later call would read the answer to the call before
+it: one timed-out test failed every Spark test after it."""
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
 
-from tests.spark.conftest import Sessions
+import pytest
+
+#: A run of two tests on the shared session (the suite's own fixture): the first times out
+#: inside a long Spark job, the second asks for a sum.
+CONFTEST = 'pytest_plugins = ["tests.spark.conftest"]\n'
+TESTS = """
+import pytest
 
 
-def jvm_pid(session: Any) -> int:
-    return int(session.sparkContext._jvm.ProcessHandle.current().pid())
+@pytest.mark.timeout(3, func_only=True)
+def test_times_out_inside_a_spark_job(spark):
+    spark.range(10**12).selectExpr("max(id)").collect()
 
 
-def test_a_session_whose_jvm_was_ended_gives_way_to_a_new_jvm_that_runs_queries(
-    spark: Any, spark_sessions: Sessions
+def test_the_next_one_gets_its_answers(spark):
+    assert spark.range(5).selectExpr("sum(id) AS s").first()["s"] == 10
+"""
+
+
+@pytest.mark.xdist_group("spark")  # with the other Spark tests: one JVM starting at a time
+def test_a_test_that_timed_out_in_a_spark_job_leaves_the_next_one_a_working_session(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    before = jvm_pid(spark)
-    gateway = spark.sparkContext._gateway
-    spark_sessions.stop(jvm=True)  # what a failed test's report does
-
-    assert gateway.proc.poll() is not None, "the old JVM is still running"
-    again = spark_sessions.get()
-    assert again is not spark
-    assert jvm_pid(again) != before
-    assert again.range(5).selectExpr("sum(id) AS s").first()["s"] == 10
-    assert again.conf.get("spark.sql.session.timeZone") == "UTC"  # configured as the first
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_two=TESTS)
+    pytester.makeini("[pytest]\ntimeout = 300\n")
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider", "-v")
+    result.stdout.fnmatch_lines(
+        [
+            "*test_times_out_inside_a_spark_job FAILED*",
+            "*test_the_next_one_gets_its_answers PASSED*",
+        ]
+    )
+    result.assert_outcomes(passed=1, failed=1)
