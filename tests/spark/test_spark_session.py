@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import pace
+
 #: A run of two tests on the shared session (the suite's own fixture): the first times out
 #: inside a long Spark job, the second asks for a sum.
 CONFTEST = 'pytest_plugins = ["tests.spark.conftest"]\n'
@@ -25,8 +27,12 @@ def test_the_next_one_gets_its_answers(spark):
     assert spark.range(5).selectExpr("sum(id) AS s").first()["s"] == 10
 """
 
+#: Seconds the run of the two gets (it starts two JVMs), at the pace (tests/pace.py).
+INNER_TIMEOUT = 240
+
 
 @pytest.mark.xdist_group("spark")  # with the other Spark tests: one JVM starting at a time
+@pytest.mark.timeout(INNER_TIMEOUT + 30)
 def test_a_test_that_timed_out_in_a_spark_job_leaves_the_next_one_a_working_session(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -34,7 +40,9 @@ def test_a_test_that_timed_out_in_a_spark_job_leaves_the_next_one_a_working_sess
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_two=TESTS)
     pytester.makeini("[pytest]\ntimeout = 300\n")
-    result = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider", "-v")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:randomly", "-p", "no:cacheprovider", "-v", timeout=pace.seconds(INNER_TIMEOUT)
+    )
     result.stdout.fnmatch_lines(
         [
             "*test_times_out_inside_a_spark_job FAILED*",
