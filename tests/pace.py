@@ -6,13 +6,17 @@ A shared or throttled machine runs the same tests several times slower; a bound 
 fast one would then fail tests for the machine's speed, never for what they check. So a run
 measures its pace once, before any test starts: two processes each count a fixed loop at once
 (the suite keeps every core busy), and the slower one's time over the reference machine's is
-the pace, never below 1 (a fast machine keeps the bounds as written) and at most `MAX_PACE`.
+the pace, never below `FLOOR` and at most `MAX_PACE`.
+
+The floor: the suite has run 2.3x slower than on the reference machine on a machine whose loop
+measured as fast (the servers, workers and JVMs a run starts contend for its two cores in ways
+one loop does not show), so the bounds allow for that much everywhere.
 
 Only bounds stretch: what a test asserts is the same at any pace, and a test that passes
 returns as soon as what it awaits happens. The pace is measured by the first pytest process
 and handed to xdist's workers and every process a test starts through `TXTASKS_TEST_PACE`;
 setting that variable chooses the pace instead (`TXTASKS_TEST_PACE=1` keeps every bound as
-written).
+written, for a fast machine).
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ ENV = "TXTASKS_TEST_PACE"
 LOOP = 3_000_000
 REFERENCE_SECONDS = 0.2
 
+#: The least pace of a run: the slowdown seen where the loop measured none.
+FLOOR = 2.5
 #: A pace past this is a machine too slow to test on: the bounds stop stretching there.
-MAX_PACE = 5.0
+MAX_PACE = 6.0
 
 _COUNT = (
     "import time\n"
@@ -49,7 +55,7 @@ def measure(rounds: int = 3) -> float:
             for _ in range(2)
         ]
         seconds.append(max(float(proc.communicate()[0]) for proc in procs))
-    return min(MAX_PACE, max(1.0, statistics.median(seconds) / REFERENCE_SECONDS))
+    return min(MAX_PACE, max(FLOOR, statistics.median(seconds) / REFERENCE_SECONDS))
 
 
 def pace() -> float:

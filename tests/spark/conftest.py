@@ -61,10 +61,11 @@ class Sessions:
         from pyspark import SparkContext
         from pyspark.sql import SparkSession
 
-        with contextlib.suppress(Exception):
-            session.stop()
         if not jvm:
+            with contextlib.suppress(Exception):
+                session.stop()
             return
+        # No stop() through a connection that may read stale answers: the JVM just goes.
         gateway = SparkContext._gateway
         SparkContext._gateway = SparkContext._jvm = SparkContext._active_spark_context = None
         SparkSession._instantiatedSession = SparkSession._activeSession = None

@@ -1,52 +1,38 @@
 """The Spark tests' shared session (tests/spark/conftest.py): a test that failed leaves the next
-one a new JVM. A timeout that fires while the driver waits for the JVM's answer leaves that
-answer unread on the connection, and every later call would read the answer to the call before
-it: one timed-out test failed every Spark test after it."""
+one a new JVM. A timeout that fires while the driver waits for the JVM's answer (pytest-timeout
+raises `Failed`, which py4j does not catch) leaves that answer unread on the connection, and
+every later call reads the answer to the call before it: one timed-out test failed every Spark
+test after it."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import signal
+from typing import Any
 
 import pytest
 
-from tests import pace
-
-#: A run of two tests on the shared session (the suite's own fixture): the first times out
-#: inside a long Spark job, the second asks for a sum.
-CONFTEST = 'pytest_plugins = ["tests.spark.conftest"]\n'
-TESTS = """
-import pytest
+from tests.spark.conftest import Sessions
 
 
-@pytest.mark.timeout(3, func_only=True)
-def test_times_out_inside_a_spark_job(spark):
-    spark.range(10**12).selectExpr("max(id)").collect()
-
-
-def test_the_next_one_gets_its_answers(spark):
-    assert spark.range(5).selectExpr("sum(id) AS s").first()["s"] == 10
-"""
-
-#: Seconds the run of the two gets (it starts two JVMs), at the pace (tests/pace.py).
-INNER_TIMEOUT = 240
-
-
-@pytest.mark.xdist_group("spark")  # with the other Spark tests: one JVM starting at a time
-@pytest.mark.timeout(INNER_TIMEOUT + 30)
-def test_a_test_that_timed_out_in_a_spark_job_leaves_the_next_one_a_working_session(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+def test_a_session_left_reading_stale_answers_gives_way_to_a_new_jvm(
+    spark: Any, spark_sessions: Sessions
 ) -> None:
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
-    pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_two=TESTS)
-    pytester.makeini("[pytest]\ntimeout = 300\n")
-    result = pytester.runpytest_subprocess(
-        "-p", "no:randomly", "-p", "no:cacheprovider", "-v", timeout=pace.seconds(INNER_TIMEOUT)
-    )
-    result.stdout.fnmatch_lines(
-        [
-            "*test_times_out_inside_a_spark_job FAILED*",
-            "*test_the_next_one_gets_its_answers PASSED*",
-        ]
-    )
-    result.assert_outcomes(passed=1, failed=1)
+    def timed_out(*_: object) -> None:
+        pytest.fail("timed out")  # as pytest-timeout does
+
+    previous = signal.signal(signal.SIGALRM, timed_out)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        with pytest.raises(pytest.fail.Exception, match="timed out"):
+            spark.range(10**12).selectExpr("max(id)").collect()  # runs for minutes
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    old = spark.sparkContext._gateway  # its connection now holds the job's answer, unread
+
+    spark_sessions.stop(jvm=True)  # what the report of a failed Spark test does
+
+    assert old.proc.poll() is not None, "the old JVM is still running"
+    again = spark_sessions.get()
+    assert again.range(5).selectExpr("sum(id) AS s").first()["s"] == 10
+    assert again.conf.get("spark.sql.session.timeZone") == "UTC"  # configured as the first was

@@ -60,12 +60,12 @@ def test_a_slow_machine_stretches_the_bound_and_the_failure_says_so(
     assert time.monotonic() - t >= 0.15
 
 
-def test_the_pace_is_measured_once_never_below_one_and_a_bad_one_is_refused(
+def test_the_pace_is_measured_once_never_below_the_floor_and_a_bad_one_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv(pace.ENV)
     measured = pace.pace()
-    assert 1.0 <= measured <= pace.MAX_PACE
+    assert pace.FLOOR <= measured <= pace.MAX_PACE
     assert pace.pace() == measured == float(os.environ[pace.ENV])  # handed on, not re-measured
     assert pace.seconds(2) == 2 * measured
     for bad in ("fast", "0", "-1"):
