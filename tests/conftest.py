@@ -71,22 +71,28 @@ async def app(database_url: str) -> App:
     await application.aclose()
 
 
-#: The pytest-xdist group (`--dist loadgroup`) of the tests that use Spark: one process runs
-#: them all, so one JVM (about 1 GiB and a slow start) per run, not one per process.
+#: The pytest-xdist groups (`--dist loadgroup`) of the tests that each run in one process, one
+#: after another: those that use Spark (one JVM, about 1 GiB and a slow start, per run, not one
+#: per process) and the chaos scenarios (each starts workers, a cleaner and an application:
+#: four at once on two cores starved the workers past their leases).
 SPARK_GROUP = "spark"
+CHAOS_GROUP = "chaos"
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests that use the `spark` fixture go to `SPARK_GROUP`, and first: one process
-    runs them one after another (several minutes), and a group that started last would end
-    last. (Only that group: JVMs that all start at once, on two cores, made a first Spark
-    query outlast its test's timeout.)"""
-    spark = [item for item in items if "spark" in getattr(item, "fixturenames", ())]
-    for item in spark:
-        item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
-    chosen = set(spark)
-    items[:] = spark + [item for item in items if item not in chosen]
+    """The tests that use the `spark` fixture go to `SPARK_GROUP`, those that use `chaos` to
+    `CHAOS_GROUP`, and both groups first: each runs its tests one after another (minutes),
+    and a group that started last would end last. (Only those: JVMs that all start at once,
+    on two cores, made a first Spark query outlast its test's timeout.)"""
+    first: list[pytest.Item] = []
+    for group, fixture in ((SPARK_GROUP, "spark"), (CHAOS_GROUP, "chaos")):
+        for item in items:
+            if fixture in getattr(item, "fixturenames", ()) and item not in first:
+                item.add_marker(pytest.mark.xdist_group(group))
+                first.append(item)
+    chosen = set(first)
+    items[:] = first + [item for item in items if item not in chosen]
     stretch_timeouts(config, items)
 
 
@@ -111,4 +117,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
+    return pace_line()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The pace again at the end, beside the results (a log's tail is often all one reads)."""
+    terminalreporter.write_line(pace_line())
+
+
+def pace_line() -> str:
     return f"txtasks test pace: {pace.pace():g} (time bounds x{pace.pace():g}; {pace.ENV} sets it)"

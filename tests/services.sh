@@ -37,6 +37,10 @@
 #   SVC_DB=appdb SVC_USER=app SVC_PASSWORD=app   database, user and password (also the broker's)
 #   PG_FAST=1                        1: fsync, synchronous_commit and full_page_writes off (fast,
 #                                    not crash-safe); 0: PostgreSQL's durable defaults (benchmarks)
+#   MY_FAST=$PG_FAST                 1: MariaDB writes its redo log at each commit and flushes it to
+#                                    disk once a second (innodb_flush_log_at_trx_commit=2: a
+#                                    killed mariadbd loses nothing, a machine crash up to a second);
+#                                    0: its durable default (1: a flush per commit)
 #   MY_BUFFER_POOL=64M MY_LOG_FILE=16M  MariaDB's InnoDB buffer pool and redo log (small for tests;
 #                                    benchmarks of millions of rows want a pool that holds them)
 #   PGBIN=/usr/lib/postgresql/NN/bin  default: the newest installed version
@@ -58,6 +62,7 @@ RMQ_PORT=${RMQ_PORT:-55672}
 TIMEOUT=${SVC_TIMEOUT:-60}
 DB=${SVC_DB:-appdb}; DBUSER=${SVC_USER:-app}; DBPASS=${SVC_PASSWORD:-app}
 PG_FAST=${PG_FAST:-1}
+MY_FAST=${MY_FAST:-$PG_FAST}
 MY_BUFFER_POOL=${MY_BUFFER_POOL:-64M}; MY_LOG_FILE=${MY_LOG_FILE:-16M}
 PGBIN=${PGBIN:-$(printf '%s\n' /usr/lib/postgresql/*/bin | sort -V | tail -1)}
 RMQBIN=/usr/lib/rabbitmq/bin          # NOT /usr/sbin/rabbitmq-server (that wrapper su's to rabbitmq)
@@ -169,6 +174,7 @@ start_mariadb() {
   # --no-defaults: ignore /etc/mysql (it points pid/socket files at /run/mysqld)
   local opts=(--no-defaults --datadir="$d/data" "${user[@]}" --skip-name-resolve
               --innodb-log-file-size="$MY_LOG_FILE" --innodb-data-file-path=ibdata1:10M:autoextend)
+  [ "$MY_FAST" = 0 ] || opts+=(--innodb-flush-log-at-trx-commit=2)
   if [ ! -d "$d/data/mysql" ]; then
     mariadb-install-db "${opts[@]}" --auth-root-authentication-method=normal --skip-test-db \
       > "$d/install.log" 2>&1 || { cat "$d/install.log" >&2; return 1; }
@@ -194,7 +200,7 @@ GRANT ALL ON \`$DB\`.* TO '$DBUSER'@'localhost';
 GRANT ALL ON \`txt\\_%\`.* TO '$DBUSER'@'%';
 GRANT ALL ON \`txt\\_%\`.* TO '$DBUSER'@'localhost';
 SQL
-  log "mariadb ready on :$MY_PORT in $(since "$t")s (pid $(cat "$d/pid"))"
+  log "mariadb ready on :$MY_PORT in $(since "$t")s (pid $(cat "$d/pid"), MY_FAST=$MY_FAST)"
 }
 
 launch_rabbitmq() { # returns immediately; readiness in wait_rabbitmq

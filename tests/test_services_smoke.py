@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from urllib.parse import unquote, urlsplit
 
@@ -109,6 +110,25 @@ async def test_mariadb_skip_locked_gives_each_session_another_row(mysql_url: str
         await one.ensure_closed()
         await two.ensure_closed()
     assert claimed == (1, 2)
+
+
+@pytest.mark.mysql
+async def test_mariadb_of_the_services_script_flushes_its_log_as_configured(
+    mysql_url: str,
+) -> None:
+    """tests/services.sh runs MariaDB with MY_FAST (default PG_FAST's, itself 1): the redo log
+    written at each commit and flushed once a second (2), or flushed at each commit (1)."""
+    if not os.environ.get("TXTASKS_TEST_SERVICES_ENV"):
+        pytest.skip("servers not started by tests/services.sh")
+    fast = os.environ.get("MY_FAST", os.environ.get("PG_FAST", "1")) != "0"
+    conn = await _mysql_connect(mysql_url)
+    try:
+        async with conn.cursor() as cur:
+            await cur.execute("SELECT @@innodb_flush_log_at_trx_commit")
+            (flush,) = await cur.fetchone()
+    finally:
+        await conn.ensure_closed()
+    assert int(flush) == (2 if fast else 1)
 
 
 @pytest.mark.rabbitmq

@@ -23,6 +23,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -175,11 +176,15 @@ def note(table: Table, **values: Any) -> None:
             time.sleep(0.2)
 
 
-def enqueue_range(engine: Engine, numbers: range, args: argparse.Namespace, seed: int) -> int:
-    """Place orders `numbers`; how many failed."""
+def enqueue_range(
+    engine: Engine, numbers: range, args: argparse.Namespace, seed: int, stop: threading.Event
+) -> tuple[int, int]:
+    """Place orders `numbers` until `stop` is set; how many were placed, how many failed."""
     rng = random.Random(seed)
-    failed = 0
+    placed = failed = 0
     for n in numbers:
+        if stop.is_set():
+            break
         roll_back = rng.random() < args.rollback
         try:
             order_place(engine, n, rng.randint(0, args.max_ms), roll_back, args.keys)
@@ -189,20 +194,26 @@ def enqueue_range(engine: Engine, numbers: range, args: argparse.Namespace, seed
             failed += 1
             first_line = (str(exc).splitlines() or [""])[0]
             note(failures, n=n, error=f"{type(exc).__name__}: {first_line}"[:500])
+        placed += 1
         if args.pause:
             time.sleep(args.pause)
-    return failed
+    return placed, failed
 
 
 def enqueue_main(args: argparse.Namespace) -> None:
+    """Place the orders; on SIGTERM, stop placing more once each transaction under way ends
+    (a scenario that is over on a slow machine stops its application rather than wait for
+    every order)."""
     engine = engine_for(os.environ["TXTASKS_DATABASE_URL"], pool_size=args.threads)
     chunks = [
         range(args.start + i, args.start + args.count, args.threads) for i in range(args.threads)
     ]
-    failed = [0] * args.threads
+    counts = [(0, 0)] * args.threads
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
     def run(i: int) -> None:
-        failed[i] = enqueue_range(engine, chunks[i], args, seed=args.start * 1000 + i)
+        counts[i] = enqueue_range(engine, chunks[i], args, args.start * 1000 + i, stop)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(args.threads)]
     t = time.monotonic()
@@ -213,7 +224,9 @@ def enqueue_main(args: argparse.Namespace) -> None:
     elapsed = time.monotonic() - t
     asyncio.run(app.aclose())  # sends the last wake-ups
     engine.dispose()
-    print(json.dumps({"count": args.count, "failed": sum(failed), "seconds": round(elapsed, 2)}))
+    placed, failed = (sum(column) for column in zip(*counts, strict=True))
+    summary = {"count": args.count, "placed": placed, "failed": failed, "stopped": stop.is_set()}
+    print(json.dumps({**summary, "seconds": round(elapsed, 2)}))
 
 
 def main(argv: list[str]) -> None:

@@ -72,6 +72,9 @@ DB_TIMEOUT_ENV = {
 STOP_BOUND = DRAIN_SECONDS + DB_COMMAND_TIMEOUT + 5.0
 #: The worker's --shutdown-grace in the suite.
 GRACE = 3.0
+#: Seconds an enqueuer asked to stop may take to end its transactions (a note of a rollback
+#: retries up to the app's NOTE_PATIENCE while the database is away).
+ENQUEUER_STOP = 30.0
 #: What the workers and the cleaner log when a lease ran out or a task was rescued.
 LEASE_WORDS = ("lease", "rescued", "fenced", "sweep=rescuer ok=true")
 
@@ -204,7 +207,7 @@ class Chaos:
             metadata.create_all(conn)
 
     def env(self, db_url: str, broker_url: str | None) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TXTASKS_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TXTASKS_") or k == pace.ENV}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
         env.update(DB_TIMEOUT_ENV)
         env["TXTASKS_DATABASE_URL"] = db_url
@@ -214,7 +217,7 @@ class Chaos:
         return env
 
     def run(self, *args: str, db_url: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        """One `txtasks` command to its end."""
+        """One `txtasks` command to its end (within `timeout` at the run's pace)."""
         return subprocess.run(
             [sys.executable, "-m", "txtasks", *args],
             cwd=REPO,
@@ -222,7 +225,7 @@ class Chaos:
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
-            timeout=timeout,
+            timeout=pace.seconds(timeout),
             check=False,
         )
 
@@ -356,14 +359,29 @@ class Chaos:
         return bool(placed == finished)
 
     def settle(self, timeout: float, *, enqueuers: Sequence[Proc] = ()) -> bool:
-        """Wait until the enqueuers are done and every task finished; False on the deadline."""
-        deadline = time.monotonic() + pace.seconds(timeout)
+        """Wait until the enqueuers are done and every task finished; False on the deadline.
+
+        The enqueuers get the first two thirds of `timeout` (at the run's pace): one still
+        placing orders then is asked to stop (SIGTERM: it ends the transactions under way and
+        exits), since on a slow machine the scenario can be over before all its orders are
+        placed. The invariants hold over whatever committed; an enqueuer that does not end
+        within `ENQUEUER_STOP` of being asked is noted as a problem."""
+        start = time.monotonic()
+        deadline = start + pace.seconds(timeout)
+        stop_at = start + pace.seconds(timeout) * 2 / 3
         for proc in enqueuers:
             try:
-                proc.popen.wait(max(0.1, deadline - time.monotonic()))
+                proc.popen.wait(max(0.1, stop_at - time.monotonic()))
             except subprocess.TimeoutExpired:
-                self.notes.append(f"the enqueuer did not finish in {timeout}s:\n{proc.tail()}")
-                return False
+                proc.popen.send_signal(signal.SIGTERM)
+                try:
+                    proc.popen.wait(pace.seconds(ENQUEUER_STOP))
+                except subprocess.TimeoutExpired:
+                    self.notes.append(
+                        f"the enqueuer did not stop within {pace.seconds(ENQUEUER_STOP):g}s "
+                        f"of SIGTERM:\n{proc.tail()}"
+                    )
+                    return False
             if proc.popen.returncode != 0:
                 self.note_exit(proc)
         workers = [p for p in self.procs if p.name in ("worker", "cleaner") and p.alive]
@@ -487,6 +505,12 @@ class Chaos:
         if report.reruns > max_reruns:  # why: what the workers and the cleaner said of leases
             problems.append(self.said(LEASE_WORDS))
         problems += self.notes
+        if problems:  # how far each application got (asked to stop on a slow machine?)
+            problems += [
+                f"{p.name} pid {p.pid}: {p.stdout.strip()}"
+                for p in self.procs
+                if p.name == "enqueuer"
+            ]
         assert not problems, "\n".join([report.summary(), *problems])
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -86,29 +87,45 @@ def write(spark: Any, url: str, markers: str, options: dict[str, str]) -> None:
     )
 
 
+#: Seconds one request to the application's UI may take (its REST API answers from memory,
+#: but a JVM short of the CPU can be slow to).
+GET_TIMEOUT = pace.seconds(10.0)
+
+
 def get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as response:
+    with urllib.request.urlopen(url, timeout=GET_TIMEOUT) as response:
         return json.load(response)
+
+
+def stage_tasks(api: str, stages: set[int]) -> list[dict[str, Any]]:
+    """The tasks of `stages` as the status store lists them now."""
+    tasks = []
+    for stage in get(f"{api}/stages"):
+        if stage["stageId"] in stages:
+            listed = get(f"{api}/stages/{stage['stageId']}/{stage['attemptId']}/taskList")
+            tasks += [{k: t.get(k) for k in KEPT} for t in listed]
+    return tasks
 
 
 def recorded_tasks(spark: Any, group: str) -> list[dict[str, Any]]:
     """The tasks of the job group's stages once none is still running, as the application's
-    status store reports them."""
+    status store reports them (asked again after a request that timed out, until
+    `RECORD_TIMEOUT`)."""
     context = spark.sparkContext
     api = f"{context.uiWebUrl}/api/v1/applications/{context.applicationId}"
     tracker = context.statusTracker()
     stages = {s for j in tracker.getJobIdsForGroup(group) for s in tracker.getJobInfo(j).stageIds}
     deadline = time.monotonic() + RECORD_TIMEOUT
     while True:
-        tasks = []
-        for stage in get(f"{api}/stages"):
-            if stage["stageId"] in stages:
-                listed = get(f"{api}/stages/{stage['stageId']}/{stage['attemptId']}/taskList")
-                tasks += [{k: t.get(k) for k in KEPT} for t in listed]
+        try:
+            tasks, last = stage_tasks(api, stages), None
+        except (TimeoutError, urllib.error.URLError) as error:  # URLError: a connect timed out
+            tasks, last = [], error
         if tasks and all(t["status"] != "RUNNING" for t in tasks):
             return tasks
         if time.monotonic() > deadline:
-            raise TimeoutError(f"tasks still running after {RECORD_TIMEOUT:g}s: {tasks}")
+            seen = f"the UI did not answer: {last}" if last else f"still running: {tasks}"
+            raise TimeoutError(f"tasks after {RECORD_TIMEOUT:g}s: {seen}")
         time.sleep(0.1)
 
 

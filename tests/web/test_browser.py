@@ -13,12 +13,14 @@ import asyncio
 import os
 import shutil
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cleaner.daemon import Cleaner, CleanerConfig
+from tests import pace
 from tests.conftest import backends
 from tests.servers import in_ci
 from tests.waiting import until
@@ -63,19 +65,33 @@ async def browser() -> AsyncIterator[Any]:
 @pytest.fixture
 async def served(dashboard_app: App) -> AsyncIterator[str]:
     """The dashboard served by uvicorn on a free loopback port, in this event loop."""
+    async with serving(create_app(dashboard_app, refresh=0.3)) as url:
+        yield url
+
+
+@asynccontextmanager
+async def serving(asgi: Any) -> AsyncIterator[str]:
+    """`asgi` served by uvicorn on a free loopback port, in this event loop: its URL."""
     import uvicorn
 
-    config = uvicorn.Config(
-        create_app(dashboard_app, refresh=0.3), host="127.0.0.1", port=0, log_level="warning"
-    )
+    config = uvicorn.Config(asgi, host="127.0.0.1", port=0, log_level="warning")
     server = uvicorn.Server(config)
-    serving = asyncio.create_task(server.serve())
-    await until(lambda: server.started or serving.done(), "uvicorn started")
-    assert server.started, serving
+    running = asyncio.create_task(server.serve())
+    await until(lambda: server.started or running.done(), "uvicorn started")
+    assert server.started, running
     port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    await asyncio.wait_for(serving, 10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(running, pace.seconds(10))
+
+
+async def new_page(browser: Any) -> Any:
+    """A page whose waits (Playwright's default: 30 s) allow for the run's pace."""
+    page = await browser.new_page(viewport={"width": 1280, "height": 800})
+    page.set_default_timeout(pace.seconds(30) * 1000)
+    return page
 
 
 async def shot(page: Any, name: str) -> Path:
@@ -104,7 +120,7 @@ async def test_the_dashboard_in_chromium(
     browser: Any, served: str, dashboard_app: App, seeded: Seeded
 ) -> None:
     app = dashboard_app
-    page = await browser.new_page(viewport={"width": 1280, "height": 800})
+    page = await new_page(browser)
 
     # the queue view, and it refreshes itself: a queue that gets tasks appears without a reload
     await page.goto(served + "/")
@@ -116,7 +132,7 @@ async def test_the_dashboard_in_chromium(
     assert "2 enqueued, 1 completed" in await chart.locator("title").text_content()
     await shot(page, "queues")
     await app.aenqueue("send", {"to": "c@example.com"}, queue="newsletters", delay=60)
-    await page.wait_for_selector('tr[data-queue="newsletters"]', timeout=10_000)
+    await page.wait_for_selector('tr[data-queue="newsletters"]', timeout=pace.seconds(10) * 1000)
 
     # filter the tasks, then open one
     await page.goto(served + "/tasks")
@@ -154,7 +170,7 @@ async def test_the_dashboard_in_chromium(
         await until(lambda: _is(app, seeded.dead, "completed"), "the re-driven task completed")
     finally:
         worker.stop()
-        await asyncio.wait_for(running, 10)
+        await asyncio.wait_for(running, pace.seconds(10))
     await page.goto(f"{served}/tasks/{seeded.dead}")
     assert "completed" in await page.inner_text("h2")
 
@@ -183,8 +199,12 @@ async def test_the_dashboard_in_chromium(
     await cleaner.start()
     try:
         await page.goto(f"{served}/workers")
-        await page.wait_for_selector('tr[data-process="cleaner"].alive', timeout=10_000)
-        await page.wait_for_selector('tr[data-process="worker"].alive', timeout=10_000)
+        await page.wait_for_selector(
+            'tr[data-process="cleaner"].alive', timeout=pace.seconds(10) * 1000
+        )
+        await page.wait_for_selector(
+            'tr[data-process="worker"].alive', timeout=pace.seconds(10) * 1000
+        )
         assert "archiver, retention" in await page.inner_text('tr[data-process="cleaner"]')
         await shot(page, "workers")
         # a cleaner is alive: the queue view no longer warns; this one fires no schedule
@@ -195,7 +215,7 @@ async def test_the_dashboard_in_chromium(
         assert "periodic" in await page.inner_text("#no-cleaner")
     finally:
         worker.stop()
-        await asyncio.wait_for(running, 10)
+        await asyncio.wait_for(running, pace.seconds(10))
         await cleaner.stop()
 
 
@@ -209,7 +229,7 @@ async def test_bulk_actions_in_chromium(
     """Select tasks on the task list (one by one, or every one on the page), act on them with
     a confirmation step, and read how many changed."""
     app = dashboard_app
-    page = await browser.new_page(viewport={"width": 1280, "height": 800})
+    page = await new_page(browser)
     later = await app.aenqueue("send", {"to": "later"}, delay=3600)
 
     async def selected(action: str, *ids: int, path: str = "/tasks") -> str:
@@ -248,7 +268,7 @@ async def test_a_long_payload_opens_on_a_click(
     browser: Any, served: str, dashboard_app: App, seeded: Seeded
 ) -> None:
     long = await dashboard_app.aenqueue("send", {"lines": [f"line {n}" for n in range(40)]})
-    page = await browser.new_page(viewport={"width": 1280, "height": 800})
+    page = await new_page(browser)
     await page.goto(f"{served}/tasks/{long}")
     assert not await page.is_visible("#payload")  # collapsed: its size only
     assert "lines: show" in await page.inner_text("#payload-details summary")
@@ -281,12 +301,12 @@ async def test_the_busy_view_shows_a_running_task(
     task_id = await app.aenqueue("export", {"month": "2026-10"})
     worker = Worker(app, WorkerConfig(queues=("exports",), poll_interval=0.05))
     running = asyncio.create_task(worker.run())
-    page = await browser.new_page(viewport={"width": 1280, "height": 800})
+    page = await new_page(browser)
     try:
-        await asyncio.wait_for(started.wait(), 10)
+        await asyncio.wait_for(started.wait(), pace.seconds(10))
         await page.goto(f"{served}/busy")
         row = f'section[data-worker="{worker.worker_id}"] tr[data-task="{task_id}"]'
-        await page.wait_for_selector(row, timeout=10_000)
+        await page.wait_for_selector(row, timeout=pace.seconds(10) * 1000)
         text = await page.inner_text(row)
         assert "export" in text and "exports" in text and "1/" in text and "UTC" in text
         assert "1 running" in await page.inner_text(f'section[data-worker="{worker.worker_id}"]')
@@ -294,7 +314,7 @@ async def test_the_busy_view_shows_a_running_task(
     finally:
         release.set()
         worker.stop()
-        await asyncio.wait_for(running, 10)
+        await asyncio.wait_for(running, pace.seconds(10))
 
 
 async def test_the_queue_chart_over_a_day_and_the_timings_in_chromium(
@@ -307,7 +327,7 @@ async def test_the_queue_chart_over_a_day_and_the_timings_in_chromium(
     minute = minute_number(dashboard_app.clock())
     row = HistoryRow(minute - 120, "mail", enqueued=7, completed=6, dead=1)
     await dashboard_app.driver.sweeps.history_write([row])
-    page = await browser.new_page(viewport={"width": 1280, "height": 800})
+    page = await new_page(browser)
     await page.goto(served + "/")
     await page.wait_for_selector('#range strong[data-range="1h"]')
     await page.click('#range a[data-range="24h"]')
@@ -338,7 +358,7 @@ async def test_queue_rates_and_key_limits_set_in_chromium(
     from txtasks.keys import KeyOverride, Rate
 
     control = dashboard_app.driver.control
-    page = await browser.new_page(viewport={"width": 1280, "height": 800})
+    page = await new_page(browser)
     await page.goto(served + "/limits")
     mail = 'tr[data-queue="mail"]'
     await page.fill(f"{mail} input[name=rate]", "10/s")
@@ -375,7 +395,7 @@ async def test_search_by_payload_text_in_chromium(
     browser: Any, served: str, dashboard_app: App, seeded: Seeded
 ) -> None:
     """Type text of a payload in the filters of the task list and of the dead letters."""
-    page = await browser.new_page(viewport={"width": 1280, "height": 800})
+    page = await new_page(browser)
     await page.goto(served + "/tasks")
     await page.fill("input[name=payload]", "B@EXAMPLE")
     await page.click("form#filters button[type=submit]")
@@ -388,3 +408,30 @@ async def test_search_by_payload_text_in_chromium(
     await page.click("form#filters button[type=submit]")
     await page.wait_for_selector(f'tr[data-task="{seeded.dead}"]')
     assert await page.locator("#requeue-matching").count() == 1  # every dead letter matching
+
+
+async def test_a_page_asks_for_its_next_refresh_only_once_the_last_is_answered(
+    browser: Any, dashboard_app: App, seeded: Seeded
+) -> None:
+    """A server that answers slower than the refresh interval is asked by a page for one
+    refresh at a time: the next ticks `refresh` seconds after the last answer, so requests of
+    its own pages never queue up in the browser and keep a slow dashboard busy for good."""
+    dashboard = create_app(dashboard_app, refresh=0.05)
+    answered = 0
+
+    async def slow(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal answered
+        if scope["type"] != "http" or (b"x-live", b"1") not in scope["headers"]:
+            return await dashboard(scope, receive, send)
+        await asyncio.sleep(0.3)  # the slow server: six refresh intervals per answer
+        await dashboard(scope, receive, send)
+        answered += 1
+
+    async with serving(slow) as url:
+        page = await new_page(browser)
+        asked: list[str] = []
+        page.on("request", lambda r: r.headers.get("x-live") and asked.append(r.url))
+        await page.goto(url + "/")
+        await until(lambda: answered >= 3, "three refreshes answered", timeout=10)
+        await page.close()
+    assert 3 <= len(asked) <= answered + 1, (len(asked), answered)

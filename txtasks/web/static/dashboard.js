@@ -1,6 +1,7 @@
 // Live refresh without reloading: every few seconds, fetch this page again and swap its
 // <main>, unless the user is typing, has selected rows or has turned it off; what the user
-// opened (a collapsed payload) stays open.
+// opened (a collapsed payload) stays open. The next refresh is due a few seconds after the
+// last one ended: a server slower than that is never asked twice at once by one page.
 (function () {
   "use strict";
   var main = document.getElementById("live");
@@ -12,8 +13,9 @@
     if (focused && /INPUT|SELECT|TEXTAREA/.test(focused.tagName)) { return true; }
     return main.querySelector("input[type=checkbox]:checked") !== null;
   }
+  function later() { window.setTimeout(refresh, seconds * 1000); }
   function refresh() {
-    if ((toggle && !toggle.checked) || busy() || document.hidden) { return; }
+    if ((toggle && !toggle.checked) || busy() || document.hidden) { later(); return; }
     fetch(window.location.href, { headers: { "X-Live": "1" }, credentials: "same-origin" })
       .then(function (response) { return response.ok ? response.text() : null; })
       .then(function (html) {
@@ -31,7 +33,8 @@
         });
         main.dataset.updated = Date.now();
       })
-      .catch(function () { /* the next tick tries again */ });
+      .catch(function () { /* the next tick tries again */ })
+      .then(later);
   }
-  window.setInterval(refresh, seconds * 1000);
+  later();
 })();
