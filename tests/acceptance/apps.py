@@ -47,6 +47,7 @@ from sqlalchemy import (
     select,
 )
 
+from tests import pace
 from tests.waiting import NotWithin, until, until_sync
 from txtasks import App
 from txtasks.driver.sqlite import sqlite_connection_setup
@@ -298,12 +299,12 @@ def _finish(
     proc: subprocess.Popen[str], timeout: float, input: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     try:
-        out, err = proc.communicate(input, timeout=timeout)
+        out, err = proc.communicate(input, timeout=pace.seconds(timeout))
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         out, err = proc.communicate()
         raise AssertionError(
-            f"{' '.join(map(str, proc.args))} did not finish in {timeout}s; stderr:\n{err}"
+            f"{' '.join(map(str, proc.args))} did not finish in {pace.seconds(timeout):g}s; stderr:\n{err}"
         ) from None
     finally:
         _kill_group(proc)
@@ -395,7 +396,7 @@ class Processes:
         for proc in self.started:
             _kill_group(proc.popen)
         for proc in self.started:
-            proc.popen.wait(timeout=30)
+            proc.popen.wait(timeout=pace.seconds(30))
 
 
 T = TypeVar("T")
@@ -404,7 +405,7 @@ T = TypeVar("T")
 def http_get(url: str) -> tuple[int, Any]:
     """Status and JSON body of a GET (an error status is an answer too)."""
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with urllib.request.urlopen(url, timeout=pace.seconds(10)) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         with error:

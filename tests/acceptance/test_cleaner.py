@@ -340,7 +340,7 @@ def test_once_runs_each_sweep_once_and_rescues_expired_tasks(
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=pace.seconds(60),
     )
     assert direct.returncode == 0, direct.stderr
     assert json.loads(direct.stdout) == {"archiver": {"archived": 0}}

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, inspect
 
+from tests import pace
 from tests.acceptance.apps import (
     APP_SPEC,
     POISON_ATTEMPTS,
@@ -160,7 +161,7 @@ def test_enqueue_status_and_run(database_url: str, db: Engine, procs: Processes)
     assert "other" in table.stdout
 
     worker = procs.start("worker", APP_SPEC, "-q", QUEUE, "-q", "other", *BURST, url=database_url)
-    assert worker.wait(timeout=30) == 0, worker.stderr
+    assert worker.wait(timeout=pace.seconds(30)) == 0, worker.stderr
 
     effects = {r.task_id: json.loads(r.payload) for r in run_rows(db)}
     assert effects == {first_id: {"x": 1}, other_id: "hi"}
@@ -204,7 +205,7 @@ def test_subscribe_publish_topics_run_unsubscribe(
     assert (listed["nobody.listens"]["groups"], listed["nobody.listens"]["dropped"]) == ([], 1)
 
     worker = procs.start("worker", APP_SPEC, "-q", QUEUE, "-q", "other", *BURST, url=database_url)
-    assert worker.wait(timeout=30) == 0, worker.stderr
+    assert worker.wait(timeout=pace.seconds(30)) == 0, worker.stderr
     ran = sorted((r.task_name, r.task_id, json.loads(r.payload)) for r in run_rows(db))
     assert ran == [("acc.order_a", ids[0], {"n": 1}), ("acc.order_b", ids[1], {"n": 1})]
 
@@ -221,7 +222,7 @@ def test_dlq_list_requeue_purge_round_trip(database_url: str, db: Engine, procs:
     poison = enqueue(db, "acc.poison", [{"n": 1}, {"n": 2}])
     (good,) = enqueue(db, "acc.record", [{"n": 3}])
     worker = procs.start("worker", APP_SPEC, *BURST, url=database_url)
-    assert worker.wait(timeout=30) == 0, worker.stderr
+    assert worker.wait(timeout=pace.seconds(30)) == 0, worker.stderr
 
     listed, table = cli_many(
         [(["dlq", "list", "--json"], database_url), (["dlq", "list"], database_url)]

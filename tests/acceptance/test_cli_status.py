@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests import pace
 from tests.acceptance.apps import REPO, cli_env, command
 from tests.conftest import reset_schema
 from tests.tcp_proxy import TcpProxy
@@ -89,7 +90,12 @@ def run_status(url: str, *args: str, columns: int | None) -> str:
     if columns is not None:
         env["COLUMNS"] = str(columns)
     done = subprocess.run(
-        command("status", *args), cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+        command("status", *args),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=pace.seconds(60),
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -165,7 +171,10 @@ async def test_the_backlog_of_deferred_spark_writes(database_url: str) -> None:
 @pytest.fixture
 def sqlite_url(tmp_path: Any) -> Iterator[str]:
     url = f"sqlite:///{tmp_path / 'status.sqlite3'}"
-    assert subprocess.run(command("migrate"), env=cli_env(url), timeout=60).returncode == 0
+    assert (
+        subprocess.run(command("migrate"), env=cli_env(url), timeout=pace.seconds(60)).returncode
+        == 0
+    )
     yield url
 
 
@@ -247,7 +256,7 @@ async def test_watch_json_refreshes_until_interrupted(sqlite_url: str) -> None:
 
         until_sync(seen_three, "a refresh showing the new task", timeout=30)
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=pace.seconds(30))
         assert proc.returncode == 0, err
         assert "Traceback" not in err
     finally:
@@ -273,7 +282,7 @@ def test_watch_on_a_terminal_redraws_in_place_until_ctrl_c(sqlite_url: str) -> N
 
         until_sync(drawn_twice, "two frames of the status table", timeout=30)
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
+        assert proc.wait(timeout=pace.seconds(30)) == 0
     finally:
         proc.kill()
         proc.wait()
@@ -320,7 +329,7 @@ async def test_watch_outlives_a_database_outage(postgres_url: str) -> None:
     try:
 
         async def line(stream: asyncio.StreamReader) -> str:
-            return (await asyncio.wait_for(stream.readline(), 30)).decode()
+            return (await asyncio.wait_for(stream.readline(), pace.seconds(30))).decode()
 
         assert json.loads(await line(proc.stdout))["queues"] == []
         await proxy.refuse()
@@ -335,7 +344,7 @@ async def test_watch_outlives_a_database_outage(postgres_url: str) -> None:
 
         await until(shows_the_new_task, "a snapshot after the outage", timeout=30)
         proc.send_signal(signal.SIGINT)
-        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        assert await asyncio.wait_for(proc.wait(), pace.seconds(30)) == 0
         rest = (await proc.stderr.read()).decode()
         assert "Traceback" not in rest and "cannot connect" not in rest  # said once
     finally:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import pace
 from tests.benchmarks.pgbouncer import Crowd
 
 pytestmark = [
@@ -58,11 +59,11 @@ def test_fifty_workers_behind_pgbouncer_run_every_task_once(
         crowd.prepare()
         t = time.monotonic()
         crowd.start()
-        crowd.wait_serving(timeout=150)
+        crowd.wait_serving(timeout=pace.seconds(150))
         timings["start"] = time.monotonic() - t
         t = time.monotonic()
         asyncio.run(enqueue(crowd))
-        crowd.wait_finished(TASKS, timeout=150)
+        crowd.wait_finished(TASKS, timeout=pace.seconds(150))
         timings["run"] = time.monotonic() - t
         t = time.monotonic()
         codes = crowd.stop()

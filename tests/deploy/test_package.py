@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import pace
 from tests.servers import in_ci
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,7 +59,7 @@ def test_the_wheel_ships_typed_packages_and_the_dashboard(tmp_path: Path) -> Non
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)],
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=pace.seconds(280),
         check=False,
     )
     offline = "No matching distribution" in result.stderr or "Could not find" in result.stderr

@@ -132,7 +132,7 @@ def http(method: str, url: str, body: Any = None) -> tuple[int, Any]:
     request = urllib.request.Request(url, data=data, method=method)
     request.add_header("content-type", "application/json")
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=pace.seconds(10)) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         with error:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, make_url, text
 
+from tests import pace
 from tests.conftest import backends
 from tests.spark.test_spark_write import live_rows, state_counts
 from txtasks import App
@@ -121,7 +122,7 @@ def test_a_commit_waits_for_an_application_holding_a_key_longer_than_its_session
     finally:
         app_conn.close()
         engine.dispose()
-    commit.join(30)
+    commit.join(pace.seconds(30))
     assert commit.error is None
     assert commit.ended is not None and commit.ended - waiting_since >= HOLD
 
@@ -143,7 +144,7 @@ def test_a_commit_that_waits_longer_than_its_option_fails_naming_the_key_and_the
         commit = Commit(writer, message)
         started = time.monotonic()
         commit.start()
-        commit.join(60)  # the application holds the key until the commit gave up
+        commit.join(pace.seconds(60))  # the application holds the key until the commit gave up
         assert not commit.is_alive()
         app_conn.commit()
     finally:

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, func, select, text
 
+from tests import pace
 from tests.conftest import backends
 from txtasks import App, KeyLimits
 from txtasks.clock import utcnow
@@ -131,7 +132,7 @@ def gate_opens_when_staged(
         yield
     finally:
         gate.touch()
-        watcher.join(100)
+        watcher.join(pace.seconds(100))
 
 
 def last_row_gated(spark: Any, gate: Path) -> Any:
@@ -344,7 +345,7 @@ def test_an_abort_waits_for_an_attempt_that_is_committing_its_rows(database_url:
             commits.append(conn)  # transaction recorded the attempt)
             if len(commits) == 2:
                 committing.set()
-                go.wait(60)
+                go.wait(pace.seconds(60))
 
     staged_rows: list[int] = []
     stager.append(threading.Thread(target=lambda: staged_rows.append(write.write(batches(3)).rows)))
@@ -352,14 +353,14 @@ def test_an_abort_waits_for_an_attempt_that_is_committing_its_rows(database_url:
     event.listen(engine, "commit", hold)
     try:
         stager[0].start()
-        assert committing.wait(60)
+        assert committing.wait(pace.seconds(60))
         aborter.start()
         aborter.join(1.0)  # it cannot finish: the attempt holds the write open
         assert aborter.is_alive()
     finally:
         go.set()
-        stager[0].join(60)
-        aborter.join(60)
+        stager[0].join(pace.seconds(60))
+        aborter.join(pace.seconds(60))
         event.remove(engine, "commit", hold)
     assert staged_rows == [3]  # the attempt committed its rows...
     assert staged_count(database_url) == 0  # ...and the abort deleted them
@@ -703,7 +704,9 @@ def test_the_commit_wakes_the_queue_after_the_rows_are_claimable(
     runner.start()
     notifier = AmqpNotifier(amqp_url)
     try:
-        asyncio.run_coroutine_threadsafe(notifier.subscribe([queue], on_wakeup), loop).result(10)
+        asyncio.run_coroutine_threadsafe(notifier.subscribe([queue], on_wakeup), loop).result(
+            pace.seconds(10)
+        )
         deadline = time.monotonic() + 10
         while not notifier.stats.connected and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -711,10 +714,10 @@ def test_the_commit_wakes_the_queue_after_the_rows_are_claimable(
 
         writer(orders(spark, 5), database_url, queue=queue, broker_url=amqp_url).save()
 
-        assert woken.wait(10), "no wake-up arrived after the commit"
+        assert woken.wait(pace.seconds(10)), "no wake-up arrived after the commit"
         assert pending_when_woken[0] == 5
     finally:
-        asyncio.run_coroutine_threadsafe(notifier.close(), loop).result(10)
+        asyncio.run_coroutine_threadsafe(notifier.close(), loop).result(pace.seconds(10))
         loop.call_soon_threadsafe(loop.stop)
-        runner.join(10)
+        runner.join(pace.seconds(10))
         loop.close()
