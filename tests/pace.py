@@ -77,3 +77,10 @@ def pace() -> float:
 def seconds(bound: float) -> float:
     """`bound` seconds, set on the reference machine, at this run's pace."""
     return bound * pace()
+
+
+def child_environ() -> dict[str, str]:
+    """This process's environment for a process a test starts: without the TXTASKS_* settings
+    (the test chooses those) but with the run's pace, so that the child neither measures its
+    own (seconds of CPU, on a machine already busy) nor stretches its bounds differently."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("TXTASKS_") or k == ENV}

@@ -50,6 +50,7 @@ from typing import Any
 from sqlalchemy import MetaData, func, select, text
 from sqlalchemy.engine import make_url
 
+from tests import pace
 from tests.benchmarks import pgbouncer_apps
 from tests.sockets import tcp_connections
 from txtasks import App, create_async_engine, create_engine
@@ -168,7 +169,7 @@ class Crowd:
             pgbouncer_apps.metadata.create_all(conn)
 
     def env(self, report: str | None, token: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TXTASKS_")}
+        env = pace.child_environ()
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
         env["TXTASKS_DATABASE_URL"] = self.url
         env["TXTASKS_DB_CONNECTIONS"] = str(self.connections)

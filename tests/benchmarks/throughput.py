@@ -38,6 +38,7 @@ from typing import Any
 
 from sqlalchemy import create_engine, text
 
+from tests import pace
 from tests.benchmarks import throughput_apps as apps
 from tests.benchmarks.latency import (
     REPO,
@@ -471,7 +472,7 @@ async def burn_once(
     else:
         await txtasks_preload(url, case.n)
     before = pg_counters(url) if case.backend == "postgresql" else None
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TXTASKS_")}
+    env = pace.child_environ()
     env[apps.ENV_REPORT] = f"127.0.0.1:{starts.port}"
     server_start: list[float] = []
 

@@ -207,7 +207,7 @@ class Chaos:
             metadata.create_all(conn)
 
     def env(self, db_url: str, broker_url: str | None) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TXTASKS_") or k == pace.ENV}
+        env = pace.child_environ()
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
         env.update(DB_TIMEOUT_ENV)
         env["TXTASKS_DATABASE_URL"] = db_url

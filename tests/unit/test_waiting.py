@@ -109,3 +109,17 @@ def test_each_tests_timeout_stretches_with_the_pace(
     pytester.makeini("[pytest]\ntimeout = 1\n")
     result = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider")
     result.assert_outcomes(**outcomes)
+
+
+def test_processes_a_test_starts_get_the_runs_pace_and_no_other_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A test's worker or CLI process is told the pace: one that measured its own would spend
+    seconds of CPU counting (on a machine already busy) and stretch its bounds differently."""
+    from tests.acceptance.apps import cli_env
+
+    monkeypatch.setenv(pace.ENV, "3")
+    monkeypatch.setenv("TXTASKS_BROKER_URL", "amqp://elsewhere/")
+    for env in (pace.child_environ(), cli_env("sqlite:///x.db")):
+        assert env[pace.ENV] == "3" and "TXTASKS_BROKER_URL" not in env
+    assert cli_env("sqlite:///x.db")["TXTASKS_DATABASE_URL"] == "sqlite:///x.db"
