@@ -117,7 +117,7 @@ def test_tasks_of_a_killed_worker_are_rescued_and_run_once(
 ) -> None:
     gate = tmp_path / "gate"
     ids = enqueue(db, "acc.gated", [{"n": n, "gate": str(gate)} for n in range(TASKS)])
-    options = ("-c", str(SLOTS), "--lease", "2", *POLL)
+    options = ("-c", str(SLOTS), "--lease", str(pace.seconds(2)), *POLL)
     doomed = procs.start("worker", APP_SPEC, *options, url=database_url)
     # Every slot holds a task blocked on the gate: the worker cannot claim more.
     wait_until(lambda: len(processing(db)) == SLOTS, f"{SLOTS} tasks processing", watch=[doomed])
@@ -168,7 +168,8 @@ def test_task_that_kills_its_worker_is_dead_lettered(
     normal = before + after
 
     cleaner = procs.start("cleaner", APP_SPEC, *RESCUER, url=database_url)
-    worker_options = ("-c", "1", "--lease", "1", *POLL)
+    # a live worker starved past its lease would lose the poison to the rescuer while it runs
+    worker_options = ("-c", "1", "--lease", str(pace.seconds(1)), *POLL)
     workers = [procs.start("worker", APP_SPEC, *worker_options, url=database_url)]
 
     def replace_dead_worker() -> None:

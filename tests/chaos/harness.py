@@ -256,8 +256,11 @@ class Chaos:
         broker_url: str | None = None,
         extra: Sequence[str] = (),
     ) -> Proc:
+        """A worker whose lease is `lease` seconds at the run's pace: a live worker starved of
+        the CPU (or kept from the database by the faults) past its lease loses its tasks to
+        the rescuer, and their re-runs would count against the scenario."""
         args = ["txtasks", "worker", APP_SPEC, "--concurrency", str(concurrency)]
-        args += ["--lease", str(lease), "--poll-interval", str(poll)]
+        args += ["--lease", str(pace.seconds(lease)), "--poll-interval", str(poll)]
         args += ["--shutdown-grace", str(GRACE), *extra]
         return self.start("worker", args, db_url or self.url, broker_url)
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from tests import pace
 from tests.chaos.app import KEY_CONCURRENCY, QUEUE, QUEUE_RATE_VAR
 from tests.chaos.conftest import url_of
 from tests.chaos.harness import Chaos, Proc
@@ -23,10 +22,9 @@ ORDERS = 1500
 WORKERS = 3
 KILLS = 6
 KEYED_ORDERS = 800
-#: Short leases: the cleaner rescues a dead worker's tasks within a few seconds. At the run's
-#: pace: a live worker starved of the CPU for longer than its lease loses its tasks to the
-#: rescuer, and their re-runs would count against the kills.
-LEASE = pace.seconds(2.0)
+#: Short leases (at the run's pace, see `Chaos.worker`): the cleaner rescues a dead worker's
+#: tasks within a few seconds.
+LEASE = 2.0
 SERVERS = [
     pytest.param("postgresql", marks=pytest.mark.postgresql),
     pytest.param("mysql", marks=pytest.mark.mysql),
