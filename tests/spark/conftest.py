@@ -69,16 +69,17 @@ class Sessions:
         gateway = SparkContext._gateway
         SparkContext._gateway = SparkContext._jvm = SparkContext._active_spark_context = None
         SparkSession._instantiatedSession = SparkSession._activeSession = None
-        if gateway is not None:
-            with contextlib.suppress(Exception):
-                gateway.shutdown()
-            proc = getattr(gateway, "proc", None)
-            if proc is not None:
-                proc.kill()
-                proc.wait()
-                if proc.stdin is not None:  # the pipe whose end tells the JVM to exit
-                    with contextlib.suppress(OSError):
-                        proc.stdin.close()
+        if gateway is None:
+            return
+        proc = getattr(gateway, "proc", None)
+        if proc is not None:  # first: a shutdown sent to a JVM still running the job of a
+            proc.kill()  # test that timed out may wait for that job's answer (minutes)
+            proc.wait()
+            if proc.stdin is not None:  # the pipe whose end tells the JVM to exit
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+        with contextlib.suppress(Exception):  # the driver's side: its sockets, callback server
+            gateway.shutdown()
 
 
 @pytest.fixture(scope="session")

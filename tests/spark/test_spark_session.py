@@ -7,6 +7,7 @@ test after it."""
 from __future__ import annotations
 
 import signal
+import threading
 from typing import Any
 
 import pytest
@@ -20,13 +21,19 @@ def test_a_session_left_reading_stale_answers_gives_way_to_a_new_jvm(
     def timed_out(*_: object) -> None:
         pytest.fail("timed out")  # as pytest-timeout does
 
+    # The signal goes to the main thread, blocked in the JVM's answer: a process-wide alarm
+    # may be taken by another thread (py4j's, xdist's), and the job then runs to its end.
+    main = threading.main_thread().ident
+    assert main is not None and threading.get_ident() == main
+    alarm = threading.Timer(1.0, signal.pthread_kill, (main, signal.SIGALRM))
     previous = signal.signal(signal.SIGALRM, timed_out)
     try:
-        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        alarm.start()
         with pytest.raises(pytest.fail.Exception, match="timed out"):
             spark.range(10**12).selectExpr("max(id)").collect()  # runs for minutes
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        alarm.cancel()
+        alarm.join()
         signal.signal(signal.SIGALRM, previous)
     old = spark.sparkContext._gateway  # its connection now holds the job's answer, unread
 

@@ -38,7 +38,12 @@ from tests.waiting import until_sync
 
 #: One pytest process runs them all (pytest-xdist `--dist loadgroup`): one cluster and one
 #: application for the module, not one per process.
-pytestmark = pytest.mark.xdist_group("spark-cluster")
+pytestmark = [
+    pytest.mark.xdist_group("spark-cluster"),
+    # the first test starts the cluster and the application (a minute on a busy machine), and
+    # each may wait WRITE_TIMEOUT for the second attempt, then as long for the answer
+    pytest.mark.timeout(300),
+]
 
 #: Seconds a write gets (the first one: the application's JVM and executors start).
 WRITE_TIMEOUT = 90.0
