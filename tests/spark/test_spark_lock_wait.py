@@ -83,7 +83,7 @@ def wait_until_waiting(url: str, commit: Commit) -> float:
     """Wait until the commit waits for a lock (or ended); when it was seen waiting."""
     engine = create_engine(url_sync(url))
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + pace.seconds(30)
         while time.monotonic() < deadline and commit.is_alive():
             with engine.connect() as conn:
                 if conn.execute(text(WAITING[backend_name(url)])).scalar_one():

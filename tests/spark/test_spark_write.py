@@ -115,7 +115,7 @@ def gate_opens_when_staged(
     recording in `seen` what a worker could claim at that moment."""
 
     def watch() -> None:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + pace.seconds(90)
         try:
             while time.monotonic() < deadline:
                 if staged_count(url) >= count:
@@ -707,7 +707,7 @@ def test_the_commit_wakes_the_queue_after_the_rows_are_claimable(
         asyncio.run_coroutine_threadsafe(notifier.subscribe([queue], on_wakeup), loop).result(
             pace.seconds(10)
         )
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + pace.seconds(10)
         while not notifier.stats.connected and time.monotonic() < deadline:
             time.sleep(0.02)
         assert notifier.stats.connected, "the subscriber did not connect"
