@@ -86,12 +86,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     and a group that started last would end last. (Only those: JVMs that all start at once,
     on two cores, made a first Spark query outlast its test's timeout.)"""
     first: list[pytest.Item] = []
+    chosen: set[pytest.Item] = set()
     for group, fixture in ((SPARK_GROUP, "spark"), (CHAOS_GROUP, "chaos")):
         for item in items:
-            if fixture in getattr(item, "fixturenames", ()) and item not in first:
+            if fixture in getattr(item, "fixturenames", ()) and item not in chosen:
                 item.add_marker(pytest.mark.xdist_group(group))
                 first.append(item)
-    chosen = set(first)
+                chosen.add(item)
     items[:] = first + [item for item in items if item not in chosen]
     stretch_timeouts(config, items)
 
