@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -66,14 +67,18 @@ def session(master: str) -> Any:
     return builder.getOrCreate()
 
 
-def write(spark: Any, url: str, markers: str, options: dict[str, str]) -> None:
+def write(
+    spark: Any, url: str, markers: str, options: dict[str, str], slow_value: int = ROWS - 1
+) -> None:
+    """Write the orders 0 to ROWS - 1 as tasks; the first attempt of the task of the row
+    `slow_value` is slow (none if no row has that value)."""
     from pyspark.sql import functions as F
 
     from tests.spark.helpers import slow_first_attempt
     from txtasks.spark import register
 
     register(spark)
-    slow = F.udf(lambda v: slow_first_attempt(v, ROWS - 1, markers), "long", useArrow=False)
+    slow = F.udf(lambda v: slow_first_attempt(v, slow_value, markers), "long", useArrow=False)
     df = spark.range(ROWS, numPartitions=PARTITIONS).select(slow("id").alias("order_id"))
     (
         df.write.format("txtasks")
@@ -107,12 +112,17 @@ def stage_tasks(api: str, stages: set[int]) -> list[dict[str, Any]]:
     return tasks
 
 
+def rest_api(context: Any) -> str:
+    """The address of the application's REST API (of its UI)."""
+    return f"{context.uiWebUrl}/api/v1/applications/{context.applicationId}"
+
+
 def recorded_tasks(spark: Any, group: str) -> list[dict[str, Any]]:
     """The tasks of the job group's stages once none is still running, as the application's
     status store reports them (asked again after a request that timed out, until
     `RECORD_TIMEOUT`)."""
     context = spark.sparkContext
-    api = f"{context.uiWebUrl}/api/v1/applications/{context.applicationId}"
+    api = rest_api(context)
     tracker = context.statusTracker()
     stages = {s for j in tracker.getJobIdsForGroup(group) for s in tracker.getJobInfo(j).stageIds}
     deadline = time.monotonic() + RECORD_TIMEOUT
@@ -129,13 +139,47 @@ def recorded_tasks(spark: Any, group: str) -> list[dict[str, Any]]:
         time.sleep(0.1)
 
 
+#: The executors of the application: one per worker of the cluster.
+EXECUTORS = 2
+
+
+def warm_up(spark: Any) -> dict[str, Any]:
+    """Wait until both executors registered, write once to a database of its own (nothing
+    slow) and ask the REST API once: each write then goes as quickly as the next (on a busy
+    machine, the JVMs, the Python workers, the first plan and the API took minutes to start,
+    and the first test waited for them). Returns the ready line."""
+    from sqlalchemy import create_engine
+
+    from txtasks.schema.migrate import migrate
+
+    context = spark.sparkContext
+    while len(context.statusTracker().getExecutorInfos()) < EXECUTORS + 1:  # and the driver
+        time.sleep(0.1)
+    with tempfile.TemporaryDirectory(prefix="txtasks-warm-up-") as folder:
+        url = f"sqlite:///{folder}/warm-up.sqlite3"
+        engine = create_engine(url)
+        with engine.begin() as conn:
+            migrate(conn)
+        engine.dispose()
+        write(spark, url, folder, {}, slow_value=-1)
+    while True:  # the test bounds the whole start
+        try:
+            get(f"{rest_api(context)}/stages")
+            break
+        except (TimeoutError, urllib.error.URLError):
+            continue
+    return {"ready": len(context.statusTracker().getExecutorInfos()) - 1}
+
+
 def serve(master: str) -> None:
-    """Run one write per line of stdin (`DATABASE_URL MARKERS [OPTION=VALUE...]`), answering each with a line of
-    JSON on stdout: the write's tasks, or the error that failed it, and its MARKERS. Ends at
-    the end of stdin."""
+    """Say `{"ready": ...}` once the executors run Python, then run one write per line of
+    stdin (`DATABASE_URL MARKERS [OPTION=VALUE...]`), answering each with a line of JSON on
+    stdout: the write's tasks, or the error that failed it, and its MARKERS. Ends at the end of
+    stdin."""
     spark = session(master)
     spark.sparkContext.setLogLevel("WARN")
     try:
+        print(json.dumps(warm_up(spark)), flush=True)
         for number, line in enumerate(sys.stdin):
             url, markers, *pairs = line.split()
             options = dict(pair.split("=", 1) for pair in pairs)

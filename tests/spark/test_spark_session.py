@@ -6,6 +6,7 @@ test after it."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from typing import Any
@@ -43,3 +44,11 @@ def test_a_session_left_reading_stale_answers_gives_way_to_a_new_jvm(
     again = spark_sessions.get()
     assert again.range(5).selectExpr("sum(id) AS s").first()["s"] == 10
     assert again.conf.get("spark.sql.session.timeZone") == "UTC"  # configured as the first was
+
+
+def test_the_session_jvm_runs_with_the_tests_java_options(spark: Any) -> None:
+    """The JVMs the tests start take the tests' Java options (`tests.conftest.JAVA_OPTIONS`,
+    unless the caller set JDK_JAVA_OPTIONS): the quicker start is not lost on the way."""
+    expected = os.environ["JDK_JAVA_OPTIONS"].split()
+    runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    assert set(expected) <= set(runtime.getInputArguments()), list(runtime.getInputArguments())

@@ -40,13 +40,16 @@ from tests.waiting import until_sync
 #: application for the module, not one per process.
 pytestmark = [
     pytest.mark.xdist_group("spark-cluster"),
-    # the first test starts the cluster and the application (a minute on a busy machine), and
-    # each may wait WRITE_TIMEOUT for the second attempt, then as long for the answer
-    pytest.mark.timeout(300),
+    # each test may wait WRITE_TIMEOUT for the second attempt, then as long for the answer;
+    # the cluster and the application start (minutes on a busy machine) under deadlines of
+    # their own, in the first test's setup, which this limit leaves out
+    pytest.mark.timeout(300, func_only=True),
 ]
 
-#: Seconds a write gets (the first one: the application's JVM and executors start).
+#: Seconds a write gets (the application is running: its executors run Python).
 WRITE_TIMEOUT = 90.0
+#: Seconds the application gets to start: its JVM, then its executor on each worker.
+START_TIMEOUT = 180.0
 #: Seconds the application gets to stop once its stdin is closed.
 STOP_TIMEOUT = pace.seconds(30.0)
 
@@ -90,6 +93,12 @@ class Application:
         self.reader = threading.Thread(target=self.read, daemon=True)
         self.reader.start()
 
+    def wait_ready(self) -> None:
+        """Wait (bounded) for the application's ready line: its executors run Python."""
+        limit = pace.seconds(START_TIMEOUT)
+        ready = self.next_line(time.monotonic() + limit, f"{limit:g}s to start")
+        assert ready.get("ready") == 2, f"not two executors: {ready} ({self.log})"
+
     def read(self) -> None:
         assert self.process.stdout is not None
         for line in self.process.stdout:
@@ -113,17 +122,20 @@ class Application:
         failed before reading them)."""
         deadline = time.monotonic() + pace.seconds(WRITE_TIMEOUT)
         while True:
-            try:
-                line = self.answers.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(
-                    f"no answer in {pace.seconds(WRITE_TIMEOUT):g}s: {self.log}"
-                ) from None
-            assert line, f"the application ended: {self.log}"
-            answer: dict[str, Any] = json.loads(line)
+            answer = self.next_line(deadline, f"{pace.seconds(WRITE_TIMEOUT):g}s to answer")
             if answer["markers"] == str(markers):
                 assert "error" not in answer, f"{answer['error']} ({self.log})"
                 return answer
+
+    def next_line(self, deadline: float, what: str) -> dict[str, Any]:
+        """The application's next line of JSON, by `deadline` (of `time.monotonic`)."""
+        try:
+            line = self.answers.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"the application took more than {what}: {self.log}") from None
+        assert line, f"the application ended: {self.log}"
+        answer: dict[str, Any] = json.loads(line)
+        return answer
 
     def stop(self) -> None:
         assert self.process.stdin is not None
@@ -141,6 +153,11 @@ class Application:
 @pytest.fixture(scope="module")
 def application(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Application]:
     running = Application(cluster.master_url, tmp_path_factory.mktemp("spark-app") / "app.log")
+    try:
+        running.wait_ready()
+    except BaseException:
+        running.stop()
+        raise
     yield running
     running.stop()
 
