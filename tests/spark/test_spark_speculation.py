@@ -3,7 +3,8 @@
 Spark starts a speculative copy of a slow task only on another host than the one running it,
 so `local[N]` never does: these tests start a standalone cluster of two one-core workers on
 two loopback addresses (`tests.spark.cluster`) and run the write in an application of its own
-(`tests.spark.speculation_app`). The last partition's first attempt waits until a second
+(`tests.spark.speculation_app`), started once for the module and ready (its executors up,
+a first write done) before the first test begins. The last partition's first attempt waits until a second
 attempt of it runs; both then wait until the test has looked at the database (the rows of the
 partitions done staged, nothing claimable); then they race. Spark's own records (its status store)
 must show a speculative attempt of that partition, and the database every row once (with the
