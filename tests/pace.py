@@ -25,6 +25,7 @@ import os
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 ENV = "TXTASKS_TEST_PACE"
 
@@ -79,8 +80,15 @@ def seconds(bound: float) -> float:
     return bound * pace()
 
 
+#: The repository's root: the processes a test starts import the tests' applications from it.
+REPO = Path(__file__).resolve().parents[1]
+
+
 def child_environ() -> dict[str, str]:
     """This process's environment for a process a test starts: without the TXTASKS_* settings
     (the test chooses those) but with the run's pace, so that the child neither measures its
-    own (seconds of CPU, on a machine already busy) nor stretches its bounds differently."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("TXTASKS_") or k == ENV}
+    own (seconds of CPU, on a machine already busy) nor stretches its bounds differently; the
+    repository first on its PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TXTASKS_") or k == ENV}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    return env

@@ -265,7 +265,6 @@ def cli_env(url: str | None) -> dict[str, str]:
     """The environment of a `txtasks` subprocess: no inherited TXTASKS_* settings (but the
     test run's pace)."""
     env = pace.child_environ()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env["COLUMNS"] = "200"  # rich tables: one line per row
     env["NO_COLOR"] = "1"
     if url is not None:

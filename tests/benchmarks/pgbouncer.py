@@ -170,7 +170,6 @@ class Crowd:
 
     def env(self, report: str | None, token: str) -> dict[str, str]:
         env = pace.child_environ()
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
         env["TXTASKS_DATABASE_URL"] = self.url
         env["TXTASKS_DB_CONNECTIONS"] = str(self.connections)
         if self.broker_url:

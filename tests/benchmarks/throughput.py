@@ -482,7 +482,6 @@ async def burn_once(
                 server_start.append(tree_seconds(server))
 
     env[apps.ENV_RUN] = starts.new_run(server_read)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     try:
         argvs = case.argvs(url)
         if wrap is not None:

@@ -208,7 +208,6 @@ class Chaos:
 
     def env(self, db_url: str, broker_url: str | None) -> dict[str, str]:
         env = pace.child_environ()
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
         env.update(DB_TIMEOUT_ENV)
         env["TXTASKS_DATABASE_URL"] = db_url
         env[EFFECTS_URL_VAR] = self.url

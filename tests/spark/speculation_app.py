@@ -112,17 +112,12 @@ def stage_tasks(api: str, stages: set[int]) -> list[dict[str, Any]]:
     return tasks
 
 
-def rest_api(context: Any) -> str:
-    """The address of the application's REST API (of its UI)."""
-    return f"{context.uiWebUrl}/api/v1/applications/{context.applicationId}"
-
-
 def recorded_tasks(spark: Any, group: str) -> list[dict[str, Any]]:
     """The tasks of the job group's stages once none is still running, as the application's
     status store reports them (asked again after a request that timed out, until
     `RECORD_TIMEOUT`)."""
     context = spark.sparkContext
-    api = rest_api(context)
+    api = f"{context.uiWebUrl}/api/v1/applications/{context.applicationId}"
     tracker = context.statusTracker()
     stages = {s for j in tracker.getJobIdsForGroup(group) for s in tracker.getJobInfo(j).stageIds}
     deadline = time.monotonic() + RECORD_TIMEOUT
@@ -145,9 +140,10 @@ EXECUTORS = 2
 
 def warm_up(spark: Any) -> dict[str, Any]:
     """Wait until both executors registered, write once to a database of its own (nothing
-    slow) and ask the REST API once: each write then goes as quickly as the next (on a busy
-    machine, the JVMs, the Python workers, the first plan and the API took minutes to start,
-    and the first test waited for them). Returns the ready line."""
+    slow) and read that write's tasks from the REST API, as after each write (within the same
+    `RECORD_TIMEOUT`): each write then goes as quickly as the next (on a busy machine, the
+    JVMs, the Python workers, the first plan and the API took minutes to start, and the first
+    test waited for them). Returns the ready line."""
     from sqlalchemy import create_engine
 
     from txtasks.schema.migrate import migrate
@@ -155,6 +151,7 @@ def warm_up(spark: Any) -> dict[str, Any]:
     context = spark.sparkContext
     while len(context.statusTracker().getExecutorInfos()) < EXECUTORS + 1:  # and the driver
         time.sleep(0.1)
+    context.setJobGroup("warm-up", "warm-up")
     with tempfile.TemporaryDirectory(prefix="txtasks-warm-up-") as folder:
         url = f"sqlite:///{folder}/warm-up.sqlite3"
         engine = create_engine(url)
@@ -162,12 +159,7 @@ def warm_up(spark: Any) -> dict[str, Any]:
             migrate(conn)
         engine.dispose()
         write(spark, url, folder, {}, slow_value=-1)
-    while True:  # the test bounds the whole start
-        try:
-            get(f"{rest_api(context)}/stages")
-            break
-        except (TimeoutError, urllib.error.URLError):
-            continue
+    recorded_tasks(spark, "warm-up")  # the API's first answers, as each write's
     return {"ready": len(context.statusTracker().getExecutorInfos()) - 1}
 
 

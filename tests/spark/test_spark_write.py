@@ -23,6 +23,7 @@ from sqlalchemy import create_engine, func, select, text
 
 from tests import pace
 from tests.conftest import backends
+from tests.waiting import until_sync
 from txtasks import App, KeyLimits
 from txtasks.clock import utcnow
 from txtasks.driver import driver_for_url
@@ -707,10 +708,7 @@ def test_the_commit_wakes_the_queue_after_the_rows_are_claimable(
         asyncio.run_coroutine_threadsafe(notifier.subscribe([queue], on_wakeup), loop).result(
             pace.seconds(10)
         )
-        deadline = time.monotonic() + pace.seconds(10)
-        while not notifier.stats.connected and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert notifier.stats.connected, "the subscriber did not connect"
+        until_sync(lambda: notifier.stats.connected, "the subscriber to connect", timeout=10)
 
         writer(orders(spark, 5), database_url, queue=queue, broker_url=amqp_url).save()
 
