@@ -146,6 +146,21 @@ def test_aiormq_lines_per_connection_are_debug_and_its_other_lines_stay(
         ("WARNING", "Connection 'conn' was blocked by: 'low on memory'")
     ]
 
+    # a connection's attempt cut short (its time ran out, or it was lost again) cancels the
+    # channel's RPC under way: aiormq's channel says so once per attempt too
+    caplog.clear()
+    channel_log = logging.getLogger("aiormq.channel")
+    channel_log.warning("Closing channel %r because RPC call %s cancelled", "ch", "Declare")
+    channel_log.warning(
+        "Closing channel %r locally because RPC call %s cancelled before Channel.Open was sent",
+        "ch",
+        "Open",
+    )
+    channel_log.warning("Frame %r has no consumer tag", "frame")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "Frame 'frame' has no consumer tag")
+    ]
+
     caplog.clear()
     caplog.set_level(logging.DEBUG, logger="aiormq.connection")  # asked for: shown, as DEBUG
     aiormq_log.error("Unexpected connection close from remote %r", "broker")

@@ -43,7 +43,12 @@ PER_ATTEMPT_LINES = (
     "Cancelling cause reader exited abnormally",
     "Unexpected connection close from remote",
     "Server connection",  # ... was stuck: no frames within the heartbeat's grace
+    # (its channel's logger) an attempt cut short cancels the RPC under way: a declare of the
+    # exchange, the channel's opening
+    "Closing channel",
 )
+#: The aiormq loggers that say them.
+PER_ATTEMPT_LOGGERS = ("aiormq.connection", "aiormq.channel")
 
 
 def amqp_queue_name(queue: str) -> str:
@@ -95,10 +100,11 @@ class PerAttemptLines(logging.Filter):
 
 
 def quiet_library_loggers() -> None:
-    """Install the filter on aiormq's connection logger (once)."""
-    logger = logging.getLogger("aiormq.connection")
-    if not any(isinstance(f, PerAttemptLines) for f in logger.filters):
-        logger.addFilter(PerAttemptLines())
+    """Install the filter on aiormq's connection and channel loggers (once)."""
+    for name in PER_ATTEMPT_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, PerAttemptLines) for f in logger.filters):
+            logger.addFilter(PerAttemptLines())
 
 
 quiet_library_loggers()
